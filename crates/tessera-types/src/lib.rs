@@ -9,6 +9,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub mod layout;
+pub mod policy;
+
 /// Bytes in one store block: the unit of allocation, checksumming and resync.
 /// 4 KiB matches the page size of guests and of the capacity devices.
 pub const BLOCK_BYTES: u64 = 4096;
