@@ -216,8 +216,10 @@ fn tidy() -> Result<()> {
                     file.display()
                 ));
             }
+            // Spelled in pieces so that this file does not flag itself.
+            let leftovers = [concat!("dbg", "!("), concat!("todo", "!(")];
             for (number, line) in text.lines().enumerate() {
-                if line.contains("dbg!(") || line.contains("todo!(") {
+                if leftovers.iter().any(|l| line.contains(l)) {
                     problems.push(format!(
                         "{}:{}: leftover {}",
                         file.display(),

@@ -147,10 +147,7 @@ impl Layout {
             .filter(|c| usable(c))
             .map(|c| c.votes)
             .sum();
-        let whole_copy = self
-            .columns
-            .iter()
-            .all(|m| m.copies.iter().any(|c| usable(c)));
+        let whole_copy = self.columns.iter().all(|m| m.copies.iter().any(&usable));
         2 * present > total && whole_copy
     }
 
