@@ -8,6 +8,12 @@
 //! themselves, so that a seeded simulator can later run a whole cluster on one
 //! thread and replay a failure from its seed.
 
+pub mod disk;
+pub mod disk_fault;
+
+pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, DISK_ALIGN};
+pub use disk_fault::{FaultDisk, FaultOps};
+
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
