@@ -1,0 +1,440 @@
+//! Round trips of every message and robustness of the decoder against any
+//! byte string: what a peer sends can be wrong, never fatal.
+
+use bytes::{Bytes, BytesMut};
+use proptest::prelude::*;
+use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId};
+use tessera_wire::{
+    decode_frame, encode_frame, ComponentRef, Extent, ExtentKind, Frame, Message, MessageKind,
+    QueueClass, Request, Response, VersionRange, WireError, WireErrorKind, WireVersion,
+    HEADER_BYTES, MAX_FRAME_BYTES,
+};
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z0-9][a-z0-9._-]{0,63}"
+}
+
+fn host() -> impl Strategy<Value = HostId> {
+    name().prop_map(|n| HostId::new(n).unwrap())
+}
+
+fn volume() -> impl Strategy<Value = VolumeId> {
+    name().prop_map(|n| VolumeId::new(n).unwrap())
+}
+
+fn component() -> impl Strategy<Value = ComponentRef> {
+    (volume(), any::<u64>()).prop_map(|(volume, id)| ComponentRef {
+        volume,
+        id: ComponentId(id),
+    })
+}
+
+/// Small buffers and buffers past the zero-copy threshold.
+fn data() -> impl Strategy<Value = Bytes> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64),
+        proptest::collection::vec(any::<u8>(), 1024..9000),
+    ]
+    .prop_map(Bytes::from)
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let lba = any::<u64>().prop_map(Lba);
+    let epoch = any::<u64>().prop_map(Epoch);
+    prop_oneof![
+        (any::<u16>(), any::<u16>(), host()).prop_map(|(min, max, host)| Request::Hello {
+            versions: VersionRange { min, max },
+            host
+        }),
+        Just(Request::Ping),
+        (component(), any::<u64>(), any::<u64>()).prop_map(|(component, s, r)| {
+            Request::CreateComponent {
+                component,
+                size_bytes: s,
+                reserve_bytes: r,
+            }
+        }),
+        component().prop_map(|component| Request::DeleteComponent { component }),
+        (component(), any::<u64>()).prop_map(|(component, size_bytes)| {
+            Request::ResizeComponent {
+                component,
+                size_bytes,
+            }
+        }),
+        (component(), lba.clone(), epoch.clone(), data()).prop_map(
+            |(component, lba, epoch, data)| Request::Write {
+                component,
+                lba,
+                epoch,
+                data
+            }
+        ),
+        (component(), lba.clone(), any::<u32>()).prop_map(|(component, lba, blocks)| {
+            Request::Read {
+                component,
+                lba,
+                blocks,
+            }
+        }),
+        (component(), lba.clone(), any::<u64>(), epoch.clone()).prop_map(
+            |(component, lba, blocks, epoch)| Request::Unmap {
+                component,
+                lba,
+                blocks,
+                epoch
+            }
+        ),
+        (component(), lba.clone(), any::<u64>(), epoch.clone()).prop_map(
+            |(component, lba, blocks, epoch)| Request::WriteZeroes {
+                component,
+                lba,
+                blocks,
+                epoch
+            }
+        ),
+        component().prop_map(|component| Request::Flush { component }),
+        (component(), epoch).prop_map(|(component, epoch)| Request::Fence { component, epoch }),
+        (component(), lba, any::<u64>()).prop_map(|(component, from, blocks)| {
+            Request::Allocated {
+                component,
+                from,
+                blocks,
+            }
+        }),
+        component().prop_map(|component| Request::ComponentStatus { component }),
+        (volume(), any::<u64>(), any::<u32>()).prop_map(|(volume, offset, len)| {
+            Request::VolumeRead {
+                volume,
+                offset,
+                len,
+            }
+        }),
+        (volume(), any::<u64>(), data(), any::<bool>()).prop_map(|(volume, offset, data, fua)| {
+            Request::VolumeWrite {
+                volume,
+                offset,
+                data,
+                fua,
+            }
+        }),
+        volume().prop_map(|volume| Request::VolumeFlush { volume }),
+        (volume(), any::<u64>(), any::<u64>()).prop_map(|(volume, offset, len)| {
+            Request::VolumeUnmap {
+                volume,
+                offset,
+                len,
+            }
+        }),
+        (volume(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
+            |(volume, offset, len, may_unmap)| Request::VolumeWriteZeroes {
+                volume,
+                offset,
+                len,
+                may_unmap
+            }
+        ),
+        (volume(), any::<u64>(), data(), data()).prop_map(|(volume, offset, expected, new)| {
+            Request::VolumeCompareAndWrite {
+                volume,
+                offset,
+                expected,
+                new,
+            }
+        }),
+        (volume(), any::<u64>(), any::<u64>()).prop_map(|(volume, offset, len)| {
+            Request::VolumeBlockStatus {
+                volume,
+                offset,
+                len,
+            }
+        }),
+    ]
+}
+
+fn error_kind() -> impl Strategy<Value = WireErrorKind> {
+    prop_oneof![
+        any::<u64>().prop_map(|e| WireErrorKind::StaleEpoch { highest: Epoch(e) }),
+        any::<u64>().prop_map(|l| WireErrorKind::Checksum { lba: Lba(l) }),
+        Just(WireErrorKind::NoSpace),
+        Just(WireErrorKind::NotFound),
+        Just(WireErrorKind::OutOfRange),
+        any::<u64>().prop_map(|offset| WireErrorKind::Miscompare { offset }),
+        Just(WireErrorKind::Io),
+        Just(WireErrorKind::Unavailable),
+        Just(WireErrorKind::NotOwner),
+        Just(WireErrorKind::ReadOnly),
+        Just(WireErrorKind::Invalid),
+        (any::<u16>(), any::<u16>()).prop_map(|(min, max)| WireErrorKind::NoCommonVersion {
+            supported: VersionRange { min, max }
+        }),
+    ]
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    let extent_kind = prop_oneof![
+        Just(ExtentKind::Data),
+        Just(ExtentKind::Zero),
+        Just(ExtentKind::Hole)
+    ];
+    prop_oneof![
+        host().prop_map(|host| Response::HelloOk {
+            version: WireVersion::CURRENT,
+            host
+        }),
+        Just(Response::Pong),
+        Just(Response::Ok),
+        data().prop_map(Response::Data),
+        proptest::collection::vec((any::<u64>().prop_map(Lba), any::<u64>()), 0..40)
+            .prop_map(Response::Ranges),
+        proptest::collection::vec(
+            (any::<u64>(), any::<u64>(), extent_kind).prop_map(|(offset, len, kind)| Extent {
+                offset,
+                len,
+                kind
+            }),
+            0..40
+        )
+        .prop_map(Response::Extents),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(s, e, a, p)| {
+            Response::Status {
+                size_bytes: s,
+                epoch: Epoch(e),
+                allocated_bytes: a,
+                physical_bytes: p,
+            }
+        }),
+        (error_kind(), ".{0,200}").prop_map(|(kind, message)| Response::Error { kind, message }),
+    ]
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        request().prop_map(Message::Request),
+        response().prop_map(Message::Response),
+    ]
+}
+
+fn class() -> impl Strategy<Value = QueueClass> {
+    prop_oneof![Just(QueueClass::Guest), Just(QueueClass::Resync)]
+}
+
+/// A frame with a valid header and CRC around an arbitrary payload, so that
+/// the payload decoder itself is exercised (random bytes rarely pass the CRC).
+fn frame_around(kind: u16, version: u16, class: u8, payload: &[u8]) -> BytesMut {
+    let mut header = [0u8; HEADER_BYTES];
+    header[0..4].copy_from_slice(b"TSWR");
+    header[4..6].copy_from_slice(&version.to_le_bytes());
+    header[6..8].copy_from_slice(&kind.to_le_bytes());
+    header[8..16].copy_from_slice(&7u64.to_le_bytes());
+    header[16] = class;
+    header[20..24].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c_of(&header[..24], payload);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+    let mut out = BytesMut::from(&header[..]);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// CRC32C (Castagnoli), bitwise: an independent implementation so the test
+/// does not trust the code under test for its own check.
+fn crc32c_of(a: &[u8], b: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in a.iter().chain(b) {
+        crc ^= byte as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn every_message_round_trips(message in message(), id in any::<u64>(), class in class()) {
+        let encoded = encode_frame(WireVersion::CURRENT, id, class, &message).unwrap();
+        let mut buf = BytesMut::from(&encoded.to_bytes()[..]);
+        prop_assert_eq!(buf.len(), encoded.len());
+        let frame = decode_frame(&mut buf).unwrap().unwrap();
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(frame.header.request_id, id);
+        prop_assert_eq!(frame.header.class, class);
+        prop_assert_eq!(frame.header.version, WireVersion::CURRENT.number());
+        prop_assert_eq!(frame.header.kind, message.kind());
+        prop_assert_eq!(frame.message, message);
+    }
+
+    #[test]
+    fn frames_decode_from_any_split(message in message(), cut in any::<prop::sample::Index>()) {
+        // A socket delivers a frame in arbitrary pieces: nothing is consumed
+        // until all of it is there.
+        let bytes = encode_frame(WireVersion::CURRENT, 1, QueueClass::Guest, &message)
+            .unwrap()
+            .to_bytes();
+        let at = cut.index(bytes.len());
+        let mut buf = BytesMut::from(&bytes[..at]);
+        prop_assert_eq!(decode_frame(&mut buf).unwrap(), None);
+        prop_assert_eq!(buf.len(), at);
+        buf.extend_from_slice(&bytes[at..]);
+        let frame: Frame = decode_frame(&mut buf).unwrap().unwrap();
+        prop_assert_eq!(frame.message, message);
+    }
+
+    #[test]
+    fn any_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut buf = BytesMut::from(&bytes[..]);
+        let _ = decode_frame(&mut buf);
+    }
+
+    #[test]
+    fn any_payload_decodes_or_fails_cleanly(
+        kind in prop_oneof![0u16..0x40, 0x80u16..0x100],
+        version in 0u16..3,
+        class in 0u8..3,
+        payload in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let mut buf = frame_around(kind, version, class, &payload);
+        match decode_frame(&mut buf) {
+            Ok(Some(frame)) => {
+                // Whatever decodes must encode back to the same bytes.
+                let again = encode_frame(
+                    WireVersion::from_number(frame.header.version).unwrap_or(WireVersion::CURRENT),
+                    frame.header.request_id,
+                    frame.header.class,
+                    &frame.message,
+                );
+                if frame.header.version == 1 {
+                    prop_assert_eq!(&again.unwrap().to_bytes()[HEADER_BYTES..], &payload[..]);
+                }
+            }
+            Ok(None) => prop_assert!(false, "a whole frame was reported incomplete"),
+            Err(_) => {}
+        }
+    }
+
+    #[test]
+    fn corrupted_frames_are_refused(message in message(), at in any::<prop::sample::Index>(), flip in 1u8..=255) {
+        let bytes = encode_frame(WireVersion::CURRENT, 3, QueueClass::Resync, &message)
+            .unwrap()
+            .to_bytes();
+        let mut corrupt = BytesMut::from(&bytes[..]);
+        let i = at.index(corrupt.len());
+        corrupt[i] ^= flip;
+        // A flipped length may make the frame look incomplete; anything else
+        // must be caught by the magic or the CRC.
+        match decode_frame(&mut corrupt) {
+            Ok(None) => prop_assert!((20..24).contains(&i)),
+            Ok(Some(_)) => prop_assert!(false, "corrupted byte {} went unnoticed", i),
+            Err(_) => {}
+        }
+    }
+}
+
+#[test]
+fn oversized_length_is_refused_before_buffering() {
+    let mut buf = frame_around(MessageKind::Ping.number(), 1, 0, &[]);
+    buf[20..24].copy_from_slice(&(MAX_FRAME_BYTES as u32).to_le_bytes());
+    assert!(matches!(
+        decode_frame(&mut buf),
+        Err(WireError::FrameTooLarge { .. })
+    ));
+}
+
+#[test]
+fn forged_list_count_is_refused_without_allocating() {
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&u32::MAX.to_le_bytes());
+    let mut buf = frame_around(MessageKind::Ranges.number(), 1, 0, &payload);
+    assert!(matches!(
+        decode_frame(&mut buf),
+        Err(WireError::Truncated { .. })
+    ));
+}
+
+#[test]
+fn unknown_version_is_refused_except_in_the_handshake() {
+    let ping = frame_around(MessageKind::Ping.number(), 9, 0, &[]);
+    assert!(matches!(
+        decode_frame(&mut ping.clone()),
+        Err(WireError::UnsupportedVersion { version: 9, .. })
+    ));
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&9u16.to_le_bytes());
+    payload.extend_from_slice(&12u16.to_le_bytes());
+    payload.push(2);
+    payload.extend_from_slice(b"h9");
+    let mut hello = frame_around(MessageKind::Hello.number(), 9, 0, &payload);
+    let frame = decode_frame(&mut hello).unwrap().unwrap();
+    assert_eq!(
+        frame.message,
+        Message::Request(Request::Hello {
+            versions: VersionRange { min: 9, max: 12 },
+            host: HostId::new("h9").unwrap(),
+        })
+    );
+}
+
+#[test]
+fn large_data_is_not_copied_by_the_encoder() {
+    let data = Bytes::from(vec![0xabu8; 1 << 20]);
+    let message = Message::Request(Request::Write {
+        component: ComponentRef {
+            volume: VolumeId::new("vol").unwrap(),
+            id: ComponentId(1),
+        },
+        lba: Lba(0),
+        epoch: Epoch(1),
+        data: data.clone(),
+    });
+    let encoded = encode_frame(WireVersion::CURRENT, 1, QueueClass::Guest, &message).unwrap();
+    assert!(
+        encoded
+            .chunks()
+            .iter()
+            .any(|c| c.as_ptr() == data.as_ptr() && c.len() == data.len()),
+        "the 1 MiB buffer should travel as its own chunk"
+    );
+    // And the decoder hands it out as a slice of the received frame.
+    let mut buf = BytesMut::from(&encoded.to_bytes()[..]);
+    let base = buf.as_ptr() as usize;
+    let end = base + buf.len();
+    let frame = decode_frame(&mut buf).unwrap().unwrap();
+    let Message::Request(Request::Write { data: got, .. }) = frame.message else {
+        panic!("decoded {:?}", frame.header.kind);
+    };
+    let at = got.as_ptr() as usize;
+    assert!(
+        at >= base && at + got.len() <= end,
+        "decoder copied the data"
+    );
+}
+
+#[test]
+fn long_error_messages_are_cut_not_refused() {
+    let message = Message::Response(Response::error(WireErrorKind::Io, "é".repeat(5000)));
+    let bytes = encode_frame(WireVersion::CURRENT, 1, QueueClass::Guest, &message)
+        .unwrap()
+        .to_bytes();
+    let frame = decode_frame(&mut BytesMut::from(&bytes[..]))
+        .unwrap()
+        .unwrap();
+    let Message::Response(Response::Error { message, .. }) = frame.message else {
+        panic!("not an error");
+    };
+    assert!(message.len() <= tessera_wire::ERROR_MESSAGE_BYTES_MAX);
+    assert!(message.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn too_large_message_is_refused_when_encoding() {
+    let message = Message::Response(Response::Data(Bytes::from(vec![0u8; MAX_FRAME_BYTES])));
+    assert!(matches!(
+        encode_frame(WireVersion::CURRENT, 1, QueueClass::Guest, &message),
+        Err(WireError::FrameTooLarge { .. })
+    ));
+}
