@@ -696,6 +696,21 @@ fn generators_cover_every_outcome() {
         rebuilds[1], rebuilds[0]
     );
     assert!(rebuilds.iter().all(|&n| n * 100 >= SAMPLE), "{rebuilds:?}");
+
+    // The tight clusters of the exhaustive search both fit and do not.
+    let mut fits = [0u32; 2];
+    for _ in 0..SAMPLE {
+        let map = tight_cluster().new_tree(&mut runner).unwrap().current();
+        let ok = place(&policy(1, 2, 100), &volume("v"), 20 * GIB, &map, &mut ids()).is_ok();
+        let found = data_fits_by_search(&map, 2, 2, 10 * GIB);
+        fits[usize::from(found)] += 1;
+        assert!(!ok || found);
+    }
+    println!(
+        "tight clusters, FTT=1 width 2 thick: {} fit, {} do not",
+        fits[1], fits[0]
+    );
+    assert!(fits.iter().all(|&n| n * 10 >= SAMPLE), "{fits:?}");
     for v in [
         "Placeable",
         "TooFewFaultDomains",
@@ -711,4 +726,106 @@ fn generators_cover_every_outcome() {
     );
     assert_eq!(widest_placed, 12);
     assert!(thick_placed * 100 >= SAMPLE);
+}
+
+/// Tries every way to put `width` x `copies` data components on the disk
+/// groups of `map` (one at a time, backtracking), with each column's copies
+/// in distinct fault domains and each disk group's reservations within its
+/// free space. Knows nothing of fault-domain "room" or flows.
+fn data_fits_by_search(map: &ClusterMap, width: usize, copies: usize, reserve: u64) -> bool {
+    let slots: Vec<(&Host, &DiskGroup)> = map
+        .hosts()
+        .iter()
+        .flat_map(|h| h.disk_groups.iter().map(move |d| (h, d)))
+        .filter(|(h, d)| can_hold(h, d, ComponentRole::Data))
+        .collect();
+    let mut left: Vec<u64> = slots.iter().map(|(_, d)| free(d)).collect();
+    let mut columns: Vec<Vec<usize>> = vec![Vec::new(); width];
+    fn search(
+        slots: &[(&Host, &DiskGroup)],
+        left: &mut [u64],
+        columns: &mut [Vec<usize>],
+        n: usize,
+        copies: usize,
+        reserve: u64,
+    ) -> bool {
+        if n == columns.len() * copies {
+            return true;
+        }
+        let col = n / copies;
+        // Copies of a column are interchangeable: take slots in increasing
+        // order within a column to avoid trying permutations.
+        let start = columns[col].last().map_or(0, |&s| s + 1);
+        for s in start..slots.len() {
+            let fd = &slots[s].0.fault_domain;
+            if left[s] < reserve || columns[col].iter().any(|&o| &slots[o].0.fault_domain == fd) {
+                continue;
+            }
+            left[s] -= reserve;
+            columns[col].push(s);
+            if search(slots, left, columns, n + 1, copies, reserve) {
+                return true;
+            }
+            columns[col].pop();
+            left[s] += reserve;
+        }
+        false
+    }
+    search(&slots, &mut left, &mut columns, 0, copies, reserve)
+}
+
+/// Small clusters with tight space, for the exhaustive search.
+fn tight_cluster() -> impl Strategy<Value = ClusterMap> {
+    prop::collection::vec((0usize..4, prop::collection::vec(0u64..=5, 1..=2)), 1..=5).prop_map(
+        |specs| {
+            let hosts = specs
+                .iter()
+                .enumerate()
+                .map(|(i, (fd, dgs))| {
+                    let mut h = Host::new(HostId(format!("h{i}")))
+                        .in_fault_domain(FaultDomainId(format!("fd{fd}")));
+                    for (j, &units) in dgs.iter().enumerate() {
+                        // Capacity in whole 10 GiB units, with headroom so that
+                        // only the reservations decide.
+                        h = h.with_disk_group(DiskGroup::new(
+                            DiskGroupId(format!("dg{j}")),
+                            units * 10 * GIB + GIB,
+                        ));
+                    }
+                    h
+                })
+                .collect();
+            ClusterMap::new(hosts).unwrap()
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(cases(PLACEMENT_CASES / 5))]
+
+    /// On small, tight clusters the exhaustive search and placement agree
+    /// on whether thick data fits.
+    #[test]
+    fn thick_data_fits_exactly_when_a_search_finds_room(
+        map in tight_cluster(),
+        ftt in 0u8..=1,
+        width in 1u8..=3,
+    ) {
+        let p = policy(ftt, width, 100);
+        let copies = usize::from(ftt) + 1;
+        let size = 10 * GIB * u64::from(width);
+        let fits = data_fits_by_search(&map, usize::from(width), copies, 10 * GIB);
+        match place(&p, &volume("v"), size, &map, &mut allocator()) {
+            Ok(layout) => {
+                prop_assert!(fits, "placed what the search says cannot fit");
+                assert_layout_rules(&layout, &map, &p, size)?;
+            }
+            Err(PlacementError::CapacityShortfall(_))
+            | Err(PlacementError::NotEnoughDataFaultDomains { .. }) => {
+                prop_assert!(!fits, "refused what the search fits");
+            }
+            Err(PlacementError::NotEnoughFaultDomains { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected refusal {e}"),
+        }
+    }
 }
