@@ -80,7 +80,7 @@ pub enum LayoutViolation {
         total: u32,
     },
     /// Losing these fault domains would take half or more of the votes.
-    #[error("fault domains {} hold {votes} of {total} votes: losing them loses the majority", names(.fault_domains))]
+    #[error("{} {votes} of {total} votes: losing {} loses the majority", holders(.fault_domains), if .fault_domains.len() == 1 { "it" } else { "them" })]
     FaultDomainsHoldHalf {
         /// The heaviest FTT fault domains.
         fault_domains: Vec<FaultDomainId>,
@@ -91,9 +91,13 @@ pub enum LayoutViolation {
     },
 }
 
-fn names(fds: &[FaultDomainId]) -> String {
+fn holders(fds: &[FaultDomainId]) -> String {
     let v: Vec<&str> = fds.iter().map(|f| f.as_str()).collect();
-    v.join(", ")
+    if v.len() == 1 {
+        format!("fault domain {} holds", v[0])
+    } else {
+        format!("fault domains {} hold", v.join(", "))
+    }
 }
 
 /// Votes per fault domain, data and witness components together.

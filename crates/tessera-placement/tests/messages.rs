@@ -242,3 +242,87 @@ fn rebuild_refusal_names_the_blocking_fault_domains() {
         "volume vm1 has no component c0000000000000063"
     );
 }
+
+#[test]
+fn layout_violations_read_as_documented() {
+    use tessera_placement::check_layout;
+    use tessera_types::layout::{ComponentRole, Layout};
+    use tessera_types::FaultDomainId;
+
+    let map = hosts(5, TIB);
+    let good = place(&policy(1, 2, 0), &volume("vm1"), 4 * GIB, &map, &mut ids()).unwrap();
+    check_layout(&good, 1).unwrap();
+    type Break = fn(&mut Layout);
+    let table: Vec<(&str, Break, u8, &str)> = vec![
+        (
+            "copies share a fault domain",
+            |l| l.columns[1].copies[1].fault_domain = l.columns[1].copies[0].fault_domain.clone(),
+            1,
+            "column 1 has two copies in fault domain h3",
+        ),
+        (
+            "even votes",
+            |l| l.witnesses[0].votes = 2,
+            1,
+            "vote total 6 is even",
+        ),
+        (
+            "heavy fault domain",
+            |l| {
+                l.witnesses[0].votes = 3;
+                l.witnesses[0].fault_domain = FaultDomainId("h1".into());
+            },
+            1,
+            "fault domain h1 holds 4 of 7 votes: losing it loses the majority",
+        ),
+        (
+            "zero votes",
+            |l| l.columns[0].copies[0].votes = 0,
+            1,
+            "component c0000000000000001 has no vote",
+        ),
+        (
+            "wrong copy count for the policy",
+            |_| {},
+            2,
+            "column 0 has 2 copies, the policy keeps 3",
+        ),
+        (
+            "witness with bytes",
+            |l| l.witnesses[0].size_bytes = 1,
+            1,
+            "component c0000000000000005 has 1 bytes, expected 0",
+        ),
+        (
+            "data in the witness list",
+            |l| l.witnesses[0].role = ComponentRole::Data,
+            1,
+            "component c0000000000000005 is listed in the wrong role",
+        ),
+        (
+            "duplicate id",
+            |l| l.witnesses[0].id = l.columns[0].copies[0].id,
+            1,
+            "component c0000000000000001 appears twice",
+        ),
+        (
+            "no columns",
+            |l| l.columns.clear(),
+            1,
+            "layout has no columns",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, breaks, ftt, message) in table {
+        let mut layout = good.clone();
+        breaks(&mut layout);
+        match check_layout(&layout, ftt) {
+            Ok(()) => failures.push(format!("{name}: accepted")),
+            Err(v) if v.to_string() != message => {
+                failures.push(format!("{name}:\n  got:      {v}\n  expected: {message}"))
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
