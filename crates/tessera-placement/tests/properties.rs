@@ -829,3 +829,66 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(cases(REBUILD_CASES))]
+
+    /// Losing up to FTT whole fault domains (every host in them absent)
+    /// leaves the object accessible, the plan lists exactly the components
+    /// there (all after the repair delay), and rebuilding them one by one,
+    /// as far as the cluster allows, keeps the rules at every step.
+    #[test]
+    fn losing_ftt_fault_domains_keeps_quorum(
+        map in cluster(),
+        p in policy_strategy(),
+        size_bytes in size_strategy(),
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 0..=3),
+    ) {
+        let Ok(mut layout) = place(&p, &volume("v"), size_bytes, &map, &mut allocator()) else {
+            return Ok(());
+        };
+        let ftt = p.failures_to_tolerate;
+        let fds: Vec<FaultDomainId> = layout
+            .components()
+            .map(|c| c.fault_domain.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let lost_fds: BTreeSet<&FaultDomainId> = picks
+            .iter()
+            .take(usize::from(ftt))
+            .map(|i| i.get(&fds))
+            .collect();
+        let mut faulty = map.clone();
+        let absent: Vec<HostId> = faulty
+            .hosts()
+            .iter()
+            .filter(|h| lost_fds.contains(&h.fault_domain))
+            .map(|h| h.id.clone())
+            .collect();
+        for h in &absent {
+            faulty.host_mut(h).unwrap().liveness = HostLiveness::Absent;
+        }
+        let plan = repair_plan(&layout, &faulty);
+        prop_assert!(plan.accessible, "lost {} of FTT={ftt} fault domains", lost_fds.len());
+        let expected: Vec<ComponentId> = layout
+            .components()
+            .filter(|c| lost_fds.contains(&c.fault_domain))
+            .map(|c| c.id)
+            .collect();
+        let listed: Vec<ComponentId> = plan.repairs.iter().map(|r| r.component).collect();
+        prop_assert_eq!(listed, expected);
+        prop_assert!(plan.repairs.iter().all(|r| r.timing == RepairTiming::AfterRepairDelay));
+
+        let mut next = 1000;
+        let mut next_id = || { next += 1; ComponentId(next) };
+        for r in &plan.repairs {
+            if let Ok(new) = rebuild_target(&p, &layout, r.component, &faulty, &mut next_id) {
+                prop_assert!(!absent.contains(&new.host));
+                apply_rebuild(&mut layout, r.component, new);
+                prop_assert!(check_layout(&layout, ftt).is_ok());
+                prop_assert!(survives_any_losses(&layout, usize::from(ftt)));
+            }
+        }
+    }
+}
