@@ -16,7 +16,7 @@
 //!   majority always spans more than FTT fault domains.
 
 use std::collections::{BTreeMap, BTreeSet};
-use tessera_types::layout::{ComponentRole, Layout};
+use tessera_types::layout::{ComponentPlacement, ComponentRole, Layout};
 use tessera_types::{ComponentId, FaultDomainId};
 
 /// A rule a layout breaks.
@@ -77,7 +77,7 @@ pub enum LayoutViolation {
     #[error("vote total {total} is even")]
     EvenVotes {
         /// The total.
-        total: u32,
+        total: u64,
     },
     /// Losing these fault domains would take half or more of the votes.
     #[error("{} {votes} of {total} votes: losing {} loses the majority", holders(.fault_domains), if .fault_domains.len() == 1 { "it" } else { "them" })]
@@ -85,9 +85,9 @@ pub enum LayoutViolation {
         /// The heaviest FTT fault domains.
         fault_domains: Vec<FaultDomainId>,
         /// Their votes.
-        votes: u32,
+        votes: u64,
         /// All votes.
-        total: u32,
+        total: u64,
     },
 }
 
@@ -100,18 +100,37 @@ fn holders(fds: &[FaultDomainId]) -> String {
     }
 }
 
+/// Sum of all votes, in 64 bits so that no layout read from elsewhere can
+/// overflow it.
+pub fn total_votes(layout: &Layout) -> u64 {
+    layout.components().map(|c| u64::from(c.votes)).sum()
+}
+
 /// Votes per fault domain, data and witness components together.
-pub fn fault_domain_votes(layout: &Layout) -> BTreeMap<FaultDomainId, u32> {
+pub fn fault_domain_votes(layout: &Layout) -> BTreeMap<FaultDomainId, u64> {
     let mut out = BTreeMap::new();
     for c in layout.components() {
-        *out.entry(c.fault_domain.clone()).or_insert(0) += c.votes;
+        *out.entry(c.fault_domain.clone()).or_insert(0) += u64::from(c.votes);
     }
     out
 }
 
+/// The quorum rule of `Layout::has_quorum` (more than half of the votes on
+/// components for which `usable` holds, and a usable copy of every column),
+/// summed in 64 bits.
+pub fn has_quorum(layout: &Layout, usable: impl Fn(&ComponentPlacement) -> bool) -> bool {
+    let present: u64 = layout
+        .components()
+        .filter(|c| usable(c))
+        .map(|c| u64::from(c.votes))
+        .sum();
+    let whole_copy = layout.columns.iter().all(|m| m.copies.iter().any(&usable));
+    2 * present > total_votes(layout) && whole_copy
+}
+
 /// The `n` fault domains with the most votes (ties by name) and their votes.
-pub fn heaviest_fault_domains(layout: &Layout, n: usize) -> (Vec<FaultDomainId>, u32) {
-    let mut votes: Vec<(FaultDomainId, u32)> = fault_domain_votes(layout).into_iter().collect();
+pub fn heaviest_fault_domains(layout: &Layout, n: usize) -> (Vec<FaultDomainId>, u64) {
+    let mut votes: Vec<(FaultDomainId, u64)> = fault_domain_votes(layout).into_iter().collect();
     votes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     votes.truncate(n);
     let sum = votes.iter().map(|(_, v)| v).sum();
@@ -130,14 +149,14 @@ pub fn copies_in_distinct_fault_domains(layout: &Layout) -> bool {
 /// split of the components into two sides exactly one side holds more than
 /// half of the votes, so at most one side can ever reach quorum.
 pub fn votes_allow_one_majority(layout: &Layout) -> bool {
-    layout.components().all(|c| c.votes > 0) && layout.total_votes() % 2 == 1
+    layout.components().all(|c| c.votes > 0) && total_votes(layout) % 2 == 1
 }
 
 /// True when losing any `n` fault domains leaves quorum: a vote majority and
 /// a copy of every column.
 pub fn tolerates_fault_domain_losses(layout: &Layout, n: usize) -> bool {
     let (_, heaviest) = heaviest_fault_domains(layout, n);
-    let votes_ok = 2 * u64::from(heaviest) < u64::from(layout.total_votes());
+    let votes_ok = 2 * heaviest < total_votes(layout);
     let copies_ok = layout.columns.iter().all(|m| {
         let fds: BTreeSet<&FaultDomainId> = m.copies.iter().map(|c| &c.fault_domain).collect();
         fds.len() > n
@@ -205,12 +224,12 @@ pub fn check_layout(layout: &Layout, ftt: u8) -> Result<(), LayoutViolation> {
             });
         }
     }
-    let total = layout.total_votes();
+    let total = total_votes(layout);
     if total.is_multiple_of(2) {
         return Err(LayoutViolation::EvenVotes { total });
     }
     let (fault_domains, votes) = heaviest_fault_domains(layout, usize::from(ftt));
-    if 2 * u64::from(votes) >= u64::from(total) {
+    if 2 * votes >= total {
         return Err(LayoutViolation::FaultDomainsHoldHalf {
             fault_domains,
             votes,
@@ -218,4 +237,47 @@ pub fn check_layout(layout: &Layout, ftt: u8) -> Result<(), LayoutViolation> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_types::layout::{ComponentState, Mirror};
+    use tessera_types::{ComponentId, DiskGroupId, HostId, VolumeId};
+
+    fn component(id: u64, fd: &str, votes: u32) -> ComponentPlacement {
+        ComponentPlacement {
+            id: ComponentId(id),
+            role: ComponentRole::Data,
+            host: HostId(fd.into()),
+            disk_group: DiskGroupId("dg0".into()),
+            fault_domain: FaultDomainId(fd.into()),
+            votes,
+            size_bytes: 0,
+            state: ComponentState::Active,
+        }
+    }
+
+    #[test]
+    fn huge_votes_from_elsewhere_are_judged_without_overflow() {
+        let layout = Layout {
+            volume: VolumeId("v".into()),
+            size_bytes: 1,
+            stripe_unit_bytes: 1 << 20,
+            columns: vec![Mirror {
+                copies: vec![component(1, "a", u32::MAX), component(2, "b", u32::MAX)],
+            }],
+            witnesses: vec![],
+            generation: 1,
+        };
+        assert_eq!(total_votes(&layout), 2 * u64::from(u32::MAX));
+        assert!(!votes_allow_one_majority(&layout));
+        assert!(has_quorum(&layout, |_| true));
+        assert!(!has_quorum(&layout, |c| c.id == ComponentId(1)));
+        assert!(!tolerates_fault_domain_losses(&layout, 1));
+        assert!(matches!(
+            check_layout(&layout, 1),
+            Err(LayoutViolation::EvenVotes { .. })
+        ));
+    }
 }

@@ -27,8 +27,8 @@ pub mod place;
 pub mod repair;
 
 pub use check::{
-    check_layout, copies_in_distinct_fault_domains, fault_domain_votes,
-    tolerates_fault_domain_losses, votes_allow_one_majority, LayoutViolation,
+    check_layout, copies_in_distinct_fault_domains, fault_domain_votes, has_quorum,
+    tolerates_fault_domain_losses, total_votes, votes_allow_one_majority, LayoutViolation,
 };
 pub use cluster::{
     reservation_bytes, ClusterMap, ClusterMapError, DiskGroup, DiskGroupHealth, Host, HostLiveness,

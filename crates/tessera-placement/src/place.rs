@@ -27,7 +27,7 @@
 //!
 //! Everything is deterministic: ties end on host and disk group ids.
 
-use crate::check::check_layout;
+use crate::check::{check_layout, total_votes};
 use crate::cluster::{reservation_bytes, ClusterMap, DiskGroup, Host, HostRole};
 use crate::error::{CapacityShortfall, PlacementError};
 use std::cmp::Reverse;
@@ -170,10 +170,11 @@ pub fn place(
         let fits: Vec<u64> = data_slots
             .values()
             .map(|slots| {
-                slots
-                    .iter()
-                    .map(|&s| slot_disk_group(map, s).free_bytes() / reserve)
-                    .sum()
+                // Saturating: a disk group reporting absurd capacity must
+                // not wrap the count around.
+                slots.iter().fold(0u64, |room, &s| {
+                    room.saturating_add(slot_disk_group(map, s).free_bytes() / reserve)
+                })
             })
             .collect();
         let fit = components_that_fit(width, copies, &fits);
@@ -224,7 +225,7 @@ pub fn place(
             .collect(),
         generation: 1,
     };
-    if layout.total_votes().is_multiple_of(2) {
+    if total_votes(&layout).is_multiple_of(2) {
         // Only FTT=0 gets here (witness votes fix the parity otherwise): a
         // second vote on one component keeps the total odd without a witness
         // that could not add any protection.
@@ -286,7 +287,7 @@ fn choose_data_slots(
                     if left < reserve {
                         continue;
                     }
-                    room += left.checked_div(reserve).unwrap_or(columns_left);
+                    room = room.saturating_add(left.checked_div(reserve).unwrap_or(columns_left));
                     let key = (
                         !copy_slots_j.contains(&s),
                         free.saturating_sub(planned.get(&s).copied().unwrap_or(0)),

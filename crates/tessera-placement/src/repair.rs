@@ -11,7 +11,7 @@
 //! component whose disk group failed, or whose host or disk group left the
 //! map, is gone for good and is rebuilt at once.
 
-use crate::check::{check_layout, fault_domain_votes};
+use crate::check::{check_layout, fault_domain_votes, has_quorum};
 use crate::cluster::{reservation_bytes, ClusterMap, DiskGroupHealth};
 use crate::error::PlacementError;
 use crate::place::{slot_disk_group, slot_host, Slot};
@@ -132,8 +132,9 @@ pub fn repair_plan(layout: &Layout, map: &ClusterMap) -> RepairPlan {
             });
         }
     }
-    let accessible =
-        layout.has_quorum(|c| c.state == ComponentState::Active && loss_cause(map, c).is_none());
+    let accessible = has_quorum(layout, |c| {
+        c.state == ComponentState::Active && loss_cause(map, c).is_none()
+    });
     RepairPlan {
         accessible,
         repairs,
@@ -156,14 +157,14 @@ pub fn apply_rebuild(
         None => false,
     };
     if replaced {
-        layout.generation += 1;
+        layout.generation = layout.generation.saturating_add(1);
     }
     replaced
 }
 
 /// How good a disk group is for a replacement: fewer votes of this layout in
 /// its fault domain, not used by the same copy, more free space, lower ids.
-type TargetRank = (Reverse<u32>, bool, u64, Reverse<Slot>);
+type TargetRank = (Reverse<u64>, bool, u64, Reverse<Slot>);
 
 /// Chooses where to rebuild component `failed` of `layout`.
 ///

@@ -321,6 +321,7 @@ fn assert_layout_rules(
             .collect();
         let in_side = |c: &ComponentPlacement| side.contains(&c.fault_domain);
         let here = layout.has_quorum(in_side);
+        prop_assert_eq!(here, tessera_placement::has_quorum(layout, in_side));
         let there = layout.has_quorum(|c| !in_side(c));
         prop_assert!(!(here && there), "both sides of a split have quorum");
         let votes_here: u32 = layout
