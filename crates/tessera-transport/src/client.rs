@@ -1,0 +1,315 @@
+//! The calling side of one connection to a peer.
+//!
+//! Owns: the connection's write half (callers write their own frames under a
+//! lock: no writer task, no handoff), the table of requests waiting for an
+//! answer, and the reader task that hands each response to its caller.
+//!
+//! Invariants: a request id is in the waiting table only while its caller
+//! waits (a guard removes it on answer, timeout or cancellation); once the
+//! connection closes, no caller is left waiting: the reader drains the table
+//! and later callers see the connection closed before they send.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tessera_types::HostId;
+use tessera_wire::{
+    encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::AbortHandle;
+
+use crate::faults::{FaultHooks, FrameFate};
+use crate::io::{write_frame, FrameReader};
+use crate::{TransportConfig, TransportError, MAX_IN_FLIGHT_PER_CONNECTION};
+
+/// Request id of the handshake; calls count from 1.
+const HELLO_REQUEST_ID: u64 = 0;
+
+#[derive(Default)]
+struct Waiting {
+    callers: HashMap<u64, oneshot::Sender<Response>>,
+    /// Set once the connection is closed, with why.
+    closed: Option<String>,
+}
+
+/// Why a call on a connection failed.
+pub(crate) enum CallFailure {
+    /// The connection was already closed; nothing was sent, so the call may
+    /// be retried on a new connection.
+    NotSent(String),
+    /// The connection broke after the request may have been sent.
+    Lost(String),
+    /// The request cannot be encoded.
+    Encode(tessera_wire::WireError),
+}
+
+/// One open connection to a peer, for one queue class.
+pub(crate) struct ClientConnection {
+    pub(crate) peer: HostId,
+    pub(crate) addr: SocketAddr,
+    class: QueueClass,
+    version: WireVersion,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    waiting: Arc<Mutex<Waiting>>,
+    slots: Semaphore,
+    next_id: AtomicU64,
+    reader: AbortHandle,
+}
+
+impl Drop for ClientConnection {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn close(waiting: &Mutex<Waiting>, reason: String) {
+    let mut w = waiting.lock();
+    if w.closed.is_none() {
+        w.closed = Some(reason);
+    }
+    // Dropping the senders wakes every caller with "connection lost".
+    w.callers.clear();
+}
+
+/// Removes a caller from the waiting table however its call ends.
+struct WaitGuard<'a> {
+    waiting: &'a Mutex<Waiting>,
+    id: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.waiting.lock().callers.remove(&self.id);
+    }
+}
+
+impl ClientConnection {
+    /// Connects to `peer` at `addr` and performs the handshake.
+    pub(crate) async fn connect(
+        local: &HostId,
+        peer: &HostId,
+        addr: SocketAddr,
+        class: QueueClass,
+        config: &TransportConfig,
+        faults: &FaultHooks,
+    ) -> Result<ClientConnection, TransportError> {
+        let connect_error = |source| TransportError::Connect {
+            peer: peer.clone(),
+            addr,
+            source,
+        };
+        let stream = tokio::time::timeout(config.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(connect_error)?;
+        stream.set_nodelay(true).map_err(connect_error)?;
+        let (read_half, mut write_half) = stream.into_split();
+        let mut reader = FrameReader::new(read_half);
+
+        let handshake = async {
+            let hello = Message::Request(Request::Hello {
+                versions: config.versions,
+                host: local.clone(),
+            });
+            let frame = encode_frame(WireVersion::CURRENT, HELLO_REQUEST_ID, class, &hello)
+                .map_err(|source| TransportError::Encode {
+                    peer: peer.clone(),
+                    addr,
+                    source,
+                })?;
+            if let FrameFate::Deliver(delay) = faults.fate(local, peer) {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                write_frame(&mut write_half, &frame)
+                    .await
+                    .map_err(connect_error)?;
+            }
+            loop {
+                let frame = reader
+                    .next()
+                    .await
+                    .map_err(|e| TransportError::Handshake {
+                        peer: peer.clone(),
+                        addr,
+                        reason: e.to_string(),
+                    })?
+                    .ok_or_else(|| TransportError::Handshake {
+                        peer: peer.clone(),
+                        addr,
+                        reason: "connection closed during the handshake".into(),
+                    })?;
+                if faults.is_blocked(peer, local) {
+                    continue;
+                }
+                return match frame.message {
+                    Message::Response(Response::HelloOk { version, host }) => {
+                        if &host != peer {
+                            return Err(TransportError::WrongHost {
+                                peer: peer.clone(),
+                                addr,
+                                actual: host,
+                            });
+                        }
+                        Ok(version)
+                    }
+                    Message::Response(Response::Error {
+                        kind: WireErrorKind::NoCommonVersion { supported },
+                        ..
+                    }) => Err(TransportError::VersionMismatch {
+                        peer: peer.clone(),
+                        addr,
+                        ours: config.versions,
+                        theirs: supported,
+                    }),
+                    other => Err(TransportError::Handshake {
+                        peer: peer.clone(),
+                        addr,
+                        reason: format!("expected HelloOk, got {}", other.kind()),
+                    }),
+                };
+            }
+        };
+        // The caller's timeout bounds the handshake too; this one keeps a
+        // silent peer from holding a connection slot for the whole call.
+        let version = tokio::time::timeout(config.connect_timeout, handshake)
+            .await
+            .map_err(|_| TransportError::Timeout {
+                peer: peer.clone(),
+                addr,
+                after: config.connect_timeout,
+            })??;
+
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let reader = tokio::spawn(read_responses(
+            reader,
+            waiting.clone(),
+            local.clone(),
+            peer.clone(),
+            faults.clone(),
+        ))
+        .abort_handle();
+        Ok(ClientConnection {
+            peer: peer.clone(),
+            addr,
+            class,
+            version,
+            writer: tokio::sync::Mutex::new(write_half),
+            waiting,
+            slots: Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION),
+            next_id: AtomicU64::new(HELLO_REQUEST_ID + 1),
+            reader,
+        })
+    }
+
+    /// Whether the connection can still carry calls.
+    pub(crate) fn is_open(&self) -> bool {
+        self.waiting.lock().closed.is_none()
+    }
+
+    /// Closes the connection: waiting callers fail, the peer sees the end.
+    pub(crate) async fn shut_down(&self, reason: &str) {
+        close(&self.waiting, reason.to_string());
+        self.reader.abort();
+        let _ = self.writer.lock().await.shutdown().await;
+    }
+
+    /// Sends `request` and waits for its answer (no timeout here: the
+    /// transport bounds the whole call).
+    pub(crate) async fn call(
+        &self,
+        local: &HostId,
+        faults: &FaultHooks,
+        request: &Message,
+    ) -> Result<Response, CallFailure> {
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| CallFailure::NotSent("connection closed".into()))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame =
+            encode_frame(self.version, id, self.class, request).map_err(CallFailure::Encode)?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut w = self.waiting.lock();
+            if let Some(reason) = &w.closed {
+                return Err(CallFailure::NotSent(reason.clone()));
+            }
+            w.callers.insert(id, tx);
+        }
+        let _guard = WaitGuard {
+            waiting: &self.waiting,
+            id,
+        };
+        match faults.fate(local, &self.peer) {
+            FrameFate::Drop => {}
+            FrameFate::Deliver(delay) => {
+                if delay > Duration::ZERO {
+                    tokio::time::sleep(delay).await;
+                }
+                let mut writer = self.writer.lock().await;
+                if let Err(e) = write_frame(&mut *writer, &frame).await {
+                    let reason = format!("write failed: {e}");
+                    close(&self.waiting, reason.clone());
+                    return Err(CallFailure::Lost(reason));
+                }
+            }
+        }
+        rx.await.map_err(|_| {
+            CallFailure::Lost(
+                self.waiting
+                    .lock()
+                    .closed
+                    .clone()
+                    .unwrap_or_else(|| "connection closed".into()),
+            )
+        })
+    }
+}
+
+/// Hands each response to its caller until the stream ends.
+async fn read_responses(
+    mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    waiting: Arc<Mutex<Waiting>>,
+    local: HostId,
+    peer: HostId,
+    faults: FaultHooks,
+) {
+    let reason = loop {
+        match reader.next().await {
+            Ok(Some(frame)) => {
+                if faults.is_blocked(&peer, &local) {
+                    continue;
+                }
+                match frame.message {
+                    Message::Response(response) => {
+                        let caller = waiting.lock().callers.remove(&frame.header.request_id);
+                        // No caller: it gave up (timeout) before the answer came.
+                        if let Some(caller) = caller {
+                            let _ = caller.send(response);
+                        }
+                    }
+                    Message::Request(request) => {
+                        break format!(
+                            "peer sent a {} request on a calling connection",
+                            request.kind()
+                        );
+                    }
+                }
+            }
+            Ok(None) => break "peer closed the connection".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    tracing::debug!(%peer, %reason, "connection closed");
+    close(&waiting, reason);
+}

@@ -1,0 +1,257 @@
+//! The serving side: accepting connections and answering their requests.
+//!
+//! Owns: the accept loop, the handshake a new connection must pass, and one
+//! reading loop per connection that starts a task per request, so a slow
+//! request (a resync read, a flush) never holds back the ones behind it.
+//!
+//! Invariants: a connection serves requests only after a successful `Hello`;
+//! at most [`MAX_IN_FLIGHT_PER_CONNECTION`] requests of one connection run at
+//! once (the loop stops reading until one ends); a malformed frame or a
+//! protocol violation closes the connection and is logged with the peer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tessera_types::HostId;
+use tessera_wire::{
+    encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use crate::faults::{FaultHooks, FrameFate};
+use crate::io::{write_frame, FrameReader};
+use crate::{RequestHandler, TransportConfig, MAX_IN_FLIGHT_PER_CONNECTION};
+
+/// What every served connection needs.
+pub(crate) struct ServerContext {
+    pub(crate) host: HostId,
+    pub(crate) handler: Arc<dyn RequestHandler>,
+    pub(crate) faults: FaultHooks,
+    pub(crate) config: TransportConfig,
+}
+
+/// Accepts connections until `shutdown` turns true.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    context: Arc<ServerContext>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let for_connections = shutdown.clone();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, remote)) => {
+                    tokio::spawn(serve_connection(stream, remote, context.clone(), for_connections.clone()));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little
+                    // rather than spin, and keep serving the open connections.
+                    tracing::warn!(host = %context.host, error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = stopped(&mut shutdown) => break,
+        }
+    }
+}
+
+/// Resolves once the transport shuts down.
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // An error means the transport is gone, which is a shutdown too.
+    let _ = shutdown.wait_for(|down| *down).await;
+}
+
+type SharedWriter = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
+
+async fn send_response(
+    writer: &SharedWriter,
+    context: &ServerContext,
+    peer: &HostId,
+    version: WireVersion,
+    request_id: u64,
+    class: QueueClass,
+    response: Response,
+) {
+    let message = Message::Response(response);
+    let frame = match encode_frame(version, request_id, class, &message) {
+        Ok(frame) => frame,
+        Err(e) => {
+            // The handler built an answer too large for one frame: tell the
+            // caller rather than leave it waiting for its timeout.
+            tracing::error!(host = %context.host, %peer, error = %e, "response cannot be encoded");
+            let error = Message::Response(Response::error(
+                WireErrorKind::Io,
+                format!("host {} cannot send the response: {e}", context.host),
+            ));
+            match encode_frame(version, request_id, class, &error) {
+                Ok(frame) => frame,
+                Err(_) => return,
+            }
+        }
+    };
+    match context.faults.fate(&context.host, peer) {
+        FrameFate::Drop => {}
+        FrameFate::Deliver(delay) => {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let mut w = writer.lock().await;
+            if let Err(e) = write_frame(&mut *w, &frame).await {
+                tracing::debug!(host = %context.host, %peer, error = %e, "response not sent");
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    context: Arc<ServerContext>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%remote, error = %e, "cannot set TCP_NODELAY");
+    }
+    let (read_half, write_half) = stream.into_split();
+    let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(write_half));
+    let mut reader = FrameReader::new(read_half);
+
+    let handshake = tokio::time::timeout(
+        context.config.connect_timeout,
+        handshake(&mut reader, &writer, &context, remote),
+    )
+    .await;
+    let (peer, version) = match handshake {
+        Ok(Some(done)) => done,
+        Ok(None) => {
+            let _ = writer.lock().await.shutdown().await;
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(host = %context.host, %remote, "no Hello in time; closing");
+            let _ = writer.lock().await.shutdown().await;
+            return;
+        }
+    };
+
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    loop {
+        let next = tokio::select! {
+            next = reader.next() => next,
+            _ = stopped(&mut shutdown) => break,
+        };
+        let frame = match next {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(host = %context.host, %peer, %remote, error = %e, "closing connection");
+                break;
+            }
+        };
+        if context.faults.is_blocked(&peer, &context.host) {
+            continue;
+        }
+        let request = match frame.message {
+            Message::Request(Request::Hello { .. }) | Message::Response(_) => {
+                tracing::warn!(
+                    host = %context.host, %peer, %remote, kind = %frame.header.kind,
+                    "protocol violation: unexpected message; closing connection"
+                );
+                break;
+            }
+            Message::Request(request) => request,
+        };
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let writer = writer.clone();
+        let context = context.clone();
+        let peer = peer.clone();
+        let header = frame.header;
+        tokio::spawn(async move {
+            let response = match request {
+                Request::Ping => Response::Pong,
+                request => context.handler.handle(peer.clone(), request).await,
+            };
+            send_response(
+                &writer,
+                &context,
+                &peer,
+                version,
+                header.request_id,
+                header.class,
+                response,
+            )
+            .await;
+            drop(slot);
+        });
+    }
+    let _ = writer.lock().await.shutdown().await;
+}
+
+/// Reads the `Hello`, negotiates the version and answers. `None` when the
+/// connection must close.
+async fn handshake(
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: &SharedWriter,
+    context: &ServerContext,
+    remote: SocketAddr,
+) -> Option<(HostId, WireVersion)> {
+    loop {
+        let frame = match reader.next().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(host = %context.host, %remote, error = %e, "bad handshake; closing");
+                return None;
+            }
+        };
+        let Message::Request(Request::Hello { versions, host }) = frame.message else {
+            tracing::warn!(
+                host = %context.host, %remote, kind = %frame.header.kind,
+                "connection did not start with Hello; closing"
+            );
+            return None;
+        };
+        if context.faults.is_blocked(&host, &context.host) {
+            continue;
+        }
+        let id = frame.header.request_id;
+        let class = frame.header.class;
+        return match context.config.versions.negotiate(versions) {
+            Ok(version) => {
+                let ok = Response::HelloOk {
+                    version,
+                    host: context.host.clone(),
+                };
+                send_response(writer, context, &host, version, id, class, ok).await;
+                Some((host, version))
+            }
+            Err(e) => {
+                tracing::warn!(host = %context.host, peer = %host, %remote, error = %e, "refusing peer");
+                let refusal = Response::error(
+                    WireErrorKind::NoCommonVersion {
+                        supported: context.config.versions,
+                    },
+                    format!("host {}: {e}", context.host),
+                );
+                // The refusal goes out in the oldest layout this build
+                // speaks; handshake messages are the same in every version.
+                send_response(
+                    writer,
+                    context,
+                    &host,
+                    WireVersion::OLDEST,
+                    id,
+                    class,
+                    refusal,
+                )
+                .await;
+                None
+            }
+        };
+    }
+}

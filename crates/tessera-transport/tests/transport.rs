@@ -1,0 +1,751 @@
+//! The transport over real sockets on 127.0.0.1: every request round trips,
+//! answers are matched out of order, versions are negotiated, the fault
+//! hooks shape traffic as a network would, and the guest queue never waits
+//! behind resync traffic.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tessera_env::SeededRng;
+use tessera_transport::{
+    FaultHooks, PartitionBehaviour, QueueClass, Request, RequestHandler, Response, Transport,
+    TransportConfig, TransportError, VersionRange, WireErrorKind, MAX_IN_FLIGHT_PER_CONNECTION,
+};
+use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId, BLOCK_BYTES};
+use tessera_wire::{ComponentRef, Extent, ExtentKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Reads at this block are answered after [`SLOW_ANSWER`].
+const SLOW_LBA: u64 = 999;
+const SLOW_ANSWER: Duration = Duration::from_millis(400);
+/// Reads of this volume stand for bulk resync reads and take this long.
+const RESYNC_VOLUME: &str = "resync-source";
+const RESYNC_READ: Duration = Duration::from_millis(1500);
+
+fn host(name: &str) -> HostId {
+    HostId::new(name).unwrap()
+}
+
+fn volume(name: &str) -> VolumeId {
+    VolumeId::new(name).unwrap()
+}
+
+fn component(id: u64) -> ComponentRef {
+    ComponentRef {
+        volume: volume("vol-1"),
+        id: ComponentId(id),
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+/// The answer the test replica gives: derived from the request alone, so a
+/// test can tell whether the answer it got belongs to the request it sent.
+fn answer(request: &Request) -> Response {
+    match request {
+        Request::Read { lba, blocks, .. } => {
+            Response::Data(pattern(lba.0, *blocks as usize * BLOCK_BYTES as usize))
+        }
+        Request::VolumeRead { offset, len, .. } => Response::Data(pattern(*offset, *len as usize)),
+        Request::Allocated { from, blocks, .. } => {
+            Response::Ranges(vec![(*from, *blocks / 2), (Lba(from.0 + blocks - 1), 1)])
+        }
+        Request::ComponentStatus { component } => Response::Status {
+            size_bytes: component.id.0 << 20,
+            epoch: Epoch(component.id.0 + 1),
+            allocated_bytes: 4096,
+            physical_bytes: 8192,
+        },
+        Request::VolumeBlockStatus { offset, len, .. } => Response::Extents(vec![
+            Extent {
+                offset: *offset,
+                len: len / 2,
+                kind: ExtentKind::Data,
+            },
+            Extent {
+                offset: offset + len / 2,
+                len: len - len / 2,
+                kind: ExtentKind::Hole,
+            },
+        ]),
+        Request::Fence { component, epoch } if epoch.0 < 5 => Response::error(
+            WireErrorKind::StaleEpoch { highest: Epoch(5) },
+            format!("{component}: {epoch} is below epoch 5"),
+        ),
+        Request::VolumeCompareAndWrite {
+            volume,
+            expected,
+            new,
+            ..
+        } if expected != new => Response::error(
+            WireErrorKind::Miscompare { offset: 3 },
+            format!("volume {volume}: miscompare"),
+        ),
+        _ => Response::Ok,
+    }
+}
+
+/// A replica service stand-in that records what it was asked.
+#[derive(Default)]
+struct RecordingReplica {
+    seen: Mutex<Vec<(HostId, Request)>>,
+}
+
+impl RecordingReplica {
+    fn seen(&self) -> Vec<(HostId, Request)> {
+        self.seen.lock().clone()
+    }
+}
+
+#[async_trait]
+impl RequestHandler for RecordingReplica {
+    async fn handle(&self, from: HostId, request: Request) -> Response {
+        self.seen.lock().push((from, request.clone()));
+        match &request {
+            Request::Read { lba, .. } if lba.0 == SLOW_LBA => tokio::time::sleep(SLOW_ANSWER).await,
+            Request::Read { component, .. } if component.volume.as_str() == RESYNC_VOLUME => {
+                tokio::time::sleep(RESYNC_READ).await
+            }
+            _ => {}
+        }
+        answer(&request)
+    }
+}
+
+struct Node {
+    transport: Arc<Transport>,
+    replica: Arc<RecordingReplica>,
+}
+
+impl Node {
+    fn addr(&self) -> SocketAddr {
+        self.transport.local_addr()
+    }
+    fn host(&self) -> HostId {
+        self.transport.host().clone()
+    }
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+async fn node_at(
+    name: &str,
+    addr: SocketAddr,
+    config: TransportConfig,
+    faults: &FaultHooks,
+) -> Node {
+    let replica = Arc::new(RecordingReplica::default());
+    let transport =
+        Transport::bind_with_faults(host(name), addr, replica.clone(), config, faults.clone())
+            .await
+            .unwrap();
+    Node {
+        transport: Arc::new(transport),
+        replica,
+    }
+}
+
+/// Two hosts sharing one seeded fault table.
+async fn pair(config: TransportConfig) -> (Node, Node, FaultHooks) {
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(42)));
+    let a = node_at("h1", loopback(), config.clone(), &faults).await;
+    let b = node_at("h2", loopback(), config, &faults).await;
+    (a, b, faults)
+}
+
+fn quick() -> TransportConfig {
+    TransportConfig {
+        call_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+        ..TransportConfig::default()
+    }
+}
+
+async fn call(from: &Node, to: &Node, request: Request) -> Result<Response, TransportError> {
+    from.transport
+        .call(&to.host(), to.addr(), QueueClass::Guest, request)
+        .await
+}
+
+fn every_request() -> Vec<Request> {
+    vec![
+        Request::Ping,
+        Request::CreateComponent {
+            component: component(1),
+            size_bytes: 1 << 30,
+            reserve_bytes: 1 << 20,
+        },
+        Request::DeleteComponent {
+            component: component(2),
+        },
+        Request::ResizeComponent {
+            component: component(3),
+            size_bytes: 2 << 30,
+        },
+        Request::Write {
+            component: component(4),
+            lba: Lba(17),
+            epoch: Epoch(6),
+            data: pattern(4, 8192),
+        },
+        Request::Read {
+            component: component(5),
+            lba: Lba(3),
+            blocks: 2,
+        },
+        Request::Unmap {
+            component: component(6),
+            lba: Lba(10),
+            blocks: 100,
+            epoch: Epoch(6),
+        },
+        Request::WriteZeroes {
+            component: component(7),
+            lba: Lba(20),
+            blocks: 8,
+            epoch: Epoch(6),
+        },
+        Request::Flush {
+            component: component(8),
+        },
+        Request::Fence {
+            component: component(9),
+            epoch: Epoch(2),
+        },
+        Request::Fence {
+            component: component(9),
+            epoch: Epoch(7),
+        },
+        Request::Allocated {
+            component: component(10),
+            from: Lba(64),
+            blocks: 128,
+        },
+        Request::ComponentStatus {
+            component: component(11),
+        },
+        Request::VolumeRead {
+            volume: volume("vol-2"),
+            offset: 512,
+            len: 3000,
+        },
+        Request::VolumeWrite {
+            volume: volume("vol-2"),
+            offset: 4096,
+            data: pattern(9, 4096),
+            fua: true,
+        },
+        Request::VolumeFlush {
+            volume: volume("vol-2"),
+        },
+        Request::VolumeUnmap {
+            volume: volume("vol-2"),
+            offset: 0,
+            len: 1 << 20,
+        },
+        Request::VolumeWriteZeroes {
+            volume: volume("vol-2"),
+            offset: 8192,
+            len: 4096,
+            may_unmap: true,
+        },
+        Request::VolumeCompareAndWrite {
+            volume: volume("vol-2"),
+            offset: 0,
+            expected: pattern(1, 512),
+            new: pattern(2, 512),
+        },
+        Request::VolumeCompareAndWrite {
+            volume: volume("vol-2"),
+            offset: 0,
+            expected: pattern(1, 512),
+            new: pattern(1, 512),
+        },
+        Request::VolumeBlockStatus {
+            volume: volume("vol-2"),
+            offset: 0,
+            len: 1 << 20,
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_round_trips_with_its_answer() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    for request in every_request() {
+        let got = call(&a, &b, request.clone()).await.unwrap();
+        let expected = match &request {
+            Request::Ping => Response::Pong,
+            other => answer(other),
+        };
+        assert_eq!(got, expected, "answer to {request:?}");
+    }
+    // The handler saw every request but Ping (the transport answers it),
+    // intact, in order, and knew who sent it.
+    let seen = b.replica.seen();
+    let sent: Vec<Request> = every_request()
+        .into_iter()
+        .filter(|r| *r != Request::Ping)
+        .collect();
+    assert_eq!(seen.len(), sent.len());
+    for ((from, got), sent) in seen.into_iter().zip(sent) {
+        assert_eq!(from, a.host());
+        assert_eq!(got, sent);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_arrive_out_of_order_and_match_their_requests() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    // Open the connection first so both calls share it.
+    call(&a, &b, Request::Ping).await.unwrap();
+    let slow = Request::Read {
+        component: component(1),
+        lba: Lba(SLOW_LBA),
+        blocks: 1,
+    };
+    let started = Instant::now();
+    let slow_call = {
+        let (a, b) = (a.transport.clone(), (b.host(), b.addr()));
+        let slow = slow.clone();
+        tokio::spawn(async move {
+            let response = a.call(&b.0, b.1, QueueClass::Guest, slow).await;
+            (response, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut fast_latencies = Vec::new();
+    for i in 0..20u64 {
+        let fast = Request::Read {
+            component: component(1),
+            lba: Lba(i),
+            blocks: 1,
+        };
+        let t = Instant::now();
+        let got = call(&a, &b, fast.clone()).await.unwrap();
+        fast_latencies.push(t.elapsed());
+        assert_eq!(got, answer(&fast));
+    }
+    let (slow_got, slow_took) = slow_call.await.unwrap();
+    assert_eq!(slow_got.unwrap(), answer(&slow));
+    assert!(slow_took >= SLOW_ANSWER);
+    let worst_fast = fast_latencies.iter().max().unwrap();
+    assert!(
+        *worst_fast < SLOW_ANSWER / 2,
+        "fast calls waited behind the slow one: worst {worst_fast:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disjoint_versions_are_refused_with_both_ranges() {
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(1)));
+    let server = node_at("h1", loopback(), quick(), &faults).await;
+    let future_config = TransportConfig {
+        versions: VersionRange { min: 7, max: 9 },
+        ..quick()
+    };
+    let future_host = node_at("h2", loopback(), future_config, &faults).await;
+
+    // A newer host calling an older one.
+    let err = call(&future_host, &server, Request::Ping)
+        .await
+        .unwrap_err();
+    match &err {
+        TransportError::VersionMismatch {
+            peer, ours, theirs, ..
+        } => {
+            assert_eq!(peer, &server.host());
+            assert_eq!(*ours, VersionRange { min: 7, max: 9 });
+            assert_eq!(*theirs, VersionRange::SUPPORTED);
+        }
+        other => panic!("expected a version mismatch, got {other}"),
+    }
+    assert!(err.to_string().contains("v7..=v9"), "{err}");
+
+    // An older host calling a newer one.
+    let err = call(&server, &future_host, Request::Ping)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, TransportError::VersionMismatch { theirs, .. } if theirs == VersionRange { min: 7, max: 9 }),
+        "{err}"
+    );
+    assert!(server.replica.seen().is_empty() && future_host.replica.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calling_the_wrong_host_at_an_address_is_refused() {
+    let (a, b, _faults) = pair(quick()).await;
+    let err = a
+        .transport
+        .call(&host("h9"), b.addr(), QueueClass::Guest, Request::Ping)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, TransportError::WrongHost { actual, .. } if *actual == b.host()),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mebibyte_write_arrives_intact() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    let data = pattern(77, 1 << 20);
+    let write = Request::Write {
+        component: component(1),
+        lba: Lba(256),
+        epoch: Epoch(3),
+        data: data.clone(),
+    };
+    assert_eq!(call(&a, &b, write.clone()).await.unwrap(), Response::Ok);
+    let read = Request::Read {
+        component: component(1),
+        lba: Lba(5),
+        blocks: 256,
+    };
+    let Response::Data(got) = call(&a, &b, read).await.unwrap() else {
+        panic!("read did not return data");
+    };
+    assert_eq!(got, pattern(5, 1 << 20));
+    assert_eq!(b.replica.seen()[0].1, write);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_hook_adds_latency_in_each_direction() {
+    let (a, b, faults) = pair(TransportConfig::default()).await;
+    call(&a, &b, Request::Ping).await.unwrap();
+    let t = Instant::now();
+    call(&a, &b, Request::Ping).await.unwrap();
+    let baseline = t.elapsed();
+
+    faults.set_delay(
+        &a.host(),
+        &b.host(),
+        Duration::from_millis(60),
+        Duration::ZERO,
+    );
+    let t = Instant::now();
+    call(&a, &b, Request::Ping).await.unwrap();
+    let one_way = t.elapsed();
+    assert!(one_way >= Duration::from_millis(60), "{one_way:?}");
+    assert!(one_way < Duration::from_millis(60) + baseline + Duration::from_millis(200));
+
+    faults.set_delay(
+        &b.host(),
+        &a.host(),
+        Duration::from_millis(40),
+        Duration::from_millis(20),
+    );
+    let t = Instant::now();
+    call(&a, &b, Request::Ping).await.unwrap();
+    let both = t.elapsed();
+    assert!(both >= Duration::from_millis(100), "{both:?}");
+    assert!(both < Duration::from_millis(120) + baseline + Duration::from_millis(200));
+
+    faults.clear();
+    let t = Instant::now();
+    call(&a, &b, Request::Ping).await.unwrap();
+    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_blocks_until_healed() {
+    let (a, b, faults) = pair(quick()).await;
+    call(&a, &b, Request::Ping).await.unwrap();
+    faults.partition(&a.host(), &b.host());
+    let write = Request::Flush {
+        component: component(1),
+    };
+    let t = Instant::now();
+    let err = call(&a, &b, write.clone()).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert!(t.elapsed() >= quick().call_timeout);
+    let err = call(&b, &a, write.clone()).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert!(b.replica.seen().is_empty() && a.replica.seen().is_empty());
+
+    faults.heal(&a.host(), &b.host());
+    assert_eq!(call(&a, &b, write.clone()).await.unwrap(), Response::Ok);
+    assert_eq!(call(&b, &a, write).await.unwrap(), Response::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_host_reaches_nobody_and_fail_fast_says_so() {
+    let config = TransportConfig {
+        partition_behaviour: PartitionBehaviour::FailFast,
+        ..quick()
+    };
+    let (a, b, faults) = pair(config).await;
+    faults.isolate(&b.host());
+    let t = Instant::now();
+    let err = call(&a, &b, Request::Ping).await.unwrap_err();
+    assert!(matches!(err, TransportError::Partitioned { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_millis(100));
+    assert_eq!(err.peer(), Some(&b.host()));
+    faults.rejoin(&b.host());
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_way_partition_loses_only_one_direction() {
+    let (a, b, faults) = pair(quick()).await;
+    // Connections opened before the cut stay open (a new one could not
+    // complete its handshake across a one-way cut).
+    call(&a, &b, Request::Ping).await.unwrap();
+    call(&b, &a, Request::Ping).await.unwrap();
+    faults.partition_one_way(&a.host(), &b.host());
+    let flush = Request::Flush {
+        component: component(1),
+    };
+    // a -> b is cut: b never sees a's request.
+    let err = call(&a, &b, flush.clone()).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert!(b.replica.seen().is_empty());
+    // b -> a works, but a's answers are lost on the way back: a executes the
+    // request and b cannot know.
+    let err = call(&b, &a, flush.clone()).await.unwrap_err();
+    assert!(err.may_have_executed(), "{err}");
+    assert_eq!(a.replica.seen(), vec![(b.host(), flush.clone())]);
+
+    faults.heal(&a.host(), &b.host());
+    assert_eq!(call(&a, &b, flush).await.unwrap(), Response::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_probability_is_roughly_honoured() {
+    let config = TransportConfig {
+        call_timeout: Duration::from_millis(300),
+        ..TransportConfig::default()
+    };
+    let (a, b, faults) = pair(config).await;
+    call(&a, &b, Request::Ping).await.unwrap();
+    // Requests and answers are each lost with 20%: a call survives with 64%.
+    faults.set_drop_probability(&a.host(), &b.host(), 0.2);
+    faults.set_drop_probability(&b.host(), &a.host(), 0.2);
+    const CALLS: usize = 400;
+    let mut calls = Vec::new();
+    for _ in 0..CALLS {
+        let a = a.transport.clone();
+        let (to, addr) = (b.host(), b.addr());
+        calls.push(tokio::spawn(async move {
+            a.call(&to, addr, QueueClass::Guest, Request::Ping).await
+        }));
+    }
+    let mut answered = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(Response::Pong) => answered += 1,
+            Ok(other) => panic!("unexpected answer {other:?}"),
+            Err(TransportError::Timeout { .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+    let rate = answered as f64 / CALLS as f64;
+    assert!((0.52..=0.76).contains(&rate), "answered {answered}/{CALLS}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_next_fails_exactly_that_many_calls() {
+    let (a, b, faults) = pair(quick()).await;
+    faults.fail_next(&a.host(), &b.host(), 2);
+    for _ in 0..2 {
+        let err = call(&a, &b, Request::Ping).await.unwrap_err();
+        assert!(matches!(err, TransportError::Injected { .. }), "{err}");
+    }
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_calls_do_not_wait_behind_resync_traffic() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    // Fill every in-flight slot of the resync connection with slow reads.
+    let mut resync = Vec::new();
+    for i in 0..MAX_IN_FLIGHT_PER_CONNECTION as u64 + 16 {
+        let a = a.transport.clone();
+        let (to, addr) = (b.host(), b.addr());
+        resync.push(tokio::spawn(async move {
+            let read = Request::Read {
+                component: ComponentRef {
+                    volume: volume(RESYNC_VOLUME),
+                    id: ComponentId(1),
+                },
+                lba: Lba(i * 64),
+                blocks: 64,
+            };
+            a.call(&to, addr, QueueClass::Resync, read).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let write = Request::Write {
+        component: component(1),
+        lba: Lba(0),
+        epoch: Epoch(1),
+        data: pattern(1, 4096),
+    };
+    assert_eq!(call(&a, &b, write).await.unwrap(), Response::Ok);
+    let guest = t.elapsed();
+    assert!(
+        guest < RESYNC_READ / 4,
+        "guest write waited {guest:?} behind resync reads"
+    );
+    for r in resync {
+        let Response::Data(data) = r.await.unwrap().unwrap() else {
+            panic!("resync read did not return data");
+        };
+        assert_eq!(data.len(), 64 * BLOCK_BYTES as usize);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_is_reached_again() {
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(3)));
+    let a = node_at("h1", loopback(), quick(), &faults).await;
+    let b = node_at("h2", loopback(), quick(), &faults).await;
+    let addr = b.addr();
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+
+    b.transport.shutdown().await;
+    let err = a
+        .transport
+        .call(&host("h2"), addr, QueueClass::Guest, Request::Ping)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Connect { .. } | TransportError::ConnectionLost { .. }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.peer(), Some(&host("h2")));
+
+    let b2 = node_at("h2", addr, quick(), &faults).await;
+    let flush = Request::Flush {
+        component: component(1),
+    };
+    assert_eq!(call(&a, &b2, flush.clone()).await.unwrap(), Response::Ok);
+    assert_eq!(b2.replica.seen(), vec![(a.host(), flush)]);
+}
+
+async fn expect_closed(stream: &mut tokio::net::TcpStream) {
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "server kept a malformed connection open");
+}
+
+fn hello_bytes(name: &str) -> Bytes {
+    tessera_wire::encode_frame(
+        tessera_wire::WireVersion::CURRENT,
+        0,
+        QueueClass::Guest,
+        &tessera_wire::Message::Request(Request::Hello {
+            versions: VersionRange::SUPPORTED,
+            host: host(name),
+        }),
+    )
+    .unwrap()
+    .to_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_close_the_connection_and_nothing_else() {
+    let (a, b, _faults) = pair(quick()).await;
+
+    // Garbage instead of a Hello.
+    let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    expect_closed(&mut raw).await;
+
+    // A good Hello, then a frame whose CRC is wrong.
+    let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
+    raw.write_all(&hello_bytes("h7")).await.unwrap();
+    let mut bad = tessera_wire::encode_frame(
+        tessera_wire::WireVersion::CURRENT,
+        1,
+        QueueClass::Guest,
+        &tessera_wire::Message::Request(Request::Flush {
+            component: component(1),
+        }),
+    )
+    .unwrap()
+    .to_bytes()
+    .to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0x40;
+    raw.write_all(&bad).await.unwrap();
+    expect_closed(&mut raw).await;
+
+    // A good Hello, then a header announcing a frame beyond the limit.
+    let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
+    raw.write_all(&hello_bytes("h7")).await.unwrap();
+    let mut huge = [0u8; tessera_wire::HEADER_BYTES];
+    huge[..4].copy_from_slice(&tessera_wire::MAGIC);
+    huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+    raw.write_all(&huge).await.unwrap();
+    expect_closed(&mut raw).await;
+
+    // A response where a request belongs.
+    let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
+    raw.write_all(&hello_bytes("h7")).await.unwrap();
+    let pong = tessera_wire::encode_frame(
+        tessera_wire::WireVersion::CURRENT,
+        1,
+        QueueClass::Guest,
+        &tessera_wire::Message::Response(Response::Pong),
+    )
+    .unwrap()
+    .to_bytes();
+    raw.write_all(&pong).await.unwrap();
+    expect_closed(&mut raw).await;
+
+    // The server is unharmed and the handler never saw the bad frames.
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+    assert!(b.replica.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_answers_times_out() {
+    // A listener that accepts and stays silent: the handshake never ends.
+    let silent = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let keep = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(3)));
+    let a = node_at("h1", loopback(), quick(), &faults).await;
+    let t = Instant::now();
+    let err = a
+        .transport
+        .call(&host("h2"), addr, QueueClass::Guest, Request::Ping)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert!(t.elapsed() < quick().call_timeout + Duration::from_millis(300));
+    keep.abort();
+}
