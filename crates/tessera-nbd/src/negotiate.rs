@@ -1,0 +1,465 @@
+//! Option haggling: the handshake as a state machine.
+//!
+//! Owns: what the server answers to each option, which features a session
+//! negotiated (structured replies, `base:allocation`), and when haggling
+//! ends (GO, EXPORT_NAME, ABORT).
+//! Must not touch: sockets or devices' data; it reads only a device's
+//! [`DeviceInfo`] and the catalog. Callers feed it one decoded option header
+//! and payload at a time and write out what it appends.
+//! Invariants: every option gets exactly one final reply (or the session
+//! ends, for EXPORT_NAME of an unknown export); unknown options are answered
+//! with `NBD_REP_ERR_UNSUP` and haggling continues; a bounded number of
+//! options is accepted per session.
+
+use crate::catalog::{resolve, ExportCatalog};
+use crate::proto::{
+    self, decode_option, encode_option_reply, info, opt, rep, tflags, ClientFlags, ClientOption,
+    InfoRequest, MetaContextRequest, OptionHeader, BASE_ALLOCATION, BASE_ALLOCATION_ID,
+    MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES,
+};
+use bytes::{BufMut, BytesMut};
+use std::sync::Arc;
+use tessera_blockdev::{BlockDevice, DeviceInfo};
+
+/// Most options one session may send before the server gives up on it; far
+/// above what any client sends (libnbd sends fewer than ten).
+pub const MAX_OPTIONS_PER_SESSION: u32 = 1024;
+
+/// What the server owes a session after haggling: the export and what was
+/// negotiated.
+pub struct Session {
+    /// Canonical export name.
+    pub export: String,
+    /// The device behind it.
+    pub device: Arc<dyn BlockDevice>,
+    /// Its geometry as advertised.
+    pub info: DeviceInfo,
+    /// Transmission flags sent to the client.
+    pub flags: u16,
+    /// Structured replies were negotiated.
+    pub structured: bool,
+    /// The context id for `base:allocation`, when the client selected it.
+    pub allocation_context: Option<u32>,
+}
+
+/// What the caller does after writing out the replies to one option.
+pub enum Step {
+    /// Read the next option.
+    Continue,
+    /// Close the connection.
+    Close,
+    /// Enter transmission.
+    Transmit(Box<Session>),
+}
+
+/// The handshake state of one connection.
+pub struct Negotiation {
+    client: ClientFlags,
+    structured: bool,
+    /// Export named by the last SET_META_CONTEXT and whether it selected
+    /// `base:allocation`.
+    meta: Option<(String, bool)>,
+    options_seen: u32,
+    shutting_down: bool,
+}
+
+/// The transmission flags advertised for a device.
+pub fn transmission_flags(info: &DeviceInfo, structured: bool) -> u16 {
+    let mut flags = tflags::HAS_FLAGS
+        | tflags::SEND_FLUSH
+        | tflags::SEND_FUA
+        | tflags::CAN_MULTI_CONN
+        | tflags::SEND_CACHE;
+    if info.read_only {
+        flags |= tflags::READ_ONLY;
+    } else {
+        flags |= tflags::SEND_TRIM | tflags::SEND_WRITE_ZEROES | tflags::SEND_FAST_ZERO;
+    }
+    if structured {
+        flags |= tflags::SEND_DF;
+    }
+    flags
+}
+
+/// Block size constraints `(minimum, preferred, maximum)` for a device: powers
+/// of two with minimum <= preferred <= maximum.
+pub fn block_sizes(info: &DeviceInfo) -> (u32, u32, u32) {
+    let pow2 = |v: u32, fallback: u32| {
+        if v.is_power_of_two() {
+            v
+        } else {
+            fallback
+        }
+    };
+    let min = pow2(info.logical_block_bytes, MIN_BLOCK_BYTES).clamp(1, 64 * 1024);
+    let preferred = pow2(
+        info.preferred_block_bytes,
+        proto::DEFAULT_PREFERRED_BLOCK_BYTES,
+    )
+    .clamp(min.max(512), MAX_PAYLOAD_BYTES);
+    (min, preferred, MAX_PAYLOAD_BYTES)
+}
+
+impl Negotiation {
+    /// A fresh handshake after the client flags were read.
+    pub fn new(client: ClientFlags) -> Self {
+        Negotiation {
+            client,
+            structured: false,
+            meta: None,
+            options_seen: 0,
+            shutting_down: false,
+        }
+    }
+
+    /// From now on, options other than ABORT are answered with
+    /// `NBD_REP_ERR_SHUTDOWN`.
+    pub fn shut_down(&mut self) {
+        self.shutting_down = true;
+    }
+
+    /// Handles one option; appends the replies to `out`.
+    pub fn handle(
+        &mut self,
+        catalog: &dyn ExportCatalog,
+        header: OptionHeader,
+        data: &[u8],
+        out: &mut BytesMut,
+    ) -> Step {
+        self.options_seen += 1;
+        let option = header.option;
+        if self.options_seen > MAX_OPTIONS_PER_SESSION {
+            tracing::warn!(
+                "closing a handshake after {MAX_OPTIONS_PER_SESSION} options without a choice"
+            );
+            return Step::Close;
+        }
+        let decoded = match decode_option(option, data) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                if option == opt::EXPORT_NAME {
+                    return Step::Close;
+                }
+                error_reply(out, option, rep::ERR_INVALID, &e.to_string());
+                return Step::Continue;
+            }
+        };
+        if self.shutting_down && !matches!(decoded, ClientOption::Abort) {
+            if option == opt::EXPORT_NAME {
+                return Step::Close;
+            }
+            error_reply(
+                out,
+                option,
+                rep::ERR_SHUTDOWN,
+                "the server is shutting down",
+            );
+            return Step::Continue;
+        }
+        match decoded {
+            ClientOption::Abort => {
+                encode_option_reply(out, option, rep::ACK, &[]);
+                Step::Close
+            }
+            ClientOption::List => {
+                for name in catalog.list() {
+                    let mut data = BytesMut::new();
+                    data.put_u32(name.len() as u32);
+                    data.put_slice(name.as_bytes());
+                    if let Some(desc) = catalog.description(&name) {
+                        data.put_slice(desc.as_bytes());
+                    }
+                    encode_option_reply(out, option, rep::SERVER, &data);
+                }
+                encode_option_reply(out, option, rep::ACK, &[]);
+                Step::Continue
+            }
+            ClientOption::StructuredReply => {
+                self.structured = true;
+                encode_option_reply(out, option, rep::ACK, &[]);
+                Step::Continue
+            }
+            ClientOption::ListMetaContext(req) => {
+                self.meta_context(catalog, option, &req, false, out);
+                Step::Continue
+            }
+            ClientOption::SetMetaContext(req) => {
+                self.meta_context(catalog, option, &req, true, out);
+                Step::Continue
+            }
+            ClientOption::Info(req) => {
+                self.info(catalog, option, &req, out);
+                Step::Continue
+            }
+            ClientOption::Go(req) => match self.info(catalog, option, &req, out) {
+                Some((name, device, info)) => {
+                    let session = self.session(name, device, info);
+                    encode_option_reply(out, option, rep::ACK, &[]);
+                    Step::Transmit(Box::new(session))
+                }
+                None => Step::Continue,
+            },
+            ClientOption::ExportName(name) => match resolve(catalog, &name) {
+                Some((name, device)) => {
+                    let info = device.info();
+                    let session = self.session(name, device, info);
+                    out.put_u64(session.info.size_bytes);
+                    out.put_u16(session.flags);
+                    if !self.client.no_zeroes {
+                        out.put_bytes(0, 124);
+                    }
+                    Step::Transmit(Box::new(session))
+                }
+                None => Step::Close,
+            },
+            ClientOption::Unsupported(other) => {
+                error_reply(
+                    out,
+                    option,
+                    rep::ERR_UNSUP,
+                    &format!("option {other} is not supported"),
+                );
+                Step::Continue
+            }
+        }
+    }
+
+    fn session(&self, export: String, device: Arc<dyn BlockDevice>, info: DeviceInfo) -> Session {
+        let allocation_context = match &self.meta {
+            Some((meta_export, true)) if self.structured && meta_export == &export => {
+                Some(BASE_ALLOCATION_ID)
+            }
+            _ => None,
+        };
+        Session {
+            flags: transmission_flags(&info, self.structured),
+            export,
+            device,
+            info,
+            structured: self.structured,
+            allocation_context,
+        }
+    }
+
+    /// Answers INFO or GO with the export's information; returns the export
+    /// when it exists (the caller then sends the final ACK for GO).
+    fn info(
+        &mut self,
+        catalog: &dyn ExportCatalog,
+        option: u32,
+        req: &InfoRequest,
+        out: &mut BytesMut,
+    ) -> Option<(String, Arc<dyn BlockDevice>, DeviceInfo)> {
+        let Some((name, device)) = resolve(catalog, &req.name) else {
+            error_reply(
+                out,
+                option,
+                rep::ERR_UNKNOWN,
+                &format!("no export named {:?}", req.name),
+            );
+            return None;
+        };
+        let info = device.info();
+        let mut data = BytesMut::new();
+        data.put_u16(info::EXPORT);
+        data.put_u64(info.size_bytes);
+        data.put_u16(transmission_flags(&info, self.structured));
+        encode_option_reply(out, option, rep::INFO, &data);
+        // Block sizes go out whether asked or not: the client learns the
+        // payload limit either way, and libnbd always asks.
+        let (min, preferred, max) = block_sizes(&info);
+        let mut data = BytesMut::new();
+        data.put_u16(info::BLOCK_SIZE);
+        data.put_u32(min);
+        data.put_u32(preferred);
+        data.put_u32(max);
+        encode_option_reply(out, option, rep::INFO, &data);
+        if req.requests.contains(&info::NAME) {
+            let mut data = BytesMut::new();
+            data.put_u16(info::NAME);
+            data.put_slice(name.as_bytes());
+            encode_option_reply(out, option, rep::INFO, &data);
+        }
+        if req.requests.contains(&info::DESCRIPTION) {
+            if let Some(desc) = catalog.description(&name) {
+                let mut data = BytesMut::new();
+                data.put_u16(info::DESCRIPTION);
+                data.put_slice(desc.as_bytes());
+                encode_option_reply(out, option, rep::INFO, &data);
+            }
+        }
+        if option == opt::INFO {
+            encode_option_reply(out, option, rep::ACK, &[]);
+        }
+        Some((name, device, info))
+    }
+
+    fn meta_context(
+        &mut self,
+        catalog: &dyn ExportCatalog,
+        option: u32,
+        req: &MetaContextRequest,
+        set: bool,
+        out: &mut BytesMut,
+    ) {
+        if !self.structured {
+            error_reply(
+                out,
+                option,
+                rep::ERR_INVALID,
+                "metadata contexts need structured replies first",
+            );
+            return;
+        }
+        let Some((export, _)) = resolve(catalog, &req.export) else {
+            error_reply(
+                out,
+                option,
+                rep::ERR_UNKNOWN,
+                &format!("no export named {:?}", req.export),
+            );
+            return;
+        };
+        let selected = if set {
+            req.queries.iter().any(|q| q == BASE_ALLOCATION)
+        } else {
+            req.queries.is_empty()
+                || req
+                    .queries
+                    .iter()
+                    .any(|q| q == BASE_ALLOCATION || q == "base:")
+        };
+        if selected {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            let mut data = BytesMut::new();
+            data.put_u32(id);
+            data.put_slice(BASE_ALLOCATION.as_bytes());
+            encode_option_reply(out, option, rep::META_CONTEXT, &data);
+        }
+        if set {
+            self.meta = Some((export, selected));
+        }
+        encode_option_reply(out, option, rep::ACK, &[]);
+    }
+}
+
+fn error_reply(out: &mut BytesMut, option: u32, kind: u32, message: &str) {
+    encode_option_reply(out, option, kind, message.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::StaticCatalog;
+    use crate::proto::{decode_option_header, encode_option};
+    use tessera_blockdev::MemoryDevice;
+
+    fn catalog() -> StaticCatalog {
+        StaticCatalog::single("vol", Arc::new(MemoryDevice::new("vol", 1 << 20)))
+    }
+
+    fn run(n: &mut Negotiation, c: &StaticCatalog, option: u32, data: &[u8]) -> (Step, Vec<u32>) {
+        let mut wire = BytesMut::new();
+        encode_option(&mut wire, option, data);
+        let header = decode_option_header(wire[..16].try_into().unwrap()).unwrap();
+        let mut out = BytesMut::new();
+        let step = n.handle(c, header, &wire[16..], &mut out);
+        // Collect the reply types.
+        let mut kinds = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let kind = u32::from_be_bytes(out[at + 12..at + 16].try_into().unwrap());
+            let len = u32::from_be_bytes(out[at + 16..at + 20].try_into().unwrap()) as usize;
+            kinds.push(kind);
+            at += 20 + len;
+        }
+        (step, kinds)
+    }
+
+    fn flags() -> ClientFlags {
+        ClientFlags {
+            fixed_newstyle: true,
+            no_zeroes: true,
+        }
+    }
+
+    #[test]
+    fn unknown_option_is_unsupported_and_haggling_continues() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        let (step, kinds) = run(&mut n, &c, 0x4242, b"junk");
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(kinds, vec![rep::ERR_UNSUP]);
+        let (step, kinds) = run(&mut n, &c, opt::LIST, &[]);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(kinds, vec![rep::SERVER, rep::ACK]);
+    }
+
+    #[test]
+    fn go_with_base_allocation_gives_a_session_with_its_context() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        let (_, kinds) = run(&mut n, &c, opt::STRUCTURED_REPLY, &[]);
+        assert_eq!(kinds, vec![rep::ACK]);
+        let mut q = BytesMut::new();
+        q.put_u32(0);
+        q.put_u32(2);
+        q.put_u32(13);
+        q.put_slice(b"qemu:whatever");
+        q.put_u32(15);
+        q.put_slice(b"base:allocation");
+        let (_, kinds) = run(&mut n, &c, opt::SET_META_CONTEXT, &q);
+        assert_eq!(kinds, vec![rep::META_CONTEXT, rep::ACK]);
+        let mut go = BytesMut::new();
+        go.put_u32(0);
+        go.put_u16(1);
+        go.put_u16(info::NAME);
+        let (step, kinds) = run(&mut n, &c, opt::GO, &go);
+        assert_eq!(kinds, vec![rep::INFO, rep::INFO, rep::INFO, rep::ACK]);
+        let Step::Transmit(session) = step else {
+            panic!("GO did not enter transmission")
+        };
+        assert_eq!(session.export, "vol");
+        assert_eq!(session.allocation_context, Some(BASE_ALLOCATION_ID));
+        assert!(session.structured);
+        assert_ne!(session.flags & tflags::CAN_MULTI_CONN, 0);
+    }
+
+    #[test]
+    fn meta_context_without_structured_replies_is_invalid() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        let mut q = BytesMut::new();
+        q.put_u32(0);
+        q.put_u32(0);
+        let (_, kinds) = run(&mut n, &c, opt::LIST_META_CONTEXT, &q);
+        assert_eq!(kinds, vec![rep::ERR_INVALID]);
+    }
+
+    #[test]
+    fn unknown_export_is_an_error_for_go_and_a_close_for_export_name() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        let mut go = BytesMut::new();
+        go.put_u32(4);
+        go.put_slice(b"nope");
+        go.put_u16(0);
+        let (step, kinds) = run(&mut n, &c, opt::GO, &go);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(kinds, vec![rep::ERR_UNKNOWN]);
+        let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"nope");
+        assert!(matches!(step, Step::Close));
+    }
+
+    #[test]
+    fn too_many_options_close_the_session() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        for _ in 0..MAX_OPTIONS_PER_SESSION {
+            let (step, _) = run(&mut n, &c, opt::STRUCTURED_REPLY, &[]);
+            assert!(matches!(step, Step::Continue));
+        }
+        let (step, _) = run(&mut n, &c, opt::STRUCTURED_REPLY, &[]);
+        assert!(matches!(step, Step::Close));
+    }
+}

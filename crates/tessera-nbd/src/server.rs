@@ -1,0 +1,645 @@
+//! The tokio server: accepts connections, runs the handshake, then serves
+//! requests on one task per connection.
+//!
+//! Owns: sockets, the in-flight request set of each connection, the output
+//! queue, timeouts and shutdown.
+//! Must not touch: the byte layouts (in [`crate::proto`]) or the request rules
+//! (in [`crate::request`]); it only moves bytes between them and the device.
+//! Invariants:
+//! - one task owns a connection from socket to device: a request whose
+//!   device future completes at once is answered without any hand-off, and
+//!   slower ones run concurrently on the same task (at most
+//!   [`MAX_IN_FLIGHT`]), so replies go out in completion order;
+//! - replies are written by that task alone, batched into one vectored write
+//!   per wake-up, so chunks of different replies never interleave;
+//! - every read from the peer is bounded: option payloads by
+//!   `MAX_OPTION_DATA_BYTES`, write payloads by `MAX_PAYLOAD_BYTES`, the
+//!   handshake by [`HANDSHAKE_TIMEOUT`].
+
+use crate::catalog::ExportCatalog;
+use crate::negotiate::{Negotiation, Session, Step};
+use crate::proto::{
+    self, decode_client_flags, decode_option_header, decode_request_header,
+    encode_block_status_chunk, encode_data_chunk_header, encode_done_chunk, encode_error_chunk,
+    encode_simple_reply, errno, ProtoError, RequestHeader, CLIENT_FLAGS_BYTES, MAX_PAYLOAD_BYTES,
+    OPTION_HEADER_BYTES, REQUEST_HEADER_BYTES,
+};
+use crate::request::{
+    classify, descriptors, errno_for, error_offset, Command, ExportView, OpKind, Rejection,
+    MAX_DESCRIPTORS_PER_REPLY,
+};
+use bytes::{Buf, Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+use tessera_blockdev::{BlockDevice, BlockError, WriteFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Requests one connection may have at the device at once; further requests
+/// wait in the socket. 64 covers 8 jobs x iodepth 8 on one connection.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Time a client has to finish option haggling.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Time connections get to answer in-flight requests at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (e.g. out of file descriptors), so the loop
+/// does not spin.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Read buffer growth step, in bytes.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+/// Smallest free space kept in the read buffer before a read, in bytes.
+const READ_SPARE_BYTES: usize = 64 * 1024;
+/// Growth step of the reply header buffer, in bytes.
+const HEADER_BUFFER_BYTES: usize = 64 * 1024;
+/// Buffers handed to one vectored write.
+const MAX_IOVECS: usize = 64;
+
+/// Why a connection or the server ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum NbdError {
+    /// The socket failed.
+    #[error("NBD connection with {peer}: {source}")]
+    Io {
+        /// The client address.
+        peer: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The client broke the protocol; the connection was dropped.
+    #[error("NBD client {peer} broke the protocol: {source}")]
+    Protocol {
+        /// The client address.
+        peer: String,
+        /// What it did.
+        #[source]
+        source: ProtoError,
+    },
+    /// The client did not finish the handshake in time.
+    #[error("NBD client {peer} did not finish the handshake within {HANDSHAKE_TIMEOUT:?}")]
+    HandshakeTimeout {
+        /// The client address.
+        peer: String,
+    },
+    /// The listener failed.
+    #[error("NBD listener: {0}")]
+    Listener(#[source] io::Error),
+}
+
+/// Serves NBD on `listener` until `shutdown` completes, then lets open
+/// connections answer what they have in flight (up to [`SHUTDOWN_GRACE`]).
+pub async fn serve(
+    listener: TcpListener,
+    catalog: Arc<dyn ExportCatalog>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), NbdError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!("NBD accept failed: {e}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
+                while connections.try_join_next().is_some() {}
+                if connections.len() >= MAX_CONNECTIONS {
+                    tracing::warn!("refusing NBD client {peer}: {MAX_CONNECTIONS} connections open");
+                    continue;
+                }
+                let catalog = catalog.clone();
+                let mut stop = stop_rx.clone();
+                connections.spawn(async move {
+                    let stopped = async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    };
+                    if let Err(e) = serve_connection(stream, catalog, stopped).await {
+                        tracing::info!("{e}");
+                    }
+                });
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "{} NBD connections still busy after {SHUTDOWN_GRACE:?}; closing them",
+            connections.len()
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Serves one accepted connection: handshake, then transmission until the
+/// client disconnects or `shutdown` completes.
+pub async fn serve_connection(
+    mut stream: TcpStream,
+    catalog: Arc<dyn ExportCatalog>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), NbdError> {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown peer".into());
+    let _ = stream.set_nodelay(true);
+    tokio::pin!(shutdown);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, &*catalog));
+    let session = tokio::select! {
+        outcome = handshake => match outcome {
+            Err(_) => return Err(NbdError::HandshakeTimeout { peer }),
+            Ok(Err(Failure::Io(e))) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e.with_peer(peer)),
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Ok(Some(session))) => session,
+        },
+        _ = &mut shutdown => return Ok(()),
+    };
+    tracing::debug!(
+        "NBD client {peer} attached to export {:?} ({} bytes, flags {:#x})",
+        session.export,
+        session.info.size_bytes,
+        session.flags
+    );
+    let mut conn = Connection::new(&stream, session);
+    match conn.run(shutdown).await {
+        Ok(()) => {
+            let _ = stream.shutdown().await;
+            Ok(())
+        }
+        Err(Failure::Io(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.with_peer(peer)),
+    }
+}
+
+/// A failure before the peer's address is attached.
+enum Failure {
+    Io(io::Error),
+    Protocol(ProtoError),
+}
+
+impl Failure {
+    fn with_peer(self, peer: String) -> NbdError {
+        match self {
+            Failure::Io(source) => NbdError::Io { peer, source },
+            Failure::Protocol(source) => NbdError::Protocol { peer, source },
+        }
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Io(e)
+    }
+}
+
+impl From<ProtoError> for Failure {
+    fn from(e: ProtoError) -> Self {
+        Failure::Protocol(e)
+    }
+}
+
+async fn handshake(
+    stream: &mut TcpStream,
+    catalog: &dyn ExportCatalog,
+) -> Result<Option<Session>, Failure> {
+    stream.write_all(&proto::greeting()).await?;
+    let mut flags = [0u8; CLIENT_FLAGS_BYTES];
+    stream.read_exact(&mut flags).await?;
+    let mut negotiation = Negotiation::new(decode_client_flags(&flags)?);
+    let mut data = Vec::new();
+    let mut out = BytesMut::new();
+    loop {
+        let mut header = [0u8; OPTION_HEADER_BYTES];
+        stream.read_exact(&mut header).await?;
+        let header = decode_option_header(&header)?;
+        data.resize(header.len as usize, 0);
+        stream.read_exact(&mut data).await?;
+        out.clear();
+        let step = negotiation.handle(catalog, header, &data, &mut out);
+        stream.write_all(&out).await?;
+        match step {
+            Step::Continue => {}
+            Step::Close => return Ok(None),
+            Step::Transmit(session) => return Ok(Some(*session)),
+        }
+    }
+}
+
+/// What a device call produced.
+enum Outcome {
+    Data(Bytes),
+    Done,
+    Extents(Vec<(u32, u32)>),
+}
+
+/// A finished request, ready to be answered.
+struct Completion {
+    cookie: u64,
+    command: Command,
+    result: Result<Outcome, BlockError>,
+}
+
+/// Replies waiting for the socket: small headers are packed into one buffer,
+/// read data rides along as the device's own `Bytes` (no copy).
+struct OutQueue {
+    head: BytesMut,
+    chunks: VecDeque<Bytes>,
+}
+
+impl OutQueue {
+    fn new() -> Self {
+        OutQueue {
+            head: BytesMut::with_capacity(HEADER_BUFFER_BYTES),
+            chunks: VecDeque::new(),
+        }
+    }
+
+    fn header(&mut self) -> &mut BytesMut {
+        if self.head.capacity() - self.head.len() < 4096 {
+            self.head.reserve(HEADER_BUFFER_BYTES);
+        }
+        &mut self.head
+    }
+
+    fn data(&mut self, data: Bytes) {
+        self.seal();
+        if !data.is_empty() {
+            self.chunks.push_back(data);
+        }
+    }
+
+    fn seal(&mut self) {
+        if !self.head.is_empty() {
+            let sealed = self.head.split().freeze();
+            self.chunks.push_back(sealed);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.chunks.is_empty()
+    }
+
+    /// Writes as much as the socket takes without waiting; `Ok(false)` when
+    /// the socket is full.
+    fn write_now(&mut self, stream: &TcpStream) -> io::Result<bool> {
+        self.seal();
+        while !self.chunks.is_empty() {
+            let slices: Vec<IoSlice<'_>> = self
+                .chunks
+                .iter()
+                .take(MAX_IOVECS)
+                .map(|c| IoSlice::new(c))
+                .collect();
+            match stream.try_write_vectored(&slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                return;
+            };
+            if front.len() <= n {
+                n -= front.len();
+                self.chunks.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+/// The transmission phase of one connection.
+struct Connection<'a> {
+    stream: &'a TcpStream,
+    device: Arc<dyn BlockDevice>,
+    view: ExportView,
+    rbuf: BytesMut,
+    /// A WRITE header whose payload has not fully arrived.
+    pending: Option<RequestHeader>,
+    out: OutQueue,
+    inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
+    shutting_down: bool,
+}
+
+impl<'a> Connection<'a> {
+    fn new(stream: &'a TcpStream, session: Session) -> Self {
+        Connection {
+            stream,
+            view: ExportView {
+                size: session.info.size_bytes,
+                read_only: session.info.read_only,
+                structured: session.structured,
+                allocation_context: session.allocation_context,
+            },
+            device: session.device,
+            rbuf: BytesMut::with_capacity(READ_BUFFER_BYTES),
+            pending: None,
+            out: OutQueue::new(),
+            inflight: FuturesUnordered::new(),
+            shutting_down: false,
+        }
+    }
+
+    async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), Failure> {
+        tokio::pin!(shutdown);
+        let mut closing = false;
+        loop {
+            closing |= self.start_requests().await?;
+            if !self.out.is_empty() {
+                self.out.write_now(self.stream)?;
+            }
+            if closing && self.inflight.is_empty() && self.out.is_empty() {
+                return Ok(());
+            }
+            let want_read = !closing && self.inflight.len() < MAX_IN_FLIGHT;
+            if want_read {
+                let needed = self
+                    .pending
+                    .map(|h| h.payload_bytes() as usize)
+                    .unwrap_or(0)
+                    .max(READ_SPARE_BYTES);
+                if self.rbuf.capacity() - self.rbuf.len() < needed {
+                    self.rbuf.reserve(needed.max(READ_BUFFER_BYTES));
+                }
+            }
+            let has_output = !self.out.is_empty();
+            tokio::select! {
+                biased;
+                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
+                    self.complete(done);
+                }
+                ready = self.stream.writable(), if has_output => {
+                    ready?;
+                    self.out.write_now(self.stream)?;
+                }
+                ready = self.stream.readable(), if want_read => {
+                    ready?;
+                    match self.stream.try_read_buf(&mut self.rbuf) {
+                        Ok(0) => closing = true,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                _ = &mut shutdown, if !self.shutting_down => {
+                    self.shutting_down = true;
+                    closing = true;
+                }
+            }
+        }
+    }
+
+    /// Starts every complete request in the read buffer (up to the in-flight
+    /// bound); returns true when the client asked to disconnect.
+    async fn start_requests(&mut self) -> Result<bool, Failure> {
+        while self.inflight.len() < MAX_IN_FLIGHT {
+            let Some((header, payload)) = self.next_request()? else {
+                return Ok(false);
+            };
+            if self.shutting_down {
+                self.reject(
+                    &header,
+                    Rejection {
+                        errno: errno::ESHUTDOWN,
+                        message: "the server is shutting down".into(),
+                    },
+                );
+                continue;
+            }
+            match classify(&header, &self.view) {
+                Ok(Command::Disconnect) => return Ok(true),
+                Ok(command) => {
+                    let mut fut = execute(self.device.clone(), header.cookie, command, payload);
+                    match futures::poll!(&mut fut) {
+                        Poll::Ready(done) => self.complete(done),
+                        Poll::Pending => self.inflight.push(fut),
+                    }
+                }
+                Err(rejection) => self.reject(&header, rejection),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Takes the next whole request (header and, for WRITE, payload) off
+    /// the read buffer.
+    fn next_request(&mut self) -> Result<Option<(RequestHeader, Bytes)>, Failure> {
+        let header = match self.pending.take() {
+            Some(h) => h,
+            None => {
+                let Some(raw) = self.rbuf.get(..REQUEST_HEADER_BYTES) else {
+                    return Ok(None);
+                };
+                let mut buf = [0u8; REQUEST_HEADER_BYTES];
+                buf.copy_from_slice(raw);
+                let h = decode_request_header(&buf)?;
+                self.rbuf.advance(REQUEST_HEADER_BYTES);
+                if h.payload_bytes() > MAX_PAYLOAD_BYTES {
+                    return Err(ProtoError::PayloadTooLong {
+                        len: h.len,
+                        limit: MAX_PAYLOAD_BYTES,
+                    }
+                    .into());
+                }
+                h
+            }
+        };
+        let need = header.payload_bytes() as usize;
+        if self.rbuf.len() < need {
+            self.pending = Some(header);
+            return Ok(None);
+        }
+        let payload = self.rbuf.split_to(need).freeze();
+        Ok(Some((header, payload)))
+    }
+
+    fn reject(&mut self, header: &RequestHeader, rejection: Rejection) {
+        tracing::debug!(
+            "NBD request {:#x} refused: {}",
+            header.cookie,
+            rejection.message
+        );
+        let out = self.out.header();
+        if self.view.structured {
+            encode_error_chunk(
+                out,
+                header.cookie,
+                rejection.errno,
+                &rejection.message,
+                None,
+            );
+        } else {
+            encode_simple_reply(out, header.cookie, rejection.errno);
+        }
+    }
+
+    fn complete(&mut self, done: Completion) {
+        let structured = self.view.structured;
+        let cookie = done.cookie;
+        match (done.command, done.result) {
+            (Command::Read { offset, len }, Ok(Outcome::Data(data)))
+                if data.len() == len as usize =>
+            {
+                if !structured {
+                    encode_simple_reply(self.out.header(), cookie, 0);
+                    self.out.data(data);
+                } else if len == 0 {
+                    encode_done_chunk(self.out.header(), cookie);
+                } else {
+                    encode_data_chunk_header(self.out.header(), cookie, offset, len);
+                    self.out.data(data);
+                }
+            }
+            (Command::Read { offset, len }, Ok(Outcome::Data(data))) => {
+                let err = BlockError::Io {
+                    offset,
+                    detail: format!("device returned {} bytes for a {len}-byte read", data.len()),
+                };
+                self.fail(cookie, OpKind::Read, &err, None);
+            }
+            (Command::Read { offset, len }, Err(err)) => {
+                let at = error_offset(&err, offset, len);
+                self.fail(cookie, OpKind::Read, &err, at);
+            }
+            (Command::BlockStatus { context, .. }, Ok(Outcome::Extents(d))) => {
+                encode_block_status_chunk(self.out.header(), cookie, context, &d);
+            }
+            (_, Ok(_)) => encode_simple_reply(self.out.header(), cookie, 0),
+            (command, Err(err)) => {
+                let op = match command {
+                    Command::Write { .. } | Command::WriteZeroes { .. } => OpKind::Write,
+                    Command::Trim { .. } => OpKind::Trim,
+                    Command::Flush => OpKind::Flush,
+                    _ => OpKind::Read,
+                };
+                self.fail(cookie, op, &err, None);
+            }
+        }
+    }
+
+    fn fail(&mut self, cookie: u64, op: OpKind, err: &BlockError, offset: Option<u64>) {
+        let code = errno_for(op, err, self.shutting_down);
+        tracing::debug!("NBD request {cookie:#x} failed with error {code}: {err}");
+        let out = self.out.header();
+        if self.view.structured {
+            encode_error_chunk(out, cookie, code, &err.to_string(), offset);
+        } else {
+            encode_simple_reply(out, cookie, code);
+        }
+    }
+}
+
+/// Runs one command against the device.
+fn execute(
+    device: Arc<dyn BlockDevice>,
+    cookie: u64,
+    command: Command,
+    payload: Bytes,
+) -> BoxFuture<'static, Completion> {
+    async move {
+        let result = match command {
+            Command::Read { offset, len } => {
+                device.read(offset, len as u64).await.map(Outcome::Data)
+            }
+            Command::Write { offset, fua, .. } => device
+                .write(offset, payload, WriteFlags { fua })
+                .await
+                .map(|()| Outcome::Done),
+            Command::Flush => device.flush().await.map(|()| Outcome::Done),
+            Command::Trim { offset, len, fua } => {
+                let trimmed = device.unmap(offset, len as u64).await;
+                durable(&*device, trimmed, fua).await
+            }
+            Command::Cache { offset, len } => device
+                .cache(offset, len as u64)
+                .await
+                .map(|()| Outcome::Done),
+            Command::WriteZeroes {
+                offset,
+                len,
+                fua,
+                mode,
+                ..
+            } => {
+                let zeroed = device.write_zeroes(offset, len as u64, mode).await;
+                durable(&*device, zeroed, fua).await
+            }
+            Command::BlockStatus {
+                offset,
+                len,
+                req_one,
+                ..
+            } => {
+                let max = if req_one {
+                    1
+                } else {
+                    MAX_DESCRIPTORS_PER_REPLY
+                };
+                device
+                    .block_status(offset, len as u64)
+                    .await
+                    .map(|extents| Outcome::Extents(descriptors(&extents, offset, len, max)))
+            }
+            Command::Disconnect => Ok(Outcome::Done),
+        };
+        Completion {
+            cookie,
+            command,
+            result,
+        }
+    }
+    .boxed()
+}
+
+/// FUA on TRIM and WRITE_ZEROES: the trait has no flag for them, so a
+/// device-wide flush follows.
+async fn durable(
+    device: &dyn BlockDevice,
+    result: Result<(), BlockError>,
+    fua: bool,
+) -> Result<Outcome, BlockError> {
+    result?;
+    if fua {
+        device.flush().await?;
+    }
+    Ok(Outcome::Done)
+}
