@@ -11,7 +11,7 @@
 //! component whose disk group failed, or whose host or disk group left the
 //! map, is gone for good and is rebuilt at once.
 
-use crate::check::{check_layout, fault_domain_votes, has_quorum};
+use crate::check::{check_layout, fault_domain_votes, has_quorum, LayoutViolation};
 use crate::cluster::{reservation_bytes, ClusterMap, DiskGroupHealth};
 use crate::error::PlacementError;
 use crate::place::{slot_disk_group, slot_host, Slot};
@@ -268,6 +268,13 @@ pub fn rebuild_target(
         Some((_, slot)) => {
             let mut c = replacement(map, slot, &lost, failed);
             c.id = next_component_id();
+            // An id the layout already uses would make two components one.
+            if c.id != failed && layout.component(c.id).is_some() {
+                return Err(PlacementError::InvalidLayout {
+                    volume,
+                    violation: LayoutViolation::DuplicateComponent { component: c.id },
+                });
+            }
             Ok(c)
         }
         None => Err(PlacementError::NoRebuildTarget {

@@ -893,3 +893,102 @@ proptest! {
         }
     }
 }
+
+/// Disk groups with any numbers at all, as a confused or hostile store might
+/// report them.
+fn wild_cluster() -> impl Strategy<Value = ClusterMap> {
+    prop::collection::vec(
+        (
+            0usize..4,
+            prop::bool::weighted(0.2),
+            prop::collection::vec(
+                (
+                    prop_oneof![any::<u64>(), 0u64..(1 << 40)],
+                    prop_oneof![Just(0u64), any::<u64>()],
+                    prop_oneof![Just(0u64), any::<u64>()],
+                ),
+                0..=2,
+            ),
+        ),
+        0..=6,
+    )
+    .prop_map(|specs| {
+        let hosts = specs
+            .iter()
+            .enumerate()
+            .map(|(i, (fd, witness, dgs))| {
+                let mut h = Host::new(HostId(format!("h{i}")))
+                    .in_fault_domain(FaultDomainId(format!("fd{fd}")));
+                if *witness {
+                    h = h.witness_only();
+                }
+                for (j, &(capacity, used, reserved)) in dgs.iter().enumerate() {
+                    let mut dg = DiskGroup::new(DiskGroupId(format!("dg{j}")), capacity);
+                    dg.used_bytes = used;
+                    dg.reserved_bytes = reserved;
+                    h = h.with_disk_group(dg);
+                }
+                h
+            })
+            .collect();
+        ClusterMap::new(hosts).unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(REBUILD_CASES))]
+
+    /// Out-of-range policies, absurd sizes and capacities, and layouts with
+    /// scrambled votes, fault domains and copies give answers, never panics;
+    /// whatever is placed or rebuilt still keeps the rules.
+    #[test]
+    fn hostile_input_gets_an_answer(
+        map in wild_cluster(),
+        ftt in any::<u8>(),
+        width in any::<u8>(),
+        pct in any::<u8>(),
+        size_bytes in any::<u64>(),
+        votes in prop::collection::vec(any::<u32>(), 0..4),
+        drop_copy in any::<bool>(),
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let mut p = policy(ftt % 5, width % 14, pct);
+        if p.validate().is_err() {
+            prop_assert!(matches!(
+                place(&p, &volume("v"), size_bytes, &map, &mut allocator()),
+                Err(PlacementError::InvalidPolicy(_))
+            ));
+            p = policy(ftt % 4, width % 12 + 1, pct % 101);
+        }
+        let size_bytes = size_bytes / 4;
+        let Ok(layout) = place(&p, &volume("v"), size_bytes, &map, &mut allocator()) else {
+            return Ok(());
+        };
+        prop_assert!(check_layout(&layout, p.failures_to_tolerate).is_ok());
+        let mut scrambled = layout.clone();
+        for (c, v) in scrambled.components_mut().zip(votes.iter()) {
+            c.votes = *v;
+        }
+        if drop_copy {
+            if let Some(m) = scrambled.columns.last_mut() {
+                m.copies.pop();
+            }
+        }
+        let all: Vec<ComponentId> = layout.components().map(|c| c.id).collect();
+        let victim = *pick.get(&all);
+        let _ = repair_plan(&scrambled, &map);
+        let mut next = 1_000_000;
+        let mut fresh = || { next += 1; ComponentId(next) };
+        // An allocator handing out ids the layout already has is refused.
+        let reused = rebuild_target(&p, &scrambled, victim, &map, &mut || all[0]);
+        if all[0] != victim {
+            prop_assert!(reused.is_err());
+        }
+        if let Ok(new) = rebuild_target(&p, &scrambled, victim, &map, &mut fresh) {
+            let mut rebuilt = scrambled.clone();
+            prop_assert!(apply_rebuild(&mut rebuilt, victim, new));
+            let ftt = rebuilt.columns[0].copies.len() as u8 - 1;
+            prop_assert!(check_layout(&rebuilt, ftt).is_ok());
+        }
+    }
+}
