@@ -27,6 +27,9 @@ pub enum EntryKind {
     Unmapped,
     /// A whole 4 KiB block of its own.
     Plain,
+    /// The data was lost (its log record was damaged before it reached the
+    /// capacity tier): reads fail with a checksum error until rewritten.
+    Lost,
 }
 
 impl EntryKind {
@@ -34,6 +37,7 @@ impl EntryKind {
         match self {
             EntryKind::Unmapped => 0,
             EntryKind::Plain => 1,
+            EntryKind::Lost => 2,
         }
     }
 }
@@ -140,6 +144,7 @@ impl IndexPage {
             let kind = match r.u8() {
                 0 => EntryKind::Unmapped,
                 1 => EntryKind::Plain,
+                2 => EntryKind::Lost,
                 other => {
                     return Err(FormatError::Invalid {
                         structure: STRUCTURE,

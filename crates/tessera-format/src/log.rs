@@ -84,6 +84,11 @@ pub struct LogEntry {
 pub struct LogRecordHeader {
     /// Record sequence number.
     pub seq: u64,
+    /// Sequence of the first record of the group commit this record belongs
+    /// to. Records of one group commit are synced together, so recovery can
+    /// tell a torn tail (damage inside the last group) from damage to a record
+    /// that was already synced (a later group exists).
+    pub batch_first_seq: u64,
     /// Entries.
     pub entries: Vec<LogEntry>,
 }
@@ -110,7 +115,7 @@ impl LogRecordHeader {
             let mut w = Writer::at(buf, HEADER_BYTES);
             w.u32(self.entries.len() as u32);
             w.u32(self.record_blocks() as u32);
-            w.u64(0);
+            w.u64(self.batch_first_seq);
             for e in self.entries.iter().take(LOG_ENTRIES_MAX) {
                 w.u16(e.op.code());
                 w.u16(0);
@@ -148,7 +153,7 @@ impl LogRecordHeader {
         let mut r = Reader::at(body, HEADER_BYTES);
         let count = r.u32() as usize;
         let record_blocks = r.u32() as usize;
-        r.u64();
+        let batch_first_seq = r.u64();
         if count > LOG_ENTRIES_MAX || body.len() < BODY_START + count * ENTRY_BYTES {
             return Err(FormatError::Invalid {
                 structure: STRUCTURE,
@@ -187,6 +192,7 @@ impl LogRecordHeader {
         }
         let out = LogRecordHeader {
             seq: header.seq,
+            batch_first_seq,
             entries,
         };
         if out.record_blocks() != record_blocks {
@@ -210,6 +216,7 @@ mod tests {
     fn round_trips() {
         let header = LogRecordHeader {
             seq: 77,
+            batch_first_seq: 75,
             entries: vec![
                 LogEntry {
                     op: LogOp::Write { crc: 0xdead_beef },

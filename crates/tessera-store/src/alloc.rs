@@ -1,0 +1,219 @@
+//! Free-space map of the capacity devices, one bit per 4 KiB block.
+//!
+//! Owns: which data-area blocks are in use. It is derived at mount from the
+//! committed index (every mapped entry and every index page slot) and kept in
+//! memory; it is never written to disk, so it cannot disagree with the index.
+//! Memory: one bit per capacity block (32 KiB per GiB of capacity), set by the
+//! device sizes in the configuration, not by the data written.
+//! Invariant: a block is handed out only when no committed index page and no
+//! in-memory page refers to it; blocks released by an index change go back
+//! only after the checkpoint that drops the reference is durable (the caller
+//! holds them until then).
+
+use tessera_format::BlockLoc;
+
+/// Free-space bitmap of one capacity device.
+struct DeviceMap {
+    device: u8,
+    first: u64,
+    blocks: u64,
+    words: Vec<u64>,
+    used: u64,
+    cursor: u64,
+    failed: bool,
+}
+
+/// Free-space maps of all capacity devices.
+pub(crate) struct Allocator {
+    devices: Vec<DeviceMap>,
+    next_device: usize,
+}
+
+impl Allocator {
+    /// `areas`: (device index, first data block, data blocks).
+    pub(crate) fn new(areas: &[(u8, u64, u64)]) -> Allocator {
+        Allocator {
+            devices: areas
+                .iter()
+                .map(|&(device, first, blocks)| DeviceMap {
+                    device,
+                    first,
+                    blocks,
+                    words: vec![0; blocks.div_ceil(64) as usize],
+                    used: 0,
+                    cursor: 0,
+                    failed: false,
+                })
+                .collect(),
+            next_device: 0,
+        }
+    }
+
+    fn map(&mut self, device: u8) -> Option<&mut DeviceMap> {
+        self.devices.iter_mut().find(|d| d.device == device)
+    }
+
+    /// Marks `loc` used (at mount). Returns false if it was already used or is
+    /// outside every data area: the index refers to it twice or wrongly.
+    pub(crate) fn mark_used(&mut self, loc: BlockLoc) -> bool {
+        let Some(d) = self.map(loc.device) else {
+            return false;
+        };
+        if loc.block < d.first || loc.block >= d.first + d.blocks {
+            return false;
+        }
+        let i = loc.block - d.first;
+        let (w, b) = ((i / 64) as usize, i % 64);
+        if d.words[w] & (1 << b) != 0 {
+            return false;
+        }
+        d.words[w] |= 1 << b;
+        d.used += 1;
+        true
+    }
+
+    /// Returns `loc` to the free pool.
+    pub(crate) fn free(&mut self, loc: BlockLoc) {
+        if let Some(d) = self.map(loc.device) {
+            if loc.block >= d.first && loc.block < d.first + d.blocks {
+                let i = loc.block - d.first;
+                let (w, b) = ((i / 64) as usize, i % 64);
+                if d.words[w] & (1 << b) != 0 {
+                    d.words[w] &= !(1 << b);
+                    d.used -= 1;
+                }
+            }
+        }
+    }
+
+    /// Hands out `n` blocks, preferring runs on one device (so a destage batch
+    /// becomes few large writes), rotating devices between calls.
+    pub(crate) fn allocate(&mut self, n: usize) -> Option<Vec<BlockLoc>> {
+        if (self.free_blocks() as usize) < n {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        let count = self.devices.len();
+        for k in 0..count {
+            let di = (self.next_device + k) % count;
+            let d = &mut self.devices[di];
+            if d.failed {
+                continue;
+            }
+            let mut scanned = 0u64;
+            while out.len() < n && d.used < d.blocks && scanned < d.blocks {
+                let i = d.cursor;
+                let (w, b) = ((i / 64) as usize, i % 64);
+                if d.words[w] == u64::MAX && b == 0 && i + 64 <= d.blocks {
+                    d.cursor = (i + 64) % d.blocks;
+                    scanned += 64;
+                    continue;
+                }
+                if d.words[w] & (1 << b) == 0 {
+                    d.words[w] |= 1 << b;
+                    d.used += 1;
+                    out.push(BlockLoc {
+                        device: d.device,
+                        block: d.first + i,
+                    });
+                }
+                d.cursor = (i + 1) % d.blocks;
+                scanned += 1;
+            }
+            if out.len() == n {
+                self.next_device = (di + 1) % count;
+                return Some(out);
+            }
+        }
+        for loc in out {
+            self.free(loc);
+        }
+        None
+    }
+
+    /// Hands out two adjacent blocks on one device (an index page slot pair).
+    pub(crate) fn allocate_pair(&mut self) -> Option<BlockLoc> {
+        let count = self.devices.len();
+        for k in 0..count {
+            let di = (self.next_device + k) % count;
+            let d = &mut self.devices[di];
+            if d.failed || d.blocks < 2 || d.blocks - d.used < 2 {
+                continue;
+            }
+            for step in 0..d.blocks - 1 {
+                let i = (d.cursor + step) % (d.blocks - 1);
+                let free = |x: u64| d.words[(x / 64) as usize] & (1 << (x % 64)) == 0;
+                if free(i) && free(i + 1) {
+                    for x in [i, i + 1] {
+                        d.words[(x / 64) as usize] |= 1 << (x % 64);
+                    }
+                    d.used += 2;
+                    d.cursor = (i + 2) % d.blocks;
+                    return Some(BlockLoc {
+                        device: d.device,
+                        block: d.first + i,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Stops handing out blocks of a failed device.
+    pub(crate) fn fail_device(&mut self, device: u8) {
+        if let Some(d) = self.map(device) {
+            d.failed = true;
+        }
+    }
+
+    /// Blocks free on healthy devices.
+    pub(crate) fn free_blocks(&self) -> u64 {
+        self.devices
+            .iter()
+            .filter(|d| !d.failed)
+            .map(|d| d.blocks - d.used)
+            .sum()
+    }
+
+    /// Blocks in use.
+    #[cfg(test)]
+    pub(crate) fn used_blocks(&self) -> u64 {
+        self.devices.iter().map(|d| d.used).sum()
+    }
+
+    /// Data-area blocks of all devices.
+    pub(crate) fn total_blocks(&self) -> u64 {
+        self.devices.iter().map(|d| d.blocks).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    proptest! {
+        #[test]
+        fn never_hands_out_a_used_block(ops in proptest::collection::vec((1usize..40, any::<bool>()), 1..60)) {
+            let mut a = Allocator::new(&[(1, 10, 100), (2, 2, 70)]);
+            let mut held: Vec<BlockLoc> = Vec::new();
+            let mut set = HashSet::new();
+            for (n, free) in ops {
+                if free && !held.is_empty() {
+                    let loc = held.swap_remove(n % held.len());
+                    set.remove(&loc);
+                    a.free(loc);
+                } else if let Some(locs) = a.allocate(n) {
+                    for l in locs {
+                        prop_assert!(set.insert(l), "{l} handed out twice");
+                        held.push(l);
+                    }
+                } else {
+                    prop_assert!(a.free_blocks() < n as u64);
+                }
+                prop_assert_eq!(a.used_blocks(), held.len() as u64);
+            }
+        }
+    }
+}

@@ -1,0 +1,862 @@
+//! The store's two worker threads: the log writer (group commit) and the
+//! destager (capacity tier, index updates, checkpoints).
+//!
+//! Owns: all writes to devices while the disk group runs. Must not touch:
+//! admission rules (in `state`). The log writer takes every request that
+//! arrived while the previous group commit was in flight, writes them as
+//! consecutive records with one positional write and makes them durable with
+//! one `fdatasync`, so the number of syncs per write falls as the queue grows.
+//! The destager copies logged blocks to newly allocated capacity blocks
+//! (never over a block the committed index points to), updates the index
+//! pages in the cache, and checkpoints: dirty pages to their alternate slots,
+//! capacity devices synced, then the checkpoint record, then the log tail
+//! moves and replaced blocks become free.
+//!
+//! Invariant: a request is acknowledged only after the `fdatasync` that
+//! covers its record returned (unless the test-only `ack_before_durable`
+//! switch is on, which exists to prove the crash tests can fail).
+
+use crate::index::{RootEntry, LBAS_PER_PAGE};
+use crate::state::{LoggedRecord, Request, State};
+use crate::StoreError;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_env::{AlignedBuf, Disk, DiskError};
+use tessera_format::{
+    BlockLoc, Checkpoint, ComponentRecord, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp,
+    LogRecordHeader, PageRoot, BLOCK, LOG_ENTRIES_MAX,
+};
+
+/// Most blocks (headers and data) one group commit writes: bounds the
+/// latency a write waits behind others and the buffer the log writer builds.
+pub(crate) const COMMIT_BLOCKS_MAX: u64 = 1024;
+
+/// Blocks the destager moves per pass (one allocation, one set of writes).
+pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
+
+/// Longest a change waits in the index cache before a checkpoint, in time.
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// How long a worker sleeps waiting for work before looking at the stop flag.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Where the areas of the devices lie.
+#[derive(Debug, Clone)]
+pub(crate) struct Geometry {
+    pub(crate) meta_start: u64,
+    pub(crate) meta_slot_blocks: u64,
+    pub(crate) log_start: u64,
+    pub(crate) log_blocks: u64,
+    /// (device, first data block, data blocks) of each capacity device.
+    pub(crate) areas: Vec<(u8, u64, u64)>,
+}
+
+/// Scrub progress, readable while a scrub runs.
+#[derive(Default)]
+pub(crate) struct ScrubCounters {
+    pub(crate) running: AtomicBool,
+    pub(crate) done: AtomicU64,
+    pub(crate) total: AtomicU64,
+    pub(crate) errors: AtomicU64,
+}
+
+/// What the API and the workers share.
+pub(crate) struct Shared {
+    pub(crate) devices: Vec<Arc<dyn Disk>>,
+    pub(crate) geo: Geometry,
+    pub(crate) state: Mutex<State>,
+    pub(crate) log_work: Condvar,
+    pub(crate) destage_work: Condvar,
+    pub(crate) log_space: Condvar,
+    pub(crate) stop: AtomicBool,
+    pub(crate) ack_before_durable: AtomicBool,
+    pub(crate) scrub: ScrubCounters,
+}
+
+impl Shared {
+    pub(crate) fn cache_disk(&self) -> &Arc<dyn Disk> {
+        &self.devices[0]
+    }
+
+    pub(crate) fn disk(&self, device: u8) -> Option<&Arc<dyn Disk>> {
+        if device == 0 {
+            return None;
+        }
+        self.devices.get(device as usize)
+    }
+
+    /// Reads one index page's committed copy.
+    pub(crate) fn read_page(
+        &self,
+        key: (u64, u64),
+        loc: BlockLoc,
+    ) -> Result<IndexPage, PageReadError> {
+        let disk = self.disk(loc.device).ok_or_else(|| {
+            PageReadError::Damaged(format!(
+                "index page refers to unknown device {}",
+                loc.device
+            ))
+        })?;
+        let mut buf = AlignedBuf::zeroed(BLOCK);
+        disk.read_at(buf.as_mut_slice(), loc.block * BLOCK as u64)
+            .map_err(PageReadError::Io)?;
+        let page = IndexPage::decode(buf.as_slice())
+            .map_err(|e| PageReadError::Damaged(format!("index page {} at {loc}: {e}", key.1)))?;
+        if page.component != key.0 || page.page_no != key.1 {
+            return Err(PageReadError::Damaged(format!(
+                "index page {} at {loc} holds component {} page {} (misdirected write)",
+                key.1, page.component, page.page_no
+            )));
+        }
+        Ok(page)
+    }
+
+    /// Loads pages into the cache; a page is inserted only if the root still
+    /// points where it was read from (a checkpoint may have moved it).
+    /// Failures fail the component (damaged page) or the device (I/O error).
+    pub(crate) fn load_pages_blocking(
+        &self,
+        need: &[((u64, u64), BlockLoc)],
+    ) -> Result<(), StoreError> {
+        for &(key, loc) in need {
+            let result = self.read_page(key, loc);
+            let mut st = self.state.lock();
+            match result {
+                Ok(page) => {
+                    let current = st
+                        .components
+                        .get(&key.0)
+                        .and_then(|c| c.roots.get(&key.1))
+                        .and_then(|r| r.current());
+                    if current == Some(loc) && !st.cache.contains(&key) {
+                        st.cache.insert(key, page, false);
+                    }
+                }
+                Err(PageReadError::Io(e)) => {
+                    st.fail_capacity_device(loc.device, &e.to_string());
+                    return Err(StoreError::ComponentFailed {
+                        component: tessera_types::ComponentId(key.0),
+                        reason: e.to_string(),
+                    });
+                }
+                Err(PageReadError::Damaged(reason)) => {
+                    if let Some(c) = st.components.get_mut(&key.0) {
+                        c.failed.get_or_insert(reason.clone());
+                    }
+                    return Err(StoreError::ComponentFailed {
+                        component: tessera_types::ComponentId(key.0),
+                        reason,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an index page could not be read.
+pub(crate) enum PageReadError {
+    Io(DiskError),
+    Damaged(String),
+}
+
+/// Blocks a batch of requests takes in the log.
+fn request_blocks(r: &Request) -> u64 {
+    r.data.len() as u64 + r.entries.len().div_ceil(LOG_ENTRIES_MAX).max(1) as u64
+}
+
+struct PlannedRecord {
+    header: LogRecordHeader,
+    vstart: u64,
+    data: Vec<bytes::Bytes>,
+    writes: Vec<(u64, u64, u64)>,
+    tokens: Vec<u64>,
+}
+
+/// The log writer thread.
+pub(crate) fn run_log_writer(shared: Arc<Shared>) {
+    let log_blocks = shared.geo.log_blocks;
+    loop {
+        let mut st = shared.state.lock();
+        while st.queue.is_empty() && !shared.stop.load(Ordering::Acquire) {
+            shared.log_work.wait_for(&mut st, IDLE_WAIT);
+        }
+        if shared.stop.load(Ordering::Acquire) {
+            st.fail_group_quietly("disk group closed");
+            return;
+        }
+        if st.failed.is_some() {
+            let reason = st.failed.clone().unwrap_or_default();
+            st.fail_group(reason);
+            continue;
+        }
+        let mut reqs: Vec<Request> = Vec::new();
+        let mut blocks = 0u64;
+        while let Some(r) = st.queue.front() {
+            let rb = request_blocks(r);
+            if !reqs.is_empty() && blocks + rb > COMMIT_BLOCKS_MAX {
+                break;
+            }
+            blocks += rb;
+            if let Some(r) = st.queue.pop_front() {
+                reqs.push(r);
+            }
+        }
+        // Lay the records out; wait for log space if the tail is too close.
+        let batch_first = st.head_seq;
+        let records = loop {
+            let records = plan_records(&mut reqs, st.vhead, batch_first, log_blocks);
+            let vend = records
+                .last()
+                .map(|r| r.vstart + r.header.record_blocks() as u64)
+                .unwrap_or(st.vhead);
+            if vend - st.vtail <= log_blocks {
+                break Some(records);
+            }
+            if st.failed.is_some() || shared.stop.load(Ordering::Acquire) {
+                break None;
+            }
+            st.checkpoint_wanted = true;
+            shared.destage_work.notify_all();
+            shared.log_space.wait_for(&mut st, IDLE_WAIT);
+        };
+        let Some(records) = records else {
+            let reason = st
+                .failed
+                .clone()
+                .unwrap_or_else(|| "disk group closed".into());
+            drop(st);
+            for mut r in reqs {
+                if let Some(done) = r.done.take() {
+                    let _ = done.send(Err(StoreError::DiskGroupFailed {
+                        reason: reason.clone(),
+                    }));
+                }
+            }
+            continue;
+        };
+        drop(st);
+        if shared.ack_before_durable.load(Ordering::Relaxed) {
+            for r in reqs.iter_mut() {
+                if let Some(done) = r.done.take() {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        }
+        let result = write_records(&shared, &records);
+        let mut st = shared.state.lock();
+        match result {
+            Ok(()) => {
+                if let Some(last) = records.last() {
+                    st.vhead = last.vstart + last.header.record_blocks() as u64;
+                    st.head_seq = last.header.seq + 1;
+                }
+                for r in records {
+                    for t in &r.tokens {
+                        st.unapplied.insert(*t, (r.header.seq, r.vstart));
+                    }
+                    st.destage.push_back(LoggedRecord {
+                        seq: r.header.seq,
+                        vstart: r.vstart,
+                        writes: r.writes,
+                    });
+                }
+                shared.destage_work.notify_all();
+                drop(st);
+                for mut r in reqs {
+                    if let Some(done) = r.done.take() {
+                        let _ = done.send(Ok(()));
+                    }
+                }
+            }
+            Err(e) => {
+                let reason = format!("cache device: {e}");
+                st.fail_group(reason.clone());
+                drop(st);
+                for mut r in reqs {
+                    if let Some(done) = r.done.take() {
+                        let _ = done.send(Err(StoreError::DiskGroupFailed {
+                            reason: reason.clone(),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Splits the requests' entries into records and places them in the log: a
+/// record never wraps, it starts over at the log's beginning instead.
+fn plan_records(
+    reqs: &mut [Request],
+    vhead: u64,
+    first_seq: u64,
+    log_blocks: u64,
+) -> Vec<PlannedRecord> {
+    let mut out: Vec<PlannedRecord> = Vec::new();
+    let mut cur = PlannedRecord {
+        header: LogRecordHeader {
+            seq: first_seq,
+            batch_first_seq: first_seq,
+            entries: Vec::new(),
+        },
+        vstart: 0,
+        data: Vec::new(),
+        writes: Vec::new(),
+        tokens: Vec::new(),
+    };
+    for r in reqs.iter() {
+        let mut data = r.data.iter();
+        let mut writes = r.writes.iter();
+        for (i, e) in r.entries.iter().enumerate() {
+            if cur.header.entries.len() == LOG_ENTRIES_MAX {
+                let seq = cur.header.seq + 1;
+                out.push(std::mem::replace(
+                    &mut cur,
+                    PlannedRecord {
+                        header: LogRecordHeader {
+                            seq,
+                            batch_first_seq: first_seq,
+                            entries: Vec::new(),
+                        },
+                        vstart: 0,
+                        data: Vec::new(),
+                        writes: Vec::new(),
+                        tokens: Vec::new(),
+                    },
+                ));
+            }
+            cur.header.entries.push(*e);
+            if matches!(e.op, LogOp::Write { .. }) {
+                if let Some(d) = data.next() {
+                    cur.data.push(d.clone());
+                }
+                if let Some(w) = writes.next() {
+                    cur.writes.push(*w);
+                }
+            }
+            if i + 1 == r.entries.len() {
+                if let Some(t) = r.token {
+                    cur.tokens.push(t);
+                }
+            }
+        }
+    }
+    if !cur.header.entries.is_empty() {
+        out.push(cur);
+    }
+    let mut v = vhead;
+    for r in out.iter_mut() {
+        let b = r.header.record_blocks() as u64;
+        if v % log_blocks + b > log_blocks {
+            v += log_blocks - v % log_blocks;
+        }
+        r.vstart = v;
+        v += b;
+    }
+    out
+}
+
+/// Writes records with as few positional writes as the wrap allows, then
+/// syncs once.
+fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskError> {
+    let log_blocks = shared.geo.log_blocks;
+    let disk = shared.cache_disk();
+    let mut i = 0;
+    while i < records.len() {
+        let mut j = i + 1;
+        while j < records.len()
+            && records[j].vstart
+                == records[j - 1].vstart + records[j - 1].header.record_blocks() as u64
+            && !records[j].vstart.is_multiple_of(log_blocks)
+        {
+            j += 1;
+        }
+        let total: usize = records[i..j].iter().map(|r| r.header.record_blocks()).sum();
+        let mut buf = AlignedBuf::zeroed(total * BLOCK);
+        let mut at = 0;
+        {
+            let out = buf.as_mut_slice();
+            for r in &records[i..j] {
+                r.header.encode_into(&mut out[at..at + BLOCK]);
+                at += BLOCK;
+                for d in &r.data {
+                    out[at..at + BLOCK].copy_from_slice(&d[..BLOCK]);
+                    at += BLOCK;
+                }
+            }
+        }
+        let offset = (shared.geo.log_start + records[i].vstart % log_blocks) * BLOCK as u64;
+        disk.write_at(buf.as_slice(), offset)?;
+        i = j;
+    }
+    disk.sync()
+}
+
+/// One block the destager moves.
+struct DestageItem {
+    c: u64,
+    lba: u64,
+    op: u64,
+    data: Option<bytes::Bytes>,
+    crc: u32,
+    lost: bool,
+    loc: Option<BlockLoc>,
+}
+
+/// The destager thread.
+pub(crate) fn run_destager(shared: Arc<Shared>) {
+    let mut last_checkpoint = Instant::now();
+    loop {
+        let mut st = shared.state.lock();
+        loop {
+            if shared.stop.load(Ordering::Acquire) || st.failed.is_some() {
+                return;
+            }
+            if !st.destage.is_empty() || st.checkpoint_wanted {
+                break;
+            }
+            if last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL && checkpoint_useful(&st) {
+                break;
+            }
+            shared.destage_work.wait_for(&mut st, IDLE_WAIT);
+        }
+        drop(st);
+        if let Err(e) = destage_pass(&shared) {
+            shared.state.lock().fail_group(e);
+            return;
+        }
+        let st = shared.state.lock();
+        let log_used = st.vhead - st.vtail;
+        let due = st.checkpoint_wanted
+            || log_used * 2 > shared.geo.log_blocks
+            || st.cache.dirty_count() * 2 > st.cache.capacity()
+            || st.pending_free.len() as u64 > st.usable_blocks / 16
+            || (last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL && checkpoint_useful(&st));
+        drop(st);
+        if due {
+            if let Err(e) = checkpoint(&shared) {
+                shared.state.lock().fail_group(e);
+                return;
+            }
+            last_checkpoint = Instant::now();
+        }
+    }
+}
+
+fn checkpoint_useful(st: &State) -> bool {
+    st.cache.dirty_count() > 0 || st.applied_tail().1 != st.tail_seq || !st.pending_free.is_empty()
+}
+
+/// Moves up to [`DESTAGE_BATCH_BLOCKS`] logged blocks to the capacity tier.
+fn destage_pass(shared: &Shared) -> Result<(), String> {
+    let mut st = shared.state.lock();
+    let mut taken = 0usize;
+    let mut items: Vec<DestageItem> = Vec::new();
+    for r in st.destage.iter() {
+        if taken > 0 && items.len() + r.writes.len() > DESTAGE_BATCH_BLOCKS {
+            break;
+        }
+        taken += 1;
+        for &(c, lba, op) in &r.writes {
+            items.push(DestageItem {
+                c,
+                lba,
+                op,
+                data: None,
+                crc: 0,
+                lost: false,
+                loc: None,
+            });
+        }
+    }
+    if taken == 0 {
+        return Ok(());
+    }
+    // Keep only blocks the overlay still holds for this operation.
+    let mut live = 0usize;
+    for it in items.iter_mut() {
+        let ok = st
+            .components
+            .get(&it.c)
+            .is_some_and(|comp| comp.failed.is_none());
+        if let (true, Some(p)) = (ok, st.overlay.get(&(it.c, it.lba))) {
+            if p.op == it.op {
+                it.crc = p.crc;
+                if p.lost {
+                    it.lost = true;
+                } else {
+                    it.data = Some(p.data.clone());
+                    live += 1;
+                }
+            }
+        }
+    }
+    let locs = if live > 0 {
+        match st.alloc.allocate(live) {
+            Some(l) => l,
+            None => {
+                drop(st);
+                // Replaced blocks come back only with a checkpoint.
+                checkpoint(shared)?;
+                st = shared.state.lock();
+                match st.alloc.allocate(live) {
+                    Some(l) => l,
+                    None => return Err("capacity devices are full: cannot destage".into()),
+                }
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let mut locs = locs.into_iter();
+    for it in items.iter_mut() {
+        if it.data.is_some() {
+            it.loc = locs.next();
+        }
+    }
+    drop(st);
+
+    // Data to the capacity devices, runs of adjacent blocks as one write.
+    let mut order: Vec<usize> = (0..items.len())
+        .filter(|&i| items[i].loc.is_some())
+        .collect();
+    order.sort_by_key(|&i| items[i].loc);
+    let mut failed_devices: Vec<(u8, String)> = Vec::new();
+    let mut k = 0;
+    while k < order.len() {
+        let first = items[order[k]].loc.unwrap_or_default();
+        let mut n = 1;
+        while k + n < order.len() {
+            let l = items[order[k + n]].loc.unwrap_or_default();
+            if l.device == first.device && l.block == first.block + n as u64 {
+                n += 1;
+            } else {
+                break;
+            }
+        }
+        let mut buf = AlignedBuf::zeroed(n * BLOCK);
+        for (j, &idx) in order[k..k + n].iter().enumerate() {
+            if let Some(d) = &items[idx].data {
+                buf.as_mut_slice()[j * BLOCK..(j + 1) * BLOCK].copy_from_slice(&d[..BLOCK]);
+            }
+        }
+        if let Some(disk) = shared.disk(first.device) {
+            if let Err(e) = disk.write_at(buf.as_slice(), first.block * BLOCK as u64) {
+                failed_devices.push((first.device, e.to_string()));
+            }
+        }
+        k += n;
+    }
+
+    // Index pages, then the index update under the lock.
+    let mut attempts = 0;
+    loop {
+        let need = {
+            let mut st = shared.state.lock();
+            for (d, reason) in &failed_devices {
+                st.fail_capacity_device(*d, reason);
+            }
+            let mut need = Vec::new();
+            for it in &items {
+                need.extend(st.missing_pages(it.c, it.lba, it.lba + 1).0);
+            }
+            need.sort();
+            need.dedup();
+            if need.is_empty() || attempts > 3 {
+                apply_destage(&mut st, &items);
+                for _ in 0..taken {
+                    st.destage.pop_front();
+                }
+                return Ok(());
+            }
+            need
+        };
+        attempts += 1;
+        // A failed page load fails its component; the apply skips it.
+        let _ = shared.load_pages_blocking(&need);
+    }
+}
+
+fn apply_destage(st: &mut State, items: &[DestageItem]) {
+    for it in items {
+        let current = st.overlay.get(&(it.c, it.lba)).map(|p| p.op) == Some(it.op);
+        let usable = st.components.get(&it.c).is_some_and(|c| c.failed.is_none());
+        let lost = current && it.lost;
+        if !current || !usable || (it.loc.is_none() && !lost) {
+            if let Some(loc) = it.loc {
+                st.alloc.free(loc);
+            }
+            if current && !usable {
+                st.overlay.remove(&(it.c, it.lba));
+            }
+            continue;
+        }
+        let page_no = it.lba / LBAS_PER_PAGE;
+        let key = (it.c, page_no);
+        let root = st
+            .components
+            .get(&it.c)
+            .and_then(|c| c.roots.get(&page_no))
+            .copied();
+        if !st.cache.contains(&key) {
+            if root.and_then(|r| r.loc).is_some() {
+                // The page could not be loaded: leave the block in the log.
+                if let Some(loc) = it.loc {
+                    st.alloc.free(loc);
+                }
+                continue;
+            }
+            st.cache.insert(key, IndexPage::empty(it.c, page_no), true);
+            if root.is_none() {
+                if let Some(c) = st.components.get_mut(&it.c) {
+                    c.roots.insert(page_no, RootEntry { loc: None, slot: 0 });
+                }
+            }
+        }
+        let slot = (it.lba % LBAS_PER_PAGE) as usize;
+        let new_entry = match it.loc {
+            Some(loc) => IndexEntry::plain(loc, it.crc),
+            None => IndexEntry {
+                kind: EntryKind::Lost,
+                ..Default::default()
+            },
+        };
+        let old = match st.cache.get(&key) {
+            Some(p) => {
+                let old = p.page.entries[slot];
+                p.page.entries[slot] = new_entry;
+                p.dirty = true;
+                old
+            }
+            None => continue,
+        };
+        if let Some(c) = st.components.get_mut(&it.c) {
+            if old.kind == EntryKind::Plain {
+                c.release(old.loc, 1);
+            }
+            if let Some(loc) = it.loc {
+                c.hold(loc, 1);
+            }
+        }
+        if old.kind == EntryKind::Plain {
+            st.pending_free.push(old.loc);
+        }
+        st.overlay.remove(&(it.c, it.lba));
+    }
+}
+
+/// Writes a checkpoint; see the module doc for the order of writes.
+pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
+    let log_blocks = shared.geo.log_blocks;
+    let mut st = shared.state.lock();
+    st.check_group().map_err(|e| e.to_string())?;
+    let generation = st.checkpoint_gen + 1;
+    let (vtail, tail_seq) = st.applied_tail();
+
+    // Drop pages that map nothing and have nothing waiting in the overlay.
+    let ids: Vec<u64> = st.components.keys().copied().collect();
+    for c in &ids {
+        let pages: Vec<(u64, RootEntry)> = match st.components.get(c) {
+            Some(comp) if comp.failed.is_none() => {
+                comp.roots.iter().map(|(p, r)| (*p, *r)).collect()
+            }
+            _ => continue,
+        };
+        for (page_no, root) in pages {
+            let base = page_no * LBAS_PER_PAGE;
+            let waiting = st
+                .overlay
+                .range((*c, base)..(*c, base + LBAS_PER_PAGE))
+                .next()
+                .is_some();
+            if waiting {
+                continue;
+            }
+            let empty = match st.cache.peek(&(*c, page_no)) {
+                Some(p) => p.dirty && p.pins == 0 && p.page.entries.iter().all(|e| !e.is_mapped()),
+                None => root.loc.is_none(),
+            };
+            if !empty {
+                continue;
+            }
+            st.cache.remove(&(*c, page_no));
+            if let Some(comp) = st.components.get_mut(c) {
+                comp.roots.remove(&page_no);
+                if let Some(loc) = root.loc {
+                    comp.release(loc, 2);
+                }
+            }
+            if let Some(loc) = root.loc {
+                st.pending_free.push(loc);
+                st.pending_free.push(BlockLoc {
+                    device: loc.device,
+                    block: loc.block + 1,
+                });
+            }
+        }
+    }
+
+    // Snapshot dirty pages into their alternate slots.
+    let mut page_writes: Vec<(BlockLoc, Vec<u8>, (u64, u64))> = Vec::new();
+    for key in st.cache.dirty_keys() {
+        let Some(comp) = st.components.get(&key.0) else {
+            st.cache.remove(&key);
+            continue;
+        };
+        if comp.failed.is_some() {
+            continue;
+        }
+        let root = comp
+            .roots
+            .get(&key.1)
+            .copied()
+            .unwrap_or(RootEntry { loc: None, slot: 0 });
+        let (loc, slot) = match root.loc {
+            Some(loc) => (loc, 1 - root.slot),
+            None => match st.alloc.allocate_pair() {
+                Some(loc) => {
+                    if let Some(comp) = st.components.get_mut(&key.0) {
+                        comp.hold(loc, 2);
+                    }
+                    (loc, 0)
+                }
+                None => return Err("capacity devices are full: no room for an index page".into()),
+            },
+        };
+        if let Some(comp) = st.components.get_mut(&key.0) {
+            comp.roots.insert(
+                key.1,
+                RootEntry {
+                    loc: Some(loc),
+                    slot,
+                },
+            );
+        }
+        if let Some(p) = st.cache.get(&key) {
+            p.page.generation = generation;
+            p.dirty = false;
+            p.pins += 1;
+            page_writes.push((
+                BlockLoc {
+                    device: loc.device,
+                    block: loc.block + slot as u64,
+                },
+                p.page.encode(),
+                key,
+            ));
+        }
+    }
+    let frees = std::mem::take(&mut st.pending_free);
+    let ck = Checkpoint {
+        generation,
+        log_tail_block: vtail % log_blocks,
+        log_tail_seq: tail_seq,
+        components: st
+            .components
+            .iter()
+            .map(|(id, c)| ComponentRecord {
+                id: *id,
+                size_bytes: c.size_bytes,
+                reserve_bytes: c.reserve_bytes,
+                highest_epoch: c.highest_epoch,
+                flags: c.flags,
+                pages: c
+                    .roots
+                    .iter()
+                    .filter_map(|(p, r)| {
+                        r.loc.map(|loc| PageRoot {
+                            page_no: *p,
+                            loc,
+                            slot: r.slot,
+                        })
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    st.checkpoint_wanted = false;
+    drop(st);
+
+    let mut failed_devices: Vec<(u8, String)> = Vec::new();
+    let mut touched: Vec<u8> = Vec::new();
+    for (loc, bytes, _) in &page_writes {
+        if let Some(disk) = shared.disk(loc.device) {
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            buf.as_mut_slice().copy_from_slice(bytes);
+            if let Err(e) = disk.write_at(buf.as_slice(), loc.block * BLOCK as u64) {
+                failed_devices.push((loc.device, e.to_string()));
+            }
+            if !touched.contains(&loc.device) {
+                touched.push(loc.device);
+            }
+        }
+    }
+    for (d, _, _) in &shared.geo.areas {
+        if let Some(disk) = shared.disk(*d) {
+            if let Err(e) = disk.sync() {
+                failed_devices.push((*d, e.to_string()));
+            }
+        }
+    }
+    let encoded = ck.encode();
+    let slot_bytes = shared.geo.meta_slot_blocks * BLOCK as u64;
+    if encoded.len() as u64 > slot_bytes {
+        return Err(format!(
+            "checkpoint of {} bytes does not fit its {} byte slot",
+            encoded.len(),
+            slot_bytes
+        ));
+    }
+    let mut buf = AlignedBuf::zeroed(encoded.len());
+    buf.as_mut_slice().copy_from_slice(&encoded);
+    let offset =
+        (shared.geo.meta_start + (generation % 2) * shared.geo.meta_slot_blocks) * BLOCK as u64;
+    let cache = shared.cache_disk();
+    cache
+        .write_at(buf.as_slice(), offset)
+        .and_then(|_| cache.sync())
+        .map_err(|e| format!("cache device: {e}"))?;
+
+    let mut st = shared.state.lock();
+    for (d, reason) in failed_devices {
+        st.fail_capacity_device(d, &reason);
+    }
+    for (_, _, key) in &page_writes {
+        if let Some(p) = st.cache.get(key) {
+            p.pins = p.pins.saturating_sub(1);
+        }
+    }
+    for loc in frees {
+        st.alloc.free(loc);
+    }
+    st.vtail = vtail;
+    st.tail_seq = tail_seq;
+    st.checkpoint_gen = generation;
+    st.checkpoints_done += 1;
+    shared.log_space.notify_all();
+    Ok(())
+}
+
+/// Builds the log entry of a component operation.
+pub(crate) fn op_entry(
+    op: LogOp,
+    c: u64,
+    lba: u64,
+    count: u64,
+    epoch: u64,
+    arg: u64,
+    arg2: u64,
+) -> LogEntry {
+    LogEntry {
+        op,
+        component: c,
+        lba,
+        count,
+        epoch,
+        arg,
+        arg2,
+    }
+}

@@ -1,0 +1,1029 @@
+//! [`DiskGroup`]: the store's API for the replica service.
+//!
+//! Owns: the public operations and their argument checks, and the life of the
+//! two worker threads (started on open, stopped and joined on drop). Every
+//! operation is async and its future is `Send`; device work runs on the
+//! worker threads (writes) or on the runtime's blocking pool (reads of
+//! blocks and index pages), never on the caller's executor thread.
+//! Must be called from within a tokio runtime.
+
+use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
+use crate::index::LBAS_PER_PAGE;
+use crate::recovery;
+use crate::state::{Component, Request, Source, State};
+use crate::{StoreError, WRITE_BYTES_MAX};
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Condvar, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng};
+use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
+
+/// A device of the disk group and its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// File or block device.
+    pub path: PathBuf,
+    /// Bytes; a missing file is created with this size.
+    pub size_bytes: u64,
+}
+
+/// How to build or open a disk group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskGroupConfig {
+    /// The disk group's name.
+    pub id: DiskGroupId,
+    /// The cache device: write log and checkpoints.
+    pub cache: DeviceSpec,
+    /// The capacity devices (1 to 7).
+    pub capacity: Vec<DeviceSpec>,
+    /// Memory for cached index pages, in bytes (at least 1 MiB is used).
+    pub index_cache_bytes: u64,
+    /// Open devices with `O_DIRECT`.
+    pub direct_io: bool,
+}
+
+/// Already-open devices (tests pass fault-injecting ones).
+pub struct GroupDevices {
+    /// The cache device.
+    pub cache: Arc<dyn Disk>,
+    /// The capacity devices.
+    pub capacity: Vec<Arc<dyn Disk>>,
+}
+
+/// Space of one component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ComponentSpace {
+    /// The component's size.
+    pub logical_bytes: u64,
+    /// Bytes of LBAs that hold data (written and not unmapped or zeroed).
+    pub allocated_bytes: u64,
+    /// Bytes held on the capacity devices: data blocks already destaged and
+    /// index pages (data still in the write log is not counted here).
+    pub physical_bytes: u64,
+    /// Bytes reserved up front.
+    pub reserved_bytes: u64,
+}
+
+/// Space of the disk group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskGroupSpace {
+    /// Bytes components can use (capacity devices minus a destaging reserve).
+    pub capacity_bytes: u64,
+    /// Bytes committed to written data and index pages.
+    pub used_bytes: u64,
+    /// Bytes reserved and not yet written.
+    pub reserved_bytes: u64,
+    /// Bytes left for new allocations and reservations.
+    pub free_bytes: u64,
+}
+
+/// One component as listed by [`DiskGroup::components`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentSummary {
+    /// The component.
+    pub id: ComponentId,
+    /// Its size.
+    pub size_bytes: u64,
+    /// Highest owner epoch persisted.
+    pub highest_epoch: Epoch,
+    /// Its space.
+    pub space: ComponentSpace,
+    /// Why it failed, if it did.
+    pub failed: Option<String>,
+}
+
+/// Health of the disk group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskGroupHealth {
+    /// Everything works.
+    Healthy,
+    /// Some capacity devices failed; their components failed with them.
+    Degraded {
+        /// Failed devices: (name, reason).
+        failed_devices: Vec<(String, String)>,
+        /// Components that failed.
+        failed_components: Vec<ComponentId>,
+    },
+    /// The disk group failed as a whole (cache device error, damaged log or
+    /// checkpoint): every component on it must be rebuilt elsewhere.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A disk group in service.
+pub struct DiskGroup {
+    id: DiskGroupId,
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Attempts at loading index pages for one operation before giving up (the
+/// cache is at least [`crate::index::CACHE_PAGES_MIN`] pages, so a second
+/// attempt only happens under heavy concurrent eviction).
+const LOAD_ATTEMPTS_MAX: usize = 8;
+
+fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, StoreError> {
+    let open = |spec: &DeviceSpec| -> Result<Arc<dyn Disk>, StoreError> {
+        if let Some(parent) = spec.path.parent() {
+            if create && !parent.as_os_str().is_empty() && !parent.exists() {
+                std::fs::create_dir_all(parent).map_err(|e| StoreError::BadDevice {
+                    device: spec.path.display().to_string(),
+                    problem: format!("cannot create its directory: {e}"),
+                })?;
+            }
+        }
+        let disk = FileDisk::open(
+            &spec.path,
+            FileDiskOptions {
+                create_bytes: create.then_some(spec.size_bytes),
+                direct_io: config.direct_io,
+                read_only: false,
+            },
+        )?;
+        Ok(Arc::new(disk))
+    };
+    Ok(GroupDevices {
+        cache: open(&config.cache)?,
+        capacity: config
+            .capacity
+            .iter()
+            .map(open)
+            .collect::<Result<Vec<_>, _>>()?,
+    })
+}
+
+impl DiskGroup {
+    /// Formats new devices (files are created with the configured sizes if
+    /// missing) and opens the empty disk group. Refuses devices that already
+    /// hold a disk group.
+    pub async fn create(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
+        let devices = open_files(&config, true)?;
+        Self::create_on(config.id.clone(), devices, config.index_cache_bytes, true).await
+    }
+
+    /// Opens an existing disk group, recovering from its write log.
+    pub async fn open(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
+        let devices = open_files(&config, false)?;
+        Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await
+    }
+
+    /// Opens the disk group if its cache device holds one, else creates it.
+    pub async fn open_or_create(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
+        let formatted = config.cache.path.exists() && {
+            let devices = open_files(&config, false)?;
+            recovery::read_superblock(&devices.cache).is_ok()
+        };
+        if formatted {
+            Self::open(config).await
+        } else {
+            Self::create(config).await
+        }
+    }
+
+    /// Formats `devices` and opens them.
+    pub async fn create_on(
+        id: DiskGroupId,
+        devices: GroupDevices,
+        index_cache_bytes: u64,
+        zero_log: bool,
+    ) -> Result<Arc<DiskGroup>, StoreError> {
+        let all = all_devices(&devices);
+        let name = id.to_string();
+        let rng = SeededRng::from_entropy();
+        let uuid = ((rng.next_u64() as u128) << 64) | rng.next_u64() as u128;
+        tokio::task::spawn_blocking(move || recovery::format(&all, &name, uuid, zero_log))
+            .await
+            .map_err(|e| StoreError::Config(format!("format task failed: {e}")))??;
+        Self::open_on(id, devices, index_cache_bytes).await
+    }
+
+    /// Opens already-open `devices`, recovering from the write log.
+    pub async fn open_on(
+        id: DiskGroupId,
+        devices: GroupDevices,
+        index_cache_bytes: u64,
+    ) -> Result<Arc<DiskGroup>, StoreError> {
+        let all = all_devices(&devices);
+        let shared = tokio::task::spawn_blocking(move || mount(all, index_cache_bytes))
+            .await
+            .map_err(|e| StoreError::Config(format!("mount task failed: {e}")))??;
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("store-log".into())
+                .spawn(move || engine::run_log_writer(s))
+                .map_err(|e| StoreError::Config(format!("cannot start the log writer: {e}")))?,
+        );
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("store-destage".into())
+                .spawn(move || engine::run_destager(s))
+                .map_err(|e| StoreError::Config(format!("cannot start the destager: {e}")))?,
+        );
+        Ok(Arc::new(DiskGroup {
+            id,
+            shared,
+            threads: Mutex::new(threads),
+        }))
+    }
+
+    /// The disk group's name.
+    pub fn id(&self) -> &DiskGroupId {
+        &self.id
+    }
+
+    /// Test-only switch: acknowledge writes before they are written and
+    /// synced. Exists so crash tests can show they detect lost writes; never
+    /// set it on a disk group holding data anyone needs.
+    pub fn set_ack_before_durable(&self, on: bool) {
+        self.shared.ack_before_durable.store(on, Ordering::Relaxed);
+    }
+
+    fn component_lock(&self, id: ComponentId) -> Result<Arc<tokio::sync::RwLock<()>>, StoreError> {
+        let st = self.shared.state.lock();
+        Ok(st.component(id)?.lock.clone())
+    }
+
+    async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.load_pages_blocking(&need.0))
+            .await
+            .map_err(|e| StoreError::DiskGroupFailed {
+                reason: format!("page load task failed: {e}"),
+            })?
+    }
+
+    fn enqueue(st: &mut State, shared: &Shared, req: Request) {
+        st.queue.push_back(req);
+        shared.log_work.notify_one();
+    }
+
+    async fn wait(
+        rx: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::DiskGroupFailed {
+                reason: "the log writer stopped".into(),
+            })
+        })
+    }
+
+    /// Creates a component of `size_bytes` with `reserve_bytes` reserved up
+    /// front. Creating it again with the same size succeeds and changes
+    /// nothing.
+    pub async fn create_component(
+        &self,
+        id: ComponentId,
+        size_bytes: u64,
+        reserve_bytes: u64,
+    ) -> Result<(), StoreError> {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || reserve_bytes > size_bytes
+        {
+            return Err(StoreError::Misaligned {
+                component: id,
+                lba: Lba(0),
+                problem: format!(
+                    "size {size_bytes} must be a nonzero multiple of {BLOCK_BYTES} and reservation {reserve_bytes} at most the size"
+                ),
+            });
+        }
+        let reserve_bytes = reserve_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let rx = {
+            let mut st = self.shared.state.lock();
+            st.check_group()?;
+            if let Some(c) = st.components.get(&id.0) {
+                if c.size_bytes == size_bytes {
+                    return Ok(());
+                }
+                return Err(StoreError::ComponentExists {
+                    component: id,
+                    size_bytes: c.size_bytes,
+                });
+            }
+            if st.components.len() as u64 >= crate::COMPONENTS_MAX {
+                return Err(StoreError::NoSpaceForReservation {
+                    component: id,
+                    requested: reserve_bytes,
+                    free: 0,
+                });
+            }
+            let free = st.usable_blocks.saturating_sub(st.committed_blocks());
+            if reserve_bytes / BLOCK_BYTES > free {
+                return Err(StoreError::NoSpaceForReservation {
+                    component: id,
+                    requested: reserve_bytes,
+                    free: free * BLOCK_BYTES,
+                });
+            }
+            st.components
+                .insert(id.0, Component::new(size_bytes, reserve_bytes, 0));
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request {
+                entries: vec![op_entry(
+                    LogOp::Create,
+                    id.0,
+                    0,
+                    0,
+                    0,
+                    size_bytes,
+                    reserve_bytes,
+                )],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: None,
+                done: Some(tx),
+            };
+            Self::enqueue(&mut st, &self.shared, req);
+            rx
+        };
+        Self::wait(rx).await
+    }
+
+    /// Deletes a component and frees its space.
+    pub async fn delete_component(&self, id: ComponentId) -> Result<(), StoreError> {
+        let lock = {
+            let st = self.shared.state.lock();
+            st.check_group()?;
+            match st.components.get(&id.0) {
+                Some(c) => c.lock.clone(),
+                None => return Err(StoreError::NoSuchComponent { component: id }),
+            }
+        };
+        let _guard = lock.write().await;
+        let (rx, token, taken) = {
+            let mut st = self.shared.state.lock();
+            st.check_group()?;
+            let Some(taken) = st.take_component(id.0) else {
+                return Err(StoreError::NoSuchComponent { component: id });
+            };
+            let token = st.next_token;
+            st.next_token += 1;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request {
+                entries: vec![op_entry(LogOp::Delete, id.0, 0, 0, 0, 0, 0)],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: Some(token),
+                done: Some(tx),
+            };
+            Self::enqueue(&mut st, &self.shared, req);
+            (rx, token, taken)
+        };
+        let logged = Self::wait(rx).await;
+        let shared = self.shared.clone();
+        let (comp, cached) = taken;
+        let freed = tokio::task::spawn_blocking(move || {
+            recovery::free_component_blocking(&shared, id.0, comp, cached);
+        })
+        .await;
+        self.shared.state.lock().unapplied.remove(&token);
+        logged?;
+        freed.map_err(|e| StoreError::DiskGroupFailed {
+            reason: format!("delete task failed: {e}"),
+        })
+    }
+
+    /// Changes a component's size; shrinking unmaps the cut-off blocks.
+    pub async fn resize_component(
+        &self,
+        id: ComponentId,
+        size_bytes: u64,
+    ) -> Result<(), StoreError> {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(StoreError::Misaligned {
+                component: id,
+                lba: Lba(0),
+                problem: format!("size {size_bytes} must be a nonzero multiple of {BLOCK_BYTES}"),
+            });
+        }
+        let lock = self.component_lock(id)?;
+        let _guard = lock.write().await;
+        let (rx, token, old) = {
+            let mut st = self.shared.state.lock();
+            let old = st.component(id)?.size_bytes;
+            if old == size_bytes {
+                return Ok(());
+            }
+            let token = st.next_token;
+            st.next_token += 1;
+            if let Some(c) = st.components.get_mut(&id.0) {
+                c.size_bytes = size_bytes;
+                c.reserve_bytes = c.reserve_bytes.min(size_bytes);
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request {
+                entries: vec![op_entry(LogOp::Resize, id.0, 0, 0, 0, size_bytes, 0)],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: Some(token),
+                done: Some(tx),
+            };
+            Self::enqueue(&mut st, &self.shared, req);
+            (rx, token, old)
+        };
+        let logged = Self::wait(rx).await;
+        let applied = if logged.is_ok() && size_bytes < old {
+            self.unmap_apply(id.0, size_bytes / BLOCK_BYTES, old / BLOCK_BYTES)
+                .await
+        } else {
+            Ok(())
+        };
+        self.shared.state.lock().unapplied.remove(&token);
+        logged?;
+        applied
+    }
+
+    async fn unmap_apply(&self, c: u64, start: u64, end: u64) -> Result<(), StoreError> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || recovery::unmap_blocking(&shared, c, start, end))
+            .await
+            .map_err(|e| StoreError::DiskGroupFailed {
+                reason: format!("unmap task failed: {e}"),
+            })?
+    }
+
+    /// Writes whole 4 KiB blocks from `lba`. Durable when it returns Ok.
+    pub async fn write(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        data: Bytes,
+        epoch: Epoch,
+    ) -> Result<(), StoreError> {
+        let len = data.len() as u64;
+        if len == 0 || !len.is_multiple_of(BLOCK_BYTES) || len > WRITE_BYTES_MAX {
+            return Err(StoreError::Misaligned {
+                component: id,
+                lba,
+                problem: format!(
+                    "write of {len} bytes: must be whole {BLOCK_BYTES}-byte blocks, at most {WRITE_BYTES_MAX} bytes"
+                ),
+            });
+        }
+        let n = len / BLOCK_BYTES;
+        let lock = self.component_lock(id)?;
+        let _guard = lock.read().await;
+        let blocks: Vec<(Bytes, u32, bool)> = (0..n as usize)
+            .map(|i| {
+                let b = data.slice(i * BLOCK..(i + 1) * BLOCK);
+                let crc = block_crc(&b);
+                (b, crc, false)
+            })
+            .collect();
+        for _ in 0..LOAD_ATTEMPTS_MAX {
+            let step = {
+                let mut st = self.shared.state.lock();
+                st.check_range(id, lba, n)?;
+                st.check_epoch(id, epoch)?;
+                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
+                if need.0.is_empty() {
+                    let ops = st.stage_write(id, lba, &blocks, epoch, true)?;
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let req = Request {
+                        entries: (0..n)
+                            .map(|i| {
+                                op_entry(
+                                    LogOp::Write {
+                                        crc: blocks[i as usize].1,
+                                    },
+                                    id.0,
+                                    lba.0 + i,
+                                    1,
+                                    epoch.0,
+                                    0,
+                                    0,
+                                )
+                            })
+                            .collect(),
+                        data: blocks.iter().map(|b| b.0.clone()).collect(),
+                        writes: ops
+                            .iter()
+                            .enumerate()
+                            .map(|(i, op)| (id.0, lba.0 + i as u64, *op))
+                            .collect(),
+                        token: None,
+                        done: Some(tx),
+                    };
+                    Self::enqueue(&mut st, &self.shared, req);
+                    Ok(rx)
+                } else {
+                    Err(need)
+                }
+            };
+            match step {
+                Ok(rx) => return Self::wait(rx).await,
+                Err(need) => self.load(need).await?,
+            }
+        }
+        Err(StoreError::DiskGroupFailed {
+            reason: "index cache too small for one write".into(),
+        })
+    }
+
+    /// Plans a scrub of blocks (the caller holds the component's lock).
+    pub(crate) async fn plan_for_scrub(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        n: u64,
+    ) -> Result<Vec<Source>, StoreError> {
+        self.plan(id, lba, n).await
+    }
+
+    /// Plans a read, loading index pages as needed.
+    async fn plan(&self, id: ComponentId, lba: Lba, n: u64) -> Result<Vec<Source>, StoreError> {
+        for _ in 0..LOAD_ATTEMPTS_MAX {
+            let need = {
+                let mut st = self.shared.state.lock();
+                st.check_range(id, lba, n)?;
+                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
+                if need.0.is_empty() {
+                    return st.plan_read(id, lba, n);
+                }
+                need
+            };
+            self.load(need).await?;
+        }
+        Err(StoreError::DiskGroupFailed {
+            reason: "index cache too small for one read".into(),
+        })
+    }
+
+    /// Reads blocks, each verified against its CRC32C. Unwritten blocks read
+    /// as zeros. A block that fails its checksum fails the whole read with
+    /// [`StoreError::Checksum`] naming it; no data is returned.
+    pub async fn read(&self, id: ComponentId, lba: Lba, blocks: u32) -> Result<Bytes, StoreError> {
+        let n = blocks as u64;
+        if n == 0 {
+            return Ok(Bytes::new());
+        }
+        if n * BLOCK_BYTES > WRITE_BYTES_MAX * 4 {
+            return Err(StoreError::Misaligned {
+                component: id,
+                lba,
+                problem: format!("read of {blocks} blocks is too large"),
+            });
+        }
+        let lock = self.component_lock(id)?;
+        let _guard = lock.read().await;
+        // A block can move between planning and reading (destage, then a
+        // checkpoint frees its old place): a mismatch is retried once with a
+        // fresh plan before it counts.
+        let mut last_bad = None;
+        for _ in 0..2 {
+            let plan = self.plan(id, lba, n).await?;
+            match self.fetch(id, lba, plan).await? {
+                Ok(out) => return Ok(out),
+                Err(bad) => last_bad = Some(bad),
+            }
+        }
+        let bad = last_bad.unwrap_or(lba);
+        Err(StoreError::Checksum {
+            component: id,
+            lba: bad,
+        })
+    }
+
+    /// Reads the planned blocks; Ok(Err(lba)) names the first block that
+    /// failed its checksum.
+    async fn fetch(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        plan: Vec<Source>,
+    ) -> Result<Result<Bytes, Lba>, StoreError> {
+        let shared = self.shared.clone();
+        let disk_blocks = plan
+            .iter()
+            .filter(|s| matches!(s, Source::Disk(..)))
+            .count();
+        let result = if disk_blocks == 0 {
+            assemble(&shared, lba, plan)
+        } else {
+            tokio::task::spawn_blocking(move || assemble(&shared, lba, plan))
+                .await
+                .map_err(|e| StoreError::DiskGroupFailed {
+                    reason: format!("read task failed: {e}"),
+                })?
+        };
+        match result {
+            Ok(v) => Ok(v),
+            Err((device, e)) => {
+                self.shared.state.lock().fail_capacity_device(device, &e);
+                Err(StoreError::ComponentFailed {
+                    component: id,
+                    reason: format!("capacity device {device}: {e}"),
+                })
+            }
+        }
+    }
+
+    async fn unmap_inner(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+        op: LogOp,
+    ) -> Result<(), StoreError> {
+        if blocks == 0 {
+            let st = self.shared.state.lock();
+            st.check_range(id, lba, 0)?;
+            return st.check_epoch(id, epoch);
+        }
+        let lock = self.component_lock(id)?;
+        let _guard = lock.write().await;
+        let (rx, token) = {
+            let mut st = self.shared.state.lock();
+            st.check_range(id, lba, blocks)?;
+            st.check_epoch(id, epoch)?;
+            if let Some(c) = st.components.get_mut(&id.0) {
+                c.highest_epoch = c.highest_epoch.max(epoch.0);
+            }
+            let token = st.next_token;
+            st.next_token += 1;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request {
+                entries: vec![op_entry(op, id.0, lba.0, blocks, epoch.0, 0, 0)],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: Some(token),
+                done: Some(tx),
+            };
+            Self::enqueue(&mut st, &self.shared, req);
+            (rx, token)
+        };
+        let logged = Self::wait(rx).await;
+        let applied = if logged.is_ok() {
+            self.unmap_apply(id.0, lba.0, lba.0 + blocks).await
+        } else {
+            Ok(())
+        };
+        self.shared.state.lock().unapplied.remove(&token);
+        logged?;
+        applied
+    }
+
+    /// Unmaps blocks: they read as zeros and their space returns at once.
+    /// Durable when it returns Ok.
+    pub async fn unmap(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<(), StoreError> {
+        self.unmap_inner(id, lba, blocks, epoch, LogOp::Unmap).await
+    }
+
+    /// Zeroes blocks, stored as nothing (like unmap). Durable when Ok.
+    pub async fn write_zeroes(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<(), StoreError> {
+        self.unmap_inner(id, lba, blocks, epoch, LogOp::WriteZeroes)
+            .await
+    }
+
+    /// Every acknowledged operation is already durable; this returns once the
+    /// disk group is known healthy, as a barrier for callers that expect one.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.shared.state.lock().check_group()
+    }
+
+    /// Moves everything in the write log to the capacity tier and writes a
+    /// checkpoint (the log is then empty). Used before a clean shutdown, by
+    /// tests and by benchmarks that measure the capacity tier.
+    pub async fn settle(&self) -> Result<(), StoreError> {
+        let target = {
+            let st = self.shared.state.lock();
+            st.check_group()?;
+            st.head_seq
+        };
+        const SETTLE_POLL: Duration = Duration::from_millis(2);
+        loop {
+            {
+                let mut st = self.shared.state.lock();
+                st.check_group()?;
+                if st.tail_seq >= target && st.cache.dirty_count() == 0 {
+                    return Ok(());
+                }
+                let destaged = st.destage.front().is_none_or(|r| r.seq >= target)
+                    && st.unapplied.values().all(|(s, _)| *s >= target);
+                if destaged {
+                    st.checkpoint_wanted = true;
+                }
+                self.shared.destage_work.notify_all();
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
+    /// Raises and persists the component's highest epoch (a new owner
+    /// installs itself). A lower epoch fails with [`StoreError::StaleEpoch`].
+    pub async fn fence(&self, id: ComponentId, epoch: Epoch) -> Result<(), StoreError> {
+        let rx = {
+            let mut st = self.shared.state.lock();
+            st.check_epoch(id, epoch)?;
+            if let Some(c) = st.components.get_mut(&id.0) {
+                c.highest_epoch = c.highest_epoch.max(epoch.0);
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request {
+                entries: vec![op_entry(LogOp::Fence, id.0, 0, 0, epoch.0, 0, 0)],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: None,
+                done: Some(tx),
+            };
+            Self::enqueue(&mut st, &self.shared, req);
+            rx
+        };
+        Self::wait(rx).await
+    }
+
+    /// The component's highest epoch.
+    pub fn epoch(&self, id: ComponentId) -> Result<Epoch, StoreError> {
+        let st = self.shared.state.lock();
+        Ok(Epoch(st.component(id)?.highest_epoch))
+    }
+
+    /// Runs of allocated blocks within `[from, from + blocks)`, in order, as
+    /// (first LBA, block count).
+    pub async fn allocated(
+        &self,
+        id: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, StoreError> {
+        let lock = self.component_lock(id)?;
+        let _guard = lock.read().await;
+        let end = {
+            let st = self.shared.state.lock();
+            let c = st.component(id)?;
+            from.0.saturating_add(blocks).min(c.blocks())
+        };
+        let mut runs: Vec<(Lba, u64)> = Vec::new();
+        let chunk = crate::recovery::UNMAP_CHUNK_PAGES * LBAS_PER_PAGE;
+        let mut s = from.0;
+        while s < end {
+            let e = end.min((s / chunk + 1) * chunk);
+            let mut done = false;
+            for _ in 0..LOAD_ATTEMPTS_MAX {
+                let need = {
+                    let st = self.shared.state.lock();
+                    st.component(id)?;
+                    let need = st.missing_pages(id.0, s, e);
+                    if need.0.is_empty() {
+                        st.allocated_runs(id.0, s, e, &mut runs);
+                        done = true;
+                        break;
+                    }
+                    need
+                };
+                self.load(need).await?;
+            }
+            if !done {
+                return Err(StoreError::DiskGroupFailed {
+                    reason: "index cache too small to list allocation".into(),
+                });
+            }
+            s = e;
+        }
+        Ok(runs)
+    }
+
+    /// Space of one component.
+    pub fn component_space(&self, id: ComponentId) -> Result<ComponentSpace, StoreError> {
+        let st = self.shared.state.lock();
+        st.check_group()?;
+        let c = st
+            .components
+            .get(&id.0)
+            .ok_or(StoreError::NoSuchComponent { component: id })?;
+        Ok(space_of(c))
+    }
+
+    /// Space of the disk group.
+    pub fn space(&self) -> DiskGroupSpace {
+        let st = self.shared.state.lock();
+        let capacity = st.usable_blocks;
+        let used: u64 = st
+            .components
+            .values()
+            .map(|c| c.allocated + 2 * c.roots.len() as u64)
+            .sum();
+        let reserved: u64 = st
+            .components
+            .values()
+            .map(|c| (c.reserve_bytes / BLOCK_BYTES).saturating_sub(c.allocated))
+            .sum();
+        DiskGroupSpace {
+            capacity_bytes: capacity * BLOCK_BYTES,
+            used_bytes: used * BLOCK_BYTES,
+            reserved_bytes: reserved * BLOCK_BYTES,
+            free_bytes: capacity.saturating_sub(used + reserved) * BLOCK_BYTES,
+        }
+    }
+
+    /// Every component.
+    pub fn components(&self) -> Vec<ComponentSummary> {
+        let st = self.shared.state.lock();
+        st.components
+            .iter()
+            .map(|(id, c)| ComponentSummary {
+                id: ComponentId(*id),
+                size_bytes: c.size_bytes,
+                highest_epoch: Epoch(c.highest_epoch),
+                space: space_of(c),
+                failed: c.failed.clone(),
+            })
+            .collect()
+    }
+
+    /// Health of the disk group.
+    pub fn health(&self) -> DiskGroupHealth {
+        let st = self.shared.state.lock();
+        if let Some(reason) = &st.failed {
+            return DiskGroupHealth::Failed {
+                reason: reason.clone(),
+            };
+        }
+        let failed_components: Vec<ComponentId> = st
+            .components
+            .iter()
+            .filter(|(_, c)| c.failed.is_some())
+            .map(|(id, _)| ComponentId(*id))
+            .collect();
+        if st.failed_devices.is_empty() && failed_components.is_empty() {
+            return DiskGroupHealth::Healthy;
+        }
+        DiskGroupHealth::Degraded {
+            failed_devices: st
+                .failed_devices
+                .iter()
+                .map(|(d, r)| {
+                    (
+                        self.shared
+                            .devices
+                            .get(*d as usize)
+                            .map(|x| x.name())
+                            .unwrap_or_else(|| format!("device {d}")),
+                        r.clone(),
+                    )
+                })
+                .collect(),
+            failed_components,
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+impl Drop for DiskGroup {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.log_work.notify_all();
+        self.shared.destage_work.notify_all();
+        self.shared.log_space.notify_all();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn space_of(c: &Component) -> ComponentSpace {
+    ComponentSpace {
+        logical_bytes: c.size_bytes,
+        allocated_bytes: c.allocated * BLOCK_BYTES,
+        physical_bytes: c.physical * BLOCK_BYTES,
+        reserved_bytes: c.reserve_bytes,
+    }
+}
+
+fn all_devices(devices: &GroupDevices) -> Vec<Arc<dyn Disk>> {
+    let mut all = vec![devices.cache.clone()];
+    all.extend(devices.capacity.iter().cloned());
+    all
+}
+
+/// Reads the planned blocks and checks them. `Err((device, message))` is a
+/// device error; `Ok(Err(lba))` a checksum mismatch.
+fn assemble(
+    shared: &Shared,
+    lba: Lba,
+    plan: Vec<Source>,
+) -> Result<Result<Bytes, Lba>, (u8, String)> {
+    let n = plan.len();
+    // Fast path: one block.
+    if n == 1 {
+        return Ok(match plan.into_iter().next() {
+            Some(Source::Zero) | None => Ok(Bytes::from(vec![0u8; BLOCK])),
+            Some(Source::Memory(b, crc)) => {
+                if block_crc(&b) == crc {
+                    Ok(b)
+                } else {
+                    Err(lba)
+                }
+            }
+            Some(Source::Lost) => Err(lba),
+            Some(Source::Disk(loc, crc)) => {
+                let mut buf = AlignedBuf::zeroed(BLOCK);
+                read_loc(shared, loc, buf.as_mut_slice())?;
+                if block_crc(buf.as_slice()) == crc {
+                    Ok(buf.into_bytes())
+                } else {
+                    Err(lba)
+                }
+            }
+        });
+    }
+    let mut out = BytesMut::zeroed(n * BLOCK);
+    let mut i = 0;
+    while i < n {
+        match &plan[i] {
+            Source::Zero => {}
+            Source::Lost => return Ok(Err(Lba(lba.0 + i as u64))),
+            Source::Memory(b, crc) => {
+                if block_crc(b) != *crc {
+                    return Ok(Err(Lba(lba.0 + i as u64)));
+                }
+                out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b);
+            }
+            Source::Disk(first, _) => {
+                // Coalesce physically adjacent blocks into one read.
+                let mut run = 1;
+                while i + run < n {
+                    match &plan[i + run] {
+                        Source::Disk(l, _)
+                            if l.device == first.device && l.block == first.block + run as u64 =>
+                        {
+                            run += 1
+                        }
+                        _ => break,
+                    }
+                }
+                let mut buf = AlignedBuf::zeroed(run * BLOCK);
+                read_loc(shared, *first, buf.as_mut_slice())?;
+                for k in 0..run {
+                    let crc = match &plan[i + k] {
+                        Source::Disk(_, c) => *c,
+                        _ => 0,
+                    };
+                    let b = &buf.as_slice()[k * BLOCK..(k + 1) * BLOCK];
+                    if block_crc(b) != crc {
+                        return Ok(Err(Lba(lba.0 + (i + k) as u64)));
+                    }
+                    out[(i + k) * BLOCK..(i + k + 1) * BLOCK].copy_from_slice(b);
+                }
+                i += run;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    Ok(Ok(out.freeze()))
+}
+
+fn read_loc(shared: &Shared, loc: BlockLoc, buf: &mut [u8]) -> Result<(), (u8, String)> {
+    let disk = shared
+        .disk(loc.device)
+        .ok_or((loc.device, format!("no device {}", loc.device)))?;
+    disk.read_at(buf, loc.block * BLOCK_BYTES)
+        .map_err(|e| (loc.device, e.to_string()))
+}
+
+/// Mounts: superblocks, checkpoint, committed index, log replay.
+fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shared>, StoreError> {
+    let (geo, _uuid, _name): (Geometry, u128, String) = recovery::read_geometry(&devices)?;
+    let ck = recovery::read_checkpoint(&devices[0], &geo)?;
+    let state = recovery::load_state(&devices, &geo, &ck, index_cache_bytes);
+    let shared = Arc::new(Shared {
+        devices,
+        geo,
+        state: Mutex::new(state),
+        log_work: Condvar::new(),
+        destage_work: Condvar::new(),
+        log_space: Condvar::new(),
+        stop: AtomicBool::new(false),
+        ack_before_durable: AtomicBool::new(false),
+        scrub: ScrubCounters::default(),
+    });
+    let replayed = recovery::replay(&shared)?;
+    tracing::info!(replayed, "disk group mounted");
+    Ok(shared)
+}

@@ -1,0 +1,145 @@
+//! The bounded cache of index pages and the in-memory root of each component.
+//!
+//! Owns: which index pages are in memory, which are dirty (changed since the
+//! last checkpoint) and which are pinned (being written by a checkpoint).
+//! Memory is set by configuration: at most `index_cache_bytes / 4 KiB` clean
+//! pages stay cached; dirty and pinned pages cannot be dropped, and the
+//! destager checkpoints as soon as they pass half of the budget, which bounds
+//! them too.
+//! Invariant: a dirty page is never evicted (its changes would be lost before
+//! reaching a checkpoint); a page is looked up on disk only through the root
+//! entry the last checkpoint committed.
+
+use std::collections::HashMap;
+use tessera_format::{BlockLoc, IndexPage, INDEX_ENTRIES};
+
+/// LBAs per index page, as a u64.
+pub(crate) const LBAS_PER_PAGE: u64 = INDEX_ENTRIES as u64;
+
+/// Fewest pages the cache holds whatever the configuration says: a single
+/// large operation must find its pages still cached after loading them.
+pub(crate) const CACHE_PAGES_MIN: usize = 256;
+
+/// Where a component's index page lives on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RootEntry {
+    /// First block of the page's slot pair; None until its first checkpoint.
+    pub(crate) loc: Option<BlockLoc>,
+    /// Which block of the pair holds the committed copy.
+    pub(crate) slot: u8,
+}
+
+impl RootEntry {
+    /// Block of the committed copy.
+    pub(crate) fn current(&self) -> Option<BlockLoc> {
+        self.loc.map(|l| BlockLoc {
+            device: l.device,
+            block: l.block + self.slot as u64,
+        })
+    }
+}
+
+/// A cached page.
+pub(crate) struct CachedPage {
+    pub(crate) page: IndexPage,
+    pub(crate) dirty: bool,
+    pub(crate) pins: u32,
+    last_use: u64,
+}
+
+/// Key of a page: (component, page number).
+pub(crate) type PageKey = (u64, u64);
+
+/// The cache.
+pub(crate) struct IndexCache {
+    pages: HashMap<PageKey, CachedPage>,
+    capacity: usize,
+    clock: u64,
+}
+
+impl IndexCache {
+    pub(crate) fn new(bytes: u64) -> IndexCache {
+        IndexCache {
+            pages: HashMap::new(),
+            capacity: ((bytes / 4096) as usize).max(CACHE_PAGES_MIN),
+            clock: 0,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn contains(&self, key: &PageKey) -> bool {
+        self.pages.contains_key(key)
+    }
+
+    pub(crate) fn get(&mut self, key: &PageKey) -> Option<&mut CachedPage> {
+        self.clock += 1;
+        let now = self.clock;
+        let page = self.pages.get_mut(key)?;
+        page.last_use = now;
+        Some(page)
+    }
+
+    pub(crate) fn peek(&self, key: &PageKey) -> Option<&CachedPage> {
+        self.pages.get(key)
+    }
+
+    /// Inserts a page read from disk (kept if one is already cached: the
+    /// cached copy may be newer) or a new empty page (`dirty`).
+    pub(crate) fn insert(&mut self, key: PageKey, page: IndexPage, dirty: bool) {
+        self.clock += 1;
+        let now = self.clock;
+        self.pages.entry(key).or_insert(CachedPage {
+            page,
+            dirty,
+            pins: 0,
+            last_use: now,
+        });
+        self.evict();
+    }
+
+    pub(crate) fn remove(&mut self, key: &PageKey) -> Option<CachedPage> {
+        self.pages.remove(key)
+    }
+
+    pub(crate) fn remove_component(&mut self, component: u64) {
+        self.pages.retain(|k, _| k.0 != component);
+    }
+
+    pub(crate) fn dirty_keys(&self) -> Vec<PageKey> {
+        let mut keys: Vec<PageKey> = self
+            .pages
+            .iter()
+            .filter(|(_, p)| p.dirty)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    pub(crate) fn dirty_count(&self) -> usize {
+        self.pages.values().filter(|p| p.dirty).count()
+    }
+
+    /// Drops least recently used clean, unpinned pages down to 7/8 of the
+    /// budget, so evictions come in batches rather than on every insert.
+    fn evict(&mut self) {
+        if self.pages.len() <= self.capacity {
+            return;
+        }
+        let target = self.capacity * 7 / 8;
+        let mut clean: Vec<(u64, PageKey)> = self
+            .pages
+            .iter()
+            .filter(|(_, p)| !p.dirty && p.pins == 0)
+            .map(|(k, p)| (p.last_use, *k))
+            .collect();
+        clean.sort_unstable();
+        let excess = self.pages.len().saturating_sub(target);
+        for (_, k) in clean.into_iter().take(excess) {
+            self.pages.remove(&k);
+        }
+    }
+}

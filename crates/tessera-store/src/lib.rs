@@ -1,0 +1,46 @@
+//! The component store: Tessera's local engine for one disk group (one cache
+//! device and 1..7 capacity devices), in the role of vSAN's LSOM.
+//!
+//! Owns: every byte a host keeps for the components placed on a disk group:
+//! the write log on the cache device (group commit), the capacity tier
+//! (thin, 4 KiB allocation, space reservation), the per-component index with
+//! a CRC32C per block, checkpoints, crash recovery, scrubbing and offline
+//! checks. Must not touch: the network, the directory, placement decisions;
+//! the replica service above calls the async API of [`DiskGroup`].
+//!
+//! The three promises the coordinator relies on:
+//! - an acknowledged write (`write`, `unmap`, `write_zeroes`, `fence`, and
+//!   component create/resize/delete) survives a crash of the process or of
+//!   the machine: it is acknowledged only after the `fdatasync` of the log
+//!   record that holds it;
+//! - a read never returns data that fails its CRC32C: it returns
+//!   [`StoreError::Checksum`] with the component and LBA instead;
+//! - space is accounted exactly: a write that needs a new block when the disk
+//!   group has none fails with [`StoreError::NoSpace`] and changes nothing;
+//!   unmapped and zeroed blocks give their space back at once.
+//!
+//! The on-disk format and the recovery procedure are described in
+//! `docs/STORE.md`; the byte layouts are in `tessera-format`.
+
+mod alloc;
+mod check;
+mod engine;
+mod error;
+mod group;
+mod index;
+mod recovery;
+mod scrub;
+mod state;
+
+pub use check::{check_devices, CheckProblem, CheckReport};
+pub use error::StoreError;
+pub use group::{
+    ComponentSpace, ComponentSummary, DeviceSpec, DiskGroup, DiskGroupConfig, DiskGroupHealth,
+    DiskGroupSpace, GroupDevices,
+};
+pub use recovery::COMPONENTS_MAX;
+pub use scrub::{BadBlock, ScrubProgress, ScrubReport};
+
+/// Largest write accepted in one call, in bytes: bounds the log space and
+/// memory one request holds (the replica service splits larger ones).
+pub const WRITE_BYTES_MAX: u64 = 4 << 20;

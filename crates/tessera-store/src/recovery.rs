@@ -1,0 +1,770 @@
+//! Formatting new devices and bringing a disk group back after a crash.
+//!
+//! Owns: the device layout chosen at format time, and mount: superblocks
+//! checked, the newest sound checkpoint chosen, the free-space map rebuilt
+//! from the committed index, and the write log replayed from the checkpoint's
+//! tail. Must not touch: the running store's threads (they start after).
+//!
+//! Log replay accepts the next record when its header is sound, its sequence
+//! is the expected one and its data blocks match their CRCs. At the first
+//! record that fails, it looks further: if a record of a later group commit
+//! follows, the damaged record had been synced and acknowledged, so the
+//! damage is real (its blocks are recorded as lost, or, if the header itself
+//! is gone, the disk group fails); otherwise it is the torn tail of the last
+//! group commit, which was never acknowledged, and replay ends there.
+
+use crate::alloc::Allocator;
+use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX};
+use crate::index::{IndexCache, LBAS_PER_PAGE};
+use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
+use crate::StoreError;
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tessera_env::{AlignedBuf, Disk};
+use tessera_format::{
+    block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogOp, LogRecordHeader,
+    Superblock, BLOCK,
+};
+use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
+
+/// Index pages the checkpoint area is sized for, per densely written page's
+/// worth of capacity: sparse writes use more pages than dense ones.
+const ROOT_SLACK: u64 = 4;
+
+/// Components a disk group can hold (sizes the checkpoint area).
+pub const COMPONENTS_MAX: u64 = 4096;
+
+/// Smallest write log, in blocks: room for several full group commits.
+pub(crate) const LOG_BLOCKS_MIN: u64 = 4 * COMMIT_BLOCKS_MAX;
+
+/// Unmaps are applied this many index pages at a time, so a huge range
+/// never needs more of the cache than this.
+pub(crate) const UNMAP_CHUNK_PAGES: u64 = 64;
+
+fn bad(disk: &Arc<dyn Disk>, problem: impl Into<String>) -> StoreError {
+    StoreError::BadDevice {
+        device: disk.name(),
+        problem: problem.into(),
+    }
+}
+
+fn read_block(disk: &Arc<dyn Disk>, block: u64, blocks: usize) -> Result<AlignedBuf, StoreError> {
+    let mut buf = AlignedBuf::zeroed(blocks * BLOCK);
+    disk.read_at(buf.as_mut_slice(), block * BLOCK as u64)?;
+    Ok(buf)
+}
+
+fn write_blocks(disk: &Arc<dyn Disk>, block: u64, data: &[u8]) -> Result<(), StoreError> {
+    let mut buf = AlignedBuf::zeroed(data.len().div_ceil(BLOCK) * BLOCK);
+    buf.as_mut_slice()[..data.len()].copy_from_slice(data);
+    disk.write_at(buf.as_slice(), block * BLOCK as u64)?;
+    Ok(())
+}
+
+/// Reads the superblock of a device (either copy).
+pub(crate) fn read_superblock(disk: &Arc<dyn Disk>) -> Result<Superblock, StoreError> {
+    let buf = read_block(disk, 0, 2)?;
+    let first = Superblock::decode(&buf.as_slice()[..BLOCK]);
+    match first {
+        Ok(sb) => Ok(sb),
+        Err(e) => Superblock::decode(&buf.as_slice()[BLOCK..])
+            .map_err(|_| bad(disk, format!("no valid superblock: {e}"))),
+    }
+}
+
+/// Geometry from a cache device size and capacity device sizes.
+pub(crate) fn plan_geometry(
+    cache_bytes: u64,
+    capacity_bytes: &[u64],
+) -> Result<Geometry, StoreError> {
+    let areas: Vec<(u8, u64, u64)> = capacity_bytes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| ((i + 1) as u8, 2, (b / BLOCK_BYTES).saturating_sub(2)))
+        .collect();
+    if areas.is_empty() || areas.len() > 7 {
+        return Err(StoreError::Config(format!(
+            "a disk group has 1 to 7 capacity devices, not {}",
+            areas.len()
+        )));
+    }
+    let capacity_blocks: u64 = areas.iter().map(|a| a.2).sum();
+    if capacity_blocks < 4 * HEADROOM_BLOCKS_MIN {
+        return Err(StoreError::Config(format!(
+            "capacity devices hold {capacity_blocks} blocks; at least {} are needed",
+            4 * HEADROOM_BLOCKS_MIN
+        )));
+    }
+    let roots = capacity_blocks / LBAS_PER_PAGE * ROOT_SLACK + 1024;
+    let meta_bytes = 64 + COMPONENTS_MAX * 48 + roots * 16;
+    let meta_slot_blocks = meta_bytes.div_ceil(BLOCK_BYTES);
+    let log_start = 2 + 2 * meta_slot_blocks;
+    let cache_blocks = cache_bytes / BLOCK_BYTES;
+    if cache_blocks < log_start + LOG_BLOCKS_MIN {
+        return Err(StoreError::Config(format!(
+            "cache device of {cache_bytes} bytes is too small: it needs {} bytes for checkpoints and the smallest log",
+            (log_start + LOG_BLOCKS_MIN) * BLOCK_BYTES
+        )));
+    }
+    Ok(Geometry {
+        meta_start: 2,
+        meta_slot_blocks,
+        log_start,
+        log_blocks: cache_blocks - log_start,
+        areas,
+    })
+}
+
+/// Index pages the checkpoint slot can list, after component records.
+pub(crate) fn roots_max(geo: &Geometry) -> u64 {
+    (geo.meta_slot_blocks * BLOCK_BYTES).saturating_sub(64 + COMPONENTS_MAX * 48) / 16
+}
+
+/// Formats the devices as a new, empty disk group.
+pub(crate) fn format(
+    devices: &[Arc<dyn Disk>],
+    group_name: &str,
+    uuid: u128,
+    zero_log: bool,
+) -> Result<(), StoreError> {
+    for d in devices {
+        if read_superblock(d).is_ok() {
+            return Err(bad(
+                d,
+                "already holds a disk group; open it instead of creating",
+            ));
+        }
+    }
+    let capacity: Vec<u64> = devices[1..].iter().map(|d| d.size()).collect();
+    let geo = plan_geometry(devices[0].size(), &capacity)?;
+    for (i, d) in devices.iter().enumerate() {
+        let (role, data_start, data_blocks) = if i == 0 {
+            (DeviceRole::Cache, 0, 0)
+        } else {
+            (DeviceRole::Capacity, geo.areas[i - 1].1, geo.areas[i - 1].2)
+        };
+        let sb = Superblock {
+            group_uuid: uuid,
+            group_name: group_name.to_string(),
+            role,
+            device_index: i as u8,
+            device_count: devices.len() as u8,
+            device_bytes: d.size(),
+            meta_start: if i == 0 { geo.meta_start } else { 0 },
+            meta_slot_blocks: if i == 0 { geo.meta_slot_blocks } else { 0 },
+            log_start: if i == 0 { geo.log_start } else { 0 },
+            log_blocks: if i == 0 { geo.log_blocks } else { 0 },
+            data_start,
+            data_blocks,
+            features: 0,
+        };
+        let mut two = sb.encode();
+        two.extend_from_slice(&sb.encode());
+        write_blocks(d, 0, &two)?;
+    }
+    let cache = &devices[0];
+    // Slot 0 cleared, generation 1 in slot 1.
+    write_blocks(cache, geo.meta_start, &vec![0u8; BLOCK])?;
+    let ck = Checkpoint {
+        generation: 1,
+        log_tail_block: 0,
+        log_tail_seq: 1,
+        components: Vec::new(),
+    };
+    write_blocks(cache, geo.meta_start + geo.meta_slot_blocks, &ck.encode())?;
+    // The first log block must not hold a record from an earlier life of the
+    // device; writing the whole log once also makes later syncs cheaper on
+    // files (no extent conversion on first write).
+    const ZERO_CHUNK_BLOCKS: u64 = 256;
+    let zero_blocks = if zero_log { geo.log_blocks } else { 1 };
+    let mut at = 0;
+    while at < zero_blocks {
+        let n = ZERO_CHUNK_BLOCKS.min(zero_blocks - at);
+        write_blocks(
+            cache,
+            geo.log_start + at,
+            &vec![0u8; (n * BLOCK_BYTES) as usize],
+        )?;
+        at += n;
+    }
+    for d in devices {
+        d.sync()?;
+    }
+    Ok(())
+}
+
+/// Reads the newest sound checkpoint.
+pub(crate) fn read_checkpoint(
+    cache: &Arc<dyn Disk>,
+    geo: &Geometry,
+) -> Result<Checkpoint, StoreError> {
+    let mut best: Option<Checkpoint> = None;
+    let mut problems = Vec::new();
+    for slot in 0..2u64 {
+        let start = geo.meta_start + slot * geo.meta_slot_blocks;
+        let first = read_block(cache, start, 1)?;
+        let length = match Checkpoint::length_from_first_block(first.as_slice()) {
+            Ok(l) => l,
+            Err(e) => {
+                problems.push(format!("slot {slot}: {e}"));
+                continue;
+            }
+        };
+        let blocks = length.div_ceil(BLOCK).max(1);
+        if blocks as u64 > geo.meta_slot_blocks {
+            problems.push(format!("slot {slot}: length {length} exceeds the slot"));
+            continue;
+        }
+        let buf = read_block(cache, start, blocks)?;
+        match Checkpoint::decode(buf.as_slice()) {
+            Ok(ck) => {
+                if best.as_ref().is_none_or(|b| ck.generation > b.generation) {
+                    best = Some(ck);
+                }
+            }
+            Err(e) => problems.push(format!("slot {slot}: {e}")),
+        }
+    }
+    best.ok_or_else(|| {
+        bad(
+            cache,
+            format!("no sound checkpoint: {}", problems.join("; ")),
+        )
+    })
+}
+
+/// Checks the superblocks of a disk group's devices and returns its geometry
+/// and identity.
+pub(crate) fn read_geometry(
+    devices: &[Arc<dyn Disk>],
+) -> Result<(Geometry, u128, String), StoreError> {
+    let cache_sb = read_superblock(&devices[0])?;
+    if cache_sb.role != DeviceRole::Cache || cache_sb.device_index != 0 {
+        return Err(bad(
+            &devices[0],
+            "is not the cache device of its disk group",
+        ));
+    }
+    if cache_sb.device_count as usize != devices.len() {
+        return Err(bad(
+            &devices[0],
+            format!(
+                "its disk group has {} devices, {} were given",
+                cache_sb.device_count,
+                devices.len()
+            ),
+        ));
+    }
+    let mut areas = Vec::new();
+    for (i, d) in devices.iter().enumerate().skip(1) {
+        let sb = read_superblock(d)?;
+        if sb.group_uuid != cache_sb.group_uuid {
+            return Err(bad(d, "belongs to another disk group"));
+        }
+        if sb.role != DeviceRole::Capacity || sb.device_index as usize != i {
+            return Err(bad(
+                d,
+                format!("is device {} of its group, expected {i}", sb.device_index),
+            ));
+        }
+        if (sb.data_start + sb.data_blocks) * BLOCK_BYTES > d.size() {
+            return Err(bad(d, "is smaller than when it was formatted"));
+        }
+        areas.push((i as u8, sb.data_start, sb.data_blocks));
+    }
+    if (cache_sb.log_start + cache_sb.log_blocks) * BLOCK_BYTES > devices[0].size() {
+        return Err(bad(&devices[0], "is smaller than when it was formatted"));
+    }
+    Ok((
+        Geometry {
+            meta_start: cache_sb.meta_start,
+            meta_slot_blocks: cache_sb.meta_slot_blocks,
+            log_start: cache_sb.log_start,
+            log_blocks: cache_sb.log_blocks,
+            areas,
+        },
+        cache_sb.group_uuid,
+        cache_sb.group_name,
+    ))
+}
+
+/// Builds the in-memory state from the checkpoint and the committed index.
+pub(crate) fn load_state(
+    devices: &[Arc<dyn Disk>],
+    geo: &Geometry,
+    ck: &Checkpoint,
+    index_cache_bytes: u64,
+) -> State {
+    let alloc = Allocator::new(&geo.areas);
+    let capacity_blocks = alloc.total_blocks();
+    let headroom = HEADROOM_BLOCKS_MIN.max(capacity_blocks / 64);
+    let mut components = BTreeMap::new();
+    for rec in &ck.components {
+        let mut comp = Component::new(rec.size_bytes, rec.reserve_bytes, rec.highest_epoch);
+        comp.flags = rec.flags;
+        for p in &rec.pages {
+            comp.roots.insert(
+                p.page_no,
+                crate::index::RootEntry {
+                    loc: Some(p.loc),
+                    slot: p.slot,
+                },
+            );
+        }
+        components.insert(rec.id, comp);
+    }
+    let mut st = State {
+        components,
+        overlay: BTreeMap::new(),
+        cache: IndexCache::new(index_cache_bytes),
+        alloc,
+        pending_free: Vec::new(),
+        queue: VecDeque::new(),
+        destage: VecDeque::new(),
+        unapplied: BTreeMap::new(),
+        vhead: ck.log_tail_block,
+        head_seq: ck.log_tail_seq,
+        vtail: ck.log_tail_block,
+        tail_seq: ck.log_tail_seq,
+        checkpoint_gen: ck.generation,
+        checkpoints_done: 0,
+        checkpoint_wanted: false,
+        failed: None,
+        failed_devices: BTreeMap::new(),
+        next_op: 1,
+        next_token: 1,
+        usable_blocks: capacity_blocks.saturating_sub(headroom),
+        roots_max: roots_max(geo),
+        replay_writes: Vec::new(),
+    };
+    // Rebuild the free-space map and accounting from the committed pages.
+    let ids: Vec<u64> = st.components.keys().copied().collect();
+    for c in ids {
+        let roots: Vec<(u64, crate::index::RootEntry)> = st.components[&c]
+            .roots
+            .iter()
+            .map(|(p, r)| (*p, *r))
+            .collect();
+        let mut failure: Option<String> = None;
+        let (mut allocated, mut held): (u64, Vec<(BlockLoc, u64)>) = (0, Vec::new());
+        for (page_no, root) in roots {
+            let Some(loc) = root.loc else { continue };
+            let second = BlockLoc {
+                device: loc.device,
+                block: loc.block + 1,
+            };
+            if !st.alloc.mark_used(loc) || !st.alloc.mark_used(second) {
+                failure.get_or_insert(format!(
+                    "index page {page_no} slots at {loc} overlap other data"
+                ));
+            }
+            held.push((loc, 2));
+            let current = root.current().unwrap_or(loc);
+            let Some(disk) = devices
+                .get(current.device as usize)
+                .filter(|_| current.device > 0)
+            else {
+                failure.get_or_insert(format!(
+                    "index page {page_no} is on unknown device {}",
+                    current.device
+                ));
+                continue;
+            };
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            if let Err(e) = disk.read_at(buf.as_mut_slice(), current.block * BLOCK_BYTES) {
+                st.failed_devices
+                    .entry(current.device)
+                    .or_insert(e.to_string());
+                failure.get_or_insert(format!("index page {page_no}: {e}"));
+                continue;
+            }
+            let page = match IndexPage::decode(buf.as_slice()) {
+                Ok(p) if p.component == c && p.page_no == page_no => p,
+                Ok(p) => {
+                    failure.get_or_insert(format!(
+                        "index page {page_no} at {current} holds component {} page {}",
+                        p.component, p.page_no
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    failure.get_or_insert(format!("index page {page_no} at {current}: {e}"));
+                    continue;
+                }
+            };
+            for (slot, e) in page.entries.iter().enumerate() {
+                match e.kind {
+                    EntryKind::Unmapped => {}
+                    EntryKind::Lost => allocated += 1,
+                    EntryKind::Plain => {
+                        allocated += 1;
+                        if !st.alloc.mark_used(e.loc) {
+                            failure.get_or_insert(format!(
+                                "LBA {} points to {} which is used twice or outside the data area",
+                                page_no * LBAS_PER_PAGE + slot as u64,
+                                e.loc
+                            ));
+                        }
+                        held.push((e.loc, 1));
+                    }
+                }
+            }
+        }
+        if let Some(comp) = st.components.get_mut(&c) {
+            comp.allocated = allocated;
+            for (loc, n) in held {
+                comp.hold(loc, n);
+            }
+            comp.failed = failure;
+        }
+    }
+    let failed: Vec<(u8, String)> = st
+        .failed_devices
+        .iter()
+        .map(|(d, r)| (*d, r.clone()))
+        .collect();
+    for (d, r) in failed {
+        st.fail_capacity_device(d, &r);
+    }
+    st
+}
+
+/// A record read back from the log.
+pub(crate) struct ReadRecord {
+    pub(crate) header: LogRecordHeader,
+    pub(crate) data: Vec<Bytes>,
+    pub(crate) sound: Vec<bool>,
+}
+
+pub(crate) fn read_record(
+    disk: &Arc<dyn Disk>,
+    geo: &Geometry,
+    v: u64,
+    seq: u64,
+) -> Option<ReadRecord> {
+    let l = geo.log_blocks;
+    let pos = v % l;
+    let head = read_block(disk, geo.log_start + pos, 1).ok()?;
+    let header = LogRecordHeader::decode(head.as_slice()).ok()?;
+    if header.seq != seq {
+        return None;
+    }
+    let n = header.data_blocks();
+    if pos + 1 + n as u64 > l {
+        return None;
+    }
+    let body = read_block(disk, geo.log_start + pos + 1, n).ok()?;
+    let bytes = body.into_bytes();
+    let mut data = Vec::with_capacity(n);
+    let mut sound = Vec::with_capacity(n);
+    let mut i = 0;
+    for e in &header.entries {
+        if let LogOp::Write { crc } = e.op {
+            let b = bytes.slice(i * BLOCK..(i + 1) * BLOCK);
+            sound.push(block_crc(&b) == crc);
+            data.push(b);
+            i += 1;
+        }
+    }
+    Some(ReadRecord {
+        header,
+        data,
+        sound,
+    })
+}
+
+/// The position of the record with sequence `seq` at or after `v`, reading it
+/// (a record that would not fit before the log's end starts at block 0).
+pub(crate) fn find_record(
+    disk: &Arc<dyn Disk>,
+    geo: &Geometry,
+    v: u64,
+    seq: u64,
+) -> Option<(u64, ReadRecord)> {
+    let l = geo.log_blocks;
+    if let Some(r) = read_record(disk, geo, v, seq) {
+        return Some((v, r));
+    }
+    if !v.is_multiple_of(l) {
+        let w = v + l - v % l;
+        if let Some(r) = read_record(disk, geo, w, seq) {
+            return Some((w, r));
+        }
+    }
+    None
+}
+
+/// True when some record of a group commit that began after `seq` is found
+/// within reach of `v`: then the record `seq` had been synced before it.
+pub(crate) fn later_group_exists(disk: &Arc<dyn Disk>, geo: &Geometry, v: u64, seq: u64) -> bool {
+    let l = geo.log_blocks;
+    let reach = (2 * COMMIT_BLOCKS_MAX + 2).min(l);
+    for k in 0..reach {
+        let pos = (v + k) % l;
+        for p in [pos, 0] {
+            if let Ok(buf) = read_block(disk, geo.log_start + p, 1) {
+                if let Ok(h) = LogRecordHeader::decode(buf.as_slice()) {
+                    if h.seq > seq && h.batch_first_seq > seq && h.seq < seq + 2 * COMMIT_BLOCKS_MAX
+                    {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Follows the chain of records after a record with damaged data: a sound
+/// record of a later group commit means the damaged one had been synced.
+pub(crate) fn damage_was_synced(
+    disk: &Arc<dyn Disk>,
+    geo: &Geometry,
+    v: u64,
+    rec: &ReadRecord,
+) -> bool {
+    let mut v = v + rec.header.record_blocks() as u64;
+    let mut seq = rec.header.seq + 1;
+    let damaged = rec.header.seq;
+    for _ in 0..(2 * COMMIT_BLOCKS_MAX) {
+        match find_record(disk, geo, v, seq) {
+            Some((at, r)) => {
+                if r.header.batch_first_seq > damaged {
+                    return true;
+                }
+                v = at + r.header.record_blocks() as u64;
+                seq += 1;
+            }
+            None => return false,
+        }
+    }
+    false
+}
+
+/// Replays the log into the state. Returns the number of records replayed.
+pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
+    let (mut v, mut seq) = {
+        let st = shared.state.lock();
+        (st.vtail, st.tail_seq)
+    };
+    let mut replayed = 0u64;
+    let l = shared.geo.log_blocks;
+    let (disk, geo) = (shared.cache_disk(), &shared.geo);
+    loop {
+        let Some((at, rec)) = find_record(disk, geo, v, seq) else {
+            if later_group_exists(disk, geo, v, seq) {
+                return Err(StoreError::DiskGroupFailed {
+                    reason: format!(
+                        "write log record {seq} near log block {} is damaged after it was acknowledged",
+                        v % l
+                    ),
+                });
+            }
+            break;
+        };
+        let all_sound = rec.sound.iter().all(|s| *s);
+        if !all_sound && !damage_was_synced(disk, geo, at, &rec) {
+            break;
+        }
+        apply_record(shared, &rec)?;
+        {
+            let mut st = shared.state.lock();
+            let writes = std::mem::take(&mut st.replay_writes);
+            st.destage.push_back(LoggedRecord {
+                seq: rec.header.seq,
+                vstart: at,
+                writes,
+            });
+        }
+        v = at + rec.header.record_blocks() as u64;
+        seq += 1;
+        replayed += 1;
+        if replayed > l {
+            break;
+        }
+    }
+    let mut st = shared.state.lock();
+    st.vhead = v;
+    st.head_seq = seq;
+    Ok(replayed)
+}
+
+/// Loads pages until `f` stops asking for them.
+pub(crate) fn with_pages<T>(
+    shared: &Shared,
+    mut f: impl FnMut(&mut State) -> Result<T, crate::state::Need>,
+) -> Result<T, StoreError> {
+    const ATTEMPTS_MAX: usize = 8;
+    for _ in 0..ATTEMPTS_MAX {
+        let need = {
+            let mut st = shared.state.lock();
+            match f(&mut st) {
+                Ok(v) => return Ok(v),
+                Err(need) => need,
+            }
+        };
+        shared.load_pages_blocking(&need.0)?;
+    }
+    Err(StoreError::DiskGroupFailed {
+        reason: "index cache too small to hold the pages of one operation".into(),
+    })
+}
+
+/// Unmaps `[start, end)` of `c` a chunk of pages at a time.
+pub(crate) fn unmap_blocking(
+    shared: &Shared,
+    c: u64,
+    start: u64,
+    end: u64,
+) -> Result<(), StoreError> {
+    let chunk = UNMAP_CHUNK_PAGES * LBAS_PER_PAGE;
+    let mut s = start;
+    while s < end {
+        let e = end.min((s / chunk + 1) * chunk);
+        match with_pages(shared, |st| st.unmap_range(c, s, e)) {
+            Ok(()) => {}
+            Err(StoreError::ComponentFailed { .. }) => return Ok(()),
+            Err(other) => return Err(other),
+        }
+        s = e;
+    }
+    Ok(())
+}
+
+/// Frees every block of a deleted component (after the next checkpoint).
+pub(crate) fn free_component_blocking(
+    shared: &Shared,
+    c: u64,
+    comp: Component,
+    cached: Vec<IndexPage>,
+) {
+    let mut freed = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for page in cached {
+        seen.insert(page.page_no);
+        freed.extend(
+            page.entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::Plain)
+                .map(|e| e.loc),
+        );
+    }
+    for (page_no, root) in &comp.roots {
+        let Some(loc) = root.loc else { continue };
+        freed.push(loc);
+        freed.push(BlockLoc {
+            device: loc.device,
+            block: loc.block + 1,
+        });
+        if seen.contains(page_no) {
+            continue;
+        }
+        if let Some(current) = root.current() {
+            match shared.read_page((c, *page_no), current) {
+                Ok(page) => freed.extend(
+                    page.entries
+                        .iter()
+                        .filter(|e| e.kind == EntryKind::Plain)
+                        .map(|e| e.loc),
+                ),
+                Err(_) => tracing::warn!(
+                    component = %ComponentId(c),
+                    page_no,
+                    "index page of a deleted component unreadable; its blocks stay in use until the next mount"
+                ),
+            }
+        }
+    }
+    shared.state.lock().pending_free.extend(freed);
+}
+
+/// Applies one replayed record.
+fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
+    let mut data = rec.data.iter().zip(rec.sound.iter());
+    for e in &rec.header.entries {
+        let c = e.component;
+        let exists = shared.state.lock().components.contains_key(&c);
+        match e.op {
+            LogOp::Write { crc } => {
+                let Some((block, sound)) = data.next() else {
+                    break;
+                };
+                let in_range = {
+                    let st = shared.state.lock();
+                    st.components
+                        .get(&c)
+                        .is_some_and(|comp| comp.failed.is_none() && e.lba < comp.blocks())
+                };
+                if !in_range {
+                    continue;
+                }
+                let blocks = [(block.clone(), crc, !*sound)];
+                let ops = with_pages(shared, |st| {
+                    let need = st.missing_pages(c, e.lba, e.lba + 1);
+                    if !need.0.is_empty() {
+                        return Err(need);
+                    }
+                    Ok(st.stage_write(ComponentId(c), Lba(e.lba), &blocks, Epoch(e.epoch), false))
+                });
+                match ops {
+                    Ok(Ok(ops)) => {
+                        let mut st = shared.state.lock();
+                        for op in ops {
+                            st.replay_writes.push((c, e.lba, op));
+                        }
+                    }
+                    Ok(Err(_)) | Err(StoreError::ComponentFailed { .. }) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            LogOp::Unmap | LogOp::WriteZeroes => {
+                if exists {
+                    raise_epoch(shared, c, e.epoch);
+                    unmap_blocking(shared, c, e.lba, e.lba.saturating_add(e.count))?;
+                }
+            }
+            LogOp::Fence => raise_epoch(shared, c, e.epoch),
+            LogOp::Create => {
+                if !exists {
+                    shared
+                        .state
+                        .lock()
+                        .components
+                        .insert(c, Component::new(e.arg, e.arg2, e.epoch));
+                }
+            }
+            LogOp::Delete => {
+                let taken = shared.state.lock().take_component(c);
+                if let Some((comp, cached)) = taken {
+                    free_component_blocking(shared, c, comp, cached);
+                }
+            }
+            LogOp::Resize => {
+                let old = {
+                    let mut st = shared.state.lock();
+                    match st.components.get_mut(&c) {
+                        Some(comp) => {
+                            let old = comp.size_bytes;
+                            comp.size_bytes = e.arg;
+                            Some(old)
+                        }
+                        None => None,
+                    }
+                };
+                if let Some(old) = old {
+                    if e.arg < old {
+                        unmap_blocking(shared, c, e.arg / BLOCK_BYTES, old / BLOCK_BYTES)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn raise_epoch(shared: &Shared, c: u64, epoch: u64) {
+    if let Some(comp) = shared.state.lock().components.get_mut(&c) {
+        comp.highest_epoch = comp.highest_epoch.max(epoch);
+    }
+}

@@ -1,0 +1,190 @@
+//! The scrubber: reads every allocated block of every component, checks it
+//! against its CRC32C and reports each bad block with its component, LBA and
+//! physical location, so the coordinator can rewrite it from another copy.
+//!
+//! Owns: scrub pacing and progress. It reads through the same plan as a
+//! client read (so it checks exactly what a client would get) and takes each
+//! component's read lock a chunk at a time, so client writes wait at most one
+//! chunk. Throttled to a block rate given by the caller.
+
+use crate::group::DiskGroup;
+use crate::state::Source;
+use crate::StoreError;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tessera_env::AlignedBuf;
+use tessera_format::{block_crc, BLOCK};
+use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
+
+/// Blocks checked per step (one plan, one lock hold).
+const SCRUB_CHUNK_BLOCKS: u64 = 64;
+
+/// A block that failed its check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadBlock {
+    /// The component.
+    pub component: ComponentId,
+    /// The LBA.
+    pub lba: Lba,
+    /// Where it is stored (device and block, or the write log).
+    pub location: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// Scrub progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScrubProgress {
+    /// A scrub is running.
+    pub running: bool,
+    /// Blocks checked so far.
+    pub blocks_done: u64,
+    /// Blocks to check in this pass.
+    pub blocks_total: u64,
+    /// Bad blocks found so far.
+    pub errors: u64,
+}
+
+/// Result of a scrub pass.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScrubReport {
+    /// Blocks checked.
+    pub blocks_checked: u64,
+    /// Bad blocks found.
+    pub bad: Vec<BadBlock>,
+}
+
+impl DiskGroup {
+    /// Progress of the running (or last) scrub.
+    pub fn scrub_progress(&self) -> ScrubProgress {
+        let s = &self.shared().scrub;
+        ScrubProgress {
+            running: s.running.load(Ordering::Relaxed),
+            blocks_done: s.done.load(Ordering::Relaxed),
+            blocks_total: s.total.load(Ordering::Relaxed),
+            errors: s.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks every allocated block at no more than `blocks_per_second`
+    /// (0 = unthrottled) and reports the bad ones.
+    pub async fn scrub(&self, blocks_per_second: u64) -> Result<ScrubReport, StoreError> {
+        let counters = &self.shared().scrub;
+        let components: Vec<(ComponentId, u64)> = self
+            .components()
+            .into_iter()
+            .filter(|c| c.failed.is_none())
+            .map(|c| (c.id, c.size_bytes / BLOCK_BYTES))
+            .collect();
+        let total: u64 = self
+            .components()
+            .iter()
+            .filter(|c| c.failed.is_none())
+            .map(|c| c.space.allocated_bytes / BLOCK_BYTES)
+            .sum();
+        counters.total.store(total, Ordering::Relaxed);
+        counters.done.store(0, Ordering::Relaxed);
+        counters.errors.store(0, Ordering::Relaxed);
+        counters.running.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        let mut report = ScrubReport::default();
+        let result = async {
+            for (id, blocks) in components {
+                let runs = match self.allocated(id, Lba(0), blocks).await {
+                    Ok(r) => r,
+                    Err(StoreError::NoSuchComponent { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                for (start, n) in runs {
+                    let mut at = start.0;
+                    while at < start.0 + n {
+                        let k = SCRUB_CHUNK_BLOCKS.min(start.0 + n - at);
+                        match self.scrub_chunk(id, Lba(at), k).await {
+                            Ok(bad) => {
+                                counters
+                                    .errors
+                                    .fetch_add(bad.len() as u64, Ordering::Relaxed);
+                                report.bad.extend(bad);
+                            }
+                            Err(StoreError::NoSuchComponent { .. }) => break,
+                            Err(e) => return Err(e),
+                        }
+                        report.blocks_checked += k;
+                        counters.done.fetch_add(k, Ordering::Relaxed);
+                        at += k;
+                        if blocks_per_second > 0 {
+                            let due = Duration::from_secs_f64(
+                                report.blocks_checked as f64 / blocks_per_second as f64,
+                            );
+                            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                                tokio::time::sleep(wait).await;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        counters.running.store(false, Ordering::Relaxed);
+        result.map(|_| report)
+    }
+
+    async fn scrub_chunk(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        n: u64,
+    ) -> Result<Vec<BadBlock>, StoreError> {
+        let lock = {
+            let st = self.shared().state.lock();
+            st.component(id)?.lock.clone()
+        };
+        let _guard = lock.read().await;
+        let plan = self.plan_for_scrub(id, lba, n).await?;
+        let shared = self.shared().clone();
+        tokio::task::spawn_blocking(move || {
+            let mut bad = Vec::new();
+            for (i, src) in plan.into_iter().enumerate() {
+                let l = Lba(lba.0 + i as u64);
+                let mut report = |location: String, problem: &str| {
+                    bad.push(BadBlock {
+                        component: id,
+                        lba: l,
+                        location,
+                        problem: problem.to_string(),
+                    })
+                };
+                match src {
+                    Source::Zero => {}
+                    Source::Lost => report("write log".into(), "data lost in a damaged log record"),
+                    Source::Memory(b, crc) => {
+                        if block_crc(&b) != crc {
+                            report("write log (cached)".into(), "checksum mismatch");
+                        }
+                    }
+                    Source::Disk(loc, crc) => {
+                        let mut buf = AlignedBuf::zeroed(BLOCK);
+                        match shared.disk(loc.device) {
+                            Some(d) => match d.read_at(buf.as_mut_slice(), loc.block * BLOCK_BYTES)
+                            {
+                                Ok(()) => {
+                                    if block_crc(buf.as_slice()) != crc {
+                                        report(loc.to_string(), "checksum mismatch");
+                                    }
+                                }
+                                Err(e) => report(loc.to_string(), &e.to_string()),
+                            },
+                            None => report(loc.to_string(), "unknown device"),
+                        }
+                    }
+                }
+            }
+            bad
+        })
+        .await
+        .map_err(|e| StoreError::DiskGroupFailed {
+            reason: format!("scrub task failed: {e}"),
+        })
+    }
+}

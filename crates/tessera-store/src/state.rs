@@ -1,0 +1,530 @@
+//! The disk group's in-memory state and the rules that change it.
+//!
+//! Owns: the component table, the overlay (blocks logged but not yet on the
+//! capacity tier), the index cache, the free-space map, the queue of requests
+//! for the log writer and the queue of logged records for the destager.
+//! Must not touch: devices. Every function here runs under the state lock and
+//! never blocks; when it needs an index page that is not cached it returns
+//! [`Need`] with the pages to load, and the caller loads them without the lock
+//! and calls again. The same functions serve live operations and log replay,
+//! so recovery applies exactly the rules the running store applied.
+//!
+//! Invariants:
+//! - `allocated` of a component counts the LBAs whose latest state is a
+//!   stored block (in the overlay, else in the index), so space accounting is
+//!   exact at every moment, not only after destaging.
+//! - A block referenced by the committed checkpoint is never reused before a
+//!   later checkpoint drops the reference (`pending_free`).
+//! - Log records leave the log (the tail moves past them) only when a
+//!   checkpoint holds all their effects.
+
+use crate::alloc::Allocator;
+use crate::index::{IndexCache, PageKey, RootEntry, LBAS_PER_PAGE};
+use crate::StoreError;
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use tessera_format::{BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry};
+use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
+
+/// Index pages to load before an operation can go on: (page key, block of
+/// the committed copy).
+#[derive(Debug, Default)]
+pub(crate) struct Need(pub(crate) Vec<(PageKey, BlockLoc)>);
+
+/// A component as the running store holds it.
+pub(crate) struct Component {
+    pub(crate) size_bytes: u64,
+    pub(crate) reserve_bytes: u64,
+    pub(crate) highest_epoch: u64,
+    pub(crate) flags: u64,
+    /// LBAs whose latest state is a stored (or lost) block.
+    pub(crate) allocated: u64,
+    /// Capacity blocks held: data blocks and index page slots.
+    pub(crate) physical: u64,
+    /// Capacity blocks held per device.
+    pub(crate) per_device: BTreeMap<u8, u64>,
+    pub(crate) roots: BTreeMap<u64, RootEntry>,
+    /// Serialises unmap, resize and delete against reads and writes of the
+    /// component (shared by reads and writes, exclusive for the others).
+    pub(crate) lock: Arc<tokio::sync::RwLock<()>>,
+    pub(crate) failed: Option<String>,
+}
+
+impl Component {
+    pub(crate) fn new(size_bytes: u64, reserve_bytes: u64, highest_epoch: u64) -> Component {
+        Component {
+            size_bytes,
+            reserve_bytes,
+            highest_epoch,
+            flags: 0,
+            allocated: 0,
+            physical: 0,
+            per_device: BTreeMap::new(),
+            roots: BTreeMap::new(),
+            lock: Arc::new(tokio::sync::RwLock::new(())),
+            failed: None,
+        }
+    }
+
+    pub(crate) fn blocks(&self) -> u64 {
+        self.size_bytes / BLOCK_BYTES
+    }
+
+    pub(crate) fn hold(&mut self, loc: BlockLoc, n: u64) {
+        self.physical += n;
+        *self.per_device.entry(loc.device).or_insert(0) += n;
+    }
+
+    pub(crate) fn release(&mut self, loc: BlockLoc, n: u64) {
+        self.physical = self.physical.saturating_sub(n);
+        if let Some(c) = self.per_device.get_mut(&loc.device) {
+            *c = c.saturating_sub(n);
+        }
+    }
+
+    /// Blocks this component commits against the disk group's capacity.
+    pub(crate) fn committed_blocks(&self) -> u64 {
+        self.allocated.max(self.reserve_bytes / BLOCK_BYTES) + 2 * self.roots.len() as u64
+    }
+}
+
+/// A block in the overlay: logged (or queued for the log), not yet destaged.
+#[derive(Clone)]
+pub(crate) struct Pending {
+    /// Operation number: the destager applies the block only if the overlay
+    /// still holds this operation (no later write or unmap replaced it).
+    pub(crate) op: u64,
+    pub(crate) data: Bytes,
+    pub(crate) crc: u32,
+    /// The log record holding it was damaged: the data is lost.
+    pub(crate) lost: bool,
+}
+
+/// A request waiting for the log writer.
+pub(crate) struct Request {
+    pub(crate) entries: Vec<LogEntry>,
+    /// Data of the write entries, in order.
+    pub(crate) data: Vec<Bytes>,
+    /// (component, lba, op) of the write entries, in order.
+    pub(crate) writes: Vec<(u64, u64, u64)>,
+    /// Registered as not yet applied once logged (unmap, resize, delete).
+    pub(crate) token: Option<u64>,
+    pub(crate) done: Option<tokio::sync::oneshot::Sender<Result<(), StoreError>>>,
+}
+
+/// A record that is durable in the log.
+pub(crate) struct LoggedRecord {
+    pub(crate) seq: u64,
+    pub(crate) vstart: u64,
+    pub(crate) writes: Vec<(u64, u64, u64)>,
+}
+
+/// Where a block of a read comes from.
+pub(crate) enum Source {
+    Zero,
+    Memory(Bytes, u32),
+    Disk(BlockLoc, u32),
+    Lost,
+}
+
+pub(crate) struct State {
+    pub(crate) components: BTreeMap<u64, Component>,
+    pub(crate) overlay: BTreeMap<(u64, u64), Pending>,
+    pub(crate) cache: IndexCache,
+    pub(crate) alloc: Allocator,
+    pub(crate) pending_free: Vec<BlockLoc>,
+    pub(crate) queue: VecDeque<Request>,
+    pub(crate) destage: VecDeque<LoggedRecord>,
+    pub(crate) unapplied: BTreeMap<u64, (u64, u64)>,
+    /// Log positions as ever-growing block counters (the device position is
+    /// the counter modulo the log size).
+    pub(crate) vhead: u64,
+    pub(crate) head_seq: u64,
+    pub(crate) vtail: u64,
+    pub(crate) tail_seq: u64,
+    pub(crate) checkpoint_gen: u64,
+    pub(crate) checkpoints_done: u64,
+    pub(crate) checkpoint_wanted: bool,
+    pub(crate) failed: Option<String>,
+    pub(crate) failed_devices: BTreeMap<u8, String>,
+    pub(crate) next_op: u64,
+    pub(crate) next_token: u64,
+    /// Capacity blocks usable by components (the rest is headroom for
+    /// copy-on-write destaging).
+    pub(crate) usable_blocks: u64,
+    /// Index pages the checkpoint area can list.
+    pub(crate) roots_max: u64,
+    /// Writes staged by the record being replayed (recovery only).
+    pub(crate) replay_writes: Vec<(u64, u64, u64)>,
+}
+
+/// Capacity blocks kept back from components so the destager can always
+/// write a block before the checkpoint frees the one it replaces.
+pub(crate) const HEADROOM_BLOCKS_MIN: u64 = 1024;
+
+impl State {
+    pub(crate) fn check_group(&self) -> Result<(), StoreError> {
+        match &self.failed {
+            Some(reason) => Err(StoreError::DiskGroupFailed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn component(&self, id: ComponentId) -> Result<&Component, StoreError> {
+        self.check_group()?;
+        let c = self
+            .components
+            .get(&id.0)
+            .ok_or(StoreError::NoSuchComponent { component: id })?;
+        if let Some(reason) = &c.failed {
+            return Err(StoreError::ComponentFailed {
+                component: id,
+                reason: reason.clone(),
+            });
+        }
+        Ok(c)
+    }
+
+    pub(crate) fn check_range(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+    ) -> Result<(), StoreError> {
+        let c = self.component(id)?;
+        if lba.0.checked_add(blocks).is_none_or(|end| end > c.blocks()) {
+            return Err(StoreError::OutOfRange {
+                component: id,
+                lba,
+                blocks,
+                size_bytes: c.size_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_epoch(&self, id: ComponentId, epoch: Epoch) -> Result<(), StoreError> {
+        let c = self.component(id)?;
+        if epoch.0 < c.highest_epoch {
+            return Err(StoreError::StaleEpoch {
+                component: id,
+                epoch,
+                highest: Epoch(c.highest_epoch),
+            });
+        }
+        Ok(())
+    }
+
+    /// Blocks committed by all components.
+    pub(crate) fn committed_blocks(&self) -> u64 {
+        self.components.values().map(|c| c.committed_blocks()).sum()
+    }
+
+    pub(crate) fn roots_total(&self) -> u64 {
+        self.components.values().map(|c| c.roots.len() as u64).sum()
+    }
+
+    /// Pages of `[start, end)` of component `c` that must be loaded first.
+    pub(crate) fn missing_pages(&self, c: u64, start: u64, end: u64) -> Need {
+        let mut need = Need::default();
+        let Some(comp) = self.components.get(&c) else {
+            return need;
+        };
+        if end <= start {
+            return need;
+        }
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        for (&page_no, root) in comp.roots.range(first..=last) {
+            if let Some(loc) = root.current() {
+                if !self.cache.contains(&(c, page_no)) {
+                    need.0.push(((c, page_no), loc));
+                }
+            }
+        }
+        need
+    }
+
+    /// The index entry of `(c, lba)`; the page must be cached if it exists.
+    fn index_entry(&self, c: u64, lba: u64) -> IndexEntry {
+        let page_no = lba / LBAS_PER_PAGE;
+        match self.cache.peek(&(c, page_no)) {
+            Some(p) => p.page.entries[(lba % LBAS_PER_PAGE) as usize],
+            None => IndexEntry::default(),
+        }
+    }
+
+    fn is_mapped(&self, c: u64, lba: u64) -> bool {
+        self.overlay.contains_key(&(c, lba)) || self.index_entry(c, lba).is_mapped()
+    }
+
+    /// Puts blocks of a write into the overlay with its accounting. Checks
+    /// space first and changes nothing when there is none. Pages must be
+    /// cached (see [`State::missing_pages`]).
+    pub(crate) fn stage_write(
+        &mut self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: &[(Bytes, u32, bool)],
+        epoch: Epoch,
+        check_space: bool,
+    ) -> Result<Vec<u64>, StoreError> {
+        let c = id.0;
+        let n = blocks.len() as u64;
+        let mut new_blocks = 0u64;
+        let mut first_new = None;
+        let mut new_pages = BTreeSet::new();
+        {
+            let comp = self.component(id)?;
+            for i in 0..n {
+                let l = lba.0 + i;
+                if !self.is_mapped(c, l) {
+                    new_blocks += 1;
+                    first_new.get_or_insert(l);
+                }
+                let page_no = l / LBAS_PER_PAGE;
+                if !comp.roots.contains_key(&page_no) {
+                    new_pages.insert(page_no);
+                }
+            }
+            if check_space && new_blocks > 0 {
+                let before = comp.committed_blocks();
+                let after = (comp.allocated + new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
+                    + 2 * (comp.roots.len() + new_pages.len()) as u64;
+                let others = self.committed_blocks() - before;
+                let roots_after = self.roots_total() + new_pages.len() as u64;
+                if others + after > self.usable_blocks || roots_after > self.roots_max {
+                    return Err(StoreError::NoSpace {
+                        component: id,
+                        lba: Lba(first_new.unwrap_or(lba.0)),
+                    });
+                }
+            }
+        }
+        let mut ops = Vec::with_capacity(blocks.len());
+        for (i, (data, crc, lost)) in blocks.iter().enumerate() {
+            let op = self.next_op;
+            self.next_op += 1;
+            self.overlay.insert(
+                (c, lba.0 + i as u64),
+                Pending {
+                    op,
+                    data: data.clone(),
+                    crc: *crc,
+                    lost: *lost,
+                },
+            );
+            ops.push(op);
+        }
+        if let Some(comp) = self.components.get_mut(&c) {
+            comp.allocated += new_blocks;
+            comp.highest_epoch = comp.highest_epoch.max(epoch.0);
+            for p in new_pages {
+                comp.roots.insert(p, RootEntry { loc: None, slot: 0 });
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Unmaps `[start, end)` of component `c`: drops overlay blocks and index
+    /// entries, frees their blocks (after the next checkpoint) and adjusts the
+    /// accounting. Idempotent, so a caller may apply a range in chunks and
+    /// replay may apply it again.
+    pub(crate) fn unmap_range(&mut self, c: u64, start: u64, end: u64) -> Result<(), Need> {
+        if !self.components.contains_key(&c) || end <= start {
+            return Ok(());
+        }
+        let need = self.missing_pages(c, start, end);
+        if !need.0.is_empty() {
+            return Err(need);
+        }
+        let keys: Vec<(u64, u64)> = self
+            .overlay
+            .range((c, start)..(c, end))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut unmapped = 0u64;
+        let mut in_overlay = BTreeSet::new();
+        for k in keys {
+            self.overlay.remove(&k);
+            unmapped += 1;
+            in_overlay.insert(k.1);
+        }
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        let pages: Vec<u64> = match self.components.get(&c) {
+            Some(comp) => comp.roots.range(first..=last).map(|(p, _)| *p).collect(),
+            None => Vec::new(),
+        };
+        let mut freed = Vec::new();
+        for page_no in pages {
+            let Some(cached) = self.cache.get(&(c, page_no)) else {
+                continue;
+            };
+            let base = page_no * LBAS_PER_PAGE;
+            let lo = start.max(base);
+            let hi = end.min(base + LBAS_PER_PAGE);
+            for l in lo..hi {
+                let e = &mut cached.page.entries[(l - base) as usize];
+                if e.is_mapped() {
+                    if !in_overlay.contains(&l) {
+                        unmapped += 1;
+                    }
+                    if e.kind == EntryKind::Plain {
+                        freed.push(e.loc);
+                    }
+                    *e = IndexEntry::default();
+                    cached.dirty = true;
+                }
+            }
+        }
+        if let Some(comp) = self.components.get_mut(&c) {
+            comp.allocated = comp.allocated.saturating_sub(unmapped);
+            for loc in &freed {
+                comp.release(*loc, 1);
+            }
+        }
+        self.pending_free.extend(freed);
+        Ok(())
+    }
+
+    /// Where each block of a read comes from. Pages must be cached.
+    pub(crate) fn plan_read(
+        &mut self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+    ) -> Result<Vec<Source>, StoreError> {
+        let c = id.0;
+        let mut out = Vec::with_capacity(blocks as usize);
+        for l in lba.0..lba.0 + blocks {
+            if let Some(p) = self.overlay.get(&(c, l)) {
+                out.push(if p.lost {
+                    Source::Lost
+                } else {
+                    Source::Memory(p.data.clone(), p.crc)
+                });
+                continue;
+            }
+            let page_no = l / LBAS_PER_PAGE;
+            let e = match self.cache.get(&(c, page_no)) {
+                Some(p) => p.page.entries[(l % LBAS_PER_PAGE) as usize],
+                None => IndexEntry::default(),
+            };
+            out.push(match e.kind {
+                EntryKind::Unmapped => Source::Zero,
+                EntryKind::Plain => Source::Disk(e.loc, e.crc),
+                EntryKind::Lost => Source::Lost,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Appends the runs of allocated blocks of `[start, end)` of `c` to `runs`
+    /// (merging with the last run). Pages must be cached.
+    pub(crate) fn allocated_runs(&self, c: u64, start: u64, end: u64, runs: &mut Vec<(Lba, u64)>) {
+        let Some(comp) = self.components.get(&c) else {
+            return;
+        };
+        if end <= start {
+            return;
+        }
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        for &page_no in comp.roots.range(first..=last).map(|(p, _)| p) {
+            let base = page_no * LBAS_PER_PAGE;
+            for l in start.max(base)..end.min(base + LBAS_PER_PAGE) {
+                if self.is_mapped(c, l) {
+                    match runs.last_mut() {
+                        Some((s, n)) if s.0 + *n == l => *n += 1,
+                        _ => runs.push((Lba(l), 1)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes a component from the table with its cached pages; the caller
+    /// frees its blocks once it has read the pages that were not cached.
+    pub(crate) fn take_component(&mut self, c: u64) -> Option<(Component, Vec<IndexPage>)> {
+        let comp = self.components.remove(&c)?;
+        let mut cached = Vec::new();
+        for page_no in comp.roots.keys() {
+            if let Some(p) = self.cache.remove(&(c, *page_no)) {
+                cached.push(p.page);
+            }
+        }
+        self.cache.remove_component(c);
+        let keys: Vec<(u64, u64)> = self
+            .overlay
+            .range((c, 0)..(c, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.overlay.remove(&k);
+        }
+        Some((comp, cached))
+    }
+
+    /// Fails a capacity device: no more allocation there, and every component
+    /// holding blocks on it fails.
+    pub(crate) fn fail_capacity_device(&mut self, device: u8, reason: &str) {
+        self.alloc.fail_device(device);
+        self.failed_devices
+            .entry(device)
+            .or_insert_with(|| reason.to_string());
+        for comp in self.components.values_mut() {
+            let holds = comp.per_device.get(&device).copied().unwrap_or(0) > 0
+                || comp
+                    .roots
+                    .values()
+                    .any(|r| r.loc.is_some_and(|l| l.device == device));
+            if holds && comp.failed.is_none() {
+                comp.failed = Some(format!("capacity device {device} failed: {reason}"));
+            }
+        }
+    }
+
+    /// Where the checkpoint tail can move: the oldest record whose effects are
+    /// not all applied, as (virtual block, sequence).
+    pub(crate) fn applied_tail(&self) -> (u64, u64) {
+        let mut tail = (self.vhead, self.head_seq);
+        if let Some(r) = self.destage.front() {
+            if r.seq < tail.1 {
+                tail = (r.vstart, r.seq);
+            }
+        }
+        for &(seq, vpos) in self.unapplied.values() {
+            if seq < tail.1 {
+                tail = (vpos, seq);
+            }
+        }
+        tail
+    }
+
+    /// Fails waiting requests because the disk group is closing.
+    pub(crate) fn fail_group_quietly(&mut self, reason: &str) {
+        for mut r in self.queue.drain(..) {
+            if let Some(done) = r.done.take() {
+                let _ = done.send(Err(StoreError::DiskGroupFailed {
+                    reason: reason.to_string(),
+                }));
+            }
+        }
+    }
+
+    /// Marks the disk group failed; every waiting request gets the error.
+    pub(crate) fn fail_group(&mut self, reason: String) {
+        if self.failed.is_none() {
+            tracing::error!(%reason, "disk group failed");
+            self.failed = Some(reason.clone());
+        }
+        for mut r in self.queue.drain(..) {
+            if let Some(done) = r.done.take() {
+                let _ = done.send(Err(StoreError::DiskGroupFailed {
+                    reason: reason.clone(),
+                }));
+            }
+        }
+    }
+}

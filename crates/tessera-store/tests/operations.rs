@@ -1,0 +1,199 @@
+//! The store's operations as the replica service uses them: data round
+//! trips, thin allocation, unmap and zeroing, epochs, space, components,
+//! recovery after a clean stop and after a crash.
+
+mod common;
+
+use common::{bytes_of, payload, Rig};
+use tessera_store::{DiskGroupHealth, StoreError};
+use tessera_types::{ComponentId, Epoch, Lba};
+
+const C: ComponentId = ComponentId(7);
+const MIB: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_read_back_and_unwritten_blocks_read_as_zeros() {
+    let rig = Rig::new(2);
+    let dg = rig.create().await;
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    assert!(matches!(
+        dg.create_component(C, 16 * MIB, 0).await,
+        Err(StoreError::ComponentExists { .. })
+    ));
+    dg.write(
+        C,
+        Lba(3),
+        bytes_of(&[payload(7, 3, 1), payload(7, 4, 1)]),
+        Epoch(1),
+    )
+    .await
+    .unwrap();
+    let back = dg.read(C, Lba(2), 4).await.unwrap();
+    assert_eq!(&back[..4096], &[0u8; 4096][..]);
+    assert_eq!(&back[4096..8192], &payload(7, 3, 1)[..]);
+    assert_eq!(&back[8192..12288], &payload(7, 4, 1)[..]);
+    assert_eq!(&back[12288..], &[0u8; 4096][..]);
+    assert_eq!(
+        dg.allocated(C, Lba(0), 2048).await.unwrap(),
+        vec![(Lba(3), 2)]
+    );
+    let space = dg.component_space(C).unwrap();
+    assert_eq!(space.allocated_bytes, 8192);
+    assert_eq!(space.logical_bytes, 8 * MIB);
+
+    // After destaging the data comes from the capacity tier.
+    dg.settle().await.unwrap();
+    assert_eq!(dg.read(C, Lba(4), 1).await.unwrap(), payload(7, 4, 1));
+    assert_eq!(dg.component_space(C).unwrap().physical_bytes, 8192 + 8192);
+
+    // Unmap and zeroing give space back at once and read as zeros.
+    dg.unmap(C, Lba(3), 1, Epoch(1)).await.unwrap();
+    dg.write_zeroes(C, Lba(4), 1, Epoch(1)).await.unwrap();
+    assert_eq!(dg.component_space(C).unwrap().allocated_bytes, 0);
+    assert!(dg.read(C, Lba(3), 2).await.unwrap().iter().all(|&b| b == 0));
+    assert!(dg.allocated(C, Lba(0), 2048).await.unwrap().is_empty());
+    dg.settle().await.unwrap();
+    assert_eq!(dg.component_space(C).unwrap().physical_bytes, 0);
+    assert!(matches!(
+        dg.read(C, Lba(2048), 1).await,
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        dg.write(C, Lba(0), bytes::Bytes::from(vec![1u8; 100]), Epoch(1))
+            .await,
+        Err(StoreError::Misaligned { .. })
+    ));
+    assert_eq!(dg.health(), DiskGroupHealth::Healthy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_fence_stale_owners_and_persist() {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, 4 * MIB, 0).await.unwrap();
+    dg.write(C, Lba(0), bytes_of(&[payload(7, 0, 1)]), Epoch(3))
+        .await
+        .unwrap();
+    assert_eq!(dg.epoch(C).unwrap(), Epoch(3));
+    dg.fence(C, Epoch(5)).await.unwrap();
+    let err = dg
+        .write(C, Lba(0), bytes_of(&[payload(7, 0, 2)]), Epoch(4))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::StaleEpoch {
+            component: C,
+            epoch: Epoch(4),
+            highest: Epoch(5)
+        }
+    ));
+    assert!(matches!(
+        dg.unmap(C, Lba(0), 1, Epoch(4)).await,
+        Err(StoreError::StaleEpoch { .. })
+    ));
+    assert!(matches!(
+        dg.fence(C, Epoch(4)).await,
+        Err(StoreError::StaleEpoch { .. })
+    ));
+    assert_eq!(dg.read(C, Lba(0), 1).await.unwrap(), payload(7, 0, 1));
+    drop(dg);
+    let rig = rig.power_cut(1);
+    let dg = rig.open().await;
+    assert_eq!(dg.epoch(C).unwrap(), Epoch(5));
+    assert_eq!(dg.read(C, Lba(0), 1).await.unwrap(), payload(7, 0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn space_runs_out_cleanly_and_comes_back() {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    let cap = dg.space().capacity_bytes;
+    // A reservation larger than the group is refused.
+    assert!(matches!(
+        dg.create_component(ComponentId(1), 2 * cap, 2 * cap).await,
+        Err(StoreError::NoSpaceForReservation { .. })
+    ));
+    // A thin component larger than the group fills it, then fails cleanly.
+    dg.create_component(C, 4 * cap, 0).await.unwrap();
+    let chunk = 64u64;
+    let mut lba = 0u64;
+    let first_failure = loop {
+        let blocks: Vec<Vec<u8>> = (0..chunk).map(|i| payload(7, lba + i, 1)).collect();
+        match dg.write(C, Lba(lba), bytes_of(&blocks), Epoch(1)).await {
+            Ok(()) => lba += chunk,
+            Err(StoreError::NoSpace { component, lba: at }) => {
+                assert_eq!(component, C);
+                break at;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    };
+    assert!(first_failure.0 >= lba);
+    let before = dg.component_space(C).unwrap();
+    assert_eq!(
+        before.allocated_bytes,
+        lba * 4096,
+        "a refused write changes nothing"
+    );
+    // Overwrites of allocated blocks still work when the group is full.
+    dg.write(C, Lba(0), bytes_of(&[payload(7, 0, 2)]), Epoch(1))
+        .await
+        .unwrap();
+    // Unmap gives space back at once.
+    dg.unmap(C, Lba(0), lba, Epoch(1)).await.unwrap();
+    assert_eq!(dg.component_space(C).unwrap().allocated_bytes, 0);
+    dg.write(C, Lba(lba), bytes_of(&[payload(7, lba, 3)]), Epoch(1))
+        .await
+        .unwrap();
+    dg.settle().await.unwrap();
+    assert_eq!(dg.read(C, Lba(lba), 1).await.unwrap(), payload(7, lba, 3));
+    // Deleting frees everything, reservations too.
+    dg.delete_component(C).await.unwrap();
+    dg.create_component(ComponentId(2), cap / 2, cap / 2)
+        .await
+        .unwrap();
+    let s = dg.space();
+    assert_eq!(s.reserved_bytes, cap / 2);
+    assert!(matches!(
+        dg.read(C, Lba(0), 1).await,
+        Err(StoreError::NoSuchComponent { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resize_shrinks_away_data_and_everything_survives_reopen() {
+    let rig = Rig::new(2);
+    let dg = rig.create().await;
+    dg.create_component(C, 4 * MIB, 0).await.unwrap();
+    for l in [0u64, 300, 900] {
+        dg.write(C, Lba(l), bytes_of(&[payload(7, l, 1)]), Epoch(1))
+            .await
+            .unwrap();
+    }
+    dg.settle().await.unwrap();
+    dg.resize_component(C, 2 * MIB).await.unwrap();
+    assert_eq!(dg.component_space(C).unwrap().allocated_bytes, 2 * 4096);
+    dg.resize_component(C, 4 * MIB).await.unwrap();
+    assert!(dg
+        .read(C, Lba(900), 1)
+        .await
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    dg.write(C, Lba(1000), bytes_of(&[payload(7, 1000, 1)]), Epoch(2))
+        .await
+        .unwrap();
+    let summary = dg.components();
+    drop(dg);
+    // Reopen from a clean stop (no settle: the last write is only in the log).
+    let dg = rig.process_crash().open().await;
+    assert_eq!(dg.components(), summary);
+    assert_eq!(dg.read(C, Lba(300), 1).await.unwrap(), payload(7, 300, 1));
+    assert_eq!(dg.read(C, Lba(1000), 1).await.unwrap(), payload(7, 1000, 1));
+    assert_eq!(
+        dg.allocated(C, Lba(0), 1024).await.unwrap(),
+        vec![(Lba(0), 1), (Lba(300), 1), (Lba(1000), 1)]
+    );
+}
