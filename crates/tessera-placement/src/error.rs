@@ -80,6 +80,45 @@ pub enum PlacementError {
     #[error("{0}")]
     CapacityShortfall(Box<CapacityShortfall>),
 
+    /// Volumes only grow.
+    #[error("volume {volume}: cannot shrink from {} to {}; volumes only grow", format_size(*.size_bytes), format_size(*.new_size_bytes))]
+    ShrinkRefused {
+        /// The volume.
+        volume: VolumeId,
+        /// Its size now.
+        size_bytes: u64,
+        /// The size asked for.
+        new_size_bytes: u64,
+    },
+
+    /// A component that cannot grow now (its host or disk group is down).
+    #[error("volume {volume}: cannot resize while component {component} on host {host} is unreachable; retry when it is back or rebuilt")]
+    ResizeNeedsEveryComponent {
+        /// The volume.
+        volume: VolumeId,
+        /// The unreachable component.
+        component: ComponentId,
+        /// Its host.
+        host: HostId,
+    },
+
+    /// A disk group holding the volume lacks room for the larger reservation.
+    #[error("volume {volume}: growing to {} needs {} more free on host {host}, disk group {disk_group}, which has {}", format_size(*.new_size_bytes), format_size(*.needed_bytes), format_size(*.free_bytes))]
+    GrowthShortfall {
+        /// The volume.
+        volume: VolumeId,
+        /// The size asked for.
+        new_size_bytes: u64,
+        /// The host.
+        host: HostId,
+        /// The disk group.
+        disk_group: DiskGroupId,
+        /// Extra reservation its components of this volume need.
+        needed_bytes: u64,
+        /// Its free space.
+        free_bytes: u64,
+    },
+
     /// The layout has no component with this id.
     #[error("volume {volume} has no component {component}")]
     UnknownComponent {

@@ -2,7 +2,8 @@
 //!
 //! Owns: the [`ClusterMap`] as placement sees it, [`place`] (policy + map ->
 //! [`Layout`](tessera_types::layout::Layout)), [`rebuild_target`] and
-//! [`repair_plan`] for lost components, and the rules every layout keeps
+//! [`repair_plan`] for lost components, [`resize_layout`] for growing a
+//! volume in place, and the rules every layout keeps
 //! ([`check`]). Must not touch: I/O, the directory, clocks, randomness or an
 //! async runtime. Everything here is a pure function of its arguments, so the
 //! node, the simulator and the property tests get the same answers; ties are
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod error;
 pub mod place;
 pub mod repair;
+pub mod resize;
 
 pub use check::{
     check_layout, copies_in_distinct_fault_domains, fault_domain_votes, has_quorum,
@@ -39,3 +41,4 @@ pub use place::{components_that_fit, place};
 pub use repair::{
     apply_rebuild, rebuild_target, repair_plan, Repair, RepairCause, RepairPlan, RepairTiming,
 };
+pub use resize::resize_layout;

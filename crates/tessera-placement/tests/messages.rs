@@ -326,3 +326,46 @@ fn layout_violations_read_as_documented() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn resize_refusals_read_as_documented() {
+    use tessera_placement::resize_layout;
+    let mut map = hosts(3, 100 * GIB);
+    let thick = policy(1, 1, 100);
+    let layout = place(&thick, &volume("vm1"), 40 * GIB, &map, &mut ids()).unwrap();
+    map.reserve_layout(&layout, 100);
+
+    let grown = resize_layout(&thick, &layout, 50 * GIB, &map).unwrap();
+    assert_eq!(grown.columns[0].copies[0].size_bytes, 50 * GIB);
+    assert_eq!(grown.generation, layout.generation + 1);
+    assert_eq!(
+        resize_layout(&thick, &layout, 40 * GIB, &map).unwrap(),
+        layout
+    );
+
+    let table: Vec<(u64, &str)> = vec![
+        (
+            20 * GIB,
+            "volume vm1: cannot shrink from 40.0 GiB to 20.0 GiB; volumes only grow",
+        ),
+        (
+            120 * GIB,
+            "volume vm1: growing to 120.0 GiB needs 80.0 GiB more free on host h1, \
+             disk group dg0, which has 60.0 GiB",
+        ),
+    ];
+    for (size, message) in table {
+        let err = resize_layout(&thick, &layout, size, &map).unwrap_err();
+        assert_eq!(err.to_string(), message);
+    }
+    // A thin volume grows without free space, but not while a copy is away.
+    let thin = policy(1, 1, 0);
+    assert!(resize_layout(&thin, &layout, 120 * GIB, &map).is_ok());
+    map.host_mut(&HostId("h2".into())).unwrap().liveness = HostLiveness::Absent;
+    let err = resize_layout(&thin, &layout, 120 * GIB, &map).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "volume vm1: cannot resize while component c0000000000000002 on host h2 is unreachable; \
+         retry when it is back or rebuilt"
+    );
+}

@@ -992,3 +992,54 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(cases(REBUILD_CASES))]
+
+    /// Growing a placed volume keeps its components where they are, gives
+    /// them the new column size, and is refused only when some disk group
+    /// lacks room for the larger reservation.
+    #[test]
+    fn growth_keeps_components_and_respects_space(
+        map in cluster(),
+        p in policy_strategy(),
+        size_bytes in size_strategy(),
+        grow_gib in 0u64..=64,
+    ) {
+        let Ok(layout) = place(&p, &volume("v"), size_bytes, &map, &mut allocator()) else {
+            return Ok(());
+        };
+        let mut map = map;
+        map.reserve_layout(&layout, p.space_reservation_pct);
+        let new_size = size_bytes + grow_gib * GIB;
+        let width = layout.columns.len();
+        let old_column = layout.columns[0].copies[0].size_bytes;
+        let new_column = Layout::column_bytes(new_size, width, layout.stripe_unit_bytes);
+        let extra = reserve_of(new_column, p.space_reservation_pct)
+            - reserve_of(old_column, p.space_reservation_pct);
+        let mut need: BTreeMap<(HostId, DiskGroupId), u64> = BTreeMap::new();
+        for c in layout.components().filter(|c| c.role == ComponentRole::Data) {
+            *need.entry((c.host.clone(), c.disk_group.clone())).or_insert(0) += extra;
+        }
+        let room = need
+            .iter()
+            .all(|((h, d), bytes)| *bytes <= free(map.disk_group(h, d).unwrap()));
+        match tessera_placement::resize_layout(&p, &layout, new_size, &map) {
+            Ok(grown) => {
+                prop_assert!(room || new_size == size_bytes);
+                prop_assert!(check_layout(&grown, p.failures_to_tolerate).is_ok());
+                prop_assert_eq!(grown.size_bytes, new_size);
+                for (a, b) in grown.components().zip(layout.components()) {
+                    prop_assert_eq!((&a.id, &a.host, &a.disk_group), (&b.id, &b.host, &b.disk_group));
+                    if a.role == ComponentRole::Data {
+                        prop_assert_eq!(a.size_bytes, new_column);
+                    }
+                }
+            }
+            Err(e) => {
+                prop_assert!(matches!(e, PlacementError::GrowthShortfall { .. }), "{e}");
+                prop_assert!(!room);
+            }
+        }
+    }
+}
