@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tessera_transport::{QueueClass, Request, RequestHandler, Response, Transport, TransportConfig};
+use tessera_transport::{
+    QueueClass, Request, RequestHandler, Response, Transport, TransportConfig,
+};
 use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId};
 use tessera_wire::ComponentRef;
 
@@ -47,7 +49,12 @@ fn figures(mut samples: Vec<Duration>) -> Figures {
 
 fn print(label: &str, f: &Figures, reference: Option<&Figures>) {
     let ratio = reference
-        .map(|r| format!("  {:.2}x plain TCP", f.p50.as_secs_f64() / r.p50.as_secs_f64()))
+        .map(|r| {
+            format!(
+                "  {:.2}x plain TCP",
+                f.p50.as_secs_f64() / r.p50.as_secs_f64()
+            )
+        })
         .unwrap_or_default();
     println!(
         "{label:<44} p50 {:>7.1} us  p99 {:>7.1} us  mean {:>7.1} us{ratio}",
@@ -146,7 +153,9 @@ async fn transport_qd1(calls: usize) -> Figures {
 async fn transport_rate(calls: usize, depth: usize) -> f64 {
     let (a, b) = transport_pair().await;
     let (to, addr) = (b.host().clone(), b.local_addr());
-    a.call(&to, addr, QueueClass::Guest, Request::Ping).await.unwrap();
+    a.call(&to, addr, QueueClass::Guest, Request::Ping)
+        .await
+        .unwrap();
     let t = Instant::now();
     let mut workers = Vec::new();
     for w in 0..depth {
@@ -173,7 +182,10 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20_000);
-    println!("4 KiB Write round trip over loopback, {calls} calls after {} warm-up", calls / 10);
+    println!(
+        "4 KiB Write round trip over loopback, {calls} calls after {} warm-up",
+        calls / 10
+    );
 
     let plain = plain_tcp(calls);
     print("plain TCP ping-pong, blocking, 2 threads", &plain, None);
@@ -185,7 +197,10 @@ fn main() {
     let f = one_thread.block_on(transport_qd1(calls));
     print("transport, both hosts on one thread", &f, Some(&plain));
     let rate = one_thread.block_on(transport_rate(calls, 16));
-    println!("{:<44} {rate:>9.0} calls/s", "transport, one thread, queue depth 16");
+    println!(
+        "{:<44} {rate:>9.0} calls/s",
+        "transport, one thread, queue depth 16"
+    );
     drop(one_thread);
 
     let two_threads = tokio::runtime::Builder::new_multi_thread()
@@ -194,7 +209,14 @@ fn main() {
         .build()
         .unwrap();
     let f = two_threads.block_on(transport_qd1(calls));
-    print("transport, both hosts on 2 worker threads", &f, Some(&plain));
+    print(
+        "transport, both hosts on 2 worker threads",
+        &f,
+        Some(&plain),
+    );
     let rate = two_threads.block_on(transport_rate(calls, 16));
-    println!("{:<44} {rate:>9.0} calls/s", "transport, 2 workers, queue depth 16");
+    println!(
+        "{:<44} {rate:>9.0} calls/s",
+        "transport, 2 workers, queue depth 16"
+    );
 }

@@ -59,6 +59,9 @@ pub(crate) struct ClientConnection {
     version: WireVersion,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     waiting: Arc<Mutex<Waiting>>,
+    /// Frames received so far: a call that times out while this did not
+    /// move has seen the connection silent for its whole timeout.
+    received: Arc<AtomicU64>,
     slots: Semaphore,
     next_id: AtomicU64,
     reader: AbortHandle,
@@ -189,9 +192,11 @@ impl ClientConnection {
             })??;
 
         let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let received = Arc::new(AtomicU64::new(0));
         let reader = tokio::spawn(read_responses(
             reader,
             waiting.clone(),
+            received.clone(),
             local.clone(),
             peer.clone(),
             faults.clone(),
@@ -204,10 +209,16 @@ impl ClientConnection {
             version,
             writer: tokio::sync::Mutex::new(write_half),
             waiting,
+            received,
             slots: Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION),
             next_id: AtomicU64::new(HELLO_REQUEST_ID + 1),
             reader,
         })
+    }
+
+    /// Frames received so far.
+    pub(crate) fn frames_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 
     /// Whether the connection can still carry calls.
@@ -280,6 +291,7 @@ impl ClientConnection {
 async fn read_responses(
     mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
     waiting: Arc<Mutex<Waiting>>,
+    received: Arc<AtomicU64>,
     local: HostId,
     peer: HostId,
     faults: FaultHooks,
@@ -287,6 +299,7 @@ async fn read_responses(
     let reason = loop {
         match reader.next().await {
             Ok(Some(frame)) => {
+                received.fetch_add(1, Ordering::Relaxed);
                 if faults.is_blocked(&peer, &local) {
                     continue;
                 }

@@ -78,7 +78,7 @@ pub struct TransportConfig {
     /// [`TransportError::Timeout`].
     pub call_timeout: Duration,
     /// How long a TCP connect and the handshake may take (within the call
-    /// timeout); also how long a server waits for a new connection's `Hello`.
+    /// timeout); a server waits twice this for a new connection's `Hello`.
     pub connect_timeout: Duration,
     /// What a partitioned call does.
     pub partition_behaviour: PartitionBehaviour,

@@ -119,8 +119,10 @@ async fn serve_connection(
     let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(write_half));
     let mut reader = FrameReader::new(read_half);
 
+    // Twice the caller's own handshake limit: a caller that gives up sees
+    // its timeout, not a connection closed under it.
     let handshake = tokio::time::timeout(
-        context.config.connect_timeout,
+        context.config.connect_timeout * 2,
         handshake(&mut reader, &writer, &context, remote),
     )
     .await;

@@ -184,15 +184,31 @@ impl Transport {
             });
         }
         let message = Message::Request(request);
-        match tokio::time::timeout(timeout, self.call_on_connection(to, addr, class, &message))
-            .await
-        {
+        let mut used = None;
+        let call = self.call_on_connection(to, addr, class, &message, &mut used);
+        let outcome = tokio::time::timeout(timeout, call).await;
+        match outcome {
             Ok(result) => result,
-            Err(_) => Err(TransportError::Timeout {
-                peer: to.clone(),
-                addr,
-                after: timeout,
-            }),
+            Err(_) => {
+                // A connection that stayed silent for a whole timeout may be
+                // dead without the kernel knowing (a peer that vanished
+                // without a reset): the next call opens a new one.
+                if let Some((connection, received)) = used {
+                    if connection.frames_received() == received {
+                        self.forget(&connection, class);
+                        tokio::spawn(async move {
+                            connection
+                                .shut_down("silent for a whole call timeout")
+                                .await
+                        });
+                    }
+                }
+                Err(TransportError::Timeout {
+                    peer: to.clone(),
+                    addr,
+                    after: timeout,
+                })
+            }
         }
     }
 
@@ -202,10 +218,12 @@ impl Transport {
         addr: SocketAddr,
         class: QueueClass,
         message: &Message,
+        used: &mut Option<(Arc<ClientConnection>, u64)>,
     ) -> Result<Response, TransportError> {
         let mut last_reason = String::new();
         for _ in 0..CONNECT_ATTEMPTS_PER_CALL {
             let connection = self.connection(to, addr, class).await?;
+            *used = Some((connection.clone(), connection.frames_received()));
             match connection.call(&self.host, &self.faults, message).await {
                 Ok(response) => return Ok(response),
                 Err(CallFailure::NotSent(reason)) => {

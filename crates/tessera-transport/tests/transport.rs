@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reads at this block are answered after [`SLOW_ANSWER`].
 const SLOW_LBA: u64 = 999;
-const SLOW_ANSWER: Duration = Duration::from_millis(400);
+const SLOW_ANSWER: Duration = Duration::from_millis(1000);
 /// Reads of this volume stand for bulk resync reads and take this long.
 const RESYNC_VOLUME: &str = "resync-source";
 const RESYNC_READ: Duration = Duration::from_millis(1500);
@@ -338,6 +338,10 @@ async fn answers_arrive_out_of_order_and_match_their_requests() {
         fast_latencies.push(t.elapsed());
         assert_eq!(got, answer(&fast));
     }
+    assert!(
+        !slow_call.is_finished(),
+        "the fast calls should all be answered while the slow one runs"
+    );
     let (slow_got, slow_took) = slow_call.await.unwrap();
     assert_eq!(slow_got.unwrap(), answer(&slow));
     assert!(slow_took >= SLOW_ANSWER);
@@ -440,7 +444,7 @@ async fn delay_hook_adds_latency_in_each_direction() {
     call(&a, &b, Request::Ping).await.unwrap();
     let one_way = t.elapsed();
     assert!(one_way >= Duration::from_millis(60), "{one_way:?}");
-    assert!(one_way < Duration::from_millis(60) + baseline + Duration::from_millis(200));
+    assert!(one_way < Duration::from_millis(60) + baseline + Duration::from_millis(400));
 
     faults.set_delay(
         &b.host(),
@@ -452,12 +456,16 @@ async fn delay_hook_adds_latency_in_each_direction() {
     call(&a, &b, Request::Ping).await.unwrap();
     let both = t.elapsed();
     assert!(both >= Duration::from_millis(100), "{both:?}");
-    assert!(both < Duration::from_millis(120) + baseline + Duration::from_millis(200));
+    assert!(both < Duration::from_millis(120) + baseline + Duration::from_millis(400));
 
     faults.clear();
     let t = Instant::now();
     call(&a, &b, Request::Ping).await.unwrap();
-    assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,7 +500,7 @@ async fn isolated_host_reaches_nobody_and_fail_fast_says_so() {
     let t = Instant::now();
     let err = call(&a, &b, Request::Ping).await.unwrap_err();
     assert!(matches!(err, TransportError::Partitioned { .. }), "{err}");
-    assert!(t.elapsed() < Duration::from_millis(100));
+    assert!(t.elapsed() < quick().call_timeout / 2, "{:?}", t.elapsed());
     assert_eq!(err.peer(), Some(&b.host()));
     faults.rejoin(&b.host());
     assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
@@ -598,8 +606,12 @@ async fn guest_calls_do_not_wait_behind_resync_traffic() {
     assert_eq!(call(&a, &b, write).await.unwrap(), Response::Ok);
     let guest = t.elapsed();
     assert!(
-        guest < RESYNC_READ / 4,
+        guest < RESYNC_READ / 3,
         "guest write waited {guest:?} behind resync reads"
+    );
+    assert!(
+        resync.iter().all(|r| !r.is_finished()),
+        "the resync reads should still be running"
     );
     for r in resync {
         let Response::Data(data) = r.await.unwrap().unwrap() else {
