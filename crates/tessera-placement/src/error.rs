@@ -51,6 +51,15 @@ pub enum PlacementError {
         volume: VolumeId,
     },
 
+    /// Larger than [`crate::place::VOLUME_BYTES_MAX`].
+    #[error("volume {volume}: {} is larger than the largest volume, {}", format_size(*.size_bytes), format_size(crate::place::VOLUME_BYTES_MAX))]
+    VolumeTooLarge {
+        /// The volume.
+        volume: VolumeId,
+        /// The size asked for.
+        size_bytes: u64,
+    },
+
     /// Fewer fault domains can hold a component than the policy's copies
     /// and witnesses need (2 * FTT + 1 for RAID-1).
     #[error("{}", not_enough_fault_domains(*.ftt, *.needed, *.usable, *.total))]

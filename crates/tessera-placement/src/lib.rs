@@ -1,6 +1,6 @@
 //! Placement: where the components of a volume live (vSAN's CLOM).
 //!
-//! Owns: the [`ClusterMap`] as placement sees it, [`place`] (policy + map ->
+//! Owns: the [`ClusterMap`] as placement sees it, [`place()`] (policy + map ->
 //! [`Layout`](tessera_types::layout::Layout)), [`rebuild_target`] and
 //! [`repair_plan`] for lost components, [`resize_layout`] for growing a
 //! volume in place, and the rules every layout keeps
@@ -37,7 +37,7 @@ pub use cluster::{
     HostRole, DISK_GROUP_FULL_PCT,
 };
 pub use error::{CapacityShortfall, PlacementError};
-pub use place::{components_that_fit, place};
+pub use place::{components_that_fit, place, VOLUME_BYTES_MAX};
 pub use repair::{
     apply_rebuild, rebuild_target, repair_plan, Repair, RepairCause, RepairPlan, RepairTiming,
 };

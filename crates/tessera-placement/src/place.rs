@@ -38,6 +38,10 @@ use tessera_types::layout::{
 use tessera_types::policy::Policy;
 use tessera_types::{ComponentId, DiskGroupId, FaultDomainId, HostId, VolumeId};
 
+/// Largest volume placement accepts: 1 PiB, far beyond any disk group, and
+/// small enough that every byte sum over a layout stays inside a u64.
+pub const VOLUME_BYTES_MAX: u64 = 1 << 50;
+
 /// A disk group by position in the map: (host index, disk group index).
 pub(crate) type Slot = (usize, usize);
 
@@ -125,6 +129,12 @@ pub fn place(
     if size_bytes == 0 {
         return Err(PlacementError::EmptyVolume {
             volume: volume.clone(),
+        });
+    }
+    if size_bytes > VOLUME_BYTES_MAX {
+        return Err(PlacementError::VolumeTooLarge {
+            volume: volume.clone(),
+            size_bytes,
         });
     }
     let ftt = policy.failures_to_tolerate;
@@ -308,8 +318,10 @@ fn choose_data_slots(
             let (_, fd, slot) = best?;
             used_fault_domains.insert(fd);
             copy_slots_j.insert(slot);
-            *reserved.entry(slot).or_insert(0) += reserve;
-            *planned.entry(slot).or_insert(0) += column_bytes;
+            let r = reserved.entry(slot).or_insert(0);
+            *r = r.saturating_add(reserve);
+            let p = planned.entry(slot).or_insert(0);
+            *p = p.saturating_add(column_bytes);
             chosen.push(slot);
         }
         columns.push(chosen);

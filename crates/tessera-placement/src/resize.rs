@@ -15,6 +15,7 @@
 use crate::check::check_layout;
 use crate::cluster::{reservation_bytes, ClusterMap, DiskGroupHealth};
 use crate::error::PlacementError;
+use crate::place::VOLUME_BYTES_MAX;
 use std::collections::BTreeMap;
 use tessera_types::layout::{ComponentRole, Layout};
 use tessera_types::policy::Policy;
@@ -42,6 +43,12 @@ pub fn resize_layout(
             volume,
             size_bytes: layout.size_bytes,
             new_size_bytes,
+        });
+    }
+    if new_size_bytes > VOLUME_BYTES_MAX {
+        return Err(PlacementError::VolumeTooLarge {
+            volume,
+            size_bytes: new_size_bytes,
         });
     }
     if new_size_bytes == layout.size_bytes {

@@ -143,6 +143,15 @@ fn cases() -> Vec<Case> {
                       components (largest free space 3.0 TiB on host h1, disk group dg0)",
         },
         Case {
+            name: "absurd size",
+            map: hosts(3, TIB),
+            ftt: 1,
+            width: 1,
+            reservation_pct: 0,
+            size_bytes: u64::MAX,
+            message: "volume vm1: 16777216.0 TiB is larger than the largest volume, 1024.0 TiB",
+        },
+        Case {
             name: "zero size",
             map: hosts(3, TIB),
             ftt: 1,

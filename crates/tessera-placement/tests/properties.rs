@@ -947,7 +947,7 @@ proptest! {
         ftt in any::<u8>(),
         width in any::<u8>(),
         pct in any::<u8>(),
-        size_bytes in any::<u64>(),
+        size_bytes in prop_oneof![any::<u64>(), 1u64..(1 << 42)],
         votes in prop::collection::vec(any::<u32>(), 0..4),
         drop_copy in any::<bool>(),
         pick in any::<prop::sample::Index>(),
@@ -960,8 +960,11 @@ proptest! {
             ));
             p = policy(ftt % 4, width % 12 + 1, pct % 101);
         }
-        let size_bytes = size_bytes / 4;
-        let Ok(layout) = place(&p, &volume("v"), size_bytes, &map, &mut allocator()) else {
+        let placed = place(&p, &volume("v"), size_bytes, &map, &mut allocator());
+        if size_bytes > tessera_placement::VOLUME_BYTES_MAX {
+            prop_assert!(matches!(placed, Err(PlacementError::VolumeTooLarge { .. })), "{placed:?}");
+        }
+        let Ok(layout) = placed else {
             return Ok(());
         };
         prop_assert!(check_layout(&layout, p.failures_to_tolerate).is_ok());
@@ -984,6 +987,7 @@ proptest! {
         if all[0] != victim {
             prop_assert!(reused.is_err());
         }
+        let _ = tessera_placement::resize_layout(&p, &scrambled, size_bytes.saturating_mul(2), &map);
         if let Ok(new) = rebuild_target(&p, &scrambled, victim, &map, &mut fresh) {
             let mut rebuilt = scrambled.clone();
             prop_assert!(apply_rebuild(&mut rebuilt, victim, new));
