@@ -28,6 +28,7 @@ use tokio::task::AbortHandle;
 
 use crate::faults::{FaultHooks, FrameFate};
 use crate::io::{write_frame, FrameReader};
+use crate::stats::{bump, Counters};
 use crate::{TransportConfig, TransportError, MAX_IN_FLIGHT_PER_CONNECTION};
 
 /// Request id of the handshake; calls count from 1.
@@ -103,6 +104,7 @@ impl ClientConnection {
         class: QueueClass,
         config: &TransportConfig,
         faults: &FaultHooks,
+        counters: &Arc<Counters>,
     ) -> Result<ClientConnection, TransportError> {
         let connect_error = |source| TransportError::Connect {
             peer: peer.clone(),
@@ -128,13 +130,16 @@ impl ClientConnection {
                     addr,
                     source,
                 })?;
-            if let FrameFate::Deliver(delay) = faults.fate(local, peer) {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
+            match faults.fate(local, peer) {
+                FrameFate::Drop => bump(&counters.frames_lost_to_faults),
+                FrameFate::Deliver(delay) => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    write_frame(&mut write_half, &frame)
+                        .await
+                        .map_err(connect_error)?;
                 }
-                write_frame(&mut write_half, &frame)
-                    .await
-                    .map_err(connect_error)?;
             }
             loop {
                 let frame = reader
@@ -151,6 +156,7 @@ impl ClientConnection {
                         reason: "connection closed during the handshake".into(),
                     })?;
                 if faults.is_blocked(peer, local) {
+                    bump(&counters.frames_lost_to_faults);
                     continue;
                 }
                 return match frame.message {
@@ -200,8 +206,10 @@ impl ClientConnection {
             local.clone(),
             peer.clone(),
             faults.clone(),
+            counters.clone(),
         ))
         .abort_handle();
+        bump(&counters.connections_opened);
         Ok(ClientConnection {
             peer: peer.clone(),
             addr,
@@ -239,6 +247,7 @@ impl ClientConnection {
         &self,
         local: &HostId,
         faults: &FaultHooks,
+        counters: &Counters,
         request: &Message,
     ) -> Result<Response, CallFailure> {
         let _slot = self
@@ -262,7 +271,7 @@ impl ClientConnection {
             id,
         };
         match faults.fate(local, &self.peer) {
-            FrameFate::Drop => {}
+            FrameFate::Drop => bump(&counters.frames_lost_to_faults),
             FrameFate::Deliver(delay) => {
                 if delay > Duration::ZERO {
                     tokio::time::sleep(delay).await;
@@ -295,12 +304,14 @@ async fn read_responses(
     local: HostId,
     peer: HostId,
     faults: FaultHooks,
+    counters: Arc<Counters>,
 ) {
     let reason = loop {
         match reader.next().await {
             Ok(Some(frame)) => {
                 received.fetch_add(1, Ordering::Relaxed);
                 if faults.is_blocked(&peer, &local) {
+                    bump(&counters.frames_lost_to_faults);
                     continue;
                 }
                 match frame.message {

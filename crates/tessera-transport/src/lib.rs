@@ -30,6 +30,7 @@ mod error;
 mod faults;
 mod io;
 mod server;
+mod stats;
 mod transport;
 
 use std::time::Duration;
@@ -39,6 +40,7 @@ use tessera_types::HostId;
 
 pub use error::TransportError;
 pub use faults::{FaultHooks, FrameFate, LinkFaults};
+pub use stats::TransportStats;
 pub use tessera_wire::{QueueClass, Request, Response, VersionRange, WireErrorKind};
 pub use transport::Transport;
 

@@ -23,6 +23,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::faults::{FaultHooks, FrameFate};
 use crate::io::{write_frame, FrameReader};
+use crate::stats::{bump, Counters};
 use crate::{RequestHandler, TransportConfig, MAX_IN_FLIGHT_PER_CONNECTION};
 
 /// What every served connection needs.
@@ -31,6 +32,7 @@ pub(crate) struct ServerContext {
     pub(crate) handler: Arc<dyn RequestHandler>,
     pub(crate) faults: FaultHooks,
     pub(crate) config: TransportConfig,
+    pub(crate) counters: Arc<Counters>,
 }
 
 /// Accepts connections until `shutdown` turns true.
@@ -93,7 +95,7 @@ async fn send_response(
         }
     };
     match context.faults.fate(&context.host, peer) {
-        FrameFate::Drop => {}
+        FrameFate::Drop => bump(&context.counters.frames_lost_to_faults),
         FrameFate::Deliver(delay) => {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -150,10 +152,12 @@ async fn serve_connection(
             Ok(None) => break,
             Err(e) => {
                 tracing::warn!(host = %context.host, %peer, %remote, error = %e, "closing connection");
+                bump(&context.counters.connections_closed_malformed);
                 break;
             }
         };
         if context.faults.is_blocked(&peer, &context.host) {
+            bump(&context.counters.frames_lost_to_faults);
             continue;
         }
         let request = match frame.message {
@@ -162,6 +166,7 @@ async fn serve_connection(
                     host = %context.host, %peer, %remote, kind = %frame.header.kind,
                     "protocol violation: unexpected message; closing connection"
                 );
+                bump(&context.counters.connections_closed_malformed);
                 break;
             }
             Message::Request(request) => request,
@@ -176,7 +181,11 @@ async fn serve_connection(
         tokio::spawn(async move {
             let response = match request {
                 Request::Ping => Response::Pong,
-                request => context.handler.handle(peer.clone(), request).await,
+                request => {
+                    let response = context.handler.handle(peer.clone(), request).await;
+                    bump(&context.counters.requests_served);
+                    response
+                }
             };
             send_response(
                 &writer,
@@ -208,6 +217,7 @@ async fn handshake(
             Ok(None) => return None,
             Err(e) => {
                 tracing::warn!(host = %context.host, %remote, error = %e, "bad handshake; closing");
+                bump(&context.counters.connections_closed_malformed);
                 return None;
             }
         };
@@ -216,9 +226,11 @@ async fn handshake(
                 host = %context.host, %remote, kind = %frame.header.kind,
                 "connection did not start with Hello; closing"
             );
+            bump(&context.counters.connections_closed_malformed);
             return None;
         };
         if context.faults.is_blocked(&host, &context.host) {
+            bump(&context.counters.frames_lost_to_faults);
             continue;
         }
         let id = frame.header.request_id;
@@ -230,6 +242,7 @@ async fn handshake(
                     host: context.host.clone(),
                 };
                 send_response(writer, context, &host, version, id, class, ok).await;
+                bump(&context.counters.connections_accepted);
                 Some((host, version))
             }
             Err(e) => {

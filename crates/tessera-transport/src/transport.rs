@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use crate::client::{CallFailure, ClientConnection};
 use crate::faults::FaultHooks;
 use crate::server::{accept_loop, ServerContext};
+use crate::stats::{bump, Counters, TransportStats};
 use crate::{
     PartitionBehaviour, RequestHandler, TransportConfig, TransportError, CONNECT_ATTEMPTS_PER_CALL,
 };
@@ -40,6 +41,7 @@ pub struct Transport {
     local_addr: SocketAddr,
     config: TransportConfig,
     faults: FaultHooks,
+    counters: Arc<Counters>,
     pool: Mutex<HashMap<PoolKey, Arc<ClientConnection>>>,
     /// One lock per key, so that concurrent first calls to a peer open one
     /// connection, not many.
@@ -100,11 +102,13 @@ impl Transport {
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let counters = Arc::new(Counters::default());
         let context = Arc::new(ServerContext {
             host: host.clone(),
             handler,
             faults: faults.clone(),
             config: config.clone(),
+            counters: counters.clone(),
         });
         let accept_task = tokio::spawn(accept_loop(listener, context, shutdown_rx));
         tracing::info!(%host, %local_addr, "transport listening");
@@ -113,6 +117,7 @@ impl Transport {
             local_addr,
             config,
             faults,
+            counters,
             pool: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
             shutdown,
@@ -141,6 +146,11 @@ impl Transport {
         &self.faults
     }
 
+    /// The counters since the transport started.
+    pub fn stats(&self) -> TransportStats {
+        self.counters.snapshot()
+    }
+
     /// Sends `request` to host `to` at `addr` in queue `class` and waits for
     /// the answer, at most the configured call timeout.
     pub async fn call(
@@ -157,6 +167,25 @@ impl Transport {
     /// [`Transport::call`] with a timeout of the caller's choosing (a large
     /// resync read may take longer than a guest write may).
     pub async fn call_with_timeout(
+        &self,
+        to: &HostId,
+        addr: SocketAddr,
+        class: QueueClass,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Response, TransportError> {
+        bump(&self.counters.calls);
+        let result = self.call_bounded(to, addr, class, request, timeout).await;
+        if let Err(e) = &result {
+            bump(&self.counters.call_errors);
+            if matches!(e, TransportError::Timeout { .. }) {
+                bump(&self.counters.timeouts);
+            }
+        }
+        result
+    }
+
+    async fn call_bounded(
         &self,
         to: &HostId,
         addr: SocketAddr,
@@ -224,7 +253,10 @@ impl Transport {
         for _ in 0..CONNECT_ATTEMPTS_PER_CALL {
             let connection = self.connection(to, addr, class).await?;
             *used = Some((connection.clone(), connection.frames_received()));
-            match connection.call(&self.host, &self.faults, message).await {
+            match connection
+                .call(&self.host, &self.faults, &self.counters, message)
+                .await
+            {
                 Ok(response) => return Ok(response),
                 Err(CallFailure::NotSent(reason)) => {
                     self.forget(&connection, class);
@@ -296,8 +328,16 @@ impl Transport {
             return Ok(connection);
         }
         let connection = Arc::new(
-            ClientConnection::connect(&self.host, to, addr, class, &self.config, &self.faults)
-                .await?,
+            ClientConnection::connect(
+                &self.host,
+                to,
+                addr,
+                class,
+                &self.config,
+                &self.faults,
+                &self.counters,
+            )
+            .await?,
         );
         let replaced = self.pool.lock().insert(key, connection.clone());
         if let Some(old) = replaced {

@@ -300,10 +300,18 @@ async fn every_request_round_trips_with_its_answer() {
         .filter(|r| *r != Request::Ping)
         .collect();
     assert_eq!(seen.len(), sent.len());
+    let served = sent.len() as u64;
     for ((from, got), sent) in seen.into_iter().zip(sent) {
         assert_eq!(from, a.host());
         assert_eq!(got, sent);
     }
+    // All of it over one reused connection.
+    let (a_stats, b_stats) = (a.transport.stats(), b.transport.stats());
+    assert_eq!(a_stats.connections_opened, 1);
+    assert_eq!(b_stats.connections_accepted, 1);
+    assert_eq!(b_stats.requests_served, served);
+    assert_eq!(a_stats.calls, every_request().len() as u64);
+    assert_eq!(a_stats.call_errors, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,6 +491,8 @@ async fn partition_blocks_until_healed() {
     let err = call(&b, &a, write.clone()).await.unwrap_err();
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
     assert!(b.replica.seen().is_empty() && a.replica.seen().is_empty());
+    assert!(a.transport.stats().frames_lost_to_faults > 0);
+    assert_eq!(a.transport.stats().timeouts, 1);
 
     faults.heal(&a.host(), &b.host());
     assert_eq!(call(&a, &b, write.clone()).await.unwrap(), Response::Ok);
@@ -619,6 +629,8 @@ async fn guest_calls_do_not_wait_behind_resync_traffic() {
         };
         assert_eq!(data.len(), 64 * BLOCK_BYTES as usize);
     }
+    // One connection per queue class.
+    assert_eq!(a.transport.stats().connections_opened, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -736,6 +748,7 @@ async fn malformed_frames_close_the_connection_and_nothing_else() {
     // The server is unharmed and the handler never saw the bad frames.
     assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
     assert!(b.replica.seen().is_empty());
+    assert_eq!(b.transport.stats().connections_closed_malformed, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
