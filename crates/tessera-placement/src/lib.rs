@@ -2,7 +2,8 @@
 //!
 //! Owns: the [`ClusterMap`] as placement sees it, [`place()`] (policy + map ->
 //! [`Layout`](tessera_types::layout::Layout)), [`rebuild_target`] and
-//! [`repair_plan`] for lost components, [`resize_layout`] for growing a
+//! [`repair_plan`] for lost components, [`evacuate`] for a host that leaves,
+//! [`resize_layout`] for growing a
 //! volume in place, and the rules every layout keeps
 //! ([`check`]). Must not touch: I/O, the directory, clocks, randomness or an
 //! async runtime. Everything here is a pure function of its arguments, so the
@@ -39,6 +40,7 @@ pub use cluster::{
 pub use error::{CapacityShortfall, PlacementError};
 pub use place::{components_that_fit, place, VOLUME_BYTES_MAX};
 pub use repair::{
-    apply_rebuild, rebuild_target, repair_plan, Repair, RepairCause, RepairPlan, RepairTiming,
+    apply_rebuild, evacuate, rebuild_target, repair_plan, ComponentMove, Repair, RepairCause,
+    RepairPlan, RepairTiming,
 };
 pub use resize::resize_layout;

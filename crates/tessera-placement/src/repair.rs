@@ -2,7 +2,8 @@
 //!
 //! Owns: [`repair_plan`] (what needs replacing, and whether now or after the
 //! repair delay), [`rebuild_target`] (one replacement that keeps every rule of
-//! [`crate::check`]) and [`apply_rebuild`]. Must not touch: timing (the caller
+//! [`crate::check`]), [`apply_rebuild`], and [`evacuate`] (moving everything
+//! off a host that is about to leave). Must not touch: timing (the caller
 //! owns the clock and the repair delay) or data movement (the coordinator
 //! resyncs the replacement from a surviving copy).
 //!
@@ -308,4 +309,44 @@ fn replacement(
         size_bytes: lost.size_bytes,
         state: ComponentState::Resyncing,
     }
+}
+
+/// One component moving to a new place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentMove {
+    /// The component that leaves.
+    pub from: ComponentId,
+    /// Its replacement.
+    pub to: ComponentPlacement,
+}
+
+/// Plans moving every component of `layout` off `host` before it leaves
+/// (vSAN's maintenance mode with full data migration), by rebuilding each
+/// as if the host were gone, one after the other on the updated layout.
+/// Returns the moves in order, or the first component that has nowhere to
+/// go (then the host cannot leave without reducing the volume's protection).
+pub fn evacuate(
+    policy: &Policy,
+    layout: &Layout,
+    host: &HostId,
+    map: &ClusterMap,
+    next_component_id: &mut impl FnMut() -> ComponentId,
+) -> Result<Vec<ComponentMove>, PlacementError> {
+    let mut without = map.clone();
+    if let Some(h) = without.host_mut(host) {
+        h.liveness = crate::cluster::HostLiveness::Absent;
+    }
+    let leaving: Vec<ComponentId> = layout
+        .components()
+        .filter(|c| &c.host == host)
+        .map(|c| c.id)
+        .collect();
+    let mut working = layout.clone();
+    let mut moves = Vec::with_capacity(leaving.len());
+    for id in leaving {
+        let to = rebuild_target(policy, &working, id, &without, next_component_id)?;
+        apply_rebuild(&mut working, id, to.clone());
+        moves.push(ComponentMove { from: id, to });
+    }
+    Ok(moves)
 }

@@ -181,3 +181,30 @@ fn many_volumes_fill_equal_disk_groups_evenly() {
     assert!(max - min <= 16 * GIB, "spread {} GiB", (max - min) / GIB);
     assert!(ratio < 1.02, "max/min used {ratio}");
 }
+
+#[test]
+fn evacuating_a_host_before_maintenance() {
+    let map = hosts(4, TIB);
+    let layout = layout_of(&map, 1, 1);
+    let moves = tessera_placement::evacuate(
+        &policy(1, 1, 0),
+        &layout,
+        &HostId("h1".into()),
+        &map,
+        &mut ids(),
+    )
+    .unwrap();
+    assert_eq!(moves.len(), 1);
+    assert_eq!(moves[0].to.host.as_str(), "h4");
+    // On three hosts nothing can leave h1 without losing protection.
+    let map = hosts(3, TIB);
+    let layout = layout_of(&map, 1, 1);
+    assert!(tessera_placement::evacuate(
+        &policy(1, 1, 0),
+        &layout,
+        &HostId("h1".into()),
+        &map,
+        &mut ids()
+    )
+    .is_err());
+}

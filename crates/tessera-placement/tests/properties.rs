@@ -1047,3 +1047,39 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(cases(REBUILD_CASES))]
+
+    /// Evacuating a host either moves every component off it, leaving a
+    /// layout that keeps the rules with nothing on that host, or names a
+    /// component that has nowhere to go.
+    #[test]
+    fn evacuation_empties_the_host(
+        map in cluster(),
+        p in policy_strategy(),
+        size_bytes in size_strategy(),
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let Ok(layout) = place(&p, &volume("v"), size_bytes, &map, &mut allocator()) else {
+            return Ok(());
+        };
+        let hosts: Vec<HostId> = layout.components().map(|c| c.host.clone()).collect();
+        let host = pick.get(&hosts).clone();
+        let mut next = 1000;
+        let mut next_id = || { next += 1; ComponentId(next) };
+        match tessera_placement::evacuate(&p, &layout, &host, &map, &mut next_id) {
+            Ok(moves) => {
+                let mut after = layout.clone();
+                for m in &moves {
+                    prop_assert!(m.to.host != host);
+                    prop_assert!(apply_rebuild(&mut after, m.from, m.to.clone()));
+                }
+                prop_assert!(after.components().all(|c| c.host != host));
+                prop_assert!(check_layout(&after, p.failures_to_tolerate).is_ok());
+                prop_assert!(survives_any_losses(&after, usize::from(p.failures_to_tolerate)));
+            }
+            Err(e) => prop_assert!(matches!(e, PlacementError::NoRebuildTarget { .. }), "{e}"),
+        }
+    }
+}
