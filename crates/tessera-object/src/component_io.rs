@@ -1,0 +1,162 @@
+//! How a coordinator reaches its components, and how it records layout
+//! changes: the two seams between the object layer and the rest of a host.
+//!
+//! Owns: the [`ComponentIo`] and [`LayoutRecorder`] traits and
+//! [`ComponentError`]. The node implements them (local store for components
+//! on its own disk groups, the transport for the rest; the directory for
+//! layouts), so this crate never sees the store, the network or etcd.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tessera_types::layout::{ComponentPlacement, Layout};
+use tessera_types::{ComponentId, Epoch, HostId, Lba};
+
+/// Which queue an operation travels on: resync traffic must never delay
+/// guest I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoClass {
+    /// A client's I/O.
+    Guest,
+    /// Copying data to bring a component up to date.
+    Resync,
+}
+
+/// What one component reports about itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ComponentStatus {
+    /// Highest epoch the component has seen.
+    pub epoch: Epoch,
+    /// Bytes of its address space that hold data.
+    pub allocated_bytes: u64,
+    /// Bytes it occupies on its devices.
+    pub physical_bytes: u64,
+}
+
+/// Why an operation on one component failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ComponentError {
+    /// The component's host did not answer.
+    #[error("component {component} on host {host} is unreachable: {detail}")]
+    Unreachable {
+        /// The component.
+        component: ComponentId,
+        /// Its host.
+        host: HostId,
+        /// What the transport said.
+        detail: String,
+    },
+    /// The component has seen a newer owner.
+    #[error("component {component} refused {epoch}: it has seen {highest}")]
+    StaleEpoch {
+        /// The component.
+        component: ComponentId,
+        /// The epoch that was refused.
+        epoch: Epoch,
+        /// The highest epoch it has seen.
+        highest: Epoch,
+    },
+    /// A block failed its checksum.
+    #[error("component {component}: checksum mismatch at {lba}")]
+    Checksum {
+        /// The component.
+        component: ComponentId,
+        /// The bad block.
+        lba: Lba,
+    },
+    /// Its disk group has no space for the write.
+    #[error("component {component}: no space left on its disk group")]
+    NoSpace {
+        /// The component.
+        component: ComponentId,
+    },
+    /// The host has no such component (lost with its disk group).
+    #[error("component {component} does not exist on host {host}")]
+    NotFound {
+        /// The component.
+        component: ComponentId,
+        /// The host asked.
+        host: HostId,
+    },
+    /// A device error.
+    #[error("component {component}: I/O error: {detail}")]
+    Io {
+        /// The component.
+        component: ComponentId,
+        /// What failed.
+        detail: String,
+    },
+}
+
+/// Operations on components, wherever they live. Data lengths are whole
+/// 4 KiB blocks; writes are durable when they return `Ok`.
+#[async_trait]
+pub trait ComponentIo: Send + Sync + 'static {
+    /// Writes whole blocks at `lba`.
+    async fn write(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        data: Bytes,
+        epoch: Epoch,
+        class: IoClass,
+    ) -> Result<(), ComponentError>;
+
+    /// Reads `blocks` blocks at `lba`, checksum-verified.
+    async fn read(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        blocks: u32,
+        class: IoClass,
+    ) -> Result<Bytes, ComponentError>;
+
+    /// Deallocates blocks; they read as zeros afterwards.
+    async fn unmap(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+        class: IoClass,
+    ) -> Result<(), ComponentError>;
+
+    /// Runs of allocated blocks within `[from, from+blocks)`.
+    async fn allocated(
+        &self,
+        component: &ComponentPlacement,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError>;
+
+    /// Installs `epoch` as the lowest the component accepts from now on.
+    async fn fence(
+        &self,
+        component: &ComponentPlacement,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError>;
+
+    /// Creates the component (idempotent), reserving `reserve_bytes`.
+    async fn create(
+        &self,
+        component: &ComponentPlacement,
+        reserve_bytes: u64,
+    ) -> Result<(), ComponentError>;
+
+    /// Deletes the component and frees its space.
+    async fn delete(&self, component: &ComponentPlacement) -> Result<(), ComponentError>;
+
+    /// Epoch and space of the component.
+    async fn status(
+        &self,
+        component: &ComponentPlacement,
+    ) -> Result<ComponentStatus, ComponentError>;
+}
+
+/// Where the coordinator records layout changes (component states, rebuilt
+/// components). A change is recorded *before* the write that depends on it is
+/// acknowledged, so a later owner never reads a copy that missed a write.
+#[async_trait]
+pub trait LayoutRecorder: Send + Sync + 'static {
+    /// Persists `layout` (whose generation the coordinator has raised).
+    async fn record(&self, layout: &Layout) -> Result<(), String>;
+}

@@ -1,0 +1,1190 @@
+//! The object coordinator: one volume's I/O, executed by its owner.
+//!
+//! Owns: the owner's view of the layout (component states), the epoch it
+//! writes with, the dirty-region map of every copy that misses writes, the
+//! per-column range locks, and the round-robin read cursor.
+//! Must not touch: the store, the transport or the directory directly; it
+//! reaches components through [`ComponentIo`] and records layout changes
+//! through [`LayoutRecorder`].
+//!
+//! Invariants:
+//! - a write is acknowledged only when every Active or Resyncing copy of each
+//!   column it touches has it durable, and the object still has quorum;
+//! - a copy that missed a write is never Active: it is Absent (or Degraded)
+//!   with the missed blocks in its dirty map, and that state change is
+//!   recorded before the write is acknowledged;
+//! - reads come only from Active copies, and a block that fails its checksum
+//!   is served from another copy and rewritten on the bad one;
+//! - once a component reports a newer epoch the coordinator is superseded and
+//!   refuses all further I/O.
+
+use crate::component_io::{ComponentError, ComponentIo, IoClass, LayoutRecorder};
+use crate::dirty::DirtyRegions;
+use crate::range_lock::{RangeGuard, RangeLock};
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::future::join_all;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tessera_blockdev::{
+    check_range, first_difference, push_extent, BlockDevice, BlockError, DeviceInfo, Extent,
+    ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
+};
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
+use tessera_types::{ComponentId, Epoch, HostId, Lba, BLOCK_BYTES};
+
+/// Blocks copied per resync step: one range-lock hold, bounded so guest
+/// writes to the same range wait at most one step.
+pub const RESYNC_STEP_BLOCKS: u64 = 256;
+
+/// Bytes of zeros written per step when zeroing must keep space allocated.
+const ZERO_STEP_BYTES: u64 = 1 << 20;
+
+/// Counters a user can read about one volume.
+#[derive(Debug, Default)]
+pub struct ObjectCounters {
+    /// Blocks served from another copy after a checksum failure.
+    pub checksum_repairs: AtomicU64,
+    /// Bytes copied by resyncs and rebuilds.
+    pub resynced_bytes: AtomicU64,
+    /// Bytes written by clients while some copy was absent.
+    pub degraded_write_bytes: AtomicU64,
+}
+
+/// Progress of one resync, readable while it runs.
+#[derive(Debug, Default)]
+pub struct ResyncProgress {
+    /// Bytes copied so far.
+    pub done_bytes: AtomicU64,
+    /// Bytes still dirty.
+    pub left_bytes: AtomicU64,
+}
+
+/// What a finished resync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncReport {
+    /// The component brought up to date.
+    pub component: ComponentId,
+    /// Bytes of dirty address space examined.
+    pub dirty_bytes: u64,
+    /// Bytes of data copied (holes in the source are unmapped, not copied).
+    pub copied_bytes: u64,
+}
+
+/// Why a resync stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResyncError {
+    /// The component is not part of the layout or has no data.
+    #[error("volume {volume}: component {component} is not a data component of this layout")]
+    UnknownComponent {
+        /// The volume.
+        volume: String,
+        /// The component.
+        component: ComponentId,
+    },
+    /// No up-to-date copy to copy from.
+    #[error("volume {volume}: no active copy to resync component {component} from")]
+    NoSource {
+        /// The volume.
+        volume: String,
+        /// The component.
+        component: ComponentId,
+    },
+    /// A component failed during the copy.
+    #[error("volume {volume}: resync of component {component} failed: {source}")]
+    Component {
+        /// The volume.
+        volume: String,
+        /// The component being resynced.
+        component: ComponentId,
+        /// What failed.
+        source: ComponentError,
+    },
+    /// The coordinator lost ownership or quorum.
+    #[error("volume {volume}: {reason}")]
+    Unavailable {
+        /// The volume.
+        volume: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+struct State {
+    layout: Layout,
+    /// Dirty regions per copy that missed writes, in column blocks.
+    dirty: HashMap<ComponentId, DirtyRegions>,
+    /// Set once a newer owner exists.
+    superseded: Option<String>,
+}
+
+/// One volume's coordinator.
+pub struct Coordinator {
+    info: DeviceInfo,
+    epoch: Epoch,
+    io: Arc<dyn ComponentIo>,
+    recorder: Arc<dyn LayoutRecorder>,
+    state: Mutex<State>,
+    /// One lock per column, in column block units.
+    columns: Vec<Arc<RangeLock>>,
+    read_cursor: AtomicUsize,
+    allocated_bytes: AtomicU64,
+    counters: ObjectCounters,
+}
+
+fn bad(reason: impl Into<String>) -> BlockError {
+    BlockError::Unavailable {
+        reason: reason.into(),
+    }
+}
+
+impl Coordinator {
+    /// Takes over `layout` as its owner at `epoch`: fences every reachable
+    /// component so older owners can no longer write, and marks unreachable
+    /// ones Absent with everything dirty (what they missed is unknown).
+    pub async fn take_over(
+        layout: Layout,
+        epoch: Epoch,
+        serial: u64,
+        io: Arc<dyn ComponentIo>,
+        recorder: Arc<dyn LayoutRecorder>,
+    ) -> Result<Arc<Coordinator>, BlockError> {
+        let info = DeviceInfo {
+            name: layout.volume.to_string(),
+            size_bytes: layout.size_bytes,
+            logical_block_bytes: 512,
+            preferred_block_bytes: BLOCK_BYTES as u32,
+            read_only: false,
+            serial,
+        };
+        let columns = (0..layout.columns.len())
+            .map(|_| Arc::new(RangeLock::default()))
+            .collect();
+        let coordinator = Arc::new(Coordinator {
+            info,
+            epoch,
+            io,
+            recorder,
+            state: Mutex::new(State {
+                layout,
+                dirty: HashMap::new(),
+                superseded: None,
+            }),
+            columns,
+            read_cursor: AtomicUsize::new(0),
+            allocated_bytes: AtomicU64::new(0),
+            counters: ObjectCounters::default(),
+        });
+        coordinator.fence_all().await?;
+        coordinator.refresh_space().await;
+        Ok(coordinator)
+    }
+
+    async fn fence_all(&self) -> Result<(), BlockError> {
+        let components: Vec<ComponentPlacement> = self.layout().components().cloned().collect();
+        let results = join_all(
+            components
+                .iter()
+                .map(|c| async move { (c, self.io.fence(c, self.epoch).await) }),
+        )
+        .await;
+        let changed = {
+            let mut state = self.state.lock();
+            let mut changed = false;
+            for (c, result) in results {
+                let column_blocks = c.size_bytes / BLOCK_BYTES;
+                let stale = state
+                    .layout
+                    .component(c.id)
+                    .is_some_and(|p| p.state != ComponentState::Active);
+                match result {
+                    Ok(()) if !stale => {}
+                    Ok(()) => {
+                        // Reachable but behind: what it missed is unknown to us.
+                        state
+                            .dirty
+                            .entry(c.id)
+                            .or_insert_with(|| DirtyRegions::whole(column_blocks));
+                    }
+                    Err(ComponentError::StaleEpoch { highest, .. }) => {
+                        state.superseded = Some(format!(
+                            "volume {} is owned at {highest}, newer than ours ({})",
+                            self.info.name, self.epoch
+                        ));
+                    }
+                    Err(_) => {
+                        state
+                            .dirty
+                            .entry(c.id)
+                            .or_insert_with(|| DirtyRegions::whole(column_blocks));
+                        if set_state(&mut state.layout, c.id, ComponentState::Absent) {
+                            changed = true;
+                        }
+                    }
+                }
+            }
+            if let Some(reason) = &state.superseded {
+                return Err(bad(reason.clone()));
+            }
+            changed
+        };
+        if changed {
+            self.record().await?;
+        }
+        Ok(())
+    }
+
+    /// The owner's current layout.
+    pub fn layout(&self) -> Layout {
+        self.state.lock().layout.clone()
+    }
+
+    /// The epoch this coordinator writes with.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Counters for the API.
+    pub fn counters(&self) -> &ObjectCounters {
+        &self.counters
+    }
+
+    /// Dirty bytes per component that is behind.
+    pub fn dirty_bytes(&self) -> Vec<(ComponentId, u64)> {
+        let state = self.state.lock();
+        let mut out: Vec<_> = state
+            .dirty
+            .iter()
+            .map(|(id, d)| (*id, d.blocks() * BLOCK_BYTES))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Whether another owner has taken over.
+    pub fn superseded(&self) -> Option<String> {
+        self.state.lock().superseded.clone()
+    }
+
+    /// Whether the object has quorum now.
+    pub fn accessible(&self) -> bool {
+        let state = self.state.lock();
+        state.superseded.is_none() && has_quorum(&state.layout)
+    }
+
+    /// Marks every component on `host` Absent (the host's liveness lapsed).
+    pub async fn host_absent(&self, host: &HostId) -> Result<(), BlockError> {
+        let changed = {
+            let mut state = self.state.lock();
+            let ids: Vec<ComponentId> = state
+                .layout
+                .components()
+                .filter(|c| &c.host == host && c.state != ComponentState::Degraded)
+                .map(|c| c.id)
+                .collect();
+            let mut changed = false;
+            for id in ids {
+                changed |= set_state(&mut state.layout, id, ComponentState::Absent);
+                state.dirty.entry(id).or_default();
+            }
+            changed
+        };
+        if changed {
+            self.record().await?;
+        }
+        Ok(())
+    }
+
+    /// Witness components on `host` count again (its host is back). Data
+    /// components come back through [`Coordinator::resync`].
+    pub async fn witness_present(&self, host: &HostId) -> Result<(), BlockError> {
+        let changed = {
+            let mut state = self.state.lock();
+            let ids: Vec<ComponentId> = state
+                .layout
+                .witnesses
+                .iter()
+                .filter(|c| &c.host == host && c.state == ComponentState::Absent)
+                .map(|c| c.id)
+                .collect();
+            let mut changed = false;
+            for id in ids {
+                changed |= set_state(&mut state.layout, id, ComponentState::Active);
+                state.dirty.remove(&id);
+            }
+            changed
+        };
+        if changed {
+            let witness = self
+                .layout()
+                .witnesses
+                .iter()
+                .find(|c| &c.host == host)
+                .cloned();
+            if let Some(w) = witness {
+                self.io
+                    .fence(&w, self.epoch)
+                    .await
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+            self.record().await?;
+        }
+        Ok(())
+    }
+
+    /// Components that are behind (Absent or Resyncing with dirty blocks, or
+    /// Degraded), with their hosts.
+    pub fn components_behind(&self) -> Vec<ComponentPlacement> {
+        let state = self.state.lock();
+        state
+            .layout
+            .components()
+            .filter(|c| c.state != ComponentState::Active)
+            .cloned()
+            .collect()
+    }
+
+    /// Replaces lost component `old` with `new` (already chosen by placement):
+    /// creates it, adds it as Resyncing with every block dirty, and drops the
+    /// old one from the layout. Run [`Coordinator::resync`] on `new` next.
+    pub async fn replace_component(
+        &self,
+        old: ComponentId,
+        mut new: ComponentPlacement,
+        reserve_bytes: u64,
+    ) -> Result<(), BlockError> {
+        self.io
+            .create(&new, reserve_bytes)
+            .await
+            .map_err(|e| bad(format!("creating replacement component: {e}")))?;
+        self.io
+            .fence(&new, self.epoch)
+            .await
+            .map_err(|e| bad(format!("fencing replacement component: {e}")))?;
+        {
+            let mut state = self.state.lock();
+            let mut replaced = false;
+            for mirror in state.layout.columns.iter_mut() {
+                if let Some(slot) = mirror.copies.iter_mut().find(|c| c.id == old) {
+                    new.state = ComponentState::Resyncing;
+                    new.size_bytes = slot.size_bytes;
+                    *slot = new.clone();
+                    replaced = true;
+                }
+            }
+            if !replaced {
+                if let Some(slot) = state.layout.witnesses.iter_mut().find(|c| c.id == old) {
+                    new.state = ComponentState::Active;
+                    *slot = new.clone();
+                    replaced = true;
+                }
+            }
+            if !replaced {
+                return Err(BlockError::Invalid {
+                    reason: format!("component {old} is not part of volume {}", self.info.name),
+                });
+            }
+            state.dirty.remove(&old);
+            if new.role == ComponentRole::Data {
+                state
+                    .dirty
+                    .insert(new.id, DirtyRegions::whole(new.size_bytes / BLOCK_BYTES));
+            }
+        }
+        self.record().await
+    }
+
+    /// Brings component `id` up to date: it receives every new write from now
+    /// on, and its dirty ranges are copied from an Active copy of its column.
+    /// On success it is Active again.
+    pub async fn resync(
+        &self,
+        id: ComponentId,
+        progress: &ResyncProgress,
+    ) -> Result<ResyncReport, ResyncError> {
+        let volume = self.info.name.clone();
+        let (target, column) = {
+            let mut state = self.state.lock();
+            let found =
+                state.layout.columns.iter().enumerate().find_map(|(i, m)| {
+                    m.copies.iter().find(|c| c.id == id).map(|c| (c.clone(), i))
+                });
+            let Some((target, column)) = found else {
+                return Err(ResyncError::UnknownComponent {
+                    volume,
+                    component: id,
+                });
+            };
+            state.dirty.entry(id).or_default();
+            set_state(&mut state.layout, id, ComponentState::Resyncing);
+            (target, column)
+        };
+        self.record().await.map_err(|e| ResyncError::Unavailable {
+            volume: volume.clone(),
+            reason: e.to_string(),
+        })?;
+        let fail = |source: ComponentError| ResyncError::Component {
+            volume: volume.clone(),
+            component: id,
+            source,
+        };
+        self.io.fence(&target, self.epoch).await.map_err(fail)?;
+        let dirty_total = self.dirty_blocks(id) * BLOCK_BYTES;
+        progress.left_bytes.store(dirty_total, Ordering::Relaxed);
+        let mut copied = 0u64;
+        loop {
+            if let Some(reason) = self.superseded() {
+                return Err(ResyncError::Unavailable { volume, reason });
+            }
+            let next = self
+                .state
+                .lock()
+                .dirty
+                .get(&id)
+                .and_then(|d| d.first(RESYNC_STEP_BLOCKS));
+            let Some((start, count)) = next else { break };
+            let _guard = self.columns[column].lock(start, start + count).await;
+            let source = self
+                .pick_source(column, id)
+                .ok_or_else(|| ResyncError::NoSource {
+                    volume: volume.clone(),
+                    component: id,
+                })?;
+            let step = self.copy_range(&source, &target, start, count).await;
+            match step {
+                Ok(bytes) => {
+                    copied += bytes;
+                    self.counters
+                        .resynced_bytes
+                        .fetch_add(bytes, Ordering::Relaxed);
+                    let mut state = self.state.lock();
+                    if let Some(d) = state.dirty.get_mut(&id) {
+                        d.remove(start, count);
+                        progress
+                            .left_bytes
+                            .store(d.blocks() * BLOCK_BYTES, Ordering::Relaxed);
+                    }
+                    progress
+                        .done_bytes
+                        .fetch_add(count * BLOCK_BYTES, Ordering::Relaxed);
+                }
+                Err((failed, e)) => {
+                    if failed == id {
+                        self.mark_missed(&[id], column, start, count);
+                        let _ = self.record().await;
+                    }
+                    return Err(fail(e));
+                }
+            }
+        }
+        {
+            let mut state = self.state.lock();
+            state.dirty.remove(&id);
+            set_state(&mut state.layout, id, ComponentState::Active);
+        }
+        self.record().await.map_err(|e| ResyncError::Unavailable {
+            volume: volume.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(ResyncReport {
+            component: id,
+            dirty_bytes: dirty_total,
+            copied_bytes: copied,
+        })
+    }
+
+    fn dirty_blocks(&self, id: ComponentId) -> u64 {
+        self.state.lock().dirty.get(&id).map_or(0, |d| d.blocks())
+    }
+
+    fn pick_source(&self, column: usize, not: ComponentId) -> Option<ComponentPlacement> {
+        let state = self.state.lock();
+        state.layout.columns[column]
+            .copies
+            .iter()
+            .find(|c| c.id != not && c.state == ComponentState::Active)
+            .cloned()
+    }
+
+    /// Copies column blocks `[start, start+count)`: allocated runs are read
+    /// and written, holes are unmapped. Returns the bytes of data copied, or
+    /// which component failed.
+    async fn copy_range(
+        &self,
+        source: &ComponentPlacement,
+        target: &ComponentPlacement,
+        start: u64,
+        count: u64,
+    ) -> Result<u64, (ComponentId, ComponentError)> {
+        let runs = self
+            .io
+            .allocated(source, Lba(start), count)
+            .await
+            .map_err(|e| (source.id, e))?;
+        let mut copied = 0;
+        let mut pos = start;
+        for (lba, run) in runs
+            .into_iter()
+            .chain(std::iter::once((Lba(start + count), 0)))
+        {
+            let run_start = lba.0.max(start);
+            let run_end = (lba.0 + run).min(start + count);
+            if run_start > pos {
+                self.io
+                    .unmap(
+                        target,
+                        Lba(pos),
+                        run_start - pos,
+                        self.epoch,
+                        IoClass::Resync,
+                    )
+                    .await
+                    .map_err(|e| (target.id, e))?;
+            }
+            if run_end > run_start {
+                let data = self
+                    .io
+                    .read(
+                        source,
+                        Lba(run_start),
+                        (run_end - run_start) as u32,
+                        IoClass::Resync,
+                    )
+                    .await
+                    .map_err(|e| (source.id, e))?;
+                copied += data.len() as u64;
+                self.io
+                    .write(target, Lba(run_start), data, self.epoch, IoClass::Resync)
+                    .await
+                    .map_err(|e| (target.id, e))?;
+            }
+            pos = pos.max(run_end);
+        }
+        Ok(copied)
+    }
+
+    /// Sums the allocated bytes of one Active copy per column.
+    pub async fn refresh_space(&self) {
+        let sources: Vec<ComponentPlacement> = {
+            let state = self.state.lock();
+            state
+                .layout
+                .columns
+                .iter()
+                .filter_map(|m| {
+                    m.copies
+                        .iter()
+                        .find(|c| c.state == ComponentState::Active)
+                        .cloned()
+                })
+                .collect()
+        };
+        let mut total = 0;
+        for c in sources {
+            if let Ok(status) = self.io.status(&c).await {
+                total += status.allocated_bytes;
+            }
+        }
+        self.allocated_bytes.store(total, Ordering::Relaxed);
+    }
+
+    async fn record(&self) -> Result<(), BlockError> {
+        let layout = {
+            let mut state = self.state.lock();
+            state.layout.generation += 1;
+            state.layout.clone()
+        };
+        self.recorder
+            .record(&layout)
+            .await
+            .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))
+    }
+
+    fn check_usable(&self) -> Result<(), BlockError> {
+        let state = self.state.lock();
+        if let Some(reason) = &state.superseded {
+            return Err(bad(reason.clone()));
+        }
+        if !has_quorum(&state.layout) {
+            return Err(bad(format!(
+                "volume {} has lost quorum: too few of its components are reachable",
+                self.info.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Locks the column ranges touched by volume bytes `[offset, offset+len)`,
+    /// widened to whole blocks, in column order (so two requests never wait
+    /// on each other in a cycle).
+    async fn lock_span(&self, offset: u64, len: u64) -> Vec<RangeGuard> {
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let pieces = self.state.lock().layout.map_range(start, end - start);
+        let mut per_column: Vec<(usize, u64, u64)> = Vec::new();
+        for p in pieces {
+            let b0 = p.component_offset / BLOCK_BYTES;
+            let b1 = (p.component_offset + p.len) / BLOCK_BYTES;
+            match per_column.iter_mut().find(|(c, _, _)| *c == p.column) {
+                Some((_, s, e)) => {
+                    *s = (*s).min(b0);
+                    *e = (*e).max(b1);
+                }
+                None => per_column.push((p.column, b0, b1)),
+            }
+        }
+        per_column.sort();
+        let mut guards = Vec::with_capacity(per_column.len());
+        for (column, s, e) in per_column {
+            guards.push(self.columns[column].lock(s, e).await);
+        }
+        guards
+    }
+
+    /// Reads whole blocks `[start, end)` of the volume (byte offsets aligned).
+    async fn read_aligned(&self, start: u64, end: u64) -> Result<BytesMut, BlockError> {
+        let pieces = self.state.lock().layout.map_range(start, end - start);
+        let reads = join_all(pieces.iter().map(|p| {
+            self.read_column(
+                p.column,
+                p.component_offset / BLOCK_BYTES,
+                p.len / BLOCK_BYTES,
+            )
+        }))
+        .await;
+        let mut out = BytesMut::with_capacity((end - start) as usize);
+        for r in reads {
+            out.extend_from_slice(&r?);
+        }
+        Ok(out)
+    }
+
+    /// Reads column blocks from one Active copy, falling back to the others,
+    /// and repairs copies whose checksum failed.
+    async fn read_column(
+        &self,
+        column: usize,
+        block: u64,
+        count: u64,
+    ) -> Result<Bytes, BlockError> {
+        let copies = self.readable_copies(column);
+        if copies.is_empty() {
+            return Err(bad(format!(
+                "volume {}: no readable copy of column {column}",
+                self.info.name
+            )));
+        }
+        let mut checksum_failed: Vec<ComponentPlacement> = Vec::new();
+        let mut last_error = None;
+        for c in &copies {
+            match self
+                .io
+                .read(c, Lba(block), count as u32, IoClass::Guest)
+                .await
+            {
+                Ok(data) => {
+                    if !checksum_failed.is_empty() {
+                        self.repair(column, block, count, &data, &checksum_failed)
+                            .await;
+                    }
+                    return Ok(data);
+                }
+                Err(ComponentError::Checksum { .. }) => checksum_failed.push(c.clone()),
+                Err(ComponentError::StaleEpoch { highest, .. }) => {
+                    return Err(self.superseded_by(highest));
+                }
+                Err(e) => {
+                    last_error = Some(e.to_string());
+                    self.mark_missed(&[c.id], column, 0, 0);
+                    let _ = self.record().await;
+                }
+            }
+        }
+        if !checksum_failed.is_empty() && count > 1 {
+            // Each copy has some bad block: assemble the range block by block.
+            let mut out = BytesMut::with_capacity((count * BLOCK_BYTES) as usize);
+            for b in block..block + count {
+                let one = Box::pin(self.read_column(column, b, 1)).await?;
+                out.extend_from_slice(&one);
+            }
+            return Ok(out.freeze());
+        }
+        if !checksum_failed.is_empty() {
+            let offset = self.volume_offset(column, block);
+            tracing::error!(volume = %self.info.name, offset, "every copy of a block failed its checksum");
+            return Err(BlockError::Checksum { offset });
+        }
+        Err(bad(format!(
+            "volume {}: no copy of column {column} could be read: {}",
+            self.info.name,
+            last_error.unwrap_or_default()
+        )))
+    }
+
+    /// Rewrites good data over copies that failed their checksum, under the
+    /// range lock so a concurrent client write cannot be overwritten by it.
+    async fn repair(
+        &self,
+        column: usize,
+        block: u64,
+        count: u64,
+        _seen: &Bytes,
+        bad_copies: &[ComponentPlacement],
+    ) {
+        let _guard = self.columns[column].lock(block, block + count).await;
+        let Some(good) = self
+            .readable_copies(column)
+            .into_iter()
+            .find(|c| !bad_copies.iter().any(|b| b.id == c.id))
+        else {
+            return;
+        };
+        let Ok(data) = self
+            .io
+            .read(&good, Lba(block), count as u32, IoClass::Guest)
+            .await
+        else {
+            return;
+        };
+        for c in bad_copies {
+            if self
+                .io
+                .write(c, Lba(block), data.clone(), self.epoch, IoClass::Guest)
+                .await
+                .is_ok()
+            {
+                self.counters
+                    .checksum_repairs
+                    .fetch_add(count, Ordering::Relaxed);
+                tracing::warn!(volume = %self.info.name, component = %c.id, block, count, "repaired blocks that failed their checksum");
+            }
+        }
+    }
+
+    fn volume_offset(&self, column: usize, block: u64) -> u64 {
+        let layout = self.state.lock().layout.clone();
+        let unit = layout.stripe_unit_bytes.max(BLOCK_BYTES);
+        let width = layout.columns.len().max(1) as u64;
+        let byte = block * BLOCK_BYTES;
+        let row = byte / unit;
+        row * unit * width + column as u64 * unit + byte % unit
+    }
+
+    fn readable_copies(&self, column: usize) -> Vec<ComponentPlacement> {
+        let state = self.state.lock();
+        let mut copies: Vec<ComponentPlacement> = state.layout.columns[column]
+            .copies
+            .iter()
+            .filter(|c| c.state == ComponentState::Active)
+            .cloned()
+            .collect();
+        if !copies.is_empty() {
+            let n = self.read_cursor.fetch_add(1, Ordering::Relaxed) % copies.len();
+            copies.rotate_left(n);
+        }
+        copies
+    }
+
+    fn superseded_by(&self, highest: Epoch) -> BlockError {
+        let reason = format!(
+            "volume {} is owned at {highest}, newer than ours ({})",
+            self.info.name, self.epoch
+        );
+        self.state.lock().superseded = Some(reason.clone());
+        bad(reason)
+    }
+
+    /// Records that `ids` missed column blocks `[start, start+count)`:
+    /// they become Absent (if they were receiving writes) and the range dirty.
+    fn mark_missed(&self, ids: &[ComponentId], _column: usize, start: u64, count: u64) {
+        let mut state = self.state.lock();
+        for &id in ids {
+            let current = state.layout.component(id).map(|c| c.state);
+            if matches!(
+                current,
+                Some(ComponentState::Active | ComponentState::Resyncing)
+            ) {
+                set_state(&mut state.layout, id, ComponentState::Absent);
+            }
+            state.dirty.entry(id).or_default().insert(start, count);
+        }
+    }
+
+    /// Writes whole blocks at aligned volume offset `start`; the caller holds
+    /// the range locks.
+    async fn write_aligned(&self, start: u64, data: Bytes) -> Result<(), BlockError> {
+        self.apply(
+            start,
+            data.len() as u64,
+            |c, lba, _blocks, piece: Option<Bytes>| {
+                let io = Arc::clone(&self.io);
+                let epoch = self.epoch;
+                async move {
+                    match piece {
+                        Some(d) => io.write(&c, lba, d, epoch, IoClass::Guest).await,
+                        None => Ok(()),
+                    }
+                }
+            },
+            Some(data),
+        )
+        .await
+    }
+
+    /// Unmaps whole blocks at aligned volume offset `start`.
+    async fn unmap_aligned(&self, start: u64, len: u64) -> Result<(), BlockError> {
+        self.apply(
+            start,
+            len,
+            |c, lba, blocks, _piece: Option<Bytes>| {
+                let io = Arc::clone(&self.io);
+                let epoch = self.epoch;
+                async move { io.unmap(&c, lba, blocks, epoch, IoClass::Guest).await }
+            },
+            None,
+        )
+        .await
+    }
+
+    /// Runs `op` on every copy that receives writes, for each column piece of
+    /// `[start, start+len)`, and settles the outcome: copies that failed
+    /// become Absent with the range dirty, absent copies get the range dirty,
+    /// and the result is acknowledged only with quorum and a copy per column.
+    async fn apply<F, Fut>(
+        &self,
+        start: u64,
+        len: u64,
+        op: F,
+        data: Option<Bytes>,
+    ) -> Result<(), BlockError>
+    where
+        F: Fn(ComponentPlacement, Lba, u64, Option<Bytes>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), ComponentError>>,
+    {
+        self.check_usable()?;
+        let (pieces, targets) = {
+            let state = self.state.lock();
+            let pieces = state.layout.map_range(start, len);
+            let targets: Vec<Vec<ComponentPlacement>> = state
+                .layout
+                .columns
+                .iter()
+                .map(|m| m.copies.clone())
+                .collect();
+            (pieces, targets)
+        };
+        let mut calls = Vec::new();
+        let mut skipped = Vec::new();
+        for p in &pieces {
+            let block = p.component_offset / BLOCK_BYTES;
+            let count = p.len / BLOCK_BYTES;
+            for c in &targets[p.column] {
+                let receives =
+                    matches!(c.state, ComponentState::Active | ComponentState::Resyncing);
+                if !receives {
+                    skipped.push((c.id, p.column, block, count));
+                    continue;
+                }
+                let piece = data
+                    .as_ref()
+                    .map(|d| d.slice(p.buffer_offset as usize..(p.buffer_offset + p.len) as usize));
+                let c2 = c.clone();
+                let fut = op(c.clone(), Lba(block), count, piece);
+                calls.push(async move { (c2, p.column, block, count, fut.await) });
+            }
+        }
+        let results = join_all(calls).await;
+        let mut state_changed = false;
+        let mut acked_columns = vec![false; targets.len()];
+        let mut failure: Option<BlockError> = None;
+        for (c, column, block, count, result) in results {
+            match result {
+                Ok(()) => acked_columns[column] = true,
+                Err(ComponentError::StaleEpoch { highest, .. }) => {
+                    failure = Some(self.superseded_by(highest));
+                }
+                Err(ComponentError::NoSpace { .. }) => {
+                    failure.get_or_insert(BlockError::NoSpace { offset: start, len });
+                    self.mark_missed(&[c.id], column, block, count);
+                    state_changed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, component = %c.id, host = %c.host, error = %e, "copy missed a write; continuing degraded");
+                    self.mark_missed(&[c.id], column, block, count);
+                    state_changed = true;
+                }
+            }
+        }
+        if !skipped.is_empty() {
+            let mut state = self.state.lock();
+            for (id, _column, block, count) in skipped {
+                state.dirty.entry(id).or_default().insert(block, count);
+            }
+            self.counters
+                .degraded_write_bytes
+                .fetch_add(len, Ordering::Relaxed);
+        }
+        if state_changed {
+            self.record().await?;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let touched: Vec<usize> = pieces.iter().map(|p| p.column).collect();
+        if touched.iter().any(|&c| !acked_columns[c]) {
+            return Err(bad(format!(
+                "volume {}: no copy of the data acknowledged the write at offset {start}",
+                self.info.name
+            )));
+        }
+        self.check_usable()
+    }
+}
+
+fn set_state(layout: &mut Layout, id: ComponentId, state: ComponentState) -> bool {
+    for c in layout.components_mut() {
+        if c.id == id && c.state != state {
+            c.state = state;
+            return true;
+        }
+    }
+    false
+}
+
+fn has_quorum(layout: &Layout) -> bool {
+    layout.has_quorum(|c| c.state == ComponentState::Active)
+}
+
+#[async_trait]
+impl BlockDevice for Coordinator {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    async fn read(&self, offset: u64, len: u64) -> Result<Bytes, BlockError> {
+        check_range(&self.info, "read", offset, len)?;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        if let Some(reason) = self.superseded() {
+            return Err(bad(reason));
+        }
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let blocks = self.read_aligned(start, end).await?.freeze();
+        let skip = (offset - start) as usize;
+        Ok(blocks.slice(skip..skip + len as usize))
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, _flags: WriteFlags) -> Result<(), BlockError> {
+        check_range(&self.info, "write", offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let _guards = self.lock_span(offset, data.len() as u64).await;
+        self.write_locked(offset, data).await
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        // Every acknowledged write is already durable on every active copy.
+        self.check_usable()
+    }
+
+    async fn unmap(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        check_range(&self.info, "unmap", offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let _guards = self.lock_span(offset, len).await;
+        self.zero_locked(offset, len).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<(), BlockError> {
+        check_range(&self.info, "write zeroes", offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        match mode {
+            ZeroMode::MayUnmap => {
+                let _guards = self.lock_span(offset, len).await;
+                self.zero_locked(offset, len).await
+            }
+            ZeroMode::KeepAllocated => {
+                let mut done = 0;
+                while done < len {
+                    let step = (len - done).min(ZERO_STEP_BYTES);
+                    let zeros = Bytes::from(vec![0u8; step as usize]);
+                    self.write(offset + done, zeros, WriteFlags::default())
+                        .await?;
+                    done += step;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn compare_and_write(
+        &self,
+        offset: u64,
+        expected: Bytes,
+        new: Bytes,
+    ) -> Result<(), BlockError> {
+        if expected.len() != new.len() {
+            return Err(BlockError::Invalid {
+                reason: format!(
+                    "compare buffer is {} bytes but write buffer is {}",
+                    expected.len(),
+                    new.len()
+                ),
+            });
+        }
+        check_range(&self.info, "compare and write", offset, new.len() as u64)?;
+        let _guards = self.lock_span(offset, new.len() as u64).await;
+        let current = self.read(offset, new.len() as u64).await?;
+        if let Some(at) = first_difference(&current, &expected) {
+            return Err(BlockError::Miscompare { offset: at as u64 });
+        }
+        self.write_locked(offset, new).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
+        check_range(&self.info, "block status", offset, len)?;
+        self.check_usable()?;
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let pieces = self.state.lock().layout.map_range(start, end - start);
+        let mut extents = Vec::new();
+        for p in pieces {
+            let Some(copy) = self.readable_copies(p.column).into_iter().next() else {
+                return Err(bad(format!("volume {}: no readable copy", self.info.name)));
+            };
+            let b0 = p.component_offset / BLOCK_BYTES;
+            let count = p.len / BLOCK_BYTES;
+            let runs = self
+                .io
+                .allocated(&copy, Lba(b0), count)
+                .await
+                .map_err(|e| BlockError::Io {
+                    offset: start + p.buffer_offset,
+                    detail: e.to_string(),
+                })?;
+            let piece_start = start + p.buffer_offset;
+            let mut pos = b0;
+            for (lba, run) in runs {
+                let rs = lba.0.max(b0);
+                let re = (lba.0 + run).min(b0 + count);
+                if rs >= re {
+                    continue;
+                }
+                if rs > pos {
+                    push_extent(
+                        &mut extents,
+                        piece_start + (pos - b0) * BLOCK_BYTES,
+                        (rs - pos) * BLOCK_BYTES,
+                        ExtentKind::Hole,
+                    );
+                }
+                push_extent(
+                    &mut extents,
+                    piece_start + (rs - b0) * BLOCK_BYTES,
+                    (re - rs) * BLOCK_BYTES,
+                    ExtentKind::Data,
+                );
+                pos = re;
+            }
+            if pos < b0 + count {
+                push_extent(
+                    &mut extents,
+                    piece_start + (pos - b0) * BLOCK_BYTES,
+                    (b0 + count - pos) * BLOCK_BYTES,
+                    ExtentKind::Hole,
+                );
+            }
+        }
+        Ok(clip_extents(extents, offset, offset + len))
+    }
+
+    fn space(&self) -> SpaceUsage {
+        SpaceUsage {
+            allocated_bytes: self.allocated_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Coordinator {
+    /// A write with the range locks held: partial blocks at the edges are
+    /// merged with their current contents first.
+    async fn write_locked(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let len = data.len() as u64;
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        if start == offset && end == offset + len {
+            return self.write_aligned(start, data).await;
+        }
+        let mut merged = BytesMut::zeroed((end - start) as usize);
+        let head_partial = offset != start;
+        let tail_partial = !(offset + len).is_multiple_of(BLOCK_BYTES);
+        if head_partial {
+            let head = self.read_aligned(start, start + BLOCK_BYTES).await?;
+            merged[..BLOCK_BYTES as usize].copy_from_slice(&head);
+        }
+        if tail_partial && (end - BLOCK_BYTES > start || !head_partial) {
+            let tail = self.read_aligned(end - BLOCK_BYTES, end).await?;
+            let at = (end - BLOCK_BYTES - start) as usize;
+            merged[at..].copy_from_slice(&tail);
+        }
+        let at = (offset - start) as usize;
+        merged[at..at + len as usize].copy_from_slice(&data);
+        self.write_aligned(start, merged.freeze()).await
+    }
+
+    /// Unmaps whole blocks and writes zeros over partial edges, with the
+    /// range locks held.
+    async fn zero_locked(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let end = offset + len;
+        let inner_start = offset.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let inner_end = end / BLOCK_BYTES * BLOCK_BYTES;
+        if inner_start >= inner_end {
+            return self
+                .write_locked(offset, Bytes::from(vec![0u8; len as usize]))
+                .await;
+        }
+        if offset < inner_start {
+            self.write_locked(
+                offset,
+                Bytes::from(vec![0u8; (inner_start - offset) as usize]),
+            )
+            .await?;
+        }
+        self.unmap_aligned(inner_start, inner_end - inner_start)
+            .await?;
+        if inner_end < end {
+            self.write_locked(
+                inner_end,
+                Bytes::from(vec![0u8; (end - inner_end) as usize]),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Cuts block-aligned extents down to `[start, end)`.
+fn clip_extents(extents: Vec<Extent>, start: u64, end: u64) -> Vec<Extent> {
+    let mut out = Vec::new();
+    for e in extents {
+        let s = e.offset.max(start);
+        let t = (e.offset + e.len).min(end);
+        if s < t {
+            push_extent(&mut out, s, t - s, e.kind);
+        }
+    }
+    out
+}

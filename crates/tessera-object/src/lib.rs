@@ -1,0 +1,21 @@
+//! The object layer: what a volume's owner does with its layout.
+//!
+//! Owns: [`Coordinator`] (mirrored writes, verified reads with repair,
+//! degraded I/O with dirty-region tracking, delta resync, component
+//! replacement, epoch fencing), [`DirtyRegions`] and [`RangeLock`].
+//! Must not touch: the store, the transport, the directory. Components are
+//! reached through [`ComponentIo`], layout changes are recorded through
+//! [`LayoutRecorder`]; the node implements both.
+//! A [`Coordinator`] is a `BlockDevice`, which is all a frontend sees.
+
+mod component_io;
+mod coordinator;
+mod dirty;
+mod range_lock;
+
+pub use component_io::{ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder};
+pub use coordinator::{
+    Coordinator, ObjectCounters, ResyncError, ResyncProgress, ResyncReport, RESYNC_STEP_BLOCKS,
+};
+pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
+pub use range_lock::{RangeGuard, RangeLock};
