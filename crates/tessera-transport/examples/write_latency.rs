@@ -6,7 +6,7 @@
 //!
 //! Prints, for each setup, p50 / p99 / mean latency at queue depth 1 and the
 //! ratio of the p50 to the plain TCP reference, then the rate at queue
-//! depth 16.
+//! depth 16 and the throughput of 1 MiB writes.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -150,6 +150,35 @@ async fn transport_qd1(calls: usize) -> Figures {
     figures(samples)
 }
 
+/// Bytes per second of 1 MiB writes at queue depth 1.
+async fn transport_mib_writes(calls: usize) -> f64 {
+    let (a, b) = transport_pair().await;
+    let (to, addr) = (b.host().clone(), b.local_addr());
+    let data = Bytes::from(vec![0x3c; 1 << 20]);
+    let request = |i: u64| Request::Write {
+        component: ComponentRef {
+            volume: VolumeId::new("bench").unwrap(),
+            id: ComponentId(1),
+        },
+        lba: Lba(i * 256),
+        epoch: Epoch(1),
+        data: data.clone(),
+    };
+    a.call(&to, addr, QueueClass::Resync, request(0))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    for i in 0..calls as u64 {
+        a.call(&to, addr, QueueClass::Resync, request(i))
+            .await
+            .unwrap();
+    }
+    let rate = (calls << 20) as f64 / t.elapsed().as_secs_f64();
+    a.shutdown().await;
+    b.shutdown().await;
+    rate
+}
+
 async fn transport_rate(calls: usize, depth: usize) -> f64 {
     let (a, b) = transport_pair().await;
     let (to, addr) = (b.host().clone(), b.local_addr());
@@ -218,5 +247,11 @@ fn main() {
     println!(
         "{:<44} {rate:>9.0} calls/s",
         "transport, 2 workers, queue depth 16"
+    );
+    let rate = two_threads.block_on(transport_mib_writes(500));
+    println!(
+        "{:<44} {:>9.0} MiB/s",
+        "transport, 2 workers, 1 MiB writes, depth 1",
+        rate / f64::from(1 << 20)
     );
 }
