@@ -1,0 +1,417 @@
+//! Crash tests: the store is killed at random moments while writers run,
+//! then reopened, and every acknowledged write must read back, no 4 KiB block
+//! may be torn, and nothing may appear that was never written.
+//!
+//! Two kinds of crash:
+//! - a simulated power cut (fault-injecting devices drop unsynced writes at
+//!   random and tear the last one), in process;
+//! - `kill -9` of a child process writing to file-backed devices.
+//!
+//! Cycles per kind: `TESSERA_CRASH_CYCLES` (default 20, so 40 in all).
+//! A negative control runs the power-cut test with the test-only switch
+//! that acknowledges before the sync and must find lost writes.
+
+mod common;
+
+use common::{bytes_of, decode, payload, Rig};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
+
+const C: ComponentId = ComponentId(42);
+const BLOCKS: u64 = 4096;
+const WRITERS: u64 = 8;
+
+/// How long a child may take to open its disk group.
+const CHILD_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn cycles() -> u64 {
+    std::env::var("TESSERA_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+/// Per LBA: the last version acknowledged, and every version issued.
+#[derive(Default)]
+struct Ledger {
+    acked: BTreeMap<u64, u64>,
+    issued: BTreeMap<u64, Vec<u64>>,
+}
+
+#[derive(Default, Debug)]
+struct Violations {
+    lost: u64,
+    torn: u64,
+    phantom: u64,
+    errors: u64,
+}
+
+impl Violations {
+    fn total(&self) -> u64 {
+        self.lost + self.torn + self.phantom + self.errors
+    }
+}
+
+/// Reads every LBA the ledger knows and checks it; afterwards the ledger
+/// holds what is on disk as acknowledged (the next cycle builds on it).
+async fn check(dg: &DiskGroup, ledger: &mut Ledger) -> Violations {
+    let mut v = Violations::default();
+    let lbas: Vec<u64> = ledger.issued.keys().copied().collect();
+    for lba in lbas {
+        let block = match dg.read(C, Lba(lba), 1).await {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("LBA {lba}: read failed: {e}");
+                v.errors += 1;
+                continue;
+            }
+        };
+        let acked = ledger.acked.get(&lba).copied();
+        let issued = ledger.issued.get(&lba).cloned().unwrap_or_default();
+        match decode(&block) {
+            Err(why) => {
+                eprintln!("LBA {lba}: {why}");
+                v.torn += 1;
+            }
+            Ok(None) => {
+                if let Some(a) = acked {
+                    eprintln!("LBA {lba}: reads zeros, version {a} was acknowledged");
+                    v.lost += 1;
+                }
+            }
+            Ok(Some((c, l, version))) => {
+                if c != C.0 || l != lba || !issued.contains(&version) {
+                    eprintln!("LBA {lba}: holds c{c} lba {l} v{version}, never written here");
+                    v.phantom += 1;
+                } else if acked.is_some_and(|a| version < a) {
+                    eprintln!(
+                        "LBA {lba}: holds v{version}, v{} was acknowledged",
+                        acked.unwrap_or(0)
+                    );
+                    v.lost += 1;
+                } else {
+                    ledger.acked.insert(lba, version);
+                    ledger.issued.insert(lba, vec![version]);
+                    continue;
+                }
+            }
+        }
+        // Whatever is there now is the baseline for the next cycle.
+        ledger.issued.remove(&lba);
+        ledger.acked.remove(&lba);
+        if let Ok(Some((c, l, version))) = decode(&block) {
+            if c == C.0 && l == lba {
+                ledger.acked.insert(lba, version);
+                ledger.issued.insert(lba, vec![version]);
+            }
+        }
+    }
+    v
+}
+
+/// One writer: owns the LBAs congruent to `w` modulo [`WRITERS`], writes them
+/// one at a time (so versions of one LBA are ordered), records issue and ack.
+async fn writer(
+    dg: Arc<DiskGroup>,
+    w: u64,
+    seed: u64,
+    first_version: u64,
+    ledger: Arc<parking_lot::Mutex<Ledger>>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ w);
+    let mut version = first_version + w;
+    loop {
+        let blocks = rng.gen_range(1..=4u64);
+        let lba = (rng.gen_range(0..BLOCKS / WRITERS - 4) * WRITERS + w).min(BLOCKS - blocks);
+        let lbas: Vec<u64> = (0..blocks)
+            .map(|i| lba + i)
+            .filter(|l| l % WRITERS == w)
+            .collect();
+        let data: Vec<Vec<u8>> = (0..blocks)
+            .map(|i| {
+                if (lba + i) % WRITERS == w {
+                    payload(C.0, lba + i, version)
+                } else {
+                    vec![]
+                }
+            })
+            .collect();
+        // Write only the blocks this writer owns, each as its own write when
+        // the run is broken.
+        {
+            let mut l = ledger.lock();
+            for x in &lbas {
+                l.issued.entry(*x).or_default().push(version);
+            }
+        }
+        let mut ok = true;
+        for x in &lbas {
+            let i = (x - lba) as usize;
+            if dg
+                .write(C, Lba(*x), bytes_of(&[data[i].clone()]), Epoch(1))
+                .await
+                .is_err()
+            {
+                ok = false;
+                break;
+            }
+            ledger.lock().acked.insert(*x, version);
+        }
+        if !ok {
+            return;
+        }
+        version += WRITERS;
+    }
+}
+
+/// Runs power-cut cycles; returns violations summed.
+async fn power_cut_cycles(cycles: u64, ack_before_durable: bool, seed: u64) -> (Violations, u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rig = Rig::new(2);
+    let dg = rig.create().await;
+    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
+    drop(dg);
+    let mut ledger = Ledger::default();
+    let mut total = Violations::default();
+    let mut acked_writes = 0u64;
+    for cycle in 0..cycles {
+        let dg = rig.open().await;
+        dg.set_ack_before_durable(ack_before_durable);
+        let shared = Arc::new(parking_lot::Mutex::new(std::mem::take(&mut ledger)));
+        let before: u64 = shared.lock().acked.len() as u64;
+        let mut tasks = Vec::new();
+        for w in 0..WRITERS {
+            tasks.push(tokio::spawn(writer(
+                dg.clone(),
+                w,
+                rng.gen(),
+                (cycle + 1) * 1_000_000,
+                shared.clone(),
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(5..60))).await;
+        let next = rig.power_cut(rng.gen());
+        for t in tasks {
+            let _ = t.await;
+        }
+        drop(dg);
+        rig = next;
+        ledger = Arc::try_unwrap(shared)
+            .ok()
+            .map(|m| m.into_inner())
+            .unwrap_or_default();
+        acked_writes += (ledger.acked.len() as u64).saturating_sub(before);
+        let dg = rig.open().await;
+        let v = check(&dg, &mut ledger).await;
+        total.lost += v.lost;
+        total.torn += v.torn;
+        total.phantom += v.phantom;
+        total.errors += v.errors;
+        drop(dg);
+    }
+    (total, acked_writes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_lose_no_acknowledged_write() {
+    let n = cycles();
+    let (v, acked) = power_cut_cycles(n, false, 0x5eed).await;
+    println!("power cut: {n} cycles, {acked}+ LBAs acknowledged, violations: {v:?}");
+    assert_eq!(v.total(), 0, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_acknowledging_before_sync_loses_writes() {
+    let (v, _) = power_cut_cycles(cycles().clamp(5, 20), true, 0xbad).await;
+    println!("negative control (ack before durable): violations: {v:?}");
+    assert!(
+        v.lost > 0,
+        "the crash test must catch writes acknowledged before they were durable: {v:?}"
+    );
+}
+
+fn file_config(dir: &Path) -> DiskGroupConfig {
+    DiskGroupConfig {
+        id: DiskGroupId::new("dg-crash").unwrap(),
+        cache: DeviceSpec {
+            path: dir.join("cache.img"),
+            size_bytes: 24 << 20,
+        },
+        capacity: vec![DeviceSpec {
+            path: dir.join("capacity0.img"),
+            size_bytes: 64 << 20,
+        }],
+        index_cache_bytes: 1 << 20,
+        direct_io: false,
+    }
+}
+
+/// The child side of the kill -9 test: writes until killed, printing
+/// `I lba version` before each write and `A lba version` after its ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by kill9_loses_no_acknowledged_write as a child process"]
+async fn crash_child() {
+    let Ok(dir) = std::env::var("TESSERA_CRASH_CHILD_DIR") else {
+        return;
+    };
+    let first: u64 = std::env::var("TESSERA_CRASH_CHILD_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let seed: u64 = std::env::var("TESSERA_CRASH_CHILD_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let dg = DiskGroup::open_or_create(file_config(Path::new(&dir)))
+        .await
+        .unwrap();
+    dg.set_ack_before_durable(std::env::var("TESSERA_CRASH_CHILD_UNSAFE").is_ok());
+    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
+    let out = Arc::new(parking_lot::Mutex::new(std::io::stdout()));
+    writeln!(out.lock(), "READY").unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let dg = dg.clone();
+        let out = out.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ w);
+            let mut version = first + w;
+            loop {
+                let lba = rng.gen_range(0..BLOCKS / WRITERS) * WRITERS + w;
+                writeln!(out.lock(), "I {lba} {version}").unwrap();
+                dg.write(
+                    C,
+                    Lba(lba),
+                    bytes_of(&[payload(C.0, lba, version)]),
+                    Epoch(1),
+                )
+                .await
+                .unwrap();
+                let mut o = out.lock();
+                writeln!(o, "A {lba} {version}").unwrap();
+                o.flush().unwrap();
+                version += WRITERS;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+async fn kill9_cycles(cycles: u64, unsafe_ack: bool) -> (Violations, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x9);
+    let mut ledger = Ledger::default();
+    let mut total = Violations::default();
+    let mut acked_writes = 0;
+    for cycle in 0..cycles {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "crash_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TESSERA_CRASH_CHILD_DIR", dir.path())
+        .env(
+            "TESSERA_CRASH_CHILD_VERSION",
+            ((cycle + 1) * 1_000_000).to_string(),
+        )
+        .env("TESSERA_CRASH_CHILD_SEED", rng.gen::<u64>().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        if unsafe_ack {
+            cmd.env("TESSERA_CRASH_CHILD_UNSAFE", "1");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        // One cycle in four kills the child while it may still be
+        // recovering, the others while it writes.
+        let early = !unsafe_ack && rng.gen_bool(0.25);
+        let deadline = Instant::now() + CHILD_READY_TIMEOUT;
+        let mut waiting = !early;
+        while waiting {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) if l.ends_with("READY") => waiting = false,
+                Ok(l) => lines.push(l),
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the child did not open its disk group within {CHILD_READY_TIMEOUT:?}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..300))).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        reader.join().unwrap();
+        lines.extend(rx.try_iter());
+        for l in lines {
+            let mut parts = l.split_whitespace();
+            let (Some(kind), Some(lba), Some(version)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let (Ok(lba), Ok(version)) = (lba.parse::<u64>(), version.parse::<u64>()) else {
+                continue;
+            };
+            match kind {
+                "I" => ledger.issued.entry(lba).or_default().push(version),
+                "A" => {
+                    acked_writes += 1;
+                    ledger.acked.insert(lba, version);
+                }
+                _ => {}
+            }
+        }
+        if std::env::var("TESSERA_CRASH_DEBUG").is_ok() {
+            let cfg = file_config(dir.path());
+            let r = tessera_store::check_devices(&[
+                cfg.cache.path.clone(),
+                cfg.capacity[0].path.clone(),
+            ]);
+            eprintln!("{r}");
+        }
+        let dg = DiskGroup::open(file_config(dir.path())).await.unwrap();
+        let v = check(&dg, &mut ledger).await;
+        total.lost += v.lost;
+        total.torn += v.torn;
+        total.phantom += v.phantom;
+        total.errors += v.errors;
+        drop(dg);
+    }
+    (total, acked_writes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_loses_no_acknowledged_write() {
+    let n = cycles();
+    let (v, acked) = kill9_cycles(n, false).await;
+    println!("kill -9: {n} cycles, {acked} writes acknowledged, violations: {v:?}");
+    assert!(acked > 0, "the child acknowledged nothing");
+    assert_eq!(v.total(), 0, "{v:?}");
+}
