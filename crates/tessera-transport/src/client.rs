@@ -128,7 +128,7 @@ impl ClientConnection {
                 .map_err(|source| TransportError::Encode {
                     peer: peer.clone(),
                     addr,
-                    source,
+                    source: Box::new(source),
                 })?;
             match faults.fate(local, peer) {
                 FrameFate::Drop => bump(&counters.frames_lost_to_faults),

@@ -113,8 +113,14 @@ pub enum TransportError {
         peer: HostId,
         /// Its address.
         addr: SocketAddr,
-        /// Why.
-        source: WireError,
+        /// Why (boxed: it is rare and large).
+        source: Box<WireError>,
+    },
+    /// [`crate::Transport::serve`] was called a second time.
+    #[error("transport of host {host} already serves a handler")]
+    AlreadyServing {
+        /// This host.
+        host: HostId,
     },
     /// This host's transport has been shut down.
     #[error("transport of host {host} is shut down")]
@@ -128,7 +134,9 @@ impl TransportError {
     /// The peer the failed call was for, if the error concerns a call.
     pub fn peer(&self) -> Option<&HostId> {
         match self {
-            TransportError::Bind { .. } | TransportError::Shutdown { .. } => None,
+            TransportError::Bind { .. }
+            | TransportError::AlreadyServing { .. }
+            | TransportError::Shutdown { .. } => None,
             TransportError::Connect { peer, .. }
             | TransportError::Timeout { peer, .. }
             | TransportError::Partitioned { peer, .. }

@@ -47,6 +47,9 @@ pub struct Transport {
     /// connection, not many.
     connecting: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     shutdown: watch::Sender<bool>,
+    /// The listening socket until [`Transport::serve`] hands it to the
+    /// accept loop.
+    listener: Mutex<Option<tokio::net::TcpListener>>,
     accept_task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -83,6 +86,21 @@ impl Transport {
         config: TransportConfig,
         faults: FaultHooks,
     ) -> Result<Transport, TransportError> {
+        let transport = Transport::listen(host, listen, config, faults)?;
+        transport.serve(handler)?;
+        Ok(transport)
+    }
+
+    /// Opens the listening socket without serving yet: calls to peers work
+    /// at once, and peers' connections wait in the backlog until
+    /// [`Transport::serve`]. For a handler that needs the transport itself
+    /// (a coordinator that forwards or mirrors through it).
+    pub fn listen(
+        host: HostId,
+        listen: SocketAddr,
+        config: TransportConfig,
+        faults: FaultHooks,
+    ) -> Result<Transport, TransportError> {
         let bind_error = |source| TransportError::Bind {
             host: host.clone(),
             addr: listen,
@@ -100,29 +118,40 @@ impl Transport {
         socket.bind(listen).map_err(bind_error)?;
         let listener = socket.listen(LISTEN_BACKLOG).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let counters = Arc::new(Counters::default());
-        let context = Arc::new(ServerContext {
-            host: host.clone(),
-            handler,
-            faults: faults.clone(),
-            config: config.clone(),
-            counters: counters.clone(),
-        });
-        let accept_task = tokio::spawn(accept_loop(listener, context, shutdown_rx));
+        let (shutdown, _) = watch::channel(false);
         tracing::info!(%host, %local_addr, "transport listening");
         Ok(Transport {
             host,
             local_addr,
             config,
             faults,
-            counters,
+            counters: Arc::new(Counters::default()),
             pool: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
             shutdown,
-            accept_task: Mutex::new(Some(accept_task)),
+            listener: Mutex::new(Some(listener)),
+            accept_task: Mutex::new(None),
         })
+    }
+
+    /// Starts answering peers' requests with `handler`. A transport serves
+    /// one handler for its whole life: a second call is refused.
+    pub fn serve(&self, handler: Arc<dyn RequestHandler>) -> Result<(), TransportError> {
+        let Some(listener) = self.listener.lock().take() else {
+            return Err(TransportError::AlreadyServing {
+                host: self.host.clone(),
+            });
+        };
+        let context = Arc::new(ServerContext {
+            host: self.host.clone(),
+            handler,
+            faults: self.faults.clone(),
+            config: self.config.clone(),
+            counters: self.counters.clone(),
+        });
+        let task = tokio::spawn(accept_loop(listener, context, self.shutdown.subscribe()));
+        *self.accept_task.lock() = Some(task);
+        Ok(())
     }
 
     /// This host.
@@ -274,7 +303,7 @@ impl Transport {
                     return Err(TransportError::Encode {
                         peer: to.clone(),
                         addr,
-                        source,
+                        source: Box::new(source),
                     })
                 }
             }
@@ -352,6 +381,7 @@ impl Transport {
     /// waits until the listening port is free again.
     pub async fn shutdown(&self) {
         self.shutdown.send_replace(true);
+        self.listener.lock().take();
         let connections: Vec<_> = self.pool.lock().drain().map(|(_, c)| c).collect();
         for connection in connections {
             connection.shut_down("transport shut down").await;

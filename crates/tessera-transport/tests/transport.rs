@@ -823,3 +823,48 @@ async fn concurrent_calls_of_mixed_sizes_arrive_intact_on_both_queues() {
     assert_eq!(seen.len(), sent.len());
     assert!(seen == sent, "a request arrived altered");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_can_call_before_it_serves() {
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(5)));
+    let b = node_at("h2", loopback(), TransportConfig::default(), &faults).await;
+    let a = Arc::new(
+        Transport::listen(
+            host("h1"),
+            loopback(),
+            TransportConfig::default(),
+            faults.clone(),
+        )
+        .unwrap(),
+    );
+    // Calling out works before serving.
+    let got = a
+        .call(&b.host(), b.addr(), QueueClass::Guest, Request::Ping)
+        .await
+        .unwrap();
+    assert_eq!(got, Response::Pong);
+
+    // A peer's call waits in the backlog until the handler is there.
+    let early = {
+        let b = b.transport.clone();
+        let addr = a.local_addr();
+        tokio::spawn(async move {
+            let flush = Request::Flush {
+                component: component(1),
+            };
+            b.call(&host("h1"), addr, QueueClass::Guest, flush).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!early.is_finished());
+    let replica = Arc::new(RecordingReplica::default());
+    a.serve(replica.clone()).unwrap();
+    assert_eq!(early.await.unwrap().unwrap(), Response::Ok);
+    assert_eq!(replica.seen().len(), 1);
+
+    let again = a.serve(Arc::new(RecordingReplica::default())).unwrap_err();
+    assert!(
+        matches!(again, TransportError::AlreadyServing { .. }),
+        "{again}"
+    );
+}
