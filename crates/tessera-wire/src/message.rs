@@ -568,7 +568,51 @@ impl Request {
     }
 }
 
+impl Request {
+    /// The component a component operation addresses (`None` for volume
+    /// operations and the handshake): what the replica service routes on.
+    pub fn component(&self) -> Option<&ComponentRef> {
+        match self {
+            Request::CreateComponent { component, .. }
+            | Request::DeleteComponent { component }
+            | Request::ResizeComponent { component, .. }
+            | Request::Write { component, .. }
+            | Request::Read { component, .. }
+            | Request::Unmap { component, .. }
+            | Request::WriteZeroes { component, .. }
+            | Request::Flush { component }
+            | Request::Fence { component, .. }
+            | Request::Allocated { component, .. }
+            | Request::ComponentStatus { component } => Some(component),
+            _ => None,
+        }
+    }
+
+    /// The volume a request concerns, for component and volume operations
+    /// alike (`None` for the handshake and pings).
+    pub fn volume(&self) -> Option<&VolumeId> {
+        match self {
+            Request::VolumeRead { volume, .. }
+            | Request::VolumeWrite { volume, .. }
+            | Request::VolumeFlush { volume }
+            | Request::VolumeUnmap { volume, .. }
+            | Request::VolumeWriteZeroes { volume, .. }
+            | Request::VolumeCompareAndWrite { volume, .. }
+            | Request::VolumeBlockStatus { volume, .. } => Some(volume),
+            other => other.component().map(|c| &c.volume),
+        }
+    }
+}
+
 impl Response {
+    /// The error kind if this answer reports a failure.
+    pub fn error_kind(&self) -> Option<WireErrorKind> {
+        match self {
+            Response::Error { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
     /// The kind number of this response.
     pub fn kind(&self) -> MessageKind {
         match self {

@@ -438,3 +438,28 @@ fn too_large_message_is_refused_when_encoding() {
         Err(WireError::FrameTooLarge { .. })
     ));
 }
+
+#[test]
+fn requests_name_what_they_address() {
+    let c = ComponentRef {
+        volume: VolumeId::new("v1").unwrap(),
+        id: ComponentId(4),
+    };
+    let write = Request::Fence {
+        component: c.clone(),
+        epoch: Epoch(2),
+    };
+    assert_eq!(write.component(), Some(&c));
+    assert_eq!(write.volume(), Some(&c.volume));
+    let forwarded = Request::VolumeFlush {
+        volume: VolumeId::new("v2").unwrap(),
+    };
+    assert_eq!(forwarded.component(), None);
+    assert_eq!(forwarded.volume().map(VolumeId::as_str), Some("v2"));
+    assert_eq!(Request::Ping.volume(), None);
+    assert_eq!(
+        Response::error(WireErrorKind::NotOwner, "moved").error_kind(),
+        Some(WireErrorKind::NotOwner)
+    );
+    assert_eq!(Response::Ok.error_kind(), None);
+}
