@@ -1,0 +1,691 @@
+//! Every key Tessera stores in the directory, and the record stored there.
+//!
+//! Owns: the layout of the keyspace under `/tessera/<cluster>/` and the
+//! serde records (JSON, so `etcdctl get` and `tessera dump` show text a
+//! person can read). Callers name keys only through [`Keyspace`], which hands
+//! out typed [`Key`]s and [`Prefix`]es; [`get`], [`put`], [`cas`], [`list`]
+//! and [`delete`] read and write them. Nobody else formats key strings.
+//!
+//! Must not touch: what the records mean to the layers that use them.
+//!
+//! Invariants:
+//! - every key is `/tessera/<cluster>/<kind>/<name>[/<name>]`, and every name
+//!   in it is a checked identifier (no `/`), so a prefix never matches a
+//!   neighbour (`volumes/a/` is not a prefix of `volumes/ab/...`);
+//! - a record type is stored under exactly one kind of key;
+//! - records only gain optional fields (`#[serde(default)]`), so an older
+//!   value always decodes.
+//!
+//! The keys:
+//!
+//! | key | record | lease |
+//! |---|---|---|
+//! | `hosts/<host>` | [`HostRecord`] | none: inventory outlives the process |
+//! | `liveness/<host>` | [`HostLiveness`] | the host's session lease |
+//! | `fault-domains/<fd>` | [`FaultDomainRecord`] | none |
+//! | `disk-groups/<host>/<dg>` | [`DiskGroupRecord`] | none |
+//! | `policies/<name>` | [`Policy`] | none |
+//! | `volumes/<volume>` | [`VolumeRecord`] | none |
+//! | `layouts/<volume>` | [`Layout`] | none |
+//! | `components/<volume>/<component>` | [`ComponentStateRecord`] | none |
+//! | `owners/<volume>` | [`OwnerRecord`] | the owner's lease |
+//! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
+
+use crate::{
+    Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
+    WatchEvent, WatchEventKind,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use tessera_types::layout::{ComponentState, Layout};
+use tessera_types::policy::Policy;
+use tessera_types::{ComponentId, DiskGroupId, Epoch, FaultDomainId, HostId, PolicyName, VolumeId};
+
+/// The root of every key Tessera writes.
+pub const ROOT: &str = "/tessera";
+
+/// A key whose value is a `T`.
+pub struct Key<T> {
+    path: String,
+    record: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Key<T> {
+    fn clone(&self) -> Self {
+        Key {
+            path: self.path.clone(),
+            record: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Key<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.path)
+    }
+}
+
+impl<T> fmt::Display for Key<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.path)
+    }
+}
+
+impl<T> PartialEq for Key<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path
+    }
+}
+
+impl<T> Eq for Key<T> {}
+
+impl<T> Key<T> {
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+
+    /// A transaction condition: the key does not exist.
+    pub fn absent(&self) -> Compare {
+        Compare::Absent {
+            key: self.path.clone(),
+        }
+    }
+
+    /// A transaction condition: the key was last changed at `revision`.
+    pub fn at_revision(&self, revision: Revision) -> Compare {
+        Compare::ModRevision {
+            key: self.path.clone(),
+            revision,
+        }
+    }
+
+    /// A transaction write deleting the key.
+    pub fn delete_op(&self) -> TxnOp {
+        TxnOp::Delete {
+            key: self.path.clone(),
+        }
+    }
+}
+
+impl<T: Serialize> Key<T> {
+    /// A transaction write storing `value`, attached to `lease` if given.
+    pub fn put_op(&self, value: &T, lease: Option<LeaseId>) -> Result<TxnOp> {
+        Ok(TxnOp::Put {
+            key: self.path.clone(),
+            value: encode(&self.path, value)?,
+            lease,
+        })
+    }
+
+    /// A transaction condition: the key holds exactly `value` (as encoded
+    /// by this build).
+    pub fn holds(&self, value: &T) -> Result<Compare> {
+        Ok(Compare::Value {
+            key: self.path.clone(),
+            value: encode(&self.path, value)?,
+        })
+    }
+}
+
+/// All keys of one kind (or one kind under one parent), whose values are `T`.
+pub struct Prefix<T> {
+    path: String,
+    record: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Prefix<T> {
+    fn clone(&self) -> Self {
+        Prefix {
+            path: self.path.clone(),
+            record: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Prefix<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Prefix({})", self.path)
+    }
+}
+
+impl<T> Prefix<T> {
+    /// The prefix as stored, ending in `/`.
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+}
+
+impl<T: DeserializeOwned> Prefix<T> {
+    /// Decodes a watch event under this prefix: the record for a put,
+    /// `None` for a delete.
+    pub fn decode_event(&self, event: &WatchEvent) -> Result<Option<T>> {
+        match event.kind {
+            WatchEventKind::Put => decode(&event.kv.key, &event.kv.value).map(Some),
+            WatchEventKind::Delete => Ok(None),
+        }
+    }
+}
+
+fn encode<T: Serialize>(key: &str, value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| DirectoryError::InvalidRequest {
+        detail: format!("cannot encode the record for {key}: {e}"),
+    })
+}
+
+fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| DirectoryError::Decode {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+/// A record read from the directory, with its key's history.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record<T> {
+    /// The key it was read from.
+    pub key: String,
+    /// The decoded value.
+    pub value: T,
+    /// Revision that created the key.
+    pub create_revision: Revision,
+    /// Revision of its last change: pass it to [`cas`] to update it only if
+    /// nobody changed it since.
+    pub mod_revision: Revision,
+    /// The lease it is attached to.
+    pub lease: Option<LeaseId>,
+}
+
+impl<T: DeserializeOwned> Record<T> {
+    fn from_kv(kv: KeyValue) -> Result<Record<T>> {
+        Ok(Record {
+            value: decode(&kv.key, &kv.value)?,
+            key: kv.key,
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            lease: kv.lease,
+        })
+    }
+}
+
+/// Records under a prefix, read at one revision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordListing<T> {
+    /// The records in key order.
+    pub records: Vec<Record<T>>,
+    /// The revision they reflect; watch from `revision + 1`.
+    pub revision: Revision,
+}
+
+/// Reads the record at `key`.
+pub async fn get<T: DeserializeOwned>(
+    directory: &dyn Directory,
+    key: &Key<T>,
+) -> Result<Option<Record<T>>> {
+    directory
+        .get(&key.path)
+        .await?
+        .map(Record::from_kv)
+        .transpose()
+}
+
+/// Stores `value` at `key` unconditionally; returns the change's revision.
+pub async fn put<T: Serialize>(
+    directory: &dyn Directory,
+    key: &Key<T>,
+    value: &T,
+    lease: Option<LeaseId>,
+) -> Result<Revision> {
+    directory
+        .put(&key.path, encode(&key.path, value)?, lease)
+        .await
+}
+
+/// Stores `value` at `key` only if the key is unchanged since `expected`:
+/// `None` means "does not exist", `Some(rev)` means "last changed at `rev`"
+/// (a [`Record::mod_revision`]). A lost race is `succeeded: false`.
+pub async fn cas<T: Serialize>(
+    directory: &dyn Directory,
+    key: &Key<T>,
+    expected: Option<Revision>,
+    value: &T,
+    lease: Option<LeaseId>,
+) -> Result<TxnOutcome> {
+    let compare = match expected {
+        None => key.absent(),
+        Some(revision) => key.at_revision(revision),
+    };
+    directory
+        .txn(
+            crate::Txn::new()
+                .when([compare])
+                .and_then([key.put_op(value, lease)?]),
+        )
+        .await
+}
+
+/// Deletes `key`; returns whether it existed.
+pub async fn delete<T>(directory: &dyn Directory, key: &Key<T>) -> Result<bool> {
+    directory.delete(&key.path).await
+}
+
+/// Reads every record under `prefix`.
+pub async fn list<T: DeserializeOwned>(
+    directory: &dyn Directory,
+    prefix: &Prefix<T>,
+) -> Result<RecordListing<T>> {
+    let listing = directory.list(&prefix.path).await?;
+    Ok(RecordListing {
+        records: listing
+            .entries
+            .into_iter()
+            .map(Record::from_kv)
+            .collect::<Result<_>>()?,
+        revision: listing.revision,
+    })
+}
+
+/// The keys of one cluster: everything under `/tessera/<cluster>/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keyspace {
+    root: String,
+}
+
+impl Keyspace {
+    /// The keyspace of the cluster named `cluster` (letters, digits, `.`,
+    /// `_`, `-`; starting with a letter or digit).
+    pub fn new(cluster: &str) -> Result<Keyspace> {
+        // Cluster names follow the same rule as every other name in a key.
+        tessera_types::VolumeId::new(cluster).map_err(|_| DirectoryError::InvalidRequest {
+            detail: format!(
+                "cluster name {cluster:?} cannot be part of a key: use 1 to {} letters, digits, '.', '_' or '-', starting with a letter or digit",
+                tessera_types::NAME_BYTES_MAX
+            ),
+        })?;
+        Ok(Keyspace {
+            root: format!("{ROOT}/{cluster}/"),
+        })
+    }
+
+    /// Everything of this cluster (for dumps).
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    fn key<T>(&self, parts: &[&str]) -> Key<T> {
+        Key {
+            path: format!("{}{}", self.root, parts.join("/")),
+            record: PhantomData,
+        }
+    }
+
+    fn prefix<T>(&self, parts: &[&str]) -> Prefix<T> {
+        Prefix {
+            path: format!("{}{}/", self.root, parts.join("/")),
+            record: PhantomData,
+        }
+    }
+
+    /// A host's inventory record.
+    pub fn host(&self, host: &HostId) -> Key<HostRecord> {
+        self.key(&["hosts", host.as_str()])
+    }
+
+    /// Every host's inventory record.
+    pub fn hosts(&self) -> Prefix<HostRecord> {
+        self.prefix(&["hosts"])
+    }
+
+    /// A host's liveness key, attached to its session lease.
+    pub fn liveness(&self, host: &HostId) -> Key<HostLiveness> {
+        self.key(&["liveness", host.as_str()])
+    }
+
+    /// The liveness keys of every live host.
+    pub fn liveness_all(&self) -> Prefix<HostLiveness> {
+        self.prefix(&["liveness"])
+    }
+
+    /// A fault domain's record.
+    pub fn fault_domain(&self, fault_domain: &FaultDomainId) -> Key<FaultDomainRecord> {
+        self.key(&["fault-domains", fault_domain.as_str()])
+    }
+
+    /// Every fault domain's record.
+    pub fn fault_domains(&self) -> Prefix<FaultDomainRecord> {
+        self.prefix(&["fault-domains"])
+    }
+
+    /// A disk group's record.
+    pub fn disk_group(&self, host: &HostId, disk_group: &DiskGroupId) -> Key<DiskGroupRecord> {
+        self.key(&["disk-groups", host.as_str(), disk_group.as_str()])
+    }
+
+    /// The disk groups of one host.
+    pub fn disk_groups_of(&self, host: &HostId) -> Prefix<DiskGroupRecord> {
+        self.prefix(&["disk-groups", host.as_str()])
+    }
+
+    /// Every disk group in the cluster.
+    pub fn disk_groups(&self) -> Prefix<DiskGroupRecord> {
+        self.prefix(&["disk-groups"])
+    }
+
+    /// A storage policy.
+    pub fn policy(&self, name: &PolicyName) -> Key<Policy> {
+        self.key(&["policies", name.as_str()])
+    }
+
+    /// Every storage policy.
+    pub fn policies(&self) -> Prefix<Policy> {
+        self.prefix(&["policies"])
+    }
+
+    /// A volume's record.
+    pub fn volume(&self, volume: &VolumeId) -> Key<VolumeRecord> {
+        self.key(&["volumes", volume.as_str()])
+    }
+
+    /// Every volume's record.
+    pub fn volumes(&self) -> Prefix<VolumeRecord> {
+        self.prefix(&["volumes"])
+    }
+
+    /// A volume's layout.
+    pub fn layout(&self, volume: &VolumeId) -> Key<Layout> {
+        self.key(&["layouts", volume.as_str()])
+    }
+
+    /// Every volume's layout.
+    pub fn layouts(&self) -> Prefix<Layout> {
+        self.prefix(&["layouts"])
+    }
+
+    /// The state of one component of a volume.
+    pub fn component_state(
+        &self,
+        volume: &VolumeId,
+        component: ComponentId,
+    ) -> Key<ComponentStateRecord> {
+        self.key(&["components", volume.as_str(), &component.to_string()])
+    }
+
+    /// The component states of one volume.
+    pub fn component_states_of(&self, volume: &VolumeId) -> Prefix<ComponentStateRecord> {
+        self.prefix(&["components", volume.as_str()])
+    }
+
+    /// Every component state in the cluster.
+    pub fn component_states(&self) -> Prefix<ComponentStateRecord> {
+        self.prefix(&["components"])
+    }
+
+    /// A volume's owner lease key.
+    pub fn owner(&self, volume: &VolumeId) -> Key<OwnerRecord> {
+        self.key(&["owners", volume.as_str()])
+    }
+
+    /// Every volume's owner.
+    pub fn owners(&self) -> Prefix<OwnerRecord> {
+        self.prefix(&["owners"])
+    }
+
+    /// The highest owner epoch ever granted for a volume.
+    pub fn owner_epoch(&self, volume: &VolumeId) -> Key<OwnerEpochRecord> {
+        self.key(&["owner-epochs", volume.as_str()])
+    }
+}
+
+/// Where a host can be reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostAddresses {
+    /// Host-to-host transport (component I/O, resync).
+    pub transport: SocketAddr,
+    /// NBD server.
+    pub nbd: SocketAddr,
+    /// iSCSI target portal.
+    pub iscsi: SocketAddr,
+    /// Management REST API.
+    pub api: SocketAddr,
+}
+
+/// A disk group as the host's inventory lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostDiskGroup {
+    /// Its identity.
+    pub id: DiskGroupId,
+    /// Bytes of capacity tier it offers.
+    pub capacity_bytes: u64,
+}
+
+/// A host's inventory: who it is, where it lives and what it offers. Written
+/// when the host registers; kept while the host is absent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// Its identity.
+    pub id: HostId,
+    /// The fault domain it belongs to.
+    pub fault_domain: FaultDomainId,
+    /// Where it listens.
+    pub addresses: HostAddresses,
+    /// Its disk groups.
+    pub disk_groups: Vec<HostDiskGroup>,
+    /// Holds witness components only (no data).
+    #[serde(default)]
+    pub witness_only: bool,
+}
+
+/// Present while a host is alive: attached to the host's session lease, so
+/// it disappears when the host stops sending keep-alives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLiveness {
+    /// The host.
+    pub host: HostId,
+    /// The session lease the key is attached to.
+    pub lease: LeaseId,
+}
+
+/// A fault domain: hosts that fail together.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultDomainRecord {
+    /// Its identity.
+    pub id: FaultDomainId,
+    /// What it is, for people ("rack 3", "site B").
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Health of a disk group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskGroupState {
+    /// Serving I/O.
+    Healthy,
+    /// A device reports errors; components are being moved off.
+    Degraded,
+    /// Lost: its components are rebuilt elsewhere.
+    Failed,
+    /// Being emptied on request before removal.
+    Evacuating,
+}
+
+/// A disk group's state and space.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskGroupRecord {
+    /// The host it is on.
+    pub host: HostId,
+    /// Its identity.
+    pub id: DiskGroupId,
+    /// Its health.
+    pub state: DiskGroupState,
+    /// Bytes of capacity tier.
+    pub capacity_bytes: u64,
+    /// Bytes in use (unique blocks after dedup and compression, plus metadata).
+    pub used_bytes: u64,
+    /// Bytes promised to thick volumes but not yet written.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+}
+
+/// Where a volume is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeState {
+    /// Its layout and components are being made.
+    Creating,
+    /// Usable.
+    Ready,
+    /// Its components are being removed.
+    Deleting,
+}
+
+/// A volume: what a client attaches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// Its name (also the NBD export name).
+    pub name: VolumeId,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// The storage policy it follows.
+    pub policy: PolicyName,
+    /// Where it is in its life.
+    pub state: VolumeState,
+    /// When it was created, in wall-clock milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// Bytes reserved up front (the policy's space reservation x size x
+    /// copies); 0 for a thin volume.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+}
+
+/// Progress of bringing a component up to date.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncProgress {
+    /// Bytes copied so far.
+    pub bytes_done: u64,
+    /// Bytes to copy in total.
+    pub bytes_total: u64,
+}
+
+/// One component's state, as the volume's owner last recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentStateRecord {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The component.
+    pub component: ComponentId,
+    /// Its state.
+    pub state: ComponentState,
+    /// Bytes written while it was absent, waiting for a delta resync.
+    #[serde(default)]
+    pub dirty_bytes: u64,
+    /// Resync progress while resyncing.
+    #[serde(default)]
+    pub resync: Option<ResyncProgress>,
+    /// The owner epoch that wrote this record.
+    pub epoch: Epoch,
+    /// When it was written, in wall-clock milliseconds.
+    pub updated_ms: u64,
+}
+
+/// A volume's owner: the host coordinating its I/O. Attached to the owner's
+/// lease, so it disappears when the owner stops renewing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The owning host.
+    pub host: HostId,
+    /// The owner's epoch: replicas reject writes from any lower epoch.
+    pub epoch: Epoch,
+    /// The lease the key is attached to.
+    pub lease: LeaseId,
+}
+
+/// The highest epoch ever granted for a volume. Kept without a lease, so
+/// epochs keep rising after an owner key vanished with its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerEpochRecord {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The highest epoch granted.
+    pub epoch: Epoch,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ks() -> Keyspace {
+        Keyspace::new("lab").unwrap()
+    }
+
+    #[test]
+    fn keys_have_the_documented_shape() {
+        let v = VolumeId::new("db").unwrap();
+        let h = HostId::new("h1").unwrap();
+        assert_eq!(ks().volume(&v).as_str(), "/tessera/lab/volumes/db");
+        assert_eq!(ks().owner(&v).as_str(), "/tessera/lab/owners/db");
+        assert_eq!(
+            ks().owner_epoch(&v).as_str(),
+            "/tessera/lab/owner-epochs/db"
+        );
+        assert_eq!(ks().liveness(&h).as_str(), "/tessera/lab/liveness/h1");
+        assert_eq!(
+            ks().component_state(&v, ComponentId(7)).as_str(),
+            "/tessera/lab/components/db/c0000000000000007"
+        );
+        assert_eq!(
+            ks().disk_group(&h, &DiskGroupId::new("dg0").unwrap())
+                .as_str(),
+            "/tessera/lab/disk-groups/h1/dg0"
+        );
+        assert!(Keyspace::new("a/b").is_err());
+        assert!(Keyspace::new("").is_err());
+    }
+
+    proptest! {
+        /// A per-parent prefix never matches the keys of a neighbour whose
+        /// name merely starts with the same letters.
+        #[test]
+        fn prefixes_do_not_leak_into_neighbours(a in "[a-z][a-z0-9]{0,6}", b in "[a-z][a-z0-9]{0,6}", c in 0u64..1000) {
+            prop_assume!(a != b);
+            let va = VolumeId::new(a).unwrap();
+            let vb = VolumeId::new(b).unwrap();
+            let key = ks().component_state(&vb, ComponentId(c));
+            prop_assert!(!key.as_str().starts_with(ks().component_states_of(&va).as_str()));
+            prop_assert!(key.as_str().starts_with(ks().component_states_of(&vb).as_str()));
+            prop_assert!(key.as_str().starts_with(ks().component_states().as_str()));
+            prop_assert!(!ks().volume(&vb).as_str().starts_with(ks().layouts().as_str()));
+        }
+    }
+
+    #[test]
+    fn records_are_readable_json() {
+        let record = VolumeRecord {
+            name: VolumeId::new("db").unwrap(),
+            size_bytes: 1 << 30,
+            policy: PolicyName::new("default").unwrap(),
+            state: VolumeState::Ready,
+            created_ms: 5,
+            reserved_bytes: 0,
+        };
+        let text = String::from_utf8(encode("k", &record).unwrap()).unwrap();
+        assert!(text.contains(r#""state":"ready""#), "{text}");
+        assert!(text.contains(r#""name":"db""#), "{text}");
+        let back: VolumeRecord = decode("k", text.as_bytes()).unwrap();
+        assert_eq!(back, record);
+        // Optional fields may be missing in values written by older builds.
+        let old = r#"{"name":"db","size_bytes":1,"policy":"p","state":"creating","created_ms":0}"#;
+        let back: VolumeRecord = decode("k", old.as_bytes()).unwrap();
+        assert_eq!(back.reserved_bytes, 0);
+        match decode::<VolumeRecord>("/tessera/lab/volumes/db", b"{") {
+            Err(DirectoryError::Decode { key, .. }) => assert_eq!(key, "/tessera/lab/volumes/db"),
+            other => panic!("expected a decode error, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Host membership: registration, liveness through a lease, and the list of
+//! live hosts.
+//!
+//! Owns: the host's session lease and the task that renews it. A host writes
+//! its inventory ([`HostRecord`], no lease: it stays while the host is away)
+//! and its liveness key ([`HostLiveness`], attached to the session lease).
+//! When the host stops renewing (crash, hang, partition) the lease lapses
+//! and the liveness key disappears; everyone watching sees the host absent.
+//!
+//! Must not touch: what absence means for components (the object layer
+//! decides about dirty regions, resync and rebuild).
+//!
+//! Invariant: a [`HostSession`] reports itself lost as soon as the directory
+//! says its lease is gone, or when no renewal succeeded for a whole time to
+//! live; it never reports live on a lease it cannot prove alive.
+
+use crate::keys::{self, HostLiveness, HostRecord, Keyspace};
+use crate::{Directory, DirectoryError, Lease, LeaseId, Result};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_types::HostId;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Renewals sent per lease time to live: three, so that one lost or slow
+/// renewal does not lose the lease.
+pub const KEEPALIVES_PER_TTL: u32 = 3;
+
+/// Whether a host's session lease is alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// Renewed within its time to live.
+    Live,
+    /// Lapsed or revoked: the host counts as absent, and keys attached to
+    /// the lease (liveness, owner keys) are gone.
+    Lost,
+}
+
+/// A registered host's session: renews the lease in the background until it
+/// is stopped or dropped. Dropping it stops renewing without revoking (as a
+/// crash would: the host disappears after the time to live); [`stop`]
+/// revokes the lease so the host disappears at once.
+///
+/// [`stop`]: HostSession::stop
+pub struct HostSession {
+    host: HostId,
+    lease: Lease,
+    directory: Arc<dyn Directory>,
+    state: watch::Receiver<SessionState>,
+    renewer: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for HostSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostSession")
+            .field("host", &self.host)
+            .field("lease", &self.lease)
+            .field("state", &*self.state.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostSession {
+    /// The registered host.
+    pub fn host(&self) -> &HostId {
+        &self.host
+    }
+
+    /// The session lease (use it for the host's owner keys, so ownership
+    /// ends when the host does).
+    pub fn lease(&self) -> LeaseId {
+        self.lease.id
+    }
+
+    /// The lease's time to live as granted.
+    pub fn ttl(&self) -> Duration {
+        self.lease.ttl
+    }
+
+    /// The session's state now.
+    pub fn state(&self) -> SessionState {
+        *self.state.borrow()
+    }
+
+    /// Waits until the session is lost.
+    pub async fn lost(&self) {
+        let mut state = self.state.clone();
+        // An error means the renewer ended, which it does only when lost.
+        let _ = state.wait_for(|s| *s == SessionState::Lost).await;
+    }
+
+    /// Leaves the cluster: stops renewing and revokes the lease, deleting the
+    /// liveness key (and any owner keys on the lease) now.
+    pub async fn stop(self) -> Result<()> {
+        self.renewer.abort();
+        match self.directory.revoke_lease(self.lease.id).await {
+            Ok(()) | Err(DirectoryError::LeaseNotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for HostSession {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
+}
+
+/// Registers `record`'s host: grants a session lease of `ttl`, writes the
+/// host's inventory record and its liveness key (attached to the lease), and
+/// starts renewing the lease.
+pub async fn register_host(
+    directory: Arc<dyn Directory>,
+    keys: &Keyspace,
+    record: HostRecord,
+    ttl: Duration,
+) -> Result<HostSession> {
+    let lease = directory.grant_lease(ttl).await?;
+    let host = record.id.clone();
+    let written = async {
+        keys::put(&*directory, &keys.host(&host), &record, None).await?;
+        let liveness = HostLiveness {
+            host: host.clone(),
+            lease: lease.id,
+        };
+        keys::put(
+            &*directory,
+            &keys.liveness(&host),
+            &liveness,
+            Some(lease.id),
+        )
+        .await
+    }
+    .await;
+    if let Err(e) = written {
+        let _ = directory.revoke_lease(lease.id).await;
+        return Err(e);
+    }
+    let (state_tx, state) = watch::channel(SessionState::Live);
+    let renewer = tokio::spawn(renew_session(
+        directory.clone(),
+        host.clone(),
+        lease,
+        state_tx,
+    ));
+    tracing::info!(%host, lease = %lease.id, ttl_ms = lease.ttl.as_millis() as u64, "host registered");
+    Ok(HostSession {
+        host,
+        lease,
+        directory,
+        state,
+        renewer,
+    })
+}
+
+async fn renew_session(
+    directory: Arc<dyn Directory>,
+    host: HostId,
+    lease: Lease,
+    state: watch::Sender<SessionState>,
+) {
+    let interval = lease.ttl / KEEPALIVES_PER_TTL;
+    let mut last_renewed = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(interval).await;
+        match directory.keep_alive(lease.id).await {
+            Ok(()) => last_renewed = tokio::time::Instant::now(),
+            Err(DirectoryError::LeaseNotFound { .. }) => {
+                tracing::warn!(%host, lease = %lease.id, "session lease lapsed; host is absent");
+                let _ = state.send(SessionState::Lost);
+                return;
+            }
+            Err(e) => {
+                if last_renewed.elapsed() >= lease.ttl {
+                    tracing::warn!(%host, lease = %lease.id, error = %e, "no renewal within the lease's time to live; host is absent");
+                    let _ = state.send(SessionState::Lost);
+                    return;
+                }
+                tracing::warn!(%host, lease = %lease.id, error = %e, "renewing session lease failed; retrying");
+            }
+        }
+    }
+}
+
+/// The hosts whose liveness key exists, in name order.
+pub async fn live_hosts(directory: &dyn Directory, keys: &Keyspace) -> Result<Vec<HostId>> {
+    Ok(keys::list(directory, &keys.liveness_all())
+        .await?
+        .records
+        .into_iter()
+        .map(|r| r.value.host)
+        .collect())
+}
