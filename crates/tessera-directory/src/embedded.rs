@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tessera_env::Clock;
@@ -147,7 +147,7 @@ impl Watcher {
         match self.events.try_send(Ok(event.clone())) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
-                self.lagged.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.lagged.store(true, Ordering::SeqCst);
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -201,6 +201,10 @@ struct Inner {
     path: PathBuf,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// The earliest lease deadline in nanoseconds of the clock (`u64::MAX`
+    /// without leases), so reads can tell without the state lock whether a
+    /// lease is due; the lock may be held by a writer waiting on fsync.
+    earliest_deadline_ns: AtomicU64,
 }
 
 /// The embedded directory backend. Cheap to clone; all clones share one file.
@@ -260,6 +264,10 @@ impl EmbeddedDirectory {
         let inner = self.inner.clone();
         run_blocking(move || work(&inner)).await
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 async fn run_blocking<T: Send + 'static>(
@@ -362,6 +370,7 @@ impl Inner {
                 next_lease,
             }),
             path,
+            earliest_deadline_ns: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -370,8 +379,18 @@ impl Inner {
     }
 
     fn has_due_lease(&self) -> bool {
-        let now = self.clock.monotonic();
-        self.state.lock().leases.values().any(|l| l.deadline <= now)
+        nanos(self.clock.monotonic()) >= self.earliest_deadline_ns.load(Ordering::SeqCst)
+    }
+
+    /// Publishes the earliest deadline after the lease table changed.
+    fn note_deadlines(&self, state: &State) {
+        let earliest = state
+            .leases
+            .values()
+            .map(|l| nanos(l.deadline))
+            .min()
+            .unwrap_or(u64::MAX);
+        self.earliest_deadline_ns.store(earliest, Ordering::SeqCst);
     }
 
     /// Deletes the keys of every lease past its deadline, one revision per
@@ -387,6 +406,7 @@ impl Inner {
         due.sort();
         for id in due {
             if let Some(lease) = state.leases.remove(&id) {
+                self.note_deadlines(state);
                 tracing::debug!(lease = %id, keys = lease.keys.len(), "lease expired");
                 self.delete_keys_locked(state, lease.keys)?;
             }
@@ -522,6 +542,41 @@ impl Inner {
         ))
     }
 
+    /// Registers a watcher, replaying kept history from `from_revision`.
+    fn watch(&self, prefix: &str, from_revision: Revision) -> WatchStream {
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE_EVENTS_MAX);
+        let lagged = Arc::new(AtomicBool::new(false));
+        let stream = WatchStream::new(prefix.to_string(), rx, lagged.clone());
+        let mut state = self.state.lock();
+        let from = if from_revision == 0 {
+            state.revision + 1
+        } else {
+            from_revision
+        };
+        if from <= state.compacted {
+            let _ = tx.try_send(Err(DirectoryError::Compacted {
+                prefix: prefix.to_string(),
+                requested: from,
+                compacted: state.compacted,
+            }));
+            return stream;
+        }
+        let watcher = Watcher {
+            prefix: prefix.to_string(),
+            events: tx,
+            lagged,
+        };
+        let caught_up = state
+            .history
+            .iter()
+            .filter(|e| e.kv.mod_revision >= from)
+            .all(|e| watcher.offer(e));
+        if caught_up {
+            state.watchers.push(watcher);
+        }
+        stream
+    }
+
     fn read<T>(
         &self,
         work: impl FnOnce(&redb::ReadOnlyTable<&str, &[u8]>) -> Result<T>,
@@ -597,37 +652,9 @@ impl Directory for EmbeddedDirectory {
     }
 
     async fn watch(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream> {
-        let (tx, rx) = mpsc::channel(WATCH_QUEUE_EVENTS_MAX);
-        let lagged = Arc::new(AtomicBool::new(false));
-        let stream = WatchStream::new(prefix.to_string(), rx, lagged.clone());
-        let mut state = self.inner.state.lock();
-        let from = if from_revision == 0 {
-            state.revision + 1
-        } else {
-            from_revision
-        };
-        if from <= state.compacted {
-            let _ = tx.try_send(Err(DirectoryError::Compacted {
-                prefix: prefix.to_string(),
-                requested: from,
-                compacted: state.compacted,
-            }));
-            return Ok(stream);
-        }
-        let watcher = Watcher {
-            prefix: prefix.to_string(),
-            events: tx,
-            lagged,
-        };
-        let caught_up = state
-            .history
-            .iter()
-            .filter(|e| e.kv.mod_revision >= from)
-            .all(|e| watcher.offer(e));
-        if caught_up {
-            state.watchers.push(watcher);
-        }
-        Ok(stream)
+        let prefix = prefix.to_string();
+        self.blocking(move |inner| Ok(inner.watch(&prefix, from_revision)))
+            .await
     }
 
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
@@ -656,6 +683,7 @@ impl Directory for EmbeddedDirectory {
                     keys: BTreeSet::new(),
                 },
             );
+            inner.note_deadlines(&state);
             Ok(Lease { id, ttl })
         })
         .await
@@ -663,16 +691,20 @@ impl Directory for EmbeddedDirectory {
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<()> {
         self.expire_due().await?;
-        let now = self.inner.clock.monotonic();
-        let mut state = self.inner.state.lock();
-        match state.leases.get_mut(&lease) {
-            // A lease past its deadline is dead even if no sweep ran yet.
-            Some(l) if l.deadline > now => {
-                l.deadline = now + l.ttl;
-                Ok(())
+        self.blocking(move |inner| {
+            let now = inner.clock.monotonic();
+            let mut state = inner.state.lock();
+            match state.leases.get_mut(&lease) {
+                // A lease past its deadline is dead even if no sweep ran yet.
+                Some(l) if l.deadline > now => {
+                    l.deadline = now + l.ttl;
+                    inner.note_deadlines(&state);
+                    Ok(())
+                }
+                _ => Err(DirectoryError::LeaseNotFound { lease }),
             }
-            _ => Err(DirectoryError::LeaseNotFound { lease }),
-        }
+        })
+        .await
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
@@ -682,30 +714,34 @@ impl Directory for EmbeddedDirectory {
             let Some(l) = state.leases.remove(&lease) else {
                 return Err(DirectoryError::LeaseNotFound { lease });
             };
+            inner.note_deadlines(&state);
             inner.delete_keys_locked(&mut state, l.keys)
         })
         .await
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        let mut state = self.inner.state.lock();
-        if revision > state.revision {
-            return Err(DirectoryError::InvalidRequest {
-                detail: format!(
-                    "cannot compact to revision {revision}: the directory is at revision {}",
-                    state.revision
-                ),
-            });
-        }
-        while state
-            .history
-            .front()
-            .is_some_and(|e| e.kv.mod_revision < revision)
-        {
-            state.history.pop_front();
-        }
-        state.compacted = state.compacted.max(revision.saturating_sub(1));
-        Ok(())
+        self.blocking(move |inner| {
+            let mut state = inner.state.lock();
+            if revision > state.revision {
+                return Err(DirectoryError::InvalidRequest {
+                    detail: format!(
+                        "cannot compact to revision {revision}: the directory is at revision {}",
+                        state.revision
+                    ),
+                });
+            }
+            while state
+                .history
+                .front()
+                .is_some_and(|e| e.kv.mod_revision < revision)
+            {
+                state.history.pop_front();
+            }
+            state.compacted = state.compacted.max(revision.saturating_sub(1));
+            Ok(())
+        })
+        .await
     }
 }
 
