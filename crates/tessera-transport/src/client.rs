@@ -95,6 +95,31 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
+/// Closes the connection if a call is cancelled (its caller's timeout, a
+/// dropped future) in the middle of writing its frame: the peer would read
+/// the next frame's bytes as the rest of this one.
+struct CutShortGuard<'a> {
+    waiting: &'a Mutex<Waiting>,
+    armed: bool,
+}
+
+impl CutShortGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CutShortGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            close(
+                self.waiting,
+                "a call was cancelled in the middle of sending its frame".into(),
+            );
+        }
+    }
+}
+
 impl ClientConnection {
     /// Connects to `peer` at `addr` and performs the handshake.
     pub(crate) async fn connect(
@@ -277,7 +302,18 @@ impl ClientConnection {
                     tokio::time::sleep(delay).await;
                 }
                 let mut writer = self.writer.lock().await;
-                if let Err(e) = write_frame(&mut *writer, &frame).await {
+                // A frame cut short by an earlier cancelled call has broken
+                // the stream's framing: nothing may follow it.
+                if let Some(reason) = self.waiting.lock().closed.clone() {
+                    return Err(CallFailure::NotSent(reason));
+                }
+                let cut_short = CutShortGuard {
+                    waiting: &self.waiting,
+                    armed: true,
+                };
+                let written = write_frame(&mut *writer, &frame).await;
+                cut_short.disarm();
+                if let Err(e) = written {
                     let reason = format!("write failed: {e}");
                     close(&self.waiting, reason.clone());
                     return Err(CallFailure::Lost(reason));

@@ -250,9 +250,10 @@ impl Transport {
             Err(_) => {
                 // A connection that stayed silent for a whole timeout may be
                 // dead without the kernel knowing (a peer that vanished
-                // without a reset): the next call opens a new one.
+                // without a reset), and one whose frame the timeout cut
+                // short is closed: the next call opens a new one.
                 if let Some((connection, received)) = used {
-                    if connection.frames_received() == received {
+                    if connection.frames_received() == received || !connection.is_open() {
                         self.forget(&connection, class);
                         tokio::spawn(async move {
                             connection

@@ -868,3 +868,103 @@ async fn a_transport_can_call_before_it_serves() {
         "{again}"
     );
 }
+
+/// A peer that answers the handshake and pings, but stops reading its first
+/// connection after the first ping.
+async fn stalling_peer() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use bytes::BytesMut;
+    use tessera_wire::{decode_frame, encode_frame, Message, WireVersion};
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut first = true;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let stall = std::mem::replace(&mut first, false);
+            let answer = async move {
+                let mut buf = BytesMut::new();
+                let mut answered = 0;
+                loop {
+                    let frame = loop {
+                        if let Some(frame) = decode_frame(&mut buf).unwrap() {
+                            break frame;
+                        }
+                        if stream.read_buf(&mut buf).await.unwrap() == 0 {
+                            return stream;
+                        }
+                    };
+                    let answer = match frame.message {
+                        Message::Request(Request::Hello { .. }) => Response::HelloOk {
+                            version: WireVersion::CURRENT,
+                            host: host("h2"),
+                        },
+                        _ => Response::Pong,
+                    };
+                    let bytes = encode_frame(
+                        WireVersion::CURRENT,
+                        frame.header.request_id,
+                        frame.header.class,
+                        &Message::Response(answer),
+                    )
+                    .unwrap()
+                    .to_bytes();
+                    stream.write_all(&bytes).await.unwrap();
+                    answered += 1;
+                    // The Hello and one ping, then silence.
+                    if stall && answered == 2 {
+                        return stream;
+                    }
+                }
+            };
+            if stall {
+                held.push(answer.await);
+            } else {
+                tokio::spawn(answer);
+            }
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_cut_short_by_a_cancelled_call_never_corrupts_the_next_call() {
+    let (addr, peer) = stalling_peer().await;
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(9)));
+    let a = node_at("h1", loopback(), TransportConfig::default(), &faults).await;
+    let to = host("h2");
+    assert_eq!(
+        a.transport
+            .call(&to, addr, QueueClass::Guest, Request::Ping)
+            .await
+            .unwrap(),
+        Response::Pong
+    );
+    // The peer no longer reads: a large frame fills the socket buffers, and
+    // the caller gives up (its own timeout, a select) halfway through.
+    let write = Request::Write {
+        component: component(1),
+        lba: Lba(0),
+        epoch: Epoch(1),
+        data: pattern(3, 15 << 20),
+    };
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        a.transport.call(&to, addr, QueueClass::Guest, write),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the stalled peer answered: {abandoned:?}"
+    );
+    // The next call must not follow the half-sent frame on the same stream:
+    // the peer decodes strictly and would fail on the mixed bytes.
+    assert_eq!(
+        a.transport
+            .call(&to, addr, QueueClass::Guest, Request::Ping)
+            .await
+            .unwrap(),
+        Response::Pong
+    );
+    assert_eq!(a.transport.stats().connections_opened, 2);
+    peer.abort();
+}
