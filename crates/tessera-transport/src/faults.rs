@@ -15,8 +15,9 @@
 //! - blocked links and isolated hosts: by both ends, which is idempotent;
 //! - "fail next N": by the calling host, before anything is sent.
 //!
-//! In a multi-process cluster each host has its own table; set a fault on the
-//! host that sends (for a symmetric partition, on both hosts).
+//! In a multi-process cluster each host has its own table: set delays and
+//! drop probabilities on the sending host; a partition or isolation works
+//! when set on either end (the receiving end discards what it gets).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
