@@ -968,3 +968,36 @@ async fn a_frame_cut_short_by_a_cancelled_call_never_corrupts_the_next_call() {
     assert_eq!(a.transport.stats().connections_opened, 2);
     peer.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_set_on_one_host_of_separate_processes_cuts_both_ways() {
+    // Separate tables, as in a multi-process cluster.
+    let a = node_at(
+        "h1",
+        loopback(),
+        quick(),
+        &FaultHooks::new(Arc::new(SeededRng::new(1))),
+    )
+    .await;
+    let b = node_at(
+        "h2",
+        loopback(),
+        quick(),
+        &FaultHooks::new(Arc::new(SeededRng::new(2))),
+    )
+    .await;
+    call(&a, &b, Request::Ping).await.unwrap();
+    call(&b, &a, Request::Ping).await.unwrap();
+    a.transport.faults().partition(&a.host(), &b.host());
+    let flush = Request::Flush {
+        component: component(1),
+    };
+    let err = call(&a, &b, flush.clone()).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    let err = call(&b, &a, flush.clone()).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert!(a.replica.seen().is_empty() && b.replica.seen().is_empty());
+    a.transport.faults().heal(&a.host(), &b.host());
+    assert_eq!(call(&b, &a, flush.clone()).await.unwrap(), Response::Ok);
+    assert_eq!(call(&a, &b, flush).await.unwrap(), Response::Ok);
+}
