@@ -39,6 +39,11 @@ pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
 /// Longest a change waits in the index cache before a checkpoint, in time.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
 
+/// Longest the log writer waits for a group commit to fill up to the size of
+/// the previous one: writers acknowledged together come back together, and
+/// waiting a little for them saves a sync.
+const GATHER_WAIT: Duration = Duration::from_micros(150);
+
 /// How long a worker sleeps waiting for work before looking at the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
@@ -178,10 +183,19 @@ struct PlannedRecord {
 /// The log writer thread.
 pub(crate) fn run_log_writer(shared: Arc<Shared>) {
     let log_blocks = shared.geo.log_blocks;
+    let mut last_batch = 0usize;
     loop {
         let mut st = shared.state.lock();
         while st.queue.is_empty() && !shared.stop.load(Ordering::Acquire) {
             shared.log_work.wait_for(&mut st, IDLE_WAIT);
+        }
+        if last_batch > 1 {
+            let deadline = Instant::now() + GATHER_WAIT;
+            while st.queue.len() < last_batch && !shared.stop.load(Ordering::Acquire) {
+                if shared.log_work.wait_until(&mut st, deadline).timed_out() {
+                    break;
+                }
+            }
         }
         if shared.stop.load(Ordering::Acquire) {
             st.fail_group_quietly("disk group closed");
@@ -204,6 +218,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
                 reqs.push(r);
             }
         }
+        last_batch = reqs.len();
         // Lay the records out; wait for log space if the tail is too close.
         let batch_first = st.head_seq;
         let records = loop {

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Component store benchmark: 4 KiB random write and read IOPS at queue depths
+# 1, 8 and 32 through the store (durable acknowledgements, O_DIRECT devices)
+# against fio on a raw file on the same disk, in the same run, and the
+# store's resident memory after writing MEM_GIB sequentially.
+#
+# Reference (fio, O_DIRECT): writes at QD1 with fdatasync after each write
+# (psync); writes and reads at QD 8/32 with libaio and no sync; reads at QD1
+# with psync. Prints one line per case with both figures and the ratio.
+#
+# Environment: BENCH_DIR (default /work/bench-store, must be on the disk to
+# measure), SIZE_GIB (data set, default 2), SECONDS_PER_CASE (default 10),
+# MEM_GIB (default 4; 0 skips), CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BENCH_DIR=${BENCH_DIR:-/work/bench-store}
+SIZE_GIB=${SIZE_GIB:-2}
+SECS=${SECONDS_PER_CASE:-10}
+MEM_GIB=${MEM_GIB:-4}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-tessera-store}
+
+command -v fio >/dev/null || { echo "fio is required (apt-get install fio)"; exit 1; }
+cargo build --release -q -p tessera-store --example store_bench
+BIN="$CARGO_TARGET_DIR/release/examples/store_bench"
+
+rm -rf "$BENCH_DIR"
+mkdir -p "$BENCH_DIR"
+trap 'rm -rf "$BENCH_DIR"' EXIT
+
+echo "preparing: store with ${SIZE_GIB} GiB written, raw file of ${SIZE_GIB} GiB"
+"$BIN" prepare "$BENCH_DIR" "$SIZE_GIB" >/dev/null
+fio --name=layout --filename="$BENCH_DIR/raw.img" --size="${SIZE_GIB}G" --rw=write --bs=1M \
+    --direct=1 --ioengine=psync --end_fsync=1 --output=/dev/null
+
+fio_iops() { # rw qd
+  local rw=$1 qd=$2 extra=()
+  if [ "$qd" -eq 1 ]; then
+    extra=(--ioengine=psync)
+    [ "$rw" = randwrite ] && extra+=(--fdatasync=1)
+  else
+    extra=(--ioengine=libaio --iodepth="$qd")
+  fi
+  fio --name=ref --filename="$BENCH_DIR/raw.img" --size="${SIZE_GIB}G" --rw="$rw" --bs=4k \
+      --direct=1 --time_based --runtime="$SECS" --randrepeat=0 "${extra[@]}" \
+      --output-format=json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+print(int(j["write"]["iops"] + j["read"]["iops"]))'
+}
+
+store_iops() { # mode qd
+  "$BIN" "$1" "$BENCH_DIR" "$SIZE_GIB" "$2" "$SECS" | sed -n 's/^iops=\([0-9]*\).*/\1/p'
+}
+
+printf '%-6s %4s %12s %12s %7s\n' case qd store_iops fio_iops ratio
+for mode in write read; do
+  rw=rand$mode
+  for qd in 1 8 32; do
+    ref=$(fio_iops "$rw" "$qd")
+    got=$(store_iops "$mode" "$qd")
+    ratio=$(python3 -c "print(f'{$got/$ref:.2f}')")
+    printf '%-6s %4s %12s %12s %7s\n' "$mode" "$qd" "$got" "$ref" "$ratio"
+  done
+done
+
+if [ "$MEM_GIB" -gt 0 ]; then
+  rm -f "$BENCH_DIR"/store-*.img
+  echo "memory: $("$BIN" memory "$BENCH_DIR" "$MEM_GIB")"
+fi
