@@ -16,6 +16,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// enough for many small frames per system call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// Largest frame accepted before the handshake: a `Hello` is tens of bytes,
+/// so a peer that has not introduced itself cannot make a host reserve
+/// [`tessera_wire::MAX_FRAME_BYTES`] per connection.
+pub(crate) const HANDSHAKE_FRAME_BYTES_MAX: usize = 4096;
+
 /// Most chunks handed to one vectored write (a frame has a few).
 const IO_SLICES_MAX: usize = 16;
 
@@ -78,6 +83,8 @@ impl std::fmt::Display for ReadFailure {
 pub(crate) struct FrameReader<R> {
     stream: R,
     buf: BytesMut,
+    /// Largest frame accepted now.
+    limit: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -85,7 +92,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            limit: tessera_wire::MAX_FRAME_BYTES,
         }
+    }
+
+    /// Accepts frames of at most `limit` bytes (never more than
+    /// [`tessera_wire::MAX_FRAME_BYTES`]).
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.min(tessera_wire::MAX_FRAME_BYTES);
     }
 
     /// The next frame, or `None` when the peer closed the stream cleanly.
@@ -99,6 +113,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             let needed = frame_bytes_needed(&self.buf)
                 .map_err(ReadFailure::Wire)?
                 .unwrap_or(HEADER_BYTES);
+            if needed > self.limit {
+                return Err(ReadFailure::Wire(WireError::FrameTooLarge {
+                    len: needed as u64,
+                    max: self.limit,
+                }));
+            }
             let missing = needed.saturating_sub(self.buf.len());
             self.buf.reserve(missing.max(READ_CHUNK_BYTES));
             let n = self

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
 use crate::faults::{FaultHooks, FrameFate};
-use crate::io::{write_frame, FrameReader};
+use crate::io::{write_frame, FrameReader, HANDSHAKE_FRAME_BYTES_MAX};
 use crate::stats::{bump, Counters};
 use crate::{RequestHandler, TransportConfig, MAX_IN_FLIGHT_PER_CONNECTION};
 
@@ -120,6 +120,7 @@ async fn serve_connection(
     let (read_half, write_half) = stream.into_split();
     let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(write_half));
     let mut reader = FrameReader::new(read_half);
+    reader.set_limit(HANDSHAKE_FRAME_BYTES_MAX);
 
     // Twice the caller's own handshake limit: a caller that gives up sees
     // its timeout, not a connection closed under it.
@@ -141,6 +142,7 @@ async fn serve_connection(
         }
     };
 
+    reader.set_limit(tessera_wire::MAX_FRAME_BYTES);
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
     loop {
         let next = tokio::select! {

@@ -24,7 +24,7 @@ const SLOW_LBA: u64 = 999;
 const SLOW_ANSWER: Duration = Duration::from_millis(1000);
 /// Reads of this volume stand for bulk resync reads and take this long.
 const RESYNC_VOLUME: &str = "resync-source";
-const RESYNC_READ: Duration = Duration::from_millis(1500);
+const RESYNC_READ: Duration = Duration::from_millis(1000);
 
 fn host(name: &str) -> HostId {
     HostId::new(name).unwrap()
@@ -599,10 +599,13 @@ async fn guest_calls_do_not_wait_behind_resync_traffic() {
                     volume: volume(RESYNC_VOLUME),
                     id: ComponentId(1),
                 },
-                lba: Lba(i * 64),
-                blocks: 64,
+                lba: Lba(i * 16),
+                blocks: 16,
             };
-            a.call(&to, addr, QueueClass::Resync, read).await
+            // Bulk copies get a longer timeout than guest I/O: the last
+            // ones queue behind a full connection.
+            a.call_with_timeout(&to, addr, QueueClass::Resync, read, Duration::from_secs(20))
+                .await
         }));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -627,7 +630,7 @@ async fn guest_calls_do_not_wait_behind_resync_traffic() {
         let Response::Data(data) = r.await.unwrap().unwrap() else {
             panic!("resync read did not return data");
         };
-        assert_eq!(data.len(), 64 * BLOCK_BYTES as usize);
+        assert_eq!(data.len(), 16 * BLOCK_BYTES as usize);
     }
     // One connection per queue class.
     assert_eq!(a.transport.stats().connections_opened, 2);
@@ -703,6 +706,14 @@ async fn malformed_frames_close_the_connection_and_nothing_else() {
         .unwrap();
     expect_closed(&mut raw).await;
 
+    // A header announcing a large frame before any Hello.
+    let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
+    let mut early = [0u8; tessera_wire::HEADER_BYTES];
+    early[..4].copy_from_slice(&tessera_wire::MAGIC);
+    early[20..24].copy_from_slice(&(1u32 << 20).to_le_bytes());
+    raw.write_all(&early).await.unwrap();
+    expect_closed(&mut raw).await;
+
     // A good Hello, then a frame whose CRC is wrong.
     let mut raw = tokio::net::TcpStream::connect(b.addr()).await.unwrap();
     raw.write_all(&hello_bytes("h7")).await.unwrap();
@@ -748,7 +759,7 @@ async fn malformed_frames_close_the_connection_and_nothing_else() {
     // The server is unharmed and the handler never saw the bad frames.
     assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
     assert!(b.replica.seen().is_empty());
-    assert_eq!(b.transport.stats().connections_closed_malformed, 4);
+    assert_eq!(b.transport.stats().connections_closed_malformed, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -802,7 +813,12 @@ async fn concurrent_calls_of_mixed_sizes_arrive_intact_on_both_queues() {
                 } else {
                     QueueClass::Resync
                 };
-                let got = a.call(&to, addr, class, request.clone()).await.unwrap();
+                // Integrity is the point here, not latency: a loaded
+                // machine may take a while for 144 frames of up to 2 MiB.
+                let got = a
+                    .call_with_timeout(&to, addr, class, request.clone(), Duration::from_secs(30))
+                    .await
+                    .unwrap();
                 assert_eq!(got, Response::Ok);
                 sent.push(request);
             }
