@@ -29,11 +29,15 @@ pub const MAGIC: [u8; 4] = *b"TSWR";
 /// Bytes in a frame header.
 pub const HEADER_BYTES: usize = 28;
 
-/// Largest frame, header included: 16 MiB holds the largest data buffer a
-/// coordinator sends in one request (an 8 MiB stripe unit plus a second
-/// buffer for COMPARE AND WRITE) with room to spare, and bounds what a
-/// malicious or broken peer can make a host buffer per connection.
-pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// Largest data buffer one message should carry: callers split larger I/O
+/// (a forwarded 32 MiB NBD read becomes four requests). 8 MiB covers the
+/// largest stripe unit a coordinator writes in one request.
+pub const MAX_DATA_BYTES: usize = 8 << 20;
+
+/// Largest frame, header included: two [`MAX_DATA_BYTES`] buffers (COMPARE
+/// AND WRITE carries two) plus room for the other fields. It bounds what a
+/// broken or malicious peer can make a host buffer per connection.
+pub const MAX_FRAME_BYTES: usize = 2 * MAX_DATA_BYTES + (64 << 10);
 
 /// Largest payload: [`MAX_FRAME_BYTES`] minus the header.
 pub const MAX_PAYLOAD_BYTES: usize = MAX_FRAME_BYTES - HEADER_BYTES;

@@ -33,7 +33,7 @@ mod version;
 pub use error::WireError;
 pub use frame::{
     decode_frame, encode_frame, frame_bytes_needed, EncodedFrame, Frame, FrameHeader, HEADER_BYTES,
-    MAGIC, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES,
+    MAGIC, MAX_DATA_BYTES, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES,
 };
 pub use message::{
     ComponentRef, Extent, ExtentKind, Message, MessageKind, QueueClass, Request, Response,

@@ -463,3 +463,18 @@ fn requests_name_what_they_address() {
     );
     assert_eq!(Response::Ok.error_kind(), None);
 }
+
+#[test]
+fn compare_and_write_with_two_largest_buffers_fits_one_frame() {
+    let message = Message::Request(Request::VolumeCompareAndWrite {
+        volume: VolumeId::new("v").unwrap(),
+        offset: 0,
+        expected: Bytes::from(vec![1u8; tessera_wire::MAX_DATA_BYTES]),
+        new: Bytes::from(vec![2u8; tessera_wire::MAX_DATA_BYTES]),
+    });
+    let encoded = encode_frame(WireVersion::CURRENT, 1, QueueClass::Guest, &message).unwrap();
+    let frame = decode_frame(&mut BytesMut::from(&encoded.to_bytes()[..]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.message, message);
+}
