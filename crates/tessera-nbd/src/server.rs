@@ -57,7 +57,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// does not spin.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Read buffer growth step, in bytes.
-const READ_BUFFER_BYTES: usize = 256 * 1024;
+const READ_BUFFER_BYTES: usize = 1024 * 1024;
 /// Smallest free space kept in the read buffer before a read, in bytes.
 const READ_SPARE_BYTES: usize = 64 * 1024;
 /// Growth step of the reply header buffer, in bytes.
@@ -392,13 +392,16 @@ impl<'a> Connection<'a> {
             }
             let want_read = !closing && self.inflight.len() < MAX_IN_FLIGHT;
             if want_read {
-                let needed = self
+                // Room for the rest of the current frame. Once the payloads
+                // handed to the device are dropped the buffer is unique
+                // again and `reserve` reuses it instead of allocating.
+                let missing = self
                     .pending
-                    .map(|h| h.payload_bytes() as usize)
-                    .unwrap_or(0)
-                    .max(READ_SPARE_BYTES);
-                if self.rbuf.capacity() - self.rbuf.len() < needed {
-                    self.rbuf.reserve(needed.max(READ_BUFFER_BYTES));
+                    .map(|h| (h.payload_bytes() as usize).saturating_sub(self.rbuf.len()))
+                    .unwrap_or(0);
+                let wanted = missing.max(READ_SPARE_BYTES);
+                if self.rbuf.capacity() - self.rbuf.len() < wanted {
+                    self.rbuf.reserve(wanted.max(READ_BUFFER_BYTES));
                 }
             }
             let has_output = !self.out.is_empty();

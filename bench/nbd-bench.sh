@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# NBD frontend benchmark: Tessera's NBD server on an in-memory device versus
+# `nbdkit memory` in the same run, both over loopback TCP, driven by fio's
+# nbd engine. Prints each figure and the ratio Tessera / nbdkit (target
+# >= 1.0x: the protocol layer must not be the bottleneck).
+#
+# Profiles:
+#   mixed    "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8
+#   seqwrite 256 KiB sequential write, 4 jobs x iodepth 8 (one region each)
+#   seqread  256 KiB sequential read of what seqwrite wrote
+#
+# Environment: RUNTIME (seconds per profile, default 15), SIZE (export size,
+# default 1G), THREADS (server runtime threads, 0 = one thread, default 2),
+# PROFILES (default "seqwrite mixed seqread"; seqread reads what seqwrite
+# wrote), CARGO_TARGET_DIR (default /work/target-tessera-nbd).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNTIME=${RUNTIME:-15}
+SIZE=${SIZE:-1G}
+THREADS=${THREADS:-2}
+PROFILES=${PROFILES:-seqwrite mixed seqread}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-tessera-nbd}
+
+for tool in fio nbdkit python3; do
+  command -v "$tool" >/dev/null || { echo "nbd-bench: $tool is required" >&2; exit 1; }
+done
+
+cargo build --release -q -p tessera-nbd --example nbd-memory-server
+server_bin="$CARGO_TARGET_DIR/release/examples/nbd-memory-server"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nbd-bench: nothing listening on port $1" >&2
+  exit 1
+}
+
+tessera_port=$(free_port)
+"$server_bin" --listen "127.0.0.1:$tessera_port" --size "$SIZE" --threads "$THREADS" \
+  >"$work/tessera.log" 2>&1 &
+pids+=($!)
+nbdkit_port=$(free_port)
+nbdkit -f -i 127.0.0.1 -p "$nbdkit_port" memory "$SIZE" >"$work/nbdkit.log" 2>&1 &
+pids+=($!)
+wait_port "$tessera_port"
+wait_port "$nbdkit_port"
+
+# Writes a job file for a profile.
+job() {
+  local profile=$1 file="$work/$1.fio"
+  {
+    echo "[global]"
+    echo "ioengine=nbd"
+    echo "uri=\${NBD_URI}"
+    echo "group_reporting=1"
+    case $profile in
+      mixed)
+        echo "rw=randrw"; echo "rwmixread=70"; echo "bs=4k"
+        echo "numjobs=8"; echo "iodepth=8"; echo "size=$SIZE"
+        echo "time_based=1"; echo "runtime=$RUNTIME" ;;
+      seqwrite|seqread)
+        [ "$profile" = seqwrite ] && echo "rw=write" || echo "rw=read"
+        echo "bs=256k"; echo "numjobs=4"; echo "iodepth=8"
+        echo "size=256m"; echo "offset_increment=256m"
+        echo "time_based=1"; echo "runtime=$RUNTIME" ;;
+    esac
+    echo "[$profile]"
+  } >"$file"
+  echo "$file"
+}
+
+# Runs a profile against a URI; prints "IOPS MiB/s" (reads + writes).
+measure() {
+  local profile=$1 uri=$2
+  NBD_URI=$uri fio --output-format=terse --terse-version=3 "$(job "$profile")" 2>/dev/null |
+    awk -F';' '/^3;/ { printf "%.0f %.1f\n", $8 + $49, ($7 + $48) / 1024 }'
+}
+
+declare -A result
+for profile in $PROFILES; do
+  # Alternate who goes first so neither always runs on a warmer machine.
+  for side in tessera nbdkit; do
+    if [ "$side" = tessera ]; then port=$tessera_port; else port=$nbdkit_port; fi
+    result[$profile.$side]=$(measure "$profile" "nbd://127.0.0.1:$port/")
+  done
+done
+
+printf '%-10s %22s %22s %8s\n' profile "tessera (IOPS MiB/s)" "nbdkit (IOPS MiB/s)" ratio
+for profile in $PROFILES; do
+  read -r t_iops t_bw <<<"${result[$profile.tessera]}"
+  read -r k_iops k_bw <<<"${result[$profile.nbdkit]}"
+  ratio=$(awk -v a="$t_iops" -v b="$k_iops" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+  printf '%-10s %12s %9s %12s %9s %7sx\n' "$profile" "$t_iops" "$t_bw" "$k_iops" "$k_bw" "$ratio"
+done
