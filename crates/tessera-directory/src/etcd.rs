@@ -30,6 +30,10 @@ pub const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The etcd directory backend. Cheap to clone.
+///
+/// etcd keeps every revision until compacted: run it with
+/// `--auto-compaction-mode=revision --auto-compaction-retention=<revisions>`
+/// or call [`Directory::compact`] periodically, or its database only grows.
 #[derive(Clone)]
 pub struct EtcdDirectory {
     client: etcd::Client,

@@ -139,6 +139,34 @@ pub enum DirectoryError {
 /// Results of directory operations.
 pub type Result<T, E = DirectoryError> = std::result::Result<T, E>;
 
+/// Which directory a host uses, as written in its configuration.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "backend", rename_all = "kebab-case")]
+pub enum DirectoryConfig {
+    /// A local redb file shared by every host in this process (`tessera up`).
+    Embedded {
+        /// The directory file.
+        path: std::path::PathBuf,
+    },
+    /// An etcd cluster (`tessera node`).
+    Etcd {
+        /// Client URLs, e.g. `http://127.0.0.1:2379`.
+        endpoints: Vec<String>,
+    },
+}
+
+/// Opens the directory `config` names. `clock` drives the embedded
+/// backend's lease expiry (etcd keeps its own time).
+pub async fn open(
+    config: &DirectoryConfig,
+    clock: Arc<dyn tessera_env::Clock>,
+) -> Result<Arc<dyn Directory>> {
+    Ok(match config {
+        DirectoryConfig::Embedded { path } => Arc::new(EmbeddedDirectory::open(path, clock).await?),
+        DirectoryConfig::Etcd { endpoints } => Arc::new(EtcdDirectory::connect(endpoints).await?),
+    })
+}
+
 /// A lease: keys attached to it are deleted when it is revoked or when no
 /// keep-alive reached the directory for its time to live.
 #[derive(

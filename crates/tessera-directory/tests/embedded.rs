@@ -152,3 +152,22 @@ async fn a_file_that_cannot_be_a_database_is_a_storage_error() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_configuration_names_the_backend() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let text = format!(
+        r#"{{"backend":"embedded","path":{:?}}}"#,
+        dir.path().join("d.redb")
+    );
+    let config: tessera_directory::DirectoryConfig = serde_json::from_str(&text)?;
+    let d = tessera_directory::open(&config, Arc::new(SystemClock::default())).await?;
+    let r = d.put("/c/k", b"v".to_vec(), None).await?;
+    ensure!(d.get("/c/k").await?.context("k")?.mod_revision == r);
+    let etcd: tessera_directory::DirectoryConfig =
+        serde_json::from_str(r#"{"backend":"etcd","endpoints":["http://127.0.0.1:2379"]}"#)?;
+    ensure!(
+        matches!(etcd, tessera_directory::DirectoryConfig::Etcd { ref endpoints } if endpoints.len() == 1)
+    );
+    Ok(())
+}
