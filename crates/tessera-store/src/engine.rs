@@ -581,9 +581,13 @@ fn destage_pass(shared: &Shared) -> Result<(), String> {
             need.sort();
             need.dedup();
             if need.is_empty() || attempts > 3 {
-                apply_destage(&mut st, &items);
-                for _ in 0..taken {
-                    st.destage.pop_front();
+                // Blocks whose page could not be brought in stay in the
+                // overlay and their records stay queued: the next pass
+                // retries them (blocks already applied are skipped then).
+                if apply_destage(&mut st, &items) {
+                    for _ in 0..taken {
+                        st.destage.pop_front();
+                    }
                 }
                 return Ok(());
             }
@@ -595,7 +599,10 @@ fn destage_pass(shared: &Shared) -> Result<(), String> {
     }
 }
 
-fn apply_destage(st: &mut State, items: &[DestageItem]) {
+/// Applies destaged blocks to the index. Returns false if some block had to
+/// stay in the log because its index page was not cached.
+fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
+    let mut complete = true;
     for it in items {
         let current = st.overlay.get(&(it.c, it.lba)).map(|p| p.op) == Some(it.op);
         let usable = st.components.get(&it.c).is_some_and(|c| c.failed.is_none());
@@ -622,6 +629,7 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) {
                 if let Some(loc) = it.loc {
                     st.alloc.free(loc);
                 }
+                complete = false;
                 continue;
             }
             st.cache.insert(key, IndexPage::empty(it.c, page_no), true);
@@ -661,6 +669,7 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) {
         }
         st.overlay.remove(&(it.c, it.lba));
     }
+    complete
 }
 
 /// Writes a checkpoint; see the module doc for the order of writes.
