@@ -288,6 +288,60 @@ pub async fn list<T: DeserializeOwned>(
     })
 }
 
+/// A change to a record under a watched prefix.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecordChange<T> {
+    /// The record was created or replaced.
+    Put(Record<T>),
+    /// The record was deleted (explicitly or with its lease).
+    Delete {
+        /// The key that went away.
+        key: String,
+        /// The revision of the delete.
+        revision: Revision,
+    },
+}
+
+/// A watch that decodes the records under a [`Prefix`].
+pub struct RecordWatch<T> {
+    events: crate::WatchStream,
+    record: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for RecordWatch<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RecordWatch({})", self.events.prefix())
+    }
+}
+
+impl<T: DeserializeOwned> RecordWatch<T> {
+    /// The next change. A value that does not decode is reported as
+    /// [`DirectoryError::Decode`] and the watch goes on; any other error ends
+    /// it (list again and watch from the listing's revision + 1).
+    pub async fn recv(&mut self) -> Result<RecordChange<T>> {
+        let event = self.events.recv().await?;
+        match event.kind {
+            WatchEventKind::Put => Ok(RecordChange::Put(Record::from_kv(event.kv)?)),
+            WatchEventKind::Delete => Ok(RecordChange::Delete {
+                key: event.kv.key,
+                revision: event.kv.mod_revision,
+            }),
+        }
+    }
+}
+
+/// Watches the records under `prefix` from `from_revision` (`0`: from now).
+pub async fn watch<T>(
+    directory: &dyn Directory,
+    prefix: &Prefix<T>,
+    from_revision: Revision,
+) -> Result<RecordWatch<T>> {
+    Ok(RecordWatch {
+        events: directory.watch(&prefix.path, from_revision).await?,
+        record: PhantomData,
+    })
+}
+
 /// The keys of one cluster: everything under `/tessera/<cluster>/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keyspace {

@@ -56,7 +56,7 @@ macro_rules! directory_suite {
         $crate::directory_suite!(@cases $make;
             kv_revisions, txn_compare_and_swap, txn_lease_attachment, watch_in_order,
             lease_expiry_deletes_keys, lease_keep_alive_and_revoke, concurrent_cas_counter,
-            typed_records, owner_contenders, owner_epochs_rise, host_liveness);
+            typed_records, typed_watch, owner_contenders, owner_epochs_rise, host_liveness);
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn watch_after_compaction() {
             if let Some(env) = $make("watch_after_compaction", true).await {
@@ -821,4 +821,49 @@ pub async fn host_liveness(env: Env) -> Result<()> {
         .map_err(|_| anyhow!("the session did not notice its lease was gone"))?;
     ensure!(live_hosts(&*d, &ks).await?.is_empty());
     Ok(())
+}
+
+/// A typed watch decodes puts, reports deletes, and survives a bad value.
+pub async fn typed_watch(env: Env) -> Result<()> {
+    let d = &*env.directory;
+    let ks = Keyspace::new(&env.cluster)?;
+    let start = keys::list(d, &ks.volumes()).await?;
+    ensure!(start.records.is_empty());
+    let mut watch = keys::watch(d, &ks.volumes(), start.revision + 1).await?;
+    let volume = VolumeId::new("web")?;
+    let record = VolumeRecord {
+        name: volume.clone(),
+        size_bytes: 4 << 30,
+        policy: PolicyName::new("default")?,
+        state: VolumeState::Ready,
+        created_ms: 7,
+        reserved_bytes: 0,
+    };
+    let put = keys::put(d, &ks.volume(&volume), &record, None).await?;
+    let broken = ks.volume(&VolumeId::new("broken")?);
+    d.put(broken.as_str(), b"[]".to_vec(), None).await?;
+    keys::delete(d, &ks.volume(&volume)).await?;
+    match next_record(&mut watch).await? {
+        Ok(keys::RecordChange::Put(r)) => ensure!(r.value == record && r.mod_revision == put),
+        other => bail!("expected the volume's put, got {other:?}"),
+    }
+    match next_record(&mut watch).await? {
+        Err(DirectoryError::Decode { key, .. }) => ensure!(key == broken.as_str()),
+        other => bail!("expected a decode error for the bad value, got {other:?}"),
+    }
+    match next_record(&mut watch).await? {
+        Ok(keys::RecordChange::Delete { key, revision }) => {
+            ensure!(key == ks.volume(&volume).as_str() && revision > put)
+        }
+        other => bail!("expected the volume's delete, got {other:?}"),
+    }
+    Ok(())
+}
+
+async fn next_record(
+    watch: &mut keys::RecordWatch<VolumeRecord>,
+) -> Result<Result<keys::RecordChange<VolumeRecord>, DirectoryError>> {
+    tokio::time::timeout(EVENT_WAIT, watch.recv())
+        .await
+        .map_err(|_| anyhow!("no typed event within {EVENT_WAIT:?}"))
 }
