@@ -2,13 +2,41 @@
 //!
 //! Owns: routes, status codes and the JSON error shape. Must not touch:
 //! cluster logic; every handler is one call on [`ClusterControl`].
+//!
+//! Invariants:
+//! - Every failure, including a malformed body, an unknown route and a
+//!   wrong method, answers with `{"kind": "...", "message": "..."}` (the
+//!   serde form of [`ControlError`]), so a client needs one error decoder.
+//! - A request body is parsed here, before the control plane sees it: a body
+//!   that is not the expected JSON is refused with 400 and changes nothing.
+//!
+//! Routes (all under `/v1`):
+//!
+//! | method | path | answer |
+//! |---|---|---|
+//! | GET | `/status` | 200 `StatusView` |
+//! | GET | `/hosts` | 200 `[HostView]` |
+//! | POST | `/hosts/{id}/stop` | 204 |
+//! | POST | `/hosts/{id}/start` | 204 |
+//! | GET | `/policies` | 200 `[Policy]` |
+//! | POST | `/policies` (`CreatePolicy`) | 201 `Policy` |
+//! | GET | `/volumes` | 200 `[VolumeView]` |
+//! | POST | `/volumes` (`CreateVolume`) | 201 `VolumeView` |
+//! | POST | `/volumes/{name}/resize` (`ResizeVolume`) | 200 `VolumeView` |
+//! | DELETE | `/volumes/{name}` | 204 |
+//! | GET | `/objects/{name}` | 200 `ObjectView` |
+//! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
+//! | GET | `/resyncs` | 200 `[ResyncView]` |
 
-use crate::control::{ClusterControl, ControlError};
-use axum::extract::State;
-use axum::http::StatusCode;
+use crate::control::{ClusterControl, ControlError, CreatePolicy, CreateVolume, ResizeVolume};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use std::future::Future;
 use std::sync::Arc;
 
 type Control = Arc<dyn ClusterControl>;
@@ -17,26 +45,159 @@ type Control = Arc<dyn ClusterControl>;
 pub fn router(control: Control) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/hosts", get(hosts))
+        .route("/v1/hosts/{id}/stop", post(stop_host))
+        .route("/v1/hosts/{id}/start", post(start_host))
+        .route("/v1/policies", get(policies).post(create_policy))
+        .route("/v1/volumes", get(volumes).post(create_volume))
+        .route("/v1/volumes/{name}", delete(delete_volume))
+        .route("/v1/volumes/{name}/resize", post(resize_volume))
+        .route("/v1/objects/{name}", get(object))
+        .route("/v1/objects/{name}/verify", post(verify_object))
+        .route("/v1/resyncs", get(resyncs))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(control)
 }
 
-async fn status(State(control): State<Control>) -> Response {
-    respond(control.status().await)
+/// Serves the API on `listener` until `shutdown` completes; requests in
+/// flight are finished before it returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    control: Arc<dyn ClusterControl>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "REST API listening");
+    }
+    axum::serve(listener, router(control))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
-fn respond<T: serde::Serialize>(result: Result<T, ControlError>) -> Response {
-    match result {
-        Ok(value) => Json(value).into_response(),
-        Err(e) => {
-            let code = match &e {
-                ControlError::NotFound(_) => StatusCode::NOT_FOUND,
-                ControlError::Conflict(_) => StatusCode::CONFLICT,
-                ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
-                ControlError::Unsatisfiable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-                ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            (code, Json(e)).into_response()
-        }
+async fn status(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.status().await)
+}
+
+async fn hosts(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.hosts().await)
+}
+
+async fn stop_host(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond_empty(control.stop_host(&id).await)
+}
+
+async fn start_host(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond_empty(control.start_host(&id).await)
+}
+
+async fn policies(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.policies().await)
+}
+
+async fn create_policy(State(control): State<Control>, body: Bytes) -> Response {
+    match parse_body::<CreatePolicy>(&body) {
+        Ok(request) => respond(StatusCode::CREATED, control.create_policy(request).await),
+        Err(e) => error_response(e),
     }
+}
+
+async fn volumes(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.volumes().await)
+}
+
+async fn create_volume(State(control): State<Control>, body: Bytes) -> Response {
+    match parse_body::<CreateVolume>(&body) {
+        Ok(request) => respond(StatusCode::CREATED, control.create_volume(request).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn resize_volume(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<ResizeVolume>(&body) {
+        Ok(request) => respond(StatusCode::OK, control.resize_volume(&name, request).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn delete_volume(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond_empty(control.delete_volume(&name).await)
+}
+
+async fn object(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.object(&name).await)
+}
+
+async fn verify_object(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.verify_object(&name).await)
+}
+
+async fn resyncs(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.resyncs().await)
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> Response {
+    error_response(ControlError::NotFound(format!(
+        "no API route {method} {}",
+        uri.path()
+    )))
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    let mut response = error_response(ControlError::Invalid(format!(
+        "method {method} is not allowed on {}",
+        uri.path()
+    )));
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
+/// Parses a JSON request body. The content type is not insisted on: a body
+/// is judged by what it holds, so `curl -d` works without a header.
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ControlError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ControlError::Invalid(
+            "request body is empty; expected a JSON object".to_string(),
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ControlError::Invalid(format!("malformed JSON request body: {e}")))
+}
+
+fn respond<T: serde::Serialize>(ok: StatusCode, result: Result<T, ControlError>) -> Response {
+    match result {
+        Ok(value) => (ok, Json(value)).into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+fn respond_empty(result: Result<(), ControlError>) -> Response {
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+/// The HTTP status of each refusal kind.
+pub fn status_code(error: &ControlError) -> StatusCode {
+    match error {
+        ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+        ControlError::Conflict(_) => StatusCode::CONFLICT,
+        ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
+        ControlError::Unsatisfiable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn error_response(error: ControlError) -> Response {
+    let code = status_code(&error);
+    if code.is_server_error() {
+        tracing::warn!(%error, status = code.as_u16(), "control operation failed");
+    }
+    (code, Json(error)).into_response()
 }

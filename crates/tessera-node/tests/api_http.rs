@@ -1,0 +1,398 @@
+//! The REST API's HTTP mapping: routes, status codes, the JSON error shape
+//! and refusal of malformed bodies, over the in-memory control plane of
+//! `support` (the cluster logic itself is tested where it lives).
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use support::MemoryControl;
+use tessera_node::api;
+use tessera_node::control::ClusterControl;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
+
+/// Bound on any one test's wait for the server.
+const TEST_WAIT: Duration = Duration::from_secs(10);
+
+struct Answer {
+    status: StatusCode,
+    body: Value,
+    raw: Vec<u8>,
+}
+
+async fn call(
+    control: &Arc<MemoryControl>,
+    method: Method,
+    path: &str,
+    body: Option<&str>,
+) -> Answer {
+    let control: Arc<dyn ClusterControl> = control.clone();
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .expect("request");
+    let response = api::router(control)
+        .oneshot(request)
+        .await
+        .expect("router answers");
+    let status = response.status();
+    let raw = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body")
+        .to_vec();
+    let body = if raw.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&raw).expect("every answer with a body is JSON")
+    };
+    Answer { status, body, raw }
+}
+
+fn assert_error(answer: &Answer, status: StatusCode, kind: &str, words: &str) {
+    assert_eq!(answer.status, status, "body: {}", answer.body);
+    assert_eq!(answer.body["kind"], kind, "body: {}", answer.body);
+    let message = answer.body["message"].as_str().expect("message is text");
+    assert!(
+        message.contains(words),
+        "message {message:?} should say {words:?}"
+    );
+    assert_eq!(
+        answer.body.as_object().map(|o| o.len()),
+        Some(2),
+        "only kind and message"
+    );
+}
+
+#[tokio::test]
+async fn status_and_hosts_answer_with_their_views() {
+    let control = Arc::new(MemoryControl::new());
+    let status = call(&control, Method::GET, "/v1/status", None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert_eq!(status.body["health"], "healthy");
+    assert_eq!(status.body["hosts"].as_array().map(Vec::len), Some(4));
+    assert!(status.body["capacity"]["total_bytes"].as_u64() > Some(0));
+
+    let hosts = call(&control, Method::GET, "/v1/hosts", None).await;
+    assert_eq!(hosts.status, StatusCode::OK);
+    assert_eq!(hosts.body[1]["id"], "host-2");
+    assert_eq!(hosts.body[1]["state"], "present");
+}
+
+#[tokio::test]
+async fn policies_are_created_listed_and_refused_with_the_right_codes() {
+    let control = Arc::new(MemoryControl::new());
+    let created = call(
+        &control,
+        Method::POST,
+        "/v1/policies",
+        Some(r#"{"name": "gold", "failures_to_tolerate": 1, "stripe_width": 2}"#),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["name"], "gold");
+    assert_eq!(created.body["stripe_width"], 2);
+    assert_eq!(
+        created.body["space_reservation_pct"], 0,
+        "absent fields take their defaults"
+    );
+
+    let list = call(&control, Method::GET, "/v1/policies", None).await;
+    let names: Vec<&str> = list
+        .body
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["default", "gold"]);
+
+    let duplicate = call(
+        &control,
+        Method::POST,
+        "/v1/policies",
+        Some(r#"{"name": "gold", "failures_to_tolerate": 0}"#),
+    )
+    .await;
+    assert_error(
+        &duplicate,
+        StatusCode::CONFLICT,
+        "conflict",
+        "already exists",
+    );
+
+    let unsatisfiable = call(
+        &control,
+        Method::POST,
+        "/v1/policies",
+        Some(r#"{"name": "ftt2", "failures_to_tolerate": 2}"#),
+    )
+    .await;
+    assert_error(
+        &unsatisfiable,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unsatisfiable",
+        "needs 5 fault domains",
+    );
+
+    let out_of_range = call(
+        &control,
+        Method::POST,
+        "/v1/policies",
+        Some(r#"{"name": "wide", "failures_to_tolerate": 1, "stripe_width": 13}"#),
+    )
+    .await;
+    assert_error(
+        &out_of_range,
+        StatusCode::BAD_REQUEST,
+        "invalid",
+        "stripe width",
+    );
+    let list_after = call(&control, Method::GET, "/v1/policies", None).await;
+    assert_eq!(
+        list_after.body, list.body,
+        "refused requests change nothing"
+    );
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_refused_with_400_in_the_error_shape() {
+    let control = Arc::new(MemoryControl::new());
+    let cases = [
+        ("/v1/policies", "{not json"),
+        ("/v1/policies", r#"{"name": "x"}"#),
+        (
+            "/v1/policies",
+            r#"{"name": "x", "failures_to_tolerate": "one"}"#,
+        ),
+        (
+            "/v1/policies",
+            r#"{"name": "x", "failures_to_tolerate": 300}"#,
+        ),
+        ("/v1/volumes", r#"{"name": "v", "size_bytes": -1}"#),
+        ("/v1/volumes", "[]"),
+        ("/v1/volumes/v/resize", r#"{"size": 4096}"#),
+    ];
+    for (path, body) in cases {
+        let answer = call(&control, Method::POST, path, Some(body)).await;
+        assert_error(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "malformed JSON request body",
+        );
+    }
+    let empty = call(&control, Method::POST, "/v1/volumes", None).await;
+    assert_error(&empty, StatusCode::BAD_REQUEST, "invalid", "empty");
+
+    let volumes = call(&control, Method::GET, "/v1/volumes", None).await;
+    assert_eq!(volumes.body, json!([]), "nothing was created");
+}
+
+#[tokio::test]
+async fn volumes_are_created_resized_deleted_and_refused() {
+    let control = Arc::new(MemoryControl::new());
+    let created = call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name": "vol1", "size_bytes": 1073741824}"#),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["policy"], "default");
+    assert_eq!(created.body["state"], "healthy");
+
+    let unknown_policy = call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name": "vol2", "size_bytes": 4096, "policy": "platinum"}"#),
+    )
+    .await;
+    assert_error(
+        &unknown_policy,
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "platinum",
+    );
+
+    let duplicate = call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name": "vol1", "size_bytes": 4096}"#),
+    )
+    .await;
+    assert_error(&duplicate, StatusCode::CONFLICT, "conflict", "vol1");
+
+    let resized = call(
+        &control,
+        Method::POST,
+        "/v1/volumes/vol1/resize",
+        Some(r#"{"size_bytes": 2147483648}"#),
+    )
+    .await;
+    assert_eq!(resized.status, StatusCode::OK, "{}", resized.body);
+    assert_eq!(resized.body["size_bytes"], 2_147_483_648_u64);
+
+    let shrink = call(
+        &control,
+        Method::POST,
+        "/v1/volumes/vol1/resize",
+        Some(r#"{"size_bytes": 4096}"#),
+    )
+    .await;
+    assert_error(&shrink, StatusCode::BAD_REQUEST, "invalid", "not below");
+
+    let missing = call(
+        &control,
+        Method::POST,
+        "/v1/volumes/nope/resize",
+        Some(r#"{"size_bytes": 4096}"#),
+    )
+    .await;
+    assert_error(&missing, StatusCode::NOT_FOUND, "not-found", "nope");
+
+    let deleted = call(&control, Method::DELETE, "/v1/volumes/vol1", None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert!(deleted.raw.is_empty());
+    let again = call(&control, Method::DELETE, "/v1/volumes/vol1", None).await;
+    assert_error(&again, StatusCode::NOT_FOUND, "not-found", "vol1");
+}
+
+#[tokio::test]
+async fn objects_verify_and_resyncs_answer_with_their_views() {
+    let control = Arc::new(MemoryControl::new());
+    let created = call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name": "vol1", "size_bytes": 8192}"#),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+
+    let object = call(&control, Method::GET, "/v1/objects/vol1", None).await;
+    assert_eq!(object.status, StatusCode::OK);
+    assert_eq!(object.body["components"].as_array().map(Vec::len), Some(3));
+    assert_eq!(object.body["components"][2]["role"], "witness");
+
+    let verify = call(&control, Method::POST, "/v1/objects/vol1/verify", None).await;
+    assert_eq!(verify.status, StatusCode::OK);
+    assert_eq!(verify.body["identical"], true);
+    control.make_divergent("vol1");
+    let verify = call(&control, Method::POST, "/v1/objects/vol1/verify", None).await;
+    assert_eq!(
+        verify.status,
+        StatusCode::OK,
+        "divergence is a finding, not a refusal"
+    );
+    assert_eq!(verify.body["identical"], false);
+    assert_eq!(verify.body["divergences"][0]["component_offset"], 8192);
+
+    let missing = call(&control, Method::GET, "/v1/objects/nope", None).await;
+    assert_error(&missing, StatusCode::NOT_FOUND, "not-found", "nope");
+
+    let resyncs = call(&control, Method::GET, "/v1/resyncs", None).await;
+    assert_eq!(resyncs.status, StatusCode::OK);
+    assert_eq!(resyncs.body, json!([]));
+}
+
+#[tokio::test]
+async fn hosts_stop_and_start_with_conflicts_for_repeats() {
+    let control = Arc::new(MemoryControl::new());
+    let stopped = call(&control, Method::POST, "/v1/hosts/host-2/stop", None).await;
+    assert_eq!(stopped.status, StatusCode::NO_CONTENT);
+    let hosts = call(&control, Method::GET, "/v1/hosts", None).await;
+    assert_eq!(hosts.body[1]["state"], "stopped");
+
+    let twice = call(&control, Method::POST, "/v1/hosts/host-2/stop", None).await;
+    assert_error(&twice, StatusCode::CONFLICT, "conflict", "already stopped");
+    let unknown = call(&control, Method::POST, "/v1/hosts/host-9/start", None).await;
+    assert_error(&unknown, StatusCode::NOT_FOUND, "not-found", "host-9");
+
+    let started = call(&control, Method::POST, "/v1/hosts/host-2/start", None).await;
+    assert_eq!(started.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_wrong_methods_answer_in_the_error_shape() {
+    let control = Arc::new(MemoryControl::new());
+    let unknown = call(&control, Method::GET, "/v1/nothing", None).await;
+    assert_error(
+        &unknown,
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "GET /v1/nothing",
+    );
+    let wrong = call(&control, Method::DELETE, "/v1/status", None).await;
+    assert_error(
+        &wrong,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid",
+        "DELETE is not allowed on /v1/status",
+    );
+}
+
+#[test]
+fn every_refusal_kind_has_its_status_code() {
+    use tessera_node::control::ControlError as E;
+    let cases = [
+        (E::NotFound(String::new()), 404),
+        (E::Conflict(String::new()), 409),
+        (E::Invalid(String::new()), 400),
+        (E::Unsatisfiable(String::new()), 422),
+        (E::Unavailable(String::new()), 503),
+        (E::Internal(String::new()), 500),
+    ];
+    for (error, code) in cases {
+        assert_eq!(api::status_code(&error).as_u16(), code, "{error:?}");
+    }
+}
+
+#[tokio::test]
+async fn serve_answers_over_tcp_and_stops_on_shutdown() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let control: Arc<dyn ClusterControl> = Arc::new(MemoryControl::new());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(api::serve(listener, control, async {
+        let _ = stopped.await;
+    }));
+
+    let mut stream = tokio::time::timeout(TEST_WAIT, tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    stream
+        .write_all(b"GET /v1/hosts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(TEST_WAIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"host-4\""), "{text}");
+
+    stop.send(()).expect("server still running");
+    tokio::time::timeout(TEST_WAIT, server)
+        .await
+        .expect("server stops in time")
+        .expect("server task")
+        .expect("serve returns Ok");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed after shutdown"
+    );
+}

@@ -1,0 +1,418 @@
+//! An in-memory [`ClusterControl`] for tests of the HTTP mapping and of the
+//! CLI that prints its answers: it keeps policies, volumes and host states
+//! in maps and refuses what the real control plane refuses (duplicate names,
+//! unknown policies, out-of-range values, too little space), with the same
+//! error kinds. It has no data path: object trees and verify reports are
+//! made up from the records, and a test marks copies divergent by hand.
+//! The same file is compiled into the `tessera` CLI's tests.
+
+#![allow(dead_code)]
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use tessera_node::control::{
+    CapacityView, ClusterControl, ComponentView, ControlError, CreatePolicy, CreateVolume,
+    DiskGroupView, Divergence, Health, HostView, ObjectView, ResizeVolume, ResyncView, StatusView,
+    VerifyReport, VolumeView,
+};
+use tessera_types::layout::{ComponentRole, ComponentState};
+use tessera_types::policy::Policy;
+use tessera_types::{ComponentId, Epoch, PolicyName, VolumeId, BLOCK_BYTES};
+
+/// Capacity of each of the four hosts.
+pub const HOST_CAPACITY_BYTES: u64 = 8 << 30;
+/// Hosts, each in its own fault domain.
+pub const HOSTS: usize = 4;
+
+#[derive(Clone)]
+struct VolumeRecord {
+    size_bytes: u64,
+    policy: String,
+    used_bytes: u64,
+    divergent: bool,
+    first_component: u64,
+}
+
+struct Records {
+    policies: BTreeMap<String, Policy>,
+    volumes: BTreeMap<String, VolumeRecord>,
+    stopped: Vec<bool>,
+    next_component: u64,
+    resyncs: Vec<ResyncView>,
+}
+
+/// The in-memory control plane.
+pub struct MemoryControl {
+    records: Mutex<Records>,
+}
+
+fn host_name(i: usize) -> String {
+    format!("host-{}", i + 1)
+}
+
+impl MemoryControl {
+    /// Four hosts and the policy `default` (FTT=1), as `tessera up` starts.
+    pub fn new() -> MemoryControl {
+        let mut policies = BTreeMap::new();
+        let default = Policy::new(PolicyName::new("default").expect("valid name"), 1);
+        policies.insert("default".to_string(), default);
+        MemoryControl {
+            records: Mutex::new(Records {
+                policies,
+                volumes: BTreeMap::new(),
+                stopped: vec![false; HOSTS],
+                next_component: 1,
+                resyncs: Vec::new(),
+            }),
+        }
+    }
+
+    /// Marks the copies of `volume` as holding different bytes.
+    pub fn make_divergent(&self, volume: &str) {
+        let mut r = self.records.lock().expect("records lock");
+        if let Some(v) = r.volumes.get_mut(volume) {
+            v.divergent = true;
+        }
+    }
+
+    /// Records that `volume` had `used_bytes` written.
+    pub fn set_used(&self, volume: &str, used_bytes: u64) {
+        let mut r = self.records.lock().expect("records lock");
+        if let Some(v) = r.volumes.get_mut(volume) {
+            v.used_bytes = used_bytes;
+        }
+    }
+
+    /// Adds a resync to the list `resyncs` answers.
+    pub fn add_resync(&self, resync: ResyncView) {
+        self.records
+            .lock()
+            .expect("records lock")
+            .resyncs
+            .push(resync);
+    }
+
+    fn host_index(&self, host: &str) -> Result<usize, ControlError> {
+        (0..HOSTS)
+            .find(|&i| host_name(i) == host)
+            .ok_or_else(|| ControlError::NotFound(format!("no host named {host:?}")))
+    }
+}
+
+impl Default for MemoryControl {
+    fn default() -> Self {
+        MemoryControl::new()
+    }
+}
+
+fn reserved(r: &Records) -> u64 {
+    r.volumes
+        .values()
+        .map(|v| {
+            let p = &r.policies[&v.policy];
+            v.size_bytes / 100 * u64::from(p.space_reservation_pct) * p.copies() as u64
+        })
+        .sum()
+}
+
+fn volume_view(name: &str, v: &VolumeRecord, stopped: &[bool]) -> VolumeView {
+    let degraded = stopped.iter().take(2).any(|&s| s);
+    VolumeView {
+        name: name.to_string(),
+        size_bytes: v.size_bytes,
+        policy: v.policy.clone(),
+        state: if degraded {
+            Health::Degraded
+        } else {
+            Health::Healthy
+        },
+        used_bytes: v.used_bytes,
+        owner: Some(host_name(if stopped[0] { 1 } else { 0 })),
+        epoch: Some(Epoch(if stopped[0] { 2 } else { 1 })),
+    }
+}
+
+fn host_views(r: &Records) -> Vec<HostView> {
+    (0..HOSTS)
+        .map(|i| HostView {
+            id: host_name(i),
+            fault_domain: format!("fd-{}", i + 1),
+            state: if r.stopped[i] { "stopped" } else { "present" }.to_string(),
+            transport_addr: format!("127.0.0.{}:9500", i + 1),
+            nbd_addr: format!("127.0.0.{}:10809", i + 1),
+            disk_groups: vec![DiskGroupView {
+                id: "dg-1".to_string(),
+                health: "healthy".to_string(),
+                capacity: CapacityView {
+                    total_bytes: HOST_CAPACITY_BYTES,
+                    used_bytes: 0,
+                    reserved_bytes: 0,
+                    free_bytes: HOST_CAPACITY_BYTES,
+                },
+                components: 0,
+            }],
+            owned_volumes: if i == usize::from(r.stopped[0]) {
+                r.volumes.keys().cloned().collect()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()
+}
+
+#[async_trait]
+impl ClusterControl for MemoryControl {
+    async fn status(&self) -> Result<StatusView, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        let total = HOST_CAPACITY_BYTES * HOSTS as u64;
+        let used: u64 = r.volumes.values().map(|v| v.used_bytes * 2).sum();
+        let reserved = reserved(&r);
+        let volumes: Vec<VolumeView> = r
+            .volumes
+            .iter()
+            .map(|(n, v)| volume_view(n, v, &r.stopped))
+            .collect();
+        let health = if r.stopped.iter().any(|&s| s) {
+            Health::Degraded
+        } else {
+            Health::Healthy
+        };
+        Ok(StatusView {
+            cluster: "tessera".to_string(),
+            health,
+            capacity: CapacityView {
+                total_bytes: total,
+                used_bytes: used,
+                reserved_bytes: reserved,
+                free_bytes: total.saturating_sub(used + reserved),
+            },
+            hosts: host_views(&r),
+            volumes,
+            resyncs: r.resyncs.clone(),
+        })
+    }
+
+    async fn hosts(&self) -> Result<Vec<HostView>, ControlError> {
+        Ok(host_views(&self.records.lock().expect("records lock")))
+    }
+
+    async fn create_policy(&self, request: CreatePolicy) -> Result<Policy, ControlError> {
+        let name = PolicyName::new(request.name.clone())
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let policy = Policy {
+            failures_to_tolerate: request.failures_to_tolerate,
+            stripe_width: request.stripe_width,
+            space_reservation_pct: request.space_reservation_pct,
+            ..Policy::new(name, request.failures_to_tolerate)
+        };
+        policy
+            .validate()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let needed = 2 * usize::from(policy.failures_to_tolerate) + 1;
+        if needed > HOSTS {
+            return Err(ControlError::Unsatisfiable(format!(
+                "policy {}: FTT={} with RAID-1 needs {needed} fault domains, cluster has {HOSTS}",
+                request.name, policy.failures_to_tolerate
+            )));
+        }
+        let mut r = self.records.lock().expect("records lock");
+        if r.policies.contains_key(&request.name) {
+            return Err(ControlError::Conflict(format!(
+                "policy {} already exists",
+                request.name
+            )));
+        }
+        r.policies.insert(request.name, policy.clone());
+        Ok(policy)
+    }
+
+    async fn policies(&self) -> Result<Vec<Policy>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        Ok(r.policies.values().cloned().collect())
+    }
+
+    async fn create_volume(&self, request: CreateVolume) -> Result<VolumeView, ControlError> {
+        VolumeId::new(request.name.clone()).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        if request.size_bytes == 0 || !request.size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(ControlError::Invalid(format!(
+                "volume {}: size {} is not a positive multiple of {BLOCK_BYTES} bytes",
+                request.name, request.size_bytes
+            )));
+        }
+        let mut r = self.records.lock().expect("records lock");
+        let policy_name = request.policy.unwrap_or_else(|| "default".to_string());
+        let Some(policy) = r.policies.get(&policy_name).cloned() else {
+            return Err(ControlError::NotFound(format!(
+                "volume {}: no policy named {policy_name:?}",
+                request.name
+            )));
+        };
+        if r.volumes.contains_key(&request.name) {
+            return Err(ControlError::Conflict(format!(
+                "volume {} already exists",
+                request.name
+            )));
+        }
+        let wanted = request.size_bytes / 100
+            * u64::from(policy.space_reservation_pct)
+            * policy.copies() as u64;
+        let free = HOST_CAPACITY_BYTES * HOSTS as u64 - reserved(&r);
+        if wanted > free {
+            return Err(ControlError::Unsatisfiable(format!(
+                "volume {}: reserving {wanted} bytes needs more than the {free} bytes free",
+                request.name
+            )));
+        }
+        let first_component = r.next_component;
+        r.next_component += 3;
+        let record = VolumeRecord {
+            size_bytes: request.size_bytes,
+            policy: policy_name,
+            used_bytes: 0,
+            divergent: false,
+            first_component,
+        };
+        let view = volume_view(&request.name, &record, &r.stopped);
+        r.volumes.insert(request.name, record);
+        Ok(view)
+    }
+
+    async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        Ok(r.volumes
+            .iter()
+            .map(|(n, v)| volume_view(n, v, &r.stopped))
+            .collect())
+    }
+
+    async fn resize_volume(
+        &self,
+        name: &str,
+        request: ResizeVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let stopped = r.stopped.clone();
+        let v = r
+            .volumes
+            .get_mut(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name:?}")))?;
+        if request.size_bytes < v.size_bytes || !request.size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: new size {} must be a multiple of {BLOCK_BYTES} bytes and not below {}",
+                request.size_bytes, v.size_bytes
+            )));
+        }
+        v.size_bytes = request.size_bytes;
+        Ok(volume_view(name, v, &stopped))
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<(), ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        r.volumes
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name:?}")))
+    }
+
+    async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        let v = r
+            .volumes
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name:?}")))?;
+        let view = volume_view(name, v, &r.stopped);
+        let component = |k: u64, role: ComponentRole, host: usize| ComponentView {
+            id: ComponentId(v.first_component + k),
+            role,
+            column: (role == ComponentRole::Data).then_some(0),
+            host: host_name(host),
+            disk_group: "dg-1".to_string(),
+            fault_domain: format!("fd-{}", host + 1),
+            state: if r.stopped[host] {
+                ComponentState::Absent
+            } else {
+                ComponentState::Active
+            },
+            votes: 1,
+            allocated_bytes: if r.stopped[host] {
+                None
+            } else if role == ComponentRole::Data {
+                Some(v.used_bytes)
+            } else {
+                Some(0)
+            },
+            dirty_bytes: 0,
+        };
+        Ok(ObjectView {
+            volume: name.to_string(),
+            size_bytes: v.size_bytes,
+            policy: v.policy.clone(),
+            state: view.state,
+            owner: view.owner,
+            epoch: view.epoch,
+            generation: 1,
+            components: vec![
+                component(0, ComponentRole::Data, 0),
+                component(1, ComponentRole::Data, 1),
+                component(2, ComponentRole::Witness, 2),
+            ],
+        })
+    }
+
+    async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        let v = r
+            .volumes
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name:?}")))?;
+        let copies = vec![
+            ComponentId(v.first_component),
+            ComponentId(v.first_component + 1),
+        ];
+        Ok(VerifyReport {
+            volume: name.to_string(),
+            identical: !v.divergent,
+            compared_bytes: v.size_bytes,
+            skipped: Vec::new(),
+            divergences: if v.divergent {
+                vec![Divergence {
+                    column: 0,
+                    component_offset: 8192,
+                    len: 4096,
+                    components: copies,
+                }]
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {
+        Ok(self.records.lock().expect("records lock").resyncs.clone())
+    }
+
+    async fn stop_host(&self, host: &str) -> Result<(), ControlError> {
+        let i = self.host_index(host)?;
+        let mut r = self.records.lock().expect("records lock");
+        if r.stopped[i] {
+            return Err(ControlError::Conflict(format!(
+                "host {host} is already stopped"
+            )));
+        }
+        r.stopped[i] = true;
+        Ok(())
+    }
+
+    async fn start_host(&self, host: &str) -> Result<(), ControlError> {
+        let i = self.host_index(host)?;
+        let mut r = self.records.lock().expect("records lock");
+        if !r.stopped[i] {
+            return Err(ControlError::Conflict(format!(
+                "host {host} is not stopped"
+            )));
+        }
+        r.stopped[i] = false;
+        Ok(())
+    }
+}
