@@ -33,6 +33,12 @@ use tessera_format::{
 /// latency a write waits behind others and the buffer the log writer builds.
 pub(crate) const COMMIT_BLOCKS_MAX: u64 = 1024;
 
+/// Most data held in memory for blocks that are logged but not yet on the
+/// capacity tier, in bytes: past it the log writer waits for the destager,
+/// so memory stays bounded whatever the size of the cache device (blocks
+/// still waiting for the log are bounded by the clients' queue depth).
+pub(crate) const OVERLAY_BYTES_MAX: u64 = 256 << 20;
+
 /// Blocks the destager moves per pass (one allocation, one set of writes).
 pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
 
@@ -186,8 +192,16 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
     let mut last_batch = 0usize;
     loop {
         let mut st = shared.state.lock();
-        while st.queue.is_empty() && !shared.stop.load(Ordering::Acquire) {
-            shared.log_work.wait_for(&mut st, IDLE_WAIT);
+        while (st.queue.is_empty() || st.destage_blocks * BLOCK as u64 > OVERLAY_BYTES_MAX)
+            && !shared.stop.load(Ordering::Acquire)
+            && st.failed.is_none()
+        {
+            if st.queue.is_empty() {
+                shared.log_work.wait_for(&mut st, IDLE_WAIT);
+            } else {
+                shared.destage_work.notify_all();
+                shared.log_space.wait_for(&mut st, IDLE_WAIT);
+            }
         }
         if last_batch > 1 {
             let deadline = Instant::now() + GATHER_WAIT;
@@ -272,6 +286,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
                     for t in &r.tokens {
                         st.unapplied.insert(*t, (r.header.seq, r.vstart));
                     }
+                    st.destage_blocks += r.writes.len() as u64;
                     st.destage.push_back(LoggedRecord {
                         seq: r.header.seq,
                         vstart: r.vstart,
@@ -586,9 +601,13 @@ fn destage_pass(shared: &Shared) -> Result<(), String> {
                 // retries them (blocks already applied are skipped then).
                 if apply_destage(&mut st, &items) {
                     for _ in 0..taken {
-                        st.destage.pop_front();
+                        if let Some(r) = st.destage.pop_front() {
+                            st.destage_blocks =
+                                st.destage_blocks.saturating_sub(r.writes.len() as u64);
+                        }
                     }
                 }
+                shared.log_space.notify_all();
                 return Ok(());
             }
             need

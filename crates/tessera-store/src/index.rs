@@ -20,6 +20,11 @@ pub(crate) const LBAS_PER_PAGE: u64 = INDEX_ENTRIES as u64;
 /// large operation must find its pages still cached after loading them.
 pub(crate) const CACHE_PAGES_MIN: usize = 256;
 
+/// Memory one cached page takes: its decoded entries plus the map slot and
+/// bookkeeping around them (what the configured budget is divided by).
+const PAGE_MEMORY_BYTES: u64 =
+    (INDEX_ENTRIES * std::mem::size_of::<tessera_format::IndexEntry>() + 128) as u64;
+
 /// Where a component's index page lives on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RootEntry {
@@ -61,7 +66,7 @@ impl IndexCache {
     pub(crate) fn new(bytes: u64) -> IndexCache {
         IndexCache {
             pages: HashMap::new(),
-            capacity: ((bytes / 4096) as usize).max(CACHE_PAGES_MIN),
+            capacity: ((bytes / PAGE_MEMORY_BYTES) as usize).max(CACHE_PAGES_MIN),
             clock: 0,
         }
     }

@@ -322,6 +322,7 @@ pub(crate) fn load_state(
         pending_free: Vec::new(),
         queue: VecDeque::new(),
         destage: VecDeque::new(),
+        destage_blocks: 0,
         unapplied: BTreeMap::new(),
         vhead: ck.log_tail_block,
         head_seq: ck.log_tail_seq,
@@ -571,6 +572,7 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
         {
             let mut st = shared.state.lock();
             let writes = std::mem::take(&mut st.replay_writes);
+            st.destage_blocks += writes.len() as u64;
             st.destage.push_back(LoggedRecord {
                 seq: rec.header.seq,
                 vstart: at,

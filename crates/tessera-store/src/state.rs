@@ -136,6 +136,8 @@ pub(crate) struct State {
     pub(crate) pending_free: Vec<BlockLoc>,
     pub(crate) queue: VecDeque<Request>,
     pub(crate) destage: VecDeque<LoggedRecord>,
+    /// Write blocks in `destage` (logged, not yet on the capacity tier).
+    pub(crate) destage_blocks: u64,
     pub(crate) unapplied: BTreeMap<u64, (u64, u64)>,
     /// Log positions as ever-growing block counters (the device position is
     /// the counter modulo the log size).

@@ -205,3 +205,32 @@ async fn resize_shrinks_away_data_and_everything_survives_reopen() {
         vec![(Lba(0), 1), (Lba(300), 1), (Lba(1000), 1)]
     );
 }
+
+/// The replica service shares one `Arc<DiskGroup>` between tasks on a
+/// multi-threaded runtime: the group must be `Send + Sync` and every future
+/// of its API `Send`.
+#[test]
+fn the_api_is_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<tessera_store::DiskGroup>();
+    send_sync::<StoreError>();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let rig = Rig::new(1);
+        let dg = rig.create().await;
+        let data = bytes_of(&[payload(7, 0, 1)]);
+        send(&dg.create_component(C, MIB, 0));
+        send(&dg.write(C, Lba(0), data, Epoch(1)));
+        send(&dg.read(C, Lba(0), 1));
+        send(&dg.unmap(C, Lba(0), 1, Epoch(1)));
+        send(&dg.write_zeroes(C, Lba(0), 1, Epoch(1)));
+        send(&dg.fence(C, Epoch(1)));
+        send(&dg.flush());
+        send(&dg.allocated(C, Lba(0), 1));
+        send(&dg.resize_component(C, MIB));
+        send(&dg.delete_component(C));
+        send(&dg.scrub(0));
+        send(&dg.settle());
+    });
+}
