@@ -2,11 +2,23 @@
 //!
 //! Owns: the wiring of one host (its disk groups behind the replica service,
 //! the transport, its directory session, the coordinators of the volumes it
-//! owns, its NBD exports) and the cluster-wide control plane
-//! ([`control::ClusterControl`], served over HTTP by [`api`]).
+//! owns, its NBD exports: [`host`]), the cluster-wide control plane
+//! ([`control::ClusterControl`], implemented in [`control_plane`] and served
+//! over HTTP by [`api`]) and `tessera up` ([`up`]).
 //! Must not touch: on-disk formats, wire encodings, protocol details; it
 //! composes the crates below it and adds only policy: when to take
 //! ownership, when to resync, when to rebuild.
 
 pub mod api;
+pub mod components;
+pub mod config;
 pub mod control;
+pub mod control_plane;
+pub mod error;
+pub mod host;
+pub mod peers;
+pub mod resync_board;
+pub mod routing;
+pub mod up;
+
+pub use error::NodeError;

@@ -142,6 +142,13 @@ pub trait ComponentIo: Send + Sync + 'static {
         reserve_bytes: u64,
     ) -> Result<(), ComponentError>;
 
+    /// Grows the component's address space to `size_bytes`.
+    async fn resize(
+        &self,
+        component: &ComponentPlacement,
+        size_bytes: u64,
+    ) -> Result<(), ComponentError>;
+
     /// Deletes the component and frees its space.
     async fn delete(&self, component: &ComponentPlacement) -> Result<(), ComponentError>;
 

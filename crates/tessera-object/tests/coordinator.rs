@@ -166,6 +166,9 @@ impl ComponentIo for Components {
         self.replicas.lock().entry(c.id).or_default();
         Ok(())
     }
+    async fn resize(&self, c: &ComponentPlacement, _size: u64) -> Result<(), ComponentError> {
+        self.check(c)
+    }
     async fn delete(&self, c: &ComponentPlacement) -> Result<(), ComponentError> {
         self.replicas.lock().remove(&c.id);
         Ok(())

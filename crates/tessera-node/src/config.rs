@@ -1,0 +1,146 @@
+//! A host's configuration (`node.toml`).
+//!
+//! Owns: parsing and checking the file a `tessera node` is started with.
+//! Invariant: a configuration that passed [`HostConfig::check`] names a
+//! usable host id, at least one disk group with a cache device and one
+//! capacity device, and a directory to join.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tessera_types::{DiskGroupId, FaultDomainId, HostId};
+
+/// Where the directory lives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum DirectoryConfig {
+    /// A local file (single-process clusters).
+    Embedded {
+        /// Database file.
+        path: PathBuf,
+    },
+    /// An etcd cluster.
+    Etcd {
+        /// Client URLs, e.g. `http://127.0.0.1:2379`.
+        endpoints: Vec<String>,
+    },
+}
+
+/// One device: a file (created with `size` if missing) or a block device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceConfig {
+    /// Path of the file or block device.
+    pub path: PathBuf,
+    /// Size in bytes for a file that does not exist yet.
+    pub size_bytes: u64,
+}
+
+/// One disk group: a cache device and capacity devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskGroupConfig {
+    /// Disk group id, unique on the host.
+    pub id: DiskGroupId,
+    /// The write-log device.
+    pub cache: DeviceConfig,
+    /// Capacity devices (1..=7).
+    pub capacity: Vec<DeviceConfig>,
+}
+
+fn default_cluster() -> String {
+    "tessera".into()
+}
+fn default_lease_ttl_ms() -> u64 {
+    4_000
+}
+fn default_repair_delay_s() -> u64 {
+    3_600
+}
+fn default_index_cache_bytes() -> u64 {
+    64 << 20
+}
+
+/// A host's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostConfig {
+    /// Cluster name (directory key prefix).
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    /// Host id.
+    pub id: HostId,
+    /// Fault domain; the host is its own when absent.
+    #[serde(default)]
+    pub fault_domain: Option<FaultDomainId>,
+    /// Host-to-host transport listen address.
+    pub transport_addr: SocketAddr,
+    /// NBD listen address.
+    pub nbd_addr: SocketAddr,
+    /// REST API listen address, if this host serves the API.
+    #[serde(default)]
+    pub api_addr: Option<SocketAddr>,
+    /// The directory.
+    pub directory: DirectoryConfig,
+    /// Disk groups.
+    pub disk_groups: Vec<DiskGroupConfig>,
+    /// Liveness lease TTL: how long a silent host keeps its volumes.
+    #[serde(default = "default_lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// How long a component may stay absent before it is rebuilt elsewhere
+    /// (vSAN's 60 minutes by default).
+    #[serde(default = "default_repair_delay_s")]
+    pub repair_delay_s: u64,
+    /// Index cache per disk group.
+    #[serde(default = "default_index_cache_bytes")]
+    pub index_cache_bytes: u64,
+    /// Open devices with O_DIRECT.
+    #[serde(default)]
+    pub direct_io: bool,
+}
+
+impl HostConfig {
+    /// Reads and checks a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<HostConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let config: HostConfig =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config
+            .check()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot.
+    pub fn check(&self) -> Result<(), String> {
+        HostId::new(self.id.as_str()).map_err(|e| e.to_string())?;
+        if self.disk_groups.is_empty() {
+            return Err(format!(
+                "host {}: at least one disk group is needed",
+                self.id
+            ));
+        }
+        for dg in &self.disk_groups {
+            if dg.capacity.is_empty() || dg.capacity.len() > 7 {
+                return Err(format!(
+                    "host {} disk group {}: 1 to 7 capacity devices are needed, not {}",
+                    self.id,
+                    dg.id,
+                    dg.capacity.len()
+                ));
+            }
+        }
+        if self.lease_ttl_ms < 500 {
+            return Err(format!(
+                "host {}: lease_ttl_ms must be at least 500, not {}",
+                self.id, self.lease_ttl_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fault domain (the host itself when none is configured).
+    pub fn fault_domain(&self) -> FaultDomainId {
+        self.fault_domain
+            .clone()
+            .unwrap_or_else(|| FaultDomainId(self.id.to_string()))
+    }
+}

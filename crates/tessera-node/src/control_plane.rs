@@ -1,0 +1,821 @@
+//! The cluster's control plane: [`ClusterControl`] over the directory and
+//! the hosts of this process.
+//!
+//! Owns: policy and volume life cycles (validation, placement, component
+//! creation, records), the views `status` and `object show` print, copy
+//! verification, and stopping/starting hosts in `tessera up`.
+//! Must not touch: I/O paths. Volume I/O belongs to the owners'
+//! coordinators; this module only reads components to compare them.
+//! Invariant: a refused request changes nothing: every check happens before
+//! the first write, and a volume whose components could not all be created
+//! has the created ones deleted again.
+
+use crate::control::*;
+use crate::host::Host;
+use crate::peers::Peers;
+use crate::resync_board::ResyncBoard;
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tessera_directory::keys::{self, VolumeRecord, VolumeState};
+use tessera_directory::{Directory, Keyspace};
+use tessera_env::{Clock, Rng, SeededRng, SystemClock};
+use tessera_object::ComponentIo;
+use tessera_placement::{ClusterMap, DiskGroupHealth, HostLiveness};
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
+use tessera_types::policy::Policy;
+use tessera_types::{format_size, ComponentId, HostId, PolicyName, VolumeId, BLOCK_BYTES};
+
+/// Bytes compared per read by `object verify`.
+const VERIFY_STEP_BLOCKS: u64 = 256;
+/// Divergences listed before `object verify` stops listing.
+const DIVERGENCES_SHOWN_MAX: usize = 32;
+
+/// How a host slot in this process is started again after `host stop`.
+pub type HostStarter =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<Arc<Host>, String>> + Send + Sync>;
+
+/// One host of this process.
+pub struct HostSlot {
+    /// Host id.
+    pub id: HostId,
+    /// The running host, or None while stopped.
+    pub host: Mutex<Option<Arc<Host>>>,
+    /// Starts it again (only in `tessera up`).
+    pub starter: Option<HostStarter>,
+    /// The last stopped instance, until every reference to it is gone: its
+    /// devices must be closed before a new instance opens them.
+    pub stopped: Mutex<Option<std::sync::Weak<tessera_replica::ReplicaService>>>,
+}
+
+/// How long `host start` waits for the stopped instance to release its devices.
+const HOST_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The hosts of this process.
+pub struct HostSet {
+    slots: Vec<HostSlot>,
+}
+
+impl HostSet {
+    /// A single host that cannot be stopped through the API.
+    pub fn single(host: Arc<Host>) -> HostSet {
+        HostSet {
+            slots: vec![HostSlot {
+                id: host.id().clone(),
+                host: Mutex::new(Some(host)),
+                starter: None,
+                stopped: Mutex::new(None),
+            }],
+        }
+    }
+
+    /// Hosts that can be stopped and started (tessera up).
+    pub fn new(slots: Vec<HostSlot>) -> HostSet {
+        HostSet { slots }
+    }
+
+    /// A running host, preferring the first.
+    pub fn any(&self) -> Option<Arc<Host>> {
+        self.slots.iter().find_map(|s| s.host.lock().clone())
+    }
+
+    /// Every running host.
+    pub fn running(&self) -> Vec<Arc<Host>> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.host.lock().clone())
+            .collect()
+    }
+
+    fn slot(&self, id: &str) -> Option<&HostSlot> {
+        self.slots.iter().find(|s| s.id.as_str() == id)
+    }
+
+    /// Stops every host cleanly.
+    pub async fn stop_all(&self) {
+        for slot in &self.slots {
+            let host = slot.host.lock().take();
+            if let Some(h) = host {
+                h.stop(true).await;
+            }
+        }
+    }
+}
+
+/// The control plane.
+pub struct ControlPlane {
+    directory: Arc<dyn Directory>,
+    keys: Keyspace,
+    cluster: String,
+    hosts: HostSet,
+    board: Arc<ResyncBoard>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn Rng>,
+    /// Serialises volume and policy changes made through this API.
+    changes: tokio::sync::Mutex<()>,
+}
+
+fn internal(e: impl std::fmt::Display) -> ControlError {
+    ControlError::Unavailable(format!("directory: {e}"))
+}
+
+/// The cluster map placement needs: hosts, their fault domains, liveness and
+/// disk group space, from the directory.
+pub async fn cluster_map(
+    directory: &dyn Directory,
+    keys: &Keyspace,
+    peers: &Peers,
+) -> Result<ClusterMap, String> {
+    let groups = keys::list(directory, &keys.disk_groups())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut hosts = Vec::new();
+    for record in peers.records() {
+        let mut host = tessera_placement::Host::new(record.id.clone())
+            .in_fault_domain(record.fault_domain.clone())
+            .with_liveness(if peers.is_live(&record.id) {
+                HostLiveness::Live
+            } else {
+                HostLiveness::Absent
+            });
+        if record.witness_only {
+            host = host.witness_only();
+        }
+        for g in groups.records.iter().filter(|g| g.value.host == record.id) {
+            let mut dg =
+                tessera_placement::DiskGroup::new(g.value.id.clone(), g.value.capacity_bytes);
+            dg.used_bytes = g.value.used_bytes;
+            dg.reserved_bytes = g.value.reserved_bytes;
+            if g.value.state == keys::DiskGroupState::Failed {
+                dg.health = DiskGroupHealth::Failed;
+            }
+            host = host.with_disk_group(dg);
+        }
+        hosts.push(host);
+    }
+    ClusterMap::new(hosts).map_err(|e| e.to_string())
+}
+
+impl ControlPlane {
+    /// A control plane for `cluster` over `directory` and this process's hosts.
+    pub fn new(
+        directory: Arc<dyn Directory>,
+        cluster: &str,
+        hosts: HostSet,
+        board: Arc<ResyncBoard>,
+    ) -> ControlPlane {
+        ControlPlane {
+            directory,
+            keys: Keyspace::new(cluster).unwrap_or_else(|_| {
+                Keyspace::new("tessera").expect("the default cluster name is valid")
+            }),
+            cluster: cluster.to_string(),
+            hosts,
+            board,
+            clock: Arc::new(SystemClock::default()),
+            rng: Arc::new(SeededRng::from_entropy()),
+            changes: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The hosts of this process.
+    pub fn hosts(&self) -> &HostSet {
+        &self.hosts
+    }
+
+    fn via(&self) -> Result<Arc<Host>, ControlError> {
+        self.hosts
+            .any()
+            .ok_or_else(|| ControlError::Unavailable("no host is running in this process".into()))
+    }
+
+    async fn volume_record(&self, name: &str) -> Result<(VolumeRecord, Layout), ControlError> {
+        let volume = VolumeId::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let record = keys::get(self.directory.as_ref(), &self.keys.volume(&volume))
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
+        let layout = keys::get(self.directory.as_ref(), &self.keys.layout(&volume))
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| ControlError::NotFound(format!("volume {name} has no layout")))?;
+        Ok((record.value, layout.value))
+    }
+
+    async fn volume_view(&self, record: &VolumeRecord, layout: &Layout) -> VolumeView {
+        let owner =
+            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
+                .await
+                .ok()
+                .flatten();
+        let state = layout_health(layout, owner.is_some());
+        let mut used = 0;
+        if let Ok(host) = self.via() {
+            let components = host.components(&record.name);
+            for mirror in &layout.columns {
+                for c in mirror
+                    .copies
+                    .iter()
+                    .filter(|c| c.state == ComponentState::Active)
+                {
+                    if let Ok(s) = components.status(c).await {
+                        used += s.allocated_bytes;
+                        break;
+                    }
+                }
+            }
+        }
+        VolumeView {
+            name: record.name.to_string(),
+            size_bytes: record.size_bytes,
+            policy: record.policy.to_string(),
+            state,
+            used_bytes: used,
+            owner: owner.as_ref().map(|o| o.host.to_string()),
+            epoch: owner.map(|o| o.epoch),
+        }
+    }
+
+    async fn host_views(&self) -> Result<Vec<HostView>, ControlError> {
+        let hosts = keys::list(self.directory.as_ref(), &self.keys.hosts())
+            .await
+            .map_err(internal)?;
+        let live = tessera_directory::live_hosts(self.directory.as_ref(), &self.keys)
+            .await
+            .map_err(internal)?;
+        let groups = keys::list(self.directory.as_ref(), &self.keys.disk_groups())
+            .await
+            .map_err(internal)?;
+        let owners = keys::list(self.directory.as_ref(), &self.keys.owners())
+            .await
+            .map_err(internal)?;
+        let mut out = Vec::new();
+        for r in hosts.records {
+            let h = r.value;
+            let stopped = self
+                .hosts
+                .slot(h.id.as_str())
+                .is_some_and(|s| s.host.lock().is_none());
+            let state = if stopped {
+                "stopped"
+            } else if live.contains(&h.id) {
+                "present"
+            } else {
+                "absent"
+            };
+            let disk_groups = groups
+                .records
+                .iter()
+                .filter(|g| g.value.host == h.id)
+                .map(|g| DiskGroupView {
+                    id: g.value.id.to_string(),
+                    health: match g.value.state {
+                        keys::DiskGroupState::Failed => "failed".into(),
+                        _ => "healthy".into(),
+                    },
+                    capacity: CapacityView {
+                        total_bytes: g.value.capacity_bytes,
+                        used_bytes: g.value.used_bytes,
+                        reserved_bytes: g.value.reserved_bytes,
+                        free_bytes: g
+                            .value
+                            .capacity_bytes
+                            .saturating_sub(g.value.used_bytes.max(g.value.reserved_bytes)),
+                    },
+                    components: 0,
+                })
+                .collect();
+            let mut owned_volumes: Vec<String> = owners
+                .records
+                .iter()
+                .filter(|o| o.value.host == h.id)
+                .map(|o| o.value.volume.to_string())
+                .collect();
+            owned_volumes.sort();
+            out.push(HostView {
+                id: h.id.to_string(),
+                fault_domain: h.fault_domain.to_string(),
+                state: state.into(),
+                transport_addr: h.addresses.transport.to_string(),
+                nbd_addr: h.addresses.nbd.to_string(),
+                disk_groups,
+                owned_volumes,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn layout_health(layout: &Layout, has_owner: bool) -> Health {
+    if !has_owner || !layout.has_quorum(|c| c.state == ComponentState::Active) {
+        Health::Unavailable
+    } else if layout
+        .components()
+        .all(|c| c.state == ComponentState::Active)
+    {
+        Health::Healthy
+    } else {
+        Health::Degraded
+    }
+}
+
+#[async_trait]
+impl ClusterControl for ControlPlane {
+    async fn status(&self) -> Result<StatusView, ControlError> {
+        let hosts = self.host_views().await?;
+        let volumes = self.volumes().await?;
+        let mut capacity = CapacityView::default();
+        for h in hosts.iter().filter(|h| h.state == "present") {
+            for g in &h.disk_groups {
+                capacity.total_bytes += g.capacity.total_bytes;
+                capacity.used_bytes += g.capacity.used_bytes;
+                capacity.reserved_bytes += g.capacity.reserved_bytes;
+                capacity.free_bytes += g.capacity.free_bytes;
+            }
+        }
+        let worst_volume = volumes.iter().map(|v| v.state).fold(Health::Healthy, worse);
+        let host_health = if hosts.iter().all(|h| h.state == "present") {
+            Health::Healthy
+        } else {
+            Health::Degraded
+        };
+        Ok(StatusView {
+            cluster: self.cluster.clone(),
+            health: worse(worst_volume, host_health),
+            capacity,
+            hosts,
+            volumes,
+            resyncs: self.board.views(),
+        })
+    }
+
+    async fn hosts(&self) -> Result<Vec<HostView>, ControlError> {
+        self.host_views().await
+    }
+
+    async fn create_policy(&self, request: CreatePolicy) -> Result<Policy, ControlError> {
+        let name =
+            PolicyName::new(&request.name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let policy = Policy {
+            name: name.clone(),
+            failures_to_tolerate: request.failures_to_tolerate,
+            fault_tolerance: Default::default(),
+            stripe_width: request.stripe_width,
+            space_reservation_pct: request.space_reservation_pct,
+            checksum: true,
+        };
+        policy
+            .validate()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let outcome = keys::cas(
+            self.directory.as_ref(),
+            &self.keys.policy(&name),
+            None,
+            &policy,
+            None,
+        )
+        .await
+        .map_err(internal)?;
+        if !outcome.succeeded {
+            return Err(ControlError::Conflict(format!(
+                "a policy named {name} already exists"
+            )));
+        }
+        Ok(policy)
+    }
+
+    async fn policies(&self) -> Result<Vec<Policy>, ControlError> {
+        let list = keys::list(self.directory.as_ref(), &self.keys.policies())
+            .await
+            .map_err(internal)?;
+        Ok(list.records.into_iter().map(|r| r.value).collect())
+    }
+
+    async fn create_volume(&self, request: CreateVolume) -> Result<VolumeView, ControlError> {
+        let name =
+            VolumeId::new(&request.name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        if request.size_bytes == 0 || !request.size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: size must be a positive multiple of 4096 bytes, not {}",
+                request.size_bytes
+            )));
+        }
+        let policy_name = PolicyName::new(request.policy.as_deref().unwrap_or("default"))
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let policy = keys::get(self.directory.as_ref(), &self.keys.policy(&policy_name))
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| ControlError::NotFound(format!("no policy named {policy_name}")))?
+            .value;
+        if keys::get(self.directory.as_ref(), &self.keys.volume(&name))
+            .await
+            .map_err(internal)?
+            .is_some()
+        {
+            return Err(ControlError::Conflict(format!(
+                "a volume named {name} already exists"
+            )));
+        }
+        let host = self.via()?;
+        let map = cluster_map(self.directory.as_ref(), &self.keys, host.peers())
+            .await
+            .map_err(ControlError::Unavailable)?;
+        let rng = Arc::clone(&self.rng);
+        let mut next_id = move || ComponentId(rng.next_u64() >> 1);
+        let layout =
+            tessera_placement::place(&policy, &name, request.size_bytes, &map, &mut next_id)
+                .map_err(|e| ControlError::Unsatisfiable(e.to_string()))?;
+        let components = host.components(&name);
+        let mut created = Vec::new();
+        for c in layout.components() {
+            let reserve = if c.role == ComponentRole::Data {
+                tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct)
+            } else {
+                0
+            };
+            if let Err(e) = components.create(c, reserve).await {
+                for done in &created {
+                    let _ = components.delete(done).await;
+                }
+                return Err(match e {
+                    tessera_object::ComponentError::NoSpace { .. } => {
+                        ControlError::Unsatisfiable(format!(
+                            "volume {name}: host {} has no space for a component of {}",
+                            c.host,
+                            format_size(c.size_bytes)
+                        ))
+                    }
+                    other => ControlError::Unavailable(format!("volume {name}: {other}")),
+                });
+            }
+            created.push(c.clone());
+        }
+        let reserved: u64 = layout
+            .columns
+            .iter()
+            .flat_map(|m| m.copies.iter())
+            .map(|c| {
+                tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct)
+            })
+            .sum();
+        let record = VolumeRecord {
+            name: name.clone(),
+            size_bytes: request.size_bytes,
+            policy: policy_name,
+            state: VolumeState::Ready,
+            created_ms: self.clock.wall_ms(),
+            reserved_bytes: reserved,
+        };
+        let txn = tessera_directory::Txn::new()
+            .when([self.keys.volume(&name).absent()])
+            .and_then([
+                self.keys
+                    .volume(&name)
+                    .put_op(&record, None)
+                    .map_err(internal)?,
+                self.keys
+                    .layout(&name)
+                    .put_op(&layout, None)
+                    .map_err(internal)?,
+            ]);
+        let outcome = self.directory.txn(txn).await.map_err(internal)?;
+        if !outcome.succeeded {
+            for c in &created {
+                let _ = components.delete(c).await;
+            }
+            return Err(ControlError::Conflict(format!(
+                "a volume named {name} already exists"
+            )));
+        }
+        tracing::info!(volume = %name, size = %format_size(request.size_bytes), policy = %record.policy, "volume created");
+        Ok(self.volume_view(&record, &layout).await)
+    }
+
+    async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError> {
+        let list = keys::list(self.directory.as_ref(), &self.keys.volumes())
+            .await
+            .map_err(internal)?;
+        let layouts: BTreeMap<VolumeId, Layout> =
+            keys::list(self.directory.as_ref(), &self.keys.layouts())
+                .await
+                .map_err(internal)?
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect();
+        let mut out = Vec::new();
+        for r in list.records {
+            if let Some(layout) = layouts.get(&r.value.name) {
+                out.push(self.volume_view(&r.value, layout).await);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn resize_volume(
+        &self,
+        name: &str,
+        request: ResizeVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let _guard = self.changes.lock().await;
+        let (mut record, layout) = self.volume_record(name).await?;
+        if request.size_bytes < record.size_bytes {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: shrinking from {} to {} is not supported (data would be lost)",
+                format_size(record.size_bytes),
+                format_size(request.size_bytes)
+            )));
+        }
+        if !request.size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: size must be a multiple of 4096 bytes"
+            )));
+        }
+        let policy = keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy))
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| ControlError::NotFound(format!("policy {} is gone", record.policy)))?
+            .value;
+        let host = self.via()?;
+        let map = cluster_map(self.directory.as_ref(), &self.keys, host.peers())
+            .await
+            .map_err(ControlError::Unavailable)?;
+        let new_layout =
+            tessera_placement::resize_layout(&policy, &layout, request.size_bytes, &map)
+                .map_err(|e| ControlError::Unsatisfiable(e.to_string()))?;
+        let components = host.components(&record.name);
+        for c in new_layout.columns.iter().flat_map(|m| m.copies.iter()) {
+            components
+                .resize(c, c.size_bytes)
+                .await
+                .map_err(|e| ControlError::Unavailable(format!("volume {name}: {e}")))?;
+        }
+        record.size_bytes = request.size_bytes;
+        // The owner steps down (its epoch no longer matches a fresh takeover)
+        // and the next owner serves the new size.
+        let owner =
+            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
+                .await
+                .map_err(internal)?;
+        let mut ops = vec![
+            self.keys
+                .volume(&record.name)
+                .put_op(&record, None)
+                .map_err(internal)?,
+            self.keys
+                .layout(&record.name)
+                .put_op(&new_layout, None)
+                .map_err(internal)?,
+        ];
+        if owner.is_some() {
+            ops.push(self.keys.owner(&record.name).delete_op());
+        }
+        self.directory
+            .txn(tessera_directory::Txn::new().and_then(ops))
+            .await
+            .map_err(internal)?;
+        Ok(self.volume_view(&record, &new_layout).await)
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<(), ControlError> {
+        let _guard = self.changes.lock().await;
+        let (mut record, layout) = self.volume_record(name).await?;
+        record.state = VolumeState::Deleting;
+        keys::put(
+            self.directory.as_ref(),
+            &self.keys.volume(&record.name),
+            &record,
+            None,
+        )
+        .await
+        .map_err(internal)?;
+        let host = self.via()?;
+        let components = host.components(&record.name);
+        let mut missed = Vec::new();
+        for c in layout.components() {
+            if let Err(e) = components.delete(c).await {
+                missed.push(format!("{} on {}: {e}", c.id, c.host));
+            }
+        }
+        let ops = vec![
+            self.keys.volume(&record.name).delete_op(),
+            self.keys.layout(&record.name).delete_op(),
+            self.keys.owner(&record.name).delete_op(),
+            self.keys.owner_epoch(&record.name).delete_op(),
+        ];
+        self.directory
+            .txn(tessera_directory::Txn::new().and_then(ops))
+            .await
+            .map_err(internal)?;
+        if !missed.is_empty() {
+            tracing::warn!(volume = %name, "components left on absent hosts: {}", missed.join("; "));
+        }
+        Ok(())
+    }
+
+    async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
+        let (record, layout) = self.volume_record(name).await?;
+        let owner =
+            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
+                .await
+                .map_err(internal)?;
+        let dirty: BTreeMap<ComponentId, u64> = self
+            .hosts
+            .running()
+            .iter()
+            .flat_map(|h| h.owned())
+            .filter(|(v, _)| v == &record.name)
+            .flat_map(|(_, c)| c.dirty_bytes())
+            .collect();
+        let host = self.via()?;
+        let components = host.components(&record.name);
+        let mut views = Vec::new();
+        let mut placed: Vec<(Option<usize>, ComponentPlacement)> = Vec::new();
+        for (i, m) in layout.columns.iter().enumerate() {
+            placed.extend(m.copies.iter().map(|c| (Some(i), c.clone())));
+        }
+        placed.extend(layout.witnesses.iter().map(|c| (None, c.clone())));
+        for (column, c) in &placed {
+            let (column, c) = (*column, c);
+            let allocated = if c.role == ComponentRole::Data {
+                components.status(c).await.ok().map(|s| s.allocated_bytes)
+            } else {
+                None
+            };
+            views.push(ComponentView {
+                id: c.id,
+                role: c.role,
+                column,
+                host: c.host.to_string(),
+                disk_group: c.disk_group.to_string(),
+                fault_domain: c.fault_domain.to_string(),
+                state: c.state,
+                votes: c.votes,
+                allocated_bytes: allocated,
+                dirty_bytes: dirty.get(&c.id).copied().unwrap_or(0),
+            });
+        }
+        Ok(ObjectView {
+            volume: record.name.to_string(),
+            size_bytes: record.size_bytes,
+            policy: record.policy.to_string(),
+            state: layout_health(&layout, owner.is_some()),
+            owner: owner.as_ref().map(|o| o.host.to_string()),
+            epoch: owner.map(|o| o.epoch),
+            generation: layout.generation,
+            components: views,
+        })
+    }
+
+    async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError> {
+        let (record, layout) = self.volume_record(name).await?;
+        let host = self.via()?;
+        let components = host.components(&record.name);
+        let mut report = VerifyReport {
+            volume: name.to_string(),
+            identical: true,
+            compared_bytes: 0,
+            skipped: Vec::new(),
+            divergences: Vec::new(),
+        };
+        for (column, mirror) in layout.columns.iter().enumerate() {
+            let copies: Vec<_> = mirror
+                .copies
+                .iter()
+                .filter(|c| {
+                    let ok = c.state == ComponentState::Active;
+                    if !ok {
+                        report
+                            .skipped
+                            .push(format!("component {} on {} is {:?}", c.id, c.host, c.state));
+                    }
+                    ok
+                })
+                .collect();
+            if copies.len() < 2 {
+                continue;
+            }
+            let blocks = copies[0].size_bytes / BLOCK_BYTES;
+            // Compare where any copy holds data; elsewhere all read as zeros.
+            let mut ranges = tessera_object::DirtyRegions::new();
+            for c in &copies {
+                let runs = components
+                    .allocated(c, tessera_types::Lba(0), blocks)
+                    .await
+                    .map_err(|e| ControlError::Unavailable(format!("volume {name}: {e}")))?;
+                for (lba, n) in runs {
+                    ranges.insert(lba.0, n);
+                }
+            }
+            for (start, count) in ranges.ranges().collect::<Vec<_>>() {
+                let mut pos = start;
+                while pos < start + count {
+                    let step = (start + count - pos).min(VERIFY_STEP_BLOCKS);
+                    let mut first: Option<bytes::Bytes> = None;
+                    for c in &copies {
+                        let data = components
+                            .read(
+                                c,
+                                tessera_types::Lba(pos),
+                                step as u32,
+                                tessera_object::IoClass::Resync,
+                            )
+                            .await
+                            .map_err(|e| {
+                                ControlError::Unavailable(format!("volume {name}: {e}"))
+                            })?;
+                        match &first {
+                            None => first = Some(data),
+                            Some(f) if *f != data => {
+                                report.identical = false;
+                                if report.divergences.len() < DIVERGENCES_SHOWN_MAX {
+                                    report.divergences.push(Divergence {
+                                        column,
+                                        component_offset: pos * BLOCK_BYTES,
+                                        len: step * BLOCK_BYTES,
+                                        components: copies.iter().map(|c| c.id).collect(),
+                                    });
+                                }
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    report.compared_bytes += step * BLOCK_BYTES;
+                    pos += step;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {
+        Ok(self.board.views())
+    }
+
+    async fn stop_host(&self, host: &str) -> Result<(), ControlError> {
+        let slot = self.hosts.slot(host).ok_or_else(|| {
+            ControlError::NotFound(format!("no host named {host} in this process"))
+        })?;
+        if slot.starter.is_none() {
+            return Err(ControlError::Invalid(
+                "hosts can be stopped through the API only in `tessera up`".into(),
+            ));
+        }
+        let running = slot.host.lock().take();
+        match running {
+            Some(h) => {
+                h.stop(false).await;
+                *slot.stopped.lock() = Some(Arc::downgrade(h.replica()));
+                Ok(())
+            }
+            None => Err(ControlError::Conflict(format!(
+                "host {host} is already stopped"
+            ))),
+        }
+    }
+
+    async fn start_host(&self, host: &str) -> Result<(), ControlError> {
+        let slot = self.hosts.slot(host).ok_or_else(|| {
+            ControlError::NotFound(format!("no host named {host} in this process"))
+        })?;
+        let Some(starter) = slot.starter.clone() else {
+            return Err(ControlError::Invalid(
+                "hosts can be started through the API only in `tessera up`".into(),
+            ));
+        };
+        if slot.host.lock().is_some() {
+            return Err(ControlError::Conflict(format!(
+                "host {host} is already running"
+            )));
+        }
+        let previous = slot.stopped.lock().take();
+        if let Some(previous) = previous {
+            let deadline = tokio::time::Instant::now() + HOST_RELEASE_WAIT;
+            while previous.strong_count() > 0 {
+                if tokio::time::Instant::now() >= deadline {
+                    *slot.stopped.lock() = Some(previous);
+                    return Err(ControlError::Unavailable(format!(
+                        "host {host} is still releasing its devices; try again"
+                    )));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        let started = starter().await.map_err(ControlError::Unavailable)?;
+        *slot.host.lock() = Some(started);
+        Ok(())
+    }
+}
+
+fn worse(a: Health, b: Health) -> Health {
+    use Health::*;
+    match (a, b) {
+        (Unavailable, _) | (_, Unavailable) => Unavailable,
+        (Degraded, _) | (_, Degraded) => Degraded,
+        _ => Healthy,
+    }
+}

@@ -1,0 +1,784 @@
+//! One host: its disk groups, replica service, transport, directory session,
+//! the coordinators of the volumes it owns, and its NBD exports.
+//!
+//! Owns: the host's control loop, which every [`TICK`] refreshes what the
+//! directory says (hosts, liveness, volumes, owners), takes ownership of
+//! volumes that have none, drops coordinators whose ownership moved, marks
+//! components of absent hosts, starts delta resyncs when hosts return and
+//! rebuilds when they stay away past the repair delay.
+//! Must not touch: I/O logic (the coordinator's) or on-disk formats.
+//! Invariants: a host serves I/O for a volume only while its liveness lease
+//! is held and the directory names it owner at the coordinator's epoch; a
+//! host that loses its lease drops every coordinator at once.
+
+use crate::components::ClusterComponents;
+use crate::config::{DirectoryConfig, HostConfig};
+use crate::error::NodeError;
+use crate::peers::Peers;
+use crate::resync_board::ResyncBoard;
+use crate::routing::HostCatalog;
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_directory::keys::{
+    self, DiskGroupRecord, DiskGroupState, HostAddresses, HostDiskGroup, HostRecord, OwnerRecord,
+    VolumeRecord, VolumeState,
+};
+use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
+use tessera_env::{Clock, Rng, SeededRng, SystemClock};
+use tessera_object::{Coordinator, LayoutRecorder};
+use tessera_replica::ReplicaService;
+use tessera_store::{DeviceSpec, DiskGroup};
+use tessera_transport::{RequestHandler, Transport, TransportConfig};
+use tessera_types::layout::{ComponentRole, ComponentState, Layout};
+use tessera_types::{ComponentId, HostId, VolumeId};
+use tessera_wire::{Request, Response, WireErrorKind};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the control loop looks at the directory.
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// Ticks between refreshes of disk group usage in the directory.
+const USAGE_TICKS: u64 = 4;
+
+/// Coordinators of the volumes a host owns, shared with its request handler.
+pub type Owned = Arc<RwLock<HashMap<VolumeId, Arc<Coordinator>>>>;
+
+/// What the host knows of the cluster's volumes, refreshed every tick.
+#[derive(Default)]
+pub struct VolumeView {
+    /// Volume records.
+    pub volumes: RwLock<HashMap<VolumeId, VolumeRecord>>,
+    /// Owner records.
+    pub owners: RwLock<HashMap<VolumeId, OwnerRecord>>,
+    /// Layouts.
+    pub layouts: RwLock<HashMap<VolumeId, Layout>>,
+}
+
+/// A running host.
+pub struct Host {
+    /// Its configuration.
+    pub config: HostConfig,
+    id: HostId,
+    directory: Arc<dyn Directory>,
+    keys: Keyspace,
+    replica: Arc<ReplicaService>,
+    transport: Arc<Transport>,
+    peers: Arc<Peers>,
+    session: Mutex<Option<HostSession>>,
+    owned: Owned,
+    view: Arc<VolumeView>,
+    board: Arc<ResyncBoard>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn Rng>,
+    /// When each absent component was first seen absent (monotonic).
+    absent_since: Mutex<HashMap<(VolumeId, ComponentId), Duration>>,
+    /// Components with a resync task running.
+    resyncing: Arc<Mutex<HashSet<(VolumeId, ComponentId)>>>,
+    /// Ticks a volume has been seen without an owner.
+    ownerless_ticks: Mutex<HashMap<VolumeId, u32>>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Opens the directory a configuration names.
+pub async fn open_directory(
+    config: &DirectoryConfig,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn Directory>, String> {
+    match config {
+        DirectoryConfig::Embedded { path } => EmbeddedDirectory::open(path, clock)
+            .await
+            .map(|d| Arc::new(d) as Arc<dyn Directory>)
+            .map_err(|e| format!("embedded directory {}: {e}", path.display())),
+        DirectoryConfig::Etcd { endpoints } => EtcdDirectory::connect(endpoints)
+            .await
+            .map(|d| Arc::new(d) as Arc<dyn Directory>)
+            .map_err(|e| format!("etcd at {}: {e}", endpoints.join(","))),
+    }
+}
+
+struct HostHandler {
+    replica: Arc<ReplicaService>,
+    owned: Owned,
+}
+
+impl HostHandler {
+    fn coordinator(&self, volume: &VolumeId) -> Result<Arc<Coordinator>, Response> {
+        self.owned.read().get(volume).cloned().ok_or_else(|| {
+            Response::error(
+                WireErrorKind::NotOwner,
+                format!("this host does not own volume {volume}"),
+            )
+        })
+    }
+}
+
+#[async_trait]
+impl RequestHandler for HostHandler {
+    async fn handle(&self, _from: HostId, request: Request) -> Response {
+        let volume = match &request {
+            Request::VolumeRead { volume, .. }
+            | Request::VolumeWrite { volume, .. }
+            | Request::VolumeFlush { volume }
+            | Request::VolumeUnmap { volume, .. }
+            | Request::VolumeWriteZeroes { volume, .. }
+            | Request::VolumeCompareAndWrite { volume, .. }
+            | Request::VolumeBlockStatus { volume, .. } => volume.clone(),
+            Request::Ping => return Response::Pong,
+            _ => return self.replica.handle(request).await,
+        };
+        match self.coordinator(&volume) {
+            Ok(c) => crate::routing::execute(&c, request).await,
+            Err(response) => response,
+        }
+    }
+}
+
+/// Records an owner's layout changes in the directory, but only while the
+/// directory still names this epoch as the volume's highest: a stale owner
+/// can never overwrite its successor's layout.
+struct DirectoryLayouts {
+    directory: Arc<dyn Directory>,
+    keys: Keyspace,
+    volume: VolumeId,
+    epoch: tessera_types::Epoch,
+}
+
+#[async_trait]
+impl LayoutRecorder for DirectoryLayouts {
+    async fn record(&self, layout: &Layout) -> Result<(), String> {
+        let epoch_key = self.keys.owner_epoch(&self.volume);
+        let holds = epoch_key
+            .holds(&keys::OwnerEpochRecord {
+                volume: self.volume.clone(),
+                epoch: self.epoch,
+            })
+            .map_err(|e| e.to_string())?;
+        let put = self
+            .keys
+            .layout(&self.volume)
+            .put_op(layout, None)
+            .map_err(|e| e.to_string())?;
+        let outcome = self
+            .directory
+            .txn(tessera_directory::Txn::new().when([holds]).and_then([put]))
+            .await
+            .map_err(|e| e.to_string())?;
+        if outcome.succeeded {
+            Ok(())
+        } else {
+            Err(format!(
+                "volume {} is now owned at a newer epoch than {}",
+                self.volume, self.epoch
+            ))
+        }
+    }
+}
+
+impl Host {
+    /// Starts a host: opens its disk groups, binds its transport and NBD
+    /// listener, registers in the directory and starts its control loop.
+    pub async fn start(
+        config: HostConfig,
+        directory: Arc<dyn Directory>,
+        board: Arc<ResyncBoard>,
+    ) -> Result<Arc<Host>, NodeError> {
+        config.check().map_err(NodeError::Config)?;
+        let id = config.id.clone();
+        let keys = Keyspace::new(&config.cluster).map_err(|source| NodeError::Directory {
+            host: id.clone(),
+            source,
+        })?;
+        let mut groups = Vec::new();
+        for dg in &config.disk_groups {
+            let store_config = tessera_store::DiskGroupConfig {
+                id: dg.id.clone(),
+                cache: DeviceSpec {
+                    path: dg.cache.path.clone(),
+                    size_bytes: dg.cache.size_bytes,
+                },
+                capacity: dg
+                    .capacity
+                    .iter()
+                    .map(|d| DeviceSpec {
+                        path: d.path.clone(),
+                        size_bytes: d.size_bytes,
+                    })
+                    .collect(),
+                index_cache_bytes: config.index_cache_bytes,
+                direct_io: config.direct_io,
+            };
+            let group = DiskGroup::open_or_create(store_config)
+                .await
+                .map_err(|source| NodeError::Store {
+                    host: id.clone(),
+                    disk_group: dg.id.to_string(),
+                    source,
+                })?;
+            groups.push(group);
+        }
+        let replica = Arc::new(ReplicaService::new(groups));
+        let owned: Owned = Arc::default();
+        let handler = Arc::new(HostHandler {
+            replica: Arc::clone(&replica),
+            owned: Arc::clone(&owned),
+        });
+        let transport = Transport::bind(
+            id.clone(),
+            config.transport_addr,
+            handler,
+            TransportConfig::default(),
+        )
+        .await
+        .map_err(|e| NodeError::Serve {
+            host: id.clone(),
+            what: "transport",
+            detail: e.to_string(),
+        })?;
+        let transport = Arc::new(transport);
+        let nbd_listener = tokio::net::TcpListener::bind(config.nbd_addr)
+            .await
+            .map_err(|e| NodeError::Serve {
+                host: id.clone(),
+                what: "NBD listener",
+                detail: format!("{}: {e}", config.nbd_addr),
+            })?;
+        let record = HostRecord {
+            id: id.clone(),
+            fault_domain: config.fault_domain(),
+            addresses: HostAddresses {
+                transport: transport.local_addr(),
+                nbd: config.nbd_addr,
+                iscsi: SocketAddr::new(config.nbd_addr.ip(), 3260),
+                api: config
+                    .api_addr
+                    .unwrap_or_else(|| SocketAddr::new(config.nbd_addr.ip(), 9480)),
+            },
+            disk_groups: replica
+                .disk_groups()
+                .iter()
+                .map(|g| HostDiskGroup {
+                    id: g.id().clone(),
+                    capacity_bytes: g.space().capacity_bytes,
+                })
+                .collect(),
+            witness_only: false,
+        };
+        let dir_error = |source| NodeError::Directory {
+            host: id.clone(),
+            source,
+        };
+        let session = tessera_directory::register_host(
+            Arc::clone(&directory),
+            &keys,
+            record,
+            Duration::from_millis(config.lease_ttl_ms),
+        )
+        .await
+        .map_err(dir_error)?;
+        let (stop, _) = watch::channel(false);
+        let host = Arc::new(Host {
+            id: id.clone(),
+            directory,
+            keys,
+            replica,
+            transport,
+            peers: Arc::new(Peers::default()),
+            session: Mutex::new(Some(session)),
+            owned,
+            view: Arc::new(VolumeView::default()),
+            board,
+            clock: Arc::new(SystemClock::default()),
+            rng: Arc::new(SeededRng::from_entropy()),
+            absent_since: Mutex::new(HashMap::new()),
+            resyncing: Arc::new(Mutex::new(HashSet::new())),
+            ownerless_ticks: Mutex::new(HashMap::new()),
+            stop,
+            tasks: Mutex::new(Vec::new()),
+            config,
+        });
+        host.publish_usage().await;
+        host.refresh().await;
+        let catalog = Arc::new(HostCatalog::new(
+            id.clone(),
+            Arc::clone(&host.owned),
+            Arc::clone(&host.view),
+            Arc::clone(&host.peers),
+            Arc::clone(&host.transport),
+        ));
+        let mut stop_rx = host.stop.subscribe();
+        let nbd = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = tessera_nbd::serve(nbd_listener, catalog, shutdown).await {
+                tracing::error!(error = %e, "NBD server stopped");
+            }
+        });
+        let weak = Arc::downgrade(&host);
+        let mut stop_rx = host.stop.subscribe();
+        let control = tokio::spawn(async move {
+            let mut tick: u64 = 0;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(TICK) => {}
+                    _ = stop_rx.wait_for(|s| *s) => break,
+                }
+                let Some(host) = weak.upgrade() else { break };
+                host.control_tick(tick).await;
+                tick += 1;
+            }
+        });
+        host.tasks.lock().extend([nbd, control]);
+        tracing::info!(host = %id, nbd = %host.config.nbd_addr, transport = %host.transport.local_addr(), "host started");
+        Ok(host)
+    }
+
+    /// Host id.
+    pub fn id(&self) -> &HostId {
+        &self.id
+    }
+
+    /// The replica service (this host's disk groups).
+    pub fn replica(&self) -> &Arc<ReplicaService> {
+        &self.replica
+    }
+
+    /// The transport (for fault hooks and statistics).
+    pub fn transport(&self) -> &Arc<Transport> {
+        &self.transport
+    }
+
+    /// Coordinators this host runs.
+    pub fn owned(&self) -> Vec<(VolumeId, Arc<Coordinator>)> {
+        let mut out: Vec<_> = self
+            .owned
+            .read()
+            .iter()
+            .map(|(v, c)| (v.clone(), Arc::clone(c)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// What this host knows of the other hosts.
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
+    }
+
+    /// Component access from this host for `volume`.
+    pub fn components(&self, volume: &VolumeId) -> Arc<ClusterComponents> {
+        Arc::new(ClusterComponents::new(
+            self.id.clone(),
+            volume.clone(),
+            Arc::clone(&self.replica),
+            Arc::clone(&self.transport),
+            Arc::clone(&self.peers),
+        ))
+    }
+
+    /// Stops the host. With `clean`, its lease is revoked so others take
+    /// over at once; without, it vanishes as a crashed host would and others
+    /// notice when its lease lapses.
+    pub async fn stop(&self, clean: bool) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+        self.owned.write().clear();
+        let session = self.session.lock().take();
+        if let Some(session) = session {
+            if clean {
+                if let Err(e) = session.stop().await {
+                    tracing::warn!(host = %self.id, error = %e, "could not revoke the host's lease");
+                }
+            }
+        }
+        self.transport.shutdown().await;
+        for group in self.replica.disk_groups() {
+            if let Err(e) = group.flush().await {
+                tracing::warn!(host = %self.id, disk_group = %group.id(), error = %e, "flush at stop failed");
+            }
+        }
+        tracing::info!(host = %self.id, clean, "host stopped");
+    }
+
+    async fn refresh(&self) {
+        let directory = self.directory.as_ref();
+        if let (Ok(hosts), Ok(live)) = (
+            keys::list(directory, &self.keys.hosts()).await,
+            tessera_directory::live_hosts(directory, &self.keys).await,
+        ) {
+            self.peers
+                .update(hosts.records.into_iter().map(|r| r.value).collect(), live);
+        }
+        if let Ok(volumes) = keys::list(directory, &self.keys.volumes()).await {
+            *self.view.volumes.write() = volumes
+                .records
+                .into_iter()
+                .map(|r| (r.value.name.clone(), r.value))
+                .collect();
+        }
+        if let Ok(owners) = keys::list(directory, &self.keys.owners()).await {
+            *self.view.owners.write() = owners
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect();
+        }
+        if let Ok(layouts) = keys::list(directory, &self.keys.layouts()).await {
+            *self.view.layouts.write() = layouts
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect();
+        }
+    }
+
+    /// Writes this host's disk group usage to the directory, for placement.
+    async fn publish_usage(&self) {
+        for group in self.replica.disk_groups() {
+            let space = group.space();
+            let state = match group.health() {
+                tessera_store::DiskGroupHealth::Failed { .. } => DiskGroupState::Failed,
+                _ => DiskGroupState::Healthy,
+            };
+            let record = DiskGroupRecord {
+                host: self.id.clone(),
+                id: group.id().clone(),
+                state,
+                capacity_bytes: space.capacity_bytes,
+                used_bytes: space.used_bytes,
+                reserved_bytes: space.reserved_bytes,
+            };
+            let key = self.keys.disk_group(&self.id, group.id());
+            if let Err(e) = keys::put(self.directory.as_ref(), &key, &record, None).await {
+                tracing::debug!(host = %self.id, error = %e, "could not publish disk group usage");
+            }
+        }
+    }
+
+    fn lease_held(&self) -> bool {
+        self.session
+            .lock()
+            .as_ref()
+            .is_some_and(|s| s.state() != tessera_directory::membership::SessionState::Lost)
+    }
+
+    async fn control_tick(self: &Arc<Self>, tick: u64) {
+        self.refresh().await;
+        if tick.is_multiple_of(USAGE_TICKS) {
+            self.publish_usage().await;
+        }
+        if !self.lease_held() {
+            if !self.owned.read().is_empty() {
+                tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
+                self.owned.write().clear();
+            }
+            return;
+        }
+        let volumes: Vec<VolumeRecord> = self.view.volumes.read().values().cloned().collect();
+        let present: HashSet<VolumeId> = volumes
+            .iter()
+            .filter(|v| v.state == VolumeState::Ready)
+            .map(|v| v.name.clone())
+            .collect();
+        // Drop coordinators of deleted volumes and of volumes owned elsewhere now.
+        let owners = self.view.owners.read().clone();
+        let mut dropped = Vec::new();
+        self.owned.write().retain(|volume, coordinator| {
+            let still_ours = owners
+                .get(volume)
+                .is_some_and(|o| o.host == self.id && o.epoch == coordinator.epoch());
+            let keep = present.contains(volume) && still_ours && coordinator.superseded().is_none();
+            if !keep {
+                dropped.push(volume.clone());
+            }
+            keep
+        });
+        for volume in dropped {
+            tracing::info!(host = %self.id, %volume, "no longer coordinating volume");
+        }
+        for volume in volumes.iter().filter(|v| v.state == VolumeState::Ready) {
+            let coordinator = self.owned.read().get(&volume.name).cloned();
+            match coordinator {
+                Some(c) => {
+                    self.maintain(&volume.name, &c).await;
+                    if tick.is_multiple_of(USAGE_TICKS) {
+                        c.refresh_space().await;
+                    }
+                }
+                None if !owners.contains_key(&volume.name) => {
+                    self.try_take_ownership(volume).await;
+                }
+                None => {
+                    self.ownerless_ticks.lock().remove(&volume.name);
+                }
+            }
+        }
+    }
+
+    /// Takes ownership of an ownerless volume if this host should: the first
+    /// live host holding a data copy tries at once, other hosts holding one
+    /// after a tick, any live host after three (so a volume whose data hosts
+    /// are all gone still gets an owner that reports it unavailable).
+    async fn try_take_ownership(self: &Arc<Self>, volume: &VolumeRecord) {
+        let Some(layout) = self.view.layouts.read().get(&volume.name).cloned() else {
+            return;
+        };
+        let ticks = {
+            let mut t = self.ownerless_ticks.lock();
+            let n = t.entry(volume.name.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let data_hosts: Vec<HostId> = layout
+            .columns
+            .iter()
+            .flat_map(|m| m.copies.iter())
+            .filter(|c| c.state == ComponentState::Active)
+            .map(|c| c.host.clone())
+            .filter(|h| h == &self.id || self.peers.is_live(h))
+            .collect();
+        let preferred = data_hosts.first() == Some(&self.id);
+        let holder = data_hosts.contains(&self.id);
+        let eligible = preferred || (holder && ticks >= 2) || ticks >= 6;
+        if !eligible {
+            return;
+        }
+        let lease = match self.session.lock().as_ref() {
+            Some(s) => s.lease(),
+            None => return,
+        };
+        let record = match tessera_directory::acquire_owner(
+            self.directory.as_ref(),
+            &self.keys,
+            &volume.name,
+            &self.id,
+            lease,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(host = %self.id, volume = %volume.name, error = %e, "did not take ownership");
+                return;
+            }
+        };
+        // Re-read the layout: the previous owner may have changed it.
+        let layout = match keys::get(self.directory.as_ref(), &self.keys.layout(&volume.name)).await
+        {
+            Ok(Some(r)) => r.value,
+            _ => layout,
+        };
+        let recorder = Arc::new(DirectoryLayouts {
+            directory: Arc::clone(&self.directory),
+            keys: self.keys.clone(),
+            volume: volume.name.clone(),
+            epoch: record.epoch,
+        });
+        let serial = serial_of(volume);
+        match Coordinator::take_over(
+            layout,
+            record.epoch,
+            serial,
+            self.components(&volume.name),
+            recorder,
+        )
+        .await
+        {
+            Ok(c) => {
+                tracing::info!(host = %self.id, volume = %volume.name, epoch = %record.epoch, "coordinating volume");
+                self.ownerless_ticks.lock().remove(&volume.name);
+                self.owned.write().insert(volume.name.clone(), c);
+            }
+            Err(e) => {
+                tracing::warn!(host = %self.id, volume = %volume.name, error = %e, "could not take over; releasing ownership");
+                let _ =
+                    tessera_directory::release_owner(self.directory.as_ref(), &self.keys, &record)
+                        .await;
+            }
+        }
+    }
+
+    /// Reacts to component hosts leaving and returning.
+    async fn maintain(self: &Arc<Self>, volume: &VolumeId, coordinator: &Arc<Coordinator>) {
+        let layout = coordinator.layout();
+        let now = self.clock.monotonic();
+        let repair_delay = Duration::from_secs(self.config.repair_delay_s);
+        let mut absent_hosts = HashSet::new();
+        for c in layout.components() {
+            let live = c.host == self.id || self.peers.is_live(&c.host);
+            let key = (volume.clone(), c.id);
+            match (c.state, live) {
+                (ComponentState::Active | ComponentState::Resyncing, false) => {
+                    absent_hosts.insert(c.host.clone());
+                }
+                (ComponentState::Absent, true) if c.role == ComponentRole::Witness => {
+                    self.absent_since.lock().remove(&key);
+                    if let Err(e) = coordinator.witness_present(&c.host).await {
+                        tracing::warn!(%volume, component = %c.id, error = %e, "witness not back yet");
+                    }
+                }
+                (ComponentState::Absent | ComponentState::Resyncing, true) => {
+                    self.absent_since.lock().remove(&key);
+                    self.spawn_resync(volume, coordinator, c.id, &c.host, "resync");
+                }
+                (ComponentState::Absent, false) => {
+                    let since = *self.absent_since.lock().entry(key.clone()).or_insert(now);
+                    if now.saturating_sub(since) >= repair_delay {
+                        self.rebuild(volume, coordinator, c.id).await;
+                    }
+                }
+                (ComponentState::Degraded, _) => self.rebuild(volume, coordinator, c.id).await,
+                _ => {}
+            }
+        }
+        for host in absent_hosts {
+            tracing::warn!(%volume, %host, "host is absent: its components miss writes until it returns");
+            if let Err(e) = coordinator.host_absent(&host).await {
+                tracing::warn!(%volume, %host, error = %e, "could not record absence");
+            }
+        }
+    }
+
+    fn spawn_resync(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        component: ComponentId,
+        host: &HostId,
+        kind: &'static str,
+    ) {
+        let key = (volume.clone(), component);
+        if !self.resyncing.lock().insert(key.clone()) {
+            return;
+        }
+        let progress = self.board.start(volume, component, host, kind);
+        let coordinator = Arc::clone(coordinator);
+        let board = Arc::clone(&self.board);
+        let resyncing = Arc::clone(&self.resyncing);
+        let volume = volume.clone();
+        let task = tokio::spawn(async move {
+            let result = coordinator.resync(component, &progress).await;
+            match &result {
+                Ok(report) => {
+                    tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
+                }
+                Err(e) => tracing::warn!(%volume, %component, error = %e, "{kind} stopped"),
+            }
+            board.finish(&volume, component, result);
+            resyncing.lock().remove(&key);
+        });
+        self.tasks.lock().push(task);
+    }
+
+    /// Replaces a component that has been away too long (or failed) with a
+    /// new one that placement chooses, then copies the data to it.
+    async fn rebuild(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        lost: ComponentId,
+    ) {
+        let Some(record) = self.view.volumes.read().get(volume).cloned() else {
+            return;
+        };
+        let policy =
+            match keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy)).await {
+                Ok(Some(p)) => p.value,
+                _ => return,
+            };
+        let map = match crate::control_plane::cluster_map(
+            self.directory.as_ref(),
+            &self.keys,
+            &self.peers,
+        )
+        .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot rebuild: no cluster map");
+                return;
+            }
+        };
+        let layout = coordinator.layout();
+        let rng = Arc::clone(&self.rng);
+        let mut next_id = move || ComponentId(rng.next_u64() >> 1);
+        let target =
+            match tessera_placement::rebuild_target(&policy, &layout, lost, &map, &mut next_id) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(%volume, component = %lost, error = %e, "cannot rebuild yet");
+                    return;
+                }
+            };
+        let reserve =
+            tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
+        let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
+        tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
+        if let Err(e) = coordinator.replace_component(lost, target, reserve).await {
+            tracing::warn!(%volume, error = %e, "rebuild could not start");
+            return;
+        }
+        self.absent_since.lock().remove(&(volume.clone(), lost));
+        if role == ComponentRole::Data {
+            self.spawn_resync(volume, coordinator, new_id, &new_host, "rebuild");
+        }
+    }
+}
+
+/// A stable serial for a volume's SCSI/NBD identity.
+fn serial_of(volume: &VolumeRecord) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ volume.created_ms;
+    for b in volume.name.as_str().bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Runs one host from a configuration file until `shutdown` completes.
+pub async fn run_config_file(
+    path: &std::path::Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), NodeError> {
+    let config = HostConfig::from_file(path).map_err(NodeError::Config)?;
+    let directory = open_directory(&config.directory, Arc::new(SystemClock::default()))
+        .await
+        .map_err(NodeError::Config)?;
+    let board = Arc::new(ResyncBoard::default());
+    let host = Host::start(config.clone(), Arc::clone(&directory), Arc::clone(&board)).await?;
+    let api = match config.api_addr {
+        Some(addr) => {
+            let listener =
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| NodeError::Serve {
+                        host: config.id.clone(),
+                        what: "API listener",
+                        detail: format!("{addr}: {e}"),
+                    })?;
+            let control = Arc::new(crate::control_plane::ControlPlane::new(
+                directory,
+                &config.cluster,
+                crate::control_plane::HostSet::single(Arc::clone(&host)),
+                board,
+            ));
+            Some(tokio::spawn(async move {
+                let _ = crate::api::serve(listener, control, std::future::pending()).await;
+            }))
+        }
+        None => None,
+    };
+    shutdown.await;
+    if let Some(api) = api {
+        api.abort();
+    }
+    host.stop(true).await;
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! What a host knows of the others: addresses and liveness, refreshed from
+//! the directory by the host's control loop.
+//!
+//! Owns: a snapshot of host records and live hosts. Readers never wait on
+//! the directory; a stale snapshot only delays failure detection by one
+//! refresh.
+
+use parking_lot::RwLock;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use tessera_directory::keys::HostRecord;
+use tessera_types::HostId;
+
+/// Host records and liveness.
+#[derive(Default)]
+pub struct Peers {
+    records: RwLock<HashMap<HostId, HostRecord>>,
+    live: RwLock<HashSet<HostId>>,
+}
+
+impl Peers {
+    /// Replaces the snapshot.
+    pub fn update(&self, records: Vec<HostRecord>, live: Vec<HostId>) {
+        *self.records.write() = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+        *self.live.write() = live.into_iter().collect();
+    }
+
+    /// The transport address of `host`.
+    pub fn transport_addr(&self, host: &HostId) -> Option<SocketAddr> {
+        self.records.read().get(host).map(|r| r.addresses.transport)
+    }
+
+    /// Whether `host`'s liveness lease is held.
+    pub fn is_live(&self, host: &HostId) -> bool {
+        self.live.read().contains(host)
+    }
+
+    /// Every known host record.
+    pub fn records(&self) -> Vec<HostRecord> {
+        let mut out: Vec<HostRecord> = self.records.read().values().cloned().collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+}

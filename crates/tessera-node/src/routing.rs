@@ -1,0 +1,437 @@
+//! Serving a volume from any host: the NBD catalog and the volume handle
+//! that sends each request to the volume's owner.
+//!
+//! Owns: [`HostCatalog`] (the exports a host offers: every ready volume) and
+//! [`VolumeHandle`] (a `BlockDevice` that runs I/O on the local coordinator
+//! when this host owns the volume, and forwards it over the transport to the
+//! owner otherwise), and the mapping between `BlockError` and wire errors.
+//! Invariant: while ownership moves, requests wait (bounded by
+//! [`ROUTE_WAIT`]) rather than fail, so a client sees a pause, not an error.
+
+use crate::host::{Owned, VolumeView};
+use crate::peers::Peers;
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_blockdev::{
+    BlockDevice, BlockError, DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
+};
+use tessera_nbd::ExportCatalog;
+use tessera_object::Coordinator;
+use tessera_transport::Transport;
+use tessera_types::{HostId, VolumeId};
+use tessera_wire::{QueueClass, Request, Response, WireErrorKind};
+
+/// How long a request waits for a volume to get a reachable owner.
+pub const ROUTE_WAIT: Duration = Duration::from_secs(15);
+/// Bytes forwarded per request: below the wire's data limit, large enough
+/// to amortise a round trip.
+pub const FORWARD_BYTES_MAX: u64 = 4 << 20;
+/// Pause between routing attempts.
+const ROUTE_RETRY: Duration = Duration::from_millis(200);
+
+/// The exports of one host.
+pub struct HostCatalog {
+    host: HostId,
+    owned: Owned,
+    view: Arc<VolumeView>,
+    peers: Arc<Peers>,
+    transport: Arc<Transport>,
+}
+
+impl HostCatalog {
+    /// A catalog over the host's view of the volumes.
+    pub fn new(
+        host: HostId,
+        owned: Owned,
+        view: Arc<VolumeView>,
+        peers: Arc<Peers>,
+        transport: Arc<Transport>,
+    ) -> HostCatalog {
+        HostCatalog {
+            host,
+            owned,
+            view,
+            peers,
+            transport,
+        }
+    }
+}
+
+impl ExportCatalog for HostCatalog {
+    fn list(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .view
+            .volumes
+            .read()
+            .values()
+            .filter(|v| v.state == tessera_directory::keys::VolumeState::Ready)
+            .map(|v| v.name.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+        let volume = VolumeId::new(name).ok()?;
+        let record = self.view.volumes.read().get(&volume).cloned()?;
+        if record.state != tessera_directory::keys::VolumeState::Ready {
+            return None;
+        }
+        Some(Arc::new(VolumeHandle {
+            host: self.host.clone(),
+            info: DeviceInfo {
+                name: name.to_string(),
+                size_bytes: record.size_bytes,
+                logical_block_bytes: 512,
+                preferred_block_bytes: 4096,
+                read_only: false,
+                serial: record.created_ms,
+            },
+            volume,
+            owned: Arc::clone(&self.owned),
+            view: Arc::clone(&self.view),
+            peers: Arc::clone(&self.peers),
+            transport: Arc::clone(&self.transport),
+        }))
+    }
+
+    fn description(&self, name: &str) -> Option<String> {
+        let volume = VolumeId::new(name).ok()?;
+        let record = self.view.volumes.read().get(&volume).cloned()?;
+        Some(format!("Tessera volume {name} (policy {})", record.policy))
+    }
+}
+
+enum Route {
+    Local(Arc<Coordinator>),
+    Remote(HostId, std::net::SocketAddr),
+}
+
+/// A volume as one host serves it.
+pub struct VolumeHandle {
+    host: HostId,
+    volume: VolumeId,
+    info: DeviceInfo,
+    owned: Owned,
+    view: Arc<VolumeView>,
+    peers: Arc<Peers>,
+    transport: Arc<Transport>,
+}
+
+impl VolumeHandle {
+    fn route_now(&self) -> Option<Route> {
+        if let Some(c) = self.owned.read().get(&self.volume) {
+            if c.superseded().is_none() {
+                return Some(Route::Local(Arc::clone(c)));
+            }
+        }
+        let owner = self.view.owners.read().get(&self.volume).cloned()?;
+        if owner.host == self.host {
+            return None;
+        }
+        let addr = self.peers.transport_addr(&owner.host)?;
+        self.peers
+            .is_live(&owner.host)
+            .then_some(Route::Remote(owner.host, addr))
+    }
+
+    /// Runs `request` on the owner's coordinator (here or on the owner's
+    /// host), retrying while ownership moves. `idempotent` requests are also
+    /// retried after a lost answer.
+    async fn run(&self, request: Request, idempotent: bool) -> Result<Response, BlockError> {
+        let deadline = tokio::time::Instant::now() + ROUTE_WAIT;
+        let mut last = String::from("no owner");
+        loop {
+            match self.route_now() {
+                Some(Route::Local(c)) => {
+                    let response = execute(&c, request.clone()).await;
+                    if c.superseded().is_none() {
+                        return Ok(response);
+                    }
+                    last = format!("{response:?}");
+                }
+                Some(Route::Remote(host, addr)) => {
+                    match self
+                        .transport
+                        .call(&host, addr, QueueClass::Guest, request.clone())
+                        .await
+                    {
+                        Ok(Response::Error {
+                            kind: WireErrorKind::NotOwner,
+                            message,
+                        }) => last = message,
+                        Ok(response) => return Ok(response),
+                        Err(e) if idempotent => last = e.to_string(),
+                        Err(e) => {
+                            return Err(BlockError::Io {
+                                offset: 0,
+                                detail: format!("outcome unknown: {e}"),
+                            })
+                        }
+                    }
+                }
+                None => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BlockError::Unavailable {
+                    reason: format!(
+                        "volume {} has no reachable owner after {}s: {last}",
+                        self.volume,
+                        ROUTE_WAIT.as_secs()
+                    ),
+                });
+            }
+            tokio::time::sleep(ROUTE_RETRY).await;
+        }
+    }
+}
+
+fn expect_ok(response: Response) -> Result<(), BlockError> {
+    match response {
+        Response::Ok => Ok(()),
+        other => Err(response_error(other)),
+    }
+}
+
+#[async_trait]
+impl BlockDevice for VolumeHandle {
+    fn info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    async fn read(&self, offset: u64, len: u64) -> Result<Bytes, BlockError> {
+        tessera_blockdev::check_range(&self.info, "read", offset, len)?;
+        let mut out = bytes::BytesMut::with_capacity(len as usize);
+        let mut done = 0;
+        while done < len {
+            let step = (len - done).min(FORWARD_BYTES_MAX);
+            let request = Request::VolumeRead {
+                volume: self.volume.clone(),
+                offset: offset + done,
+                len: step as u32,
+            };
+            match self.run(request, true).await? {
+                Response::Data(d) if d.len() as u64 == step => out.extend_from_slice(&d),
+                other => return Err(response_error(other)),
+            }
+            done += step;
+        }
+        Ok(out.freeze())
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<(), BlockError> {
+        tessera_blockdev::check_range(&self.info, "write", offset, data.len() as u64)?;
+        let len = data.len() as u64;
+        let mut done = 0;
+        while done < len {
+            let step = (len - done).min(FORWARD_BYTES_MAX);
+            let request = Request::VolumeWrite {
+                volume: self.volume.clone(),
+                offset: offset + done,
+                data: data.slice(done as usize..(done + step) as usize),
+                fua: flags.fua,
+            };
+            expect_ok(self.run(request, true).await?)?;
+            done += step;
+        }
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), BlockError> {
+        let request = Request::VolumeFlush {
+            volume: self.volume.clone(),
+        };
+        expect_ok(self.run(request, true).await?)
+    }
+
+    async fn unmap(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        tessera_blockdev::check_range(&self.info, "unmap", offset, len)?;
+        let request = Request::VolumeUnmap {
+            volume: self.volume.clone(),
+            offset,
+            len,
+        };
+        expect_ok(self.run(request, true).await?)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<(), BlockError> {
+        tessera_blockdev::check_range(&self.info, "write zeroes", offset, len)?;
+        let request = Request::VolumeWriteZeroes {
+            volume: self.volume.clone(),
+            offset,
+            len,
+            may_unmap: mode == ZeroMode::MayUnmap,
+        };
+        expect_ok(self.run(request, true).await?)
+    }
+
+    async fn compare_and_write(
+        &self,
+        offset: u64,
+        expected: Bytes,
+        new: Bytes,
+    ) -> Result<(), BlockError> {
+        tessera_blockdev::check_range(&self.info, "compare and write", offset, new.len() as u64)?;
+        let request = Request::VolumeCompareAndWrite {
+            volume: self.volume.clone(),
+            offset,
+            expected,
+            new,
+        };
+        expect_ok(self.run(request, false).await?)
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
+        tessera_blockdev::check_range(&self.info, "block status", offset, len)?;
+        let request = Request::VolumeBlockStatus {
+            volume: self.volume.clone(),
+            offset,
+            len,
+        };
+        match self.run(request, true).await? {
+            Response::Extents(extents) => Ok(extents
+                .into_iter()
+                .map(|e| Extent {
+                    offset: e.offset,
+                    len: e.len,
+                    kind: match e.kind {
+                        tessera_wire::ExtentKind::Data => ExtentKind::Data,
+                        tessera_wire::ExtentKind::Zero => ExtentKind::Zero,
+                        tessera_wire::ExtentKind::Hole => ExtentKind::Hole,
+                    },
+                })
+                .collect()),
+            other => Err(response_error(other)),
+        }
+    }
+
+    fn space(&self) -> SpaceUsage {
+        match self.owned.read().get(&self.volume) {
+            Some(c) => c.space(),
+            None => SpaceUsage::default(),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Runs a volume request on the owner's coordinator and answers it as the
+/// wire would: the same code serves local and forwarded requests.
+pub async fn execute(coordinator: &Coordinator, request: Request) -> Response {
+    let volume = request
+        .volume()
+        .cloned()
+        .unwrap_or_else(|| VolumeId("?".into()));
+    let result = match request {
+        Request::VolumeRead { offset, len, .. } => coordinator
+            .read(offset, len as u64)
+            .await
+            .map(Response::Data),
+        Request::VolumeWrite {
+            offset, data, fua, ..
+        } => coordinator
+            .write(offset, data, WriteFlags { fua })
+            .await
+            .map(|_| Response::Ok),
+        Request::VolumeFlush { .. } => coordinator.flush().await.map(|_| Response::Ok),
+        Request::VolumeUnmap { offset, len, .. } => {
+            coordinator.unmap(offset, len).await.map(|_| Response::Ok)
+        }
+        Request::VolumeWriteZeroes {
+            offset,
+            len,
+            may_unmap,
+            ..
+        } => {
+            let mode = if may_unmap {
+                ZeroMode::MayUnmap
+            } else {
+                ZeroMode::KeepAllocated
+            };
+            coordinator
+                .write_zeroes(offset, len, mode)
+                .await
+                .map(|_| Response::Ok)
+        }
+        Request::VolumeCompareAndWrite {
+            offset,
+            expected,
+            new,
+            ..
+        } => coordinator
+            .compare_and_write(offset, expected, new)
+            .await
+            .map(|_| Response::Ok),
+        Request::VolumeBlockStatus { offset, len, .. } => {
+            coordinator.block_status(offset, len).await.map(|extents| {
+                Response::Extents(
+                    extents
+                        .into_iter()
+                        .map(|e| tessera_wire::Extent {
+                            offset: e.offset,
+                            len: e.len,
+                            kind: match e.kind {
+                                ExtentKind::Data => tessera_wire::ExtentKind::Data,
+                                ExtentKind::Zero => tessera_wire::ExtentKind::Zero,
+                                ExtentKind::Hole => tessera_wire::ExtentKind::Hole,
+                            },
+                        })
+                        .collect(),
+                )
+            })
+        }
+        other => Err(BlockError::Invalid {
+            reason: format!("{} is not a volume operation", other.kind().name()),
+        }),
+    };
+    result.unwrap_or_else(|e| block_error_response(&volume, e))
+}
+
+/// The wire answer for a failed volume operation on the owner.
+pub fn block_error_response(volume: &VolumeId, e: BlockError) -> Response {
+    let kind = match &e {
+        BlockError::OutOfRange { .. } => WireErrorKind::OutOfRange,
+        BlockError::NoSpace { .. } => WireErrorKind::NoSpace,
+        BlockError::ReadOnly => WireErrorKind::ReadOnly,
+        BlockError::Checksum { offset } => WireErrorKind::Checksum {
+            lba: tessera_types::Lba(offset / tessera_types::BLOCK_BYTES),
+        },
+        BlockError::Miscompare { offset } => WireErrorKind::Miscompare { offset: *offset },
+        BlockError::Io { .. } => WireErrorKind::Io,
+        BlockError::Unavailable { .. } => WireErrorKind::Unavailable,
+        BlockError::Invalid { .. } => WireErrorKind::Invalid,
+    };
+    Response::error(kind, format!("volume {volume}: {e}"))
+}
+
+/// The `BlockError` a forwarded request's wire answer stands for.
+pub fn response_error(response: Response) -> BlockError {
+    match response {
+        Response::Error { kind, message } => match kind {
+            WireErrorKind::OutOfRange => BlockError::Invalid { reason: message },
+            WireErrorKind::NoSpace => BlockError::NoSpace { offset: 0, len: 0 },
+            WireErrorKind::ReadOnly => BlockError::ReadOnly,
+            WireErrorKind::Checksum { lba } => BlockError::Checksum {
+                offset: lba.byte_offset(),
+            },
+            WireErrorKind::Miscompare { offset } => BlockError::Miscompare { offset },
+            WireErrorKind::Unavailable | WireErrorKind::NotOwner => {
+                BlockError::Unavailable { reason: message }
+            }
+            WireErrorKind::Invalid => BlockError::Invalid { reason: message },
+            _ => BlockError::Io {
+                offset: 0,
+                detail: message,
+            },
+        },
+        other => BlockError::Io {
+            offset: 0,
+            detail: format!("unexpected answer {:?}", other.kind()),
+        },
+    }
+}

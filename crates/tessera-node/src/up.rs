@@ -1,0 +1,188 @@
+//! `tessera up`: a whole cluster in one process, on loopback.
+//!
+//! Owns: the layout of a local data directory (one subdirectory per host,
+//! file-backed devices, the embedded directory database), the loopback
+//! addresses hosts bind (host k on base+k-1), the `default` policy created
+//! on first start, and the API on host 1.
+//! Invariant: starting again on the same data directory brings back the
+//! same cluster, volumes and data.
+
+use crate::config::{DeviceConfig, DirectoryConfig, DiskGroupConfig, HostConfig};
+use crate::control::{ClusterControl, ControlError, CreatePolicy};
+use crate::control_plane::{ControlPlane, HostSet, HostSlot, HostStarter};
+use crate::error::NodeError;
+use crate::host::Host;
+use crate::resync_board::ResyncBoard;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tessera_env::SystemClock;
+use tessera_types::{format_size, DiskGroupId, HostId};
+
+/// Settings of `tessera up`.
+#[derive(Clone, Debug)]
+pub struct UpConfig {
+    /// Where hosts keep their devices and the directory its database.
+    pub data_dir: PathBuf,
+    /// Address of host 1; host k binds this plus k-1.
+    pub bind: Ipv4Addr,
+    /// Number of hosts.
+    pub hosts: usize,
+    /// REST API port (host 1).
+    pub api_port: u16,
+    /// NBD port (every host).
+    pub nbd_port: u16,
+    /// Transport port (every host).
+    pub transport_port: u16,
+    /// Seconds a component may be absent before it is rebuilt elsewhere.
+    pub repair_delay_s: u64,
+    /// Capacity of each host's capacity device.
+    pub host_capacity_bytes: u64,
+}
+
+/// Hosts `tessera up` can run: enough for FTT=3 (7 fault domains), few
+/// enough for one machine.
+pub const UP_HOSTS_MAX: usize = 16;
+
+impl UpConfig {
+    fn host_config(&self, k: usize) -> HostConfig {
+        let ip = Ipv4Addr::from(u32::from(self.bind) + k as u32 - 1);
+        let dir = self.data_dir.join(format!("host-{k}"));
+        HostConfig {
+            cluster: "tessera".into(),
+            id: HostId(format!("host-{k}")),
+            fault_domain: None,
+            transport_addr: SocketAddr::new(ip.into(), self.transport_port),
+            nbd_addr: SocketAddr::new(ip.into(), self.nbd_port),
+            api_addr: (k == 1).then(|| SocketAddr::new(ip.into(), self.api_port)),
+            directory: DirectoryConfig::Embedded {
+                path: self.data_dir.join("directory.redb"),
+            },
+            disk_groups: vec![DiskGroupConfig {
+                id: DiskGroupId("dg0".into()),
+                cache: DeviceConfig {
+                    path: dir.join("cache.img"),
+                    size_bytes: (self.host_capacity_bytes / 8).clamp(256 << 20, 4 << 30),
+                },
+                capacity: vec![DeviceConfig {
+                    path: dir.join("capacity-0.img"),
+                    size_bytes: self.host_capacity_bytes,
+                }],
+            }],
+            lease_ttl_ms: 4_000,
+            repair_delay_s: self.repair_delay_s,
+            index_cache_bytes: 32 << 20,
+            direct_io: false,
+        }
+    }
+}
+
+/// Runs the cluster until `shutdown` completes, then stops every host cleanly.
+pub async fn run(
+    config: UpConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), NodeError> {
+    let control = start(&config).await?;
+    let api_addr = SocketAddr::new(config.bind.into(), config.api_port);
+    let listener = tokio::net::TcpListener::bind(api_addr)
+        .await
+        .map_err(|e| NodeError::Serve {
+            host: HostId("host-1".into()),
+            what: "API listener",
+            detail: format!("{api_addr}: {e}"),
+        })?;
+    let api_control: Arc<dyn ClusterControl> = Arc::clone(&control) as Arc<dyn ClusterControl>;
+    let api = tokio::spawn(async move {
+        if let Err(e) = crate::api::serve(listener, api_control, std::future::pending()).await {
+            tracing::error!(error = %e, "API server stopped");
+        }
+    });
+    print_banner(&config);
+    shutdown.await;
+    eprintln!("shutting down: stopping every host cleanly");
+    api.abort();
+    control.hosts().stop_all().await;
+    Ok(())
+}
+
+/// Starts every host and creates the `default` policy on first start.
+pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
+    if config.hosts == 0 || config.hosts > UP_HOSTS_MAX {
+        return Err(NodeError::Config(format!(
+            "--hosts must be 1 to {UP_HOSTS_MAX}, not {}",
+            config.hosts
+        )));
+    }
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+        NodeError::Config(format!("cannot create {}: {e}", config.data_dir.display()))
+    })?;
+    let first = config.host_config(1);
+    let directory = crate::host::open_directory(&first.directory, Arc::new(SystemClock::default()))
+        .await
+        .map_err(NodeError::Config)?;
+    let board = Arc::new(ResyncBoard::default());
+    let mut slots = Vec::new();
+    for k in 1..=config.hosts {
+        let host_config = config.host_config(k);
+        let host = Host::start(
+            host_config.clone(),
+            Arc::clone(&directory),
+            Arc::clone(&board),
+        )
+        .await?;
+        let (dir, b) = (Arc::clone(&directory), Arc::clone(&board));
+        let starter: HostStarter = Arc::new(move || {
+            let (cfg, dir, b) = (host_config.clone(), Arc::clone(&dir), Arc::clone(&b));
+            Box::pin(async move { Host::start(cfg, dir, b).await.map_err(|e| e.to_string()) })
+        });
+        slots.push(HostSlot {
+            id: host.id().clone(),
+            host: parking_lot::Mutex::new(Some(host)),
+            starter: Some(starter),
+            stopped: parking_lot::Mutex::new(None),
+        });
+    }
+    let control = Arc::new(ControlPlane::new(
+        directory,
+        "tessera",
+        HostSet::new(slots),
+        board,
+    ));
+    let default = CreatePolicy {
+        name: "default".into(),
+        failures_to_tolerate: 1,
+        stripe_width: 1,
+        space_reservation_pct: 0,
+    };
+    match control.create_policy(default).await {
+        Ok(_) => tracing::info!("created policy default (FTT=1, RAID-1)"),
+        Err(ControlError::Conflict(_)) => {}
+        Err(e) => {
+            return Err(NodeError::Config(format!(
+                "creating the default policy: {e}"
+            )))
+        }
+    }
+    Ok(control)
+}
+
+fn print_banner(config: &UpConfig) {
+    let api = format!("http://{}:{}", config.bind, config.api_port);
+    eprintln!(
+        "Tessera is up: {} hosts, {} of capacity each, data in {}",
+        config.hosts,
+        format_size(config.host_capacity_bytes),
+        config.data_dir.display()
+    );
+    eprintln!("  API:  {api}   (tessera status --api {api})");
+    for k in 1..=config.hosts {
+        let ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
+        eprintln!("  host-{k}: NBD nbd://{ip}:{}/<volume>", config.nbd_port);
+    }
+    eprintln!("Create a volume:  tessera volume create vm1 --size 10G");
+    eprintln!(
+        "Attach it:        nbdinfo nbd://{}:{}/vm1   or   qemu-img info nbd://{}:{}/vm1",
+        config.bind, config.nbd_port, config.bind, config.nbd_port
+    );
+    eprintln!("Stop with Ctrl-C.");
+}
