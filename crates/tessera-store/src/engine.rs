@@ -40,7 +40,7 @@ pub(crate) const COMMIT_BLOCKS_MAX: u64 = 1024;
 pub(crate) const OVERLAY_BYTES_MAX: u64 = 256 << 20;
 
 /// Blocks the destager moves per pass (one allocation, one set of writes).
-pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
+pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 2048;
 
 /// Longest a change waits in the index cache before a checkpoint, in time.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
@@ -750,6 +750,11 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
             continue;
         };
         if comp.failed.is_some() {
+            // A failed component is rebuilt elsewhere; its changes are not
+            // written, and must not keep the cache dirty forever.
+            if let Some(p) = st.cache.get(&key) {
+                p.dirty = false;
+            }
             continue;
         }
         let root = comp
