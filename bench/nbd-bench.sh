@@ -10,7 +10,9 @@
 #   seqread  256 KiB sequential read of what seqwrite wrote
 #
 # Environment: RUNTIME (seconds per profile, default 15), SIZE (export size,
-# default 1G), THREADS (server runtime threads, 0 = one thread, default 2),
+# default 1G), THREADS (server runtime threads: 0 = one thread, N = a
+# runtime with N workers, per-connection = one thread per connection;
+# default 2),
 # PROFILES (default "seqwrite mixed seqread"; seqread reads what seqwrite
 # wrote), REPEAT (runs per profile and server, best one kept, default 3),
 # CARGO_TARGET_DIR (default /work/target-tessera-nbd).
@@ -58,7 +60,12 @@ wait_port() {
 }
 
 tessera_port=$(free_port)
-"$server_bin" --listen "127.0.0.1:$tessera_port" --size "$SIZE" --threads "$THREADS" \
+if [ "$THREADS" = per-connection ]; then
+  server_mode=(--thread-per-connection)
+else
+  server_mode=(--threads "$THREADS")
+fi
+"$server_bin" --listen "127.0.0.1:$tessera_port" --size "$SIZE" "${server_mode[@]}" \
   >"$work/tessera.log" 2>&1 &
 pids+=($!)
 nbdkit_port=$(free_port)

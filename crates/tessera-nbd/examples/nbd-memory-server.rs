@@ -2,12 +2,18 @@
 //!
 //! Prints `listening on <address>` once the socket is bound, then serves
 //! until SIGINT or SIGTERM.
+//!
+//! With `--thread-per-connection` every connection gets its own OS thread
+//! running a single-threaded runtime (what `serve_connection` is for): a
+//! request then never changes threads between socket and device, and the
+//! kernel spreads connections over the cores.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::MemoryDevice;
-use tessera_nbd::{serve, StaticCatalog};
+use tessera_nbd::{serve, serve_connection, StaticCatalog};
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -28,6 +34,55 @@ struct Args {
     /// Runtime worker threads; 0 runs everything on one thread.
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// One OS thread with its own runtime per connection.
+    #[arg(long)]
+    thread_per_connection: bool,
+}
+
+/// Accepts on the calling thread and serves each connection on its own
+/// thread; ends with the process (SIGINT/SIGTERM keep their default action).
+fn serve_thread_per_connection(listen: &str, catalog: Arc<StaticCatalog>) -> Result<()> {
+    let listener =
+        std::net::TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+    println!("listening on {}", listener.local_addr()?);
+    let open = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(tessera_nbd::server::ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        if open.load(Ordering::Relaxed) >= tessera_nbd::server::MAX_CONNECTIONS {
+            continue;
+        }
+        stream.set_nonblocking(true)?;
+        let catalog = catalog.clone();
+        let open = open.clone();
+        open.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("nbd-connection".into())
+            .spawn(move || {
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|runtime| {
+                        runtime.block_on(async move {
+                            let stream = tokio::net::TcpStream::from_std(stream)?;
+                            serve_connection(stream, catalog, std::future::pending()).await?;
+                            Ok(())
+                        })
+                    });
+                if let Err(e) = served {
+                    tracing::info!("{e}");
+                }
+                open.fetch_sub(1, Ordering::Relaxed);
+            })?;
+    }
+    Ok(())
 }
 
 fn parse_size(text: &str) -> Result<u64> {
@@ -60,6 +115,9 @@ fn main() -> Result<()> {
         device = device.read_only();
     }
     let catalog = Arc::new(StaticCatalog::single(args.name.clone(), Arc::new(device)));
+    if args.thread_per_connection {
+        return serve_thread_per_connection(&args.listen, catalog);
+    }
     let runtime = if args.threads == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

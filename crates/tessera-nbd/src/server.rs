@@ -57,7 +57,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// does not spin.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Read buffer growth step, in bytes.
-const READ_BUFFER_BYTES: usize = 1024 * 1024;
+const READ_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Smallest free space kept in the read buffer before a read, in bytes.
 const READ_SPARE_BYTES: usize = 64 * 1024;
 /// Growth step of the reply header buffer, in bytes.
