@@ -320,3 +320,42 @@ async fn device_errors_fail_the_group_or_the_components_on_the_device() {
         Err(StoreError::DiskGroupFailed { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_newest_checkpoint_never_opens_stale_data() {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
+    for version in 1..=3u64 {
+        let data: Vec<Vec<u8>> = (0..16).map(|l| payload(C.0, l, version)).collect();
+        dg.write(C, Lba(0), bytes_of(&data), Epoch(1))
+            .await
+            .unwrap();
+        dg.settle().await.unwrap();
+    }
+    drop(dg);
+    let rig = rig.process_crash();
+    let slots = find_magic(&rig.cache, common::CACHE_BYTES, b"TSCKPOIN");
+    let newest = slots
+        .iter()
+        .max_by_key(|off| u64::from_le_bytes(rig.cache.peek(**off + 24, 8).try_into().unwrap()))
+        .copied()
+        .unwrap();
+    rig.cache.flip_bit(newest + 40, 2);
+    match DiskGroup::open_on(DiskGroupId::new("dg-test").unwrap(), rig.devices(), 1 << 20).await {
+        Ok(dg) => {
+            println!("opened from the older checkpoint and the log");
+            let back = dg.read(C, Lba(0), 16).await.unwrap();
+            for l in 0..16u64 {
+                assert_eq!(
+                    &back[(l * 4096) as usize..((l + 1) * 4096) as usize],
+                    &payload(C.0, l, 3)[..]
+                );
+            }
+        }
+        Err(e) => {
+            println!("refused: {e}");
+            assert!(matches!(e, StoreError::DiskGroupFailed { .. }), "{e}")
+        }
+    }
+}
