@@ -232,10 +232,13 @@ impl ComponentIo for ClusterComponents {
         reserve_bytes: u64,
     ) -> Result<(), ComponentError> {
         let component = self.reference(c);
+        // A witness holds no data but persists its epoch like any component:
+        // it is stored as one block.
+        let size_bytes = c.size_bytes.max(tessera_types::BLOCK_BYTES);
         if c.host == self.host {
             return match self
                 .replica
-                .create(&component, Some(&c.disk_group), c.size_bytes, reserve_bytes)
+                .create(&component, Some(&c.disk_group), size_bytes, reserve_bytes)
                 .await
             {
                 Response::Ok => Ok(()),
@@ -247,7 +250,7 @@ impl ComponentIo for ClusterComponents {
             IoClass::Guest,
             Request::CreateComponent {
                 component,
-                size_bytes: c.size_bytes,
+                size_bytes,
                 reserve_bytes,
             },
         )

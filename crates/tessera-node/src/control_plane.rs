@@ -122,14 +122,20 @@ fn internal(e: impl std::fmt::Display) -> ControlError {
 
 /// The cluster map placement needs: hosts, their fault domains, liveness and
 /// disk group space, from the directory.
-pub async fn cluster_map(
-    directory: &dyn Directory,
-    keys: &Keyspace,
-    peers: &Peers,
-) -> Result<ClusterMap, String> {
+pub async fn cluster_map(directory: &dyn Directory, keys: &Keyspace) -> Result<ClusterMap, String> {
     let groups = keys::list(directory, &keys.disk_groups())
         .await
         .map_err(|e| e.to_string())?;
+    let records = keys::list(directory, &keys.hosts())
+        .await
+        .map_err(|e| e.to_string())?;
+    let peers = Peers::default();
+    peers.update(
+        records.records.into_iter().map(|r| r.value).collect(),
+        tessera_directory::live_hosts(directory, keys)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     let mut hosts = Vec::new();
     for record in peers.records() {
         let mut host = tessera_placement::Host::new(record.id.clone())
@@ -420,7 +426,7 @@ impl ClusterControl for ControlPlane {
             )));
         }
         let host = self.via()?;
-        let map = cluster_map(self.directory.as_ref(), &self.keys, host.peers())
+        let map = cluster_map(self.directory.as_ref(), &self.keys)
             .await
             .map_err(ControlError::Unavailable)?;
         let rng = Arc::clone(&self.rng);
@@ -541,7 +547,7 @@ impl ClusterControl for ControlPlane {
             .ok_or_else(|| ControlError::NotFound(format!("policy {} is gone", record.policy)))?
             .value;
         let host = self.via()?;
-        let map = cluster_map(self.directory.as_ref(), &self.keys, host.peers())
+        let map = cluster_map(self.directory.as_ref(), &self.keys)
             .await
             .map_err(ControlError::Unavailable)?;
         let new_layout =

@@ -79,6 +79,8 @@ pub struct Host {
     absent_since: Mutex<HashMap<(VolumeId, ComponentId), Duration>>,
     /// Components with a resync task running.
     resyncing: Arc<Mutex<HashSet<(VolumeId, ComponentId)>>>,
+    /// When a component whose resync failed may be tried again (monotonic).
+    resync_not_before: Arc<Mutex<HashMap<(VolumeId, ComponentId), Duration>>>,
     /// Ticks a volume has been seen without an owner.
     ownerless_ticks: Mutex<HashMap<VolumeId, u32>>,
     stop: watch::Sender<bool>,
@@ -297,6 +299,7 @@ impl Host {
             rng: Arc::new(SeededRng::from_entropy()),
             absent_since: Mutex::new(HashMap::new()),
             resyncing: Arc::new(Mutex::new(HashSet::new())),
+            resync_not_before: Arc::new(Mutex::new(HashMap::new())),
             ownerless_ticks: Mutex::new(HashMap::new()),
             stop,
             tasks: Mutex::new(Vec::new()),
@@ -656,9 +659,23 @@ impl Host {
         kind: &'static str,
     ) {
         let key = (volume.clone(), component);
+        let now = self.clock.monotonic();
+        if self
+            .resync_not_before
+            .lock()
+            .get(&key)
+            .is_some_and(|&t| now < t)
+        {
+            return;
+        }
         if !self.resyncing.lock().insert(key.clone()) {
             return;
         }
+        // A host that just stopped still looks live until its lease lapses:
+        // after a failed attempt, wait one lease before trying again.
+        let backoff = Duration::from_millis(self.config.lease_ttl_ms);
+        let not_before = Arc::clone(&self.resync_not_before);
+        let clock = Arc::clone(&self.clock);
         let progress = self.board.start(volume, component, host, kind);
         let coordinator = Arc::clone(coordinator);
         let board = Arc::clone(&self.board);
@@ -671,6 +688,13 @@ impl Host {
                     tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
                 }
                 Err(e) => tracing::warn!(%volume, %component, error = %e, "{kind} stopped"),
+            }
+            if result.is_err() {
+                not_before
+                    .lock()
+                    .insert(key.clone(), clock.monotonic() + backoff);
+            } else {
+                not_before.lock().remove(&key);
             }
             board.finish(&volume, component, result);
             resyncing.lock().remove(&key);
@@ -694,12 +718,7 @@ impl Host {
                 Ok(Some(p)) => p.value,
                 _ => return,
             };
-        let map = match crate::control_plane::cluster_map(
-            self.directory.as_ref(),
-            &self.keys,
-            &self.peers,
-        )
-        .await
+        let map = match crate::control_plane::cluster_map(self.directory.as_ref(), &self.keys).await
         {
             Ok(m) => m,
             Err(e) => {

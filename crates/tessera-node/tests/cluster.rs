@@ -1,0 +1,309 @@
+//! End-to-end tests of a four-host cluster in one process (`tessera up`'s
+//! code path) driven by real clients: fio's `nbd` engine with CRC32C
+//! verification while hosts are stopped and started, and the control plane's
+//! copy verification afterwards.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_node::control::{ClusterControl, CreatePolicy, CreateVolume, Health, ObjectView};
+use tessera_node::control_plane::ControlPlane;
+use tessera_node::up::{self, UpConfig};
+use tessera_types::layout::ComponentRole;
+
+/// Whether `tool` can be run; fails the test when CI requires every tool.
+fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "{tool} is required (TESSERA_REQUIRE_TOOLS=1) but not installed"
+        );
+        eprintln!("skipping: {tool} is not installed");
+    }
+    found
+}
+
+struct Cluster {
+    control: Arc<ControlPlane>,
+    config: UpConfig,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(repair_delay_s: u64) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        // A loopback range and ports of its own, so tests and a running
+        // `tessera up` never collide.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let seed = std::process::id().wrapping_mul(7919)
+            ^ nanos
+            ^ NEXT
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .wrapping_mul(104_729);
+        let base = Ipv4Addr::new(127, 10 + (seed % 200) as u8, (seed / 200 % 250) as u8, 1);
+        let port = 20_000 + (seed % 20_000) as u16;
+        let config = UpConfig {
+            data_dir: dir.path().to_path_buf(),
+            bind: base,
+            hosts: 4,
+            api_port: port,
+            nbd_port: port + 1,
+            transport_port: port + 2,
+            repair_delay_s,
+            host_capacity_bytes: 1 << 30,
+        };
+        let control = up::start(&config).await.expect("cluster starts");
+        Cluster {
+            control,
+            config,
+            _dir: dir,
+        }
+    }
+
+    fn nbd_uri(&self, host: &str, volume: &str) -> String {
+        let k: u32 = host.trim_start_matches("host-").parse().unwrap();
+        let ip = Ipv4Addr::from(u32::from(self.config.bind) + k - 1);
+        format!("nbd://{ip}:{}/{volume}", self.config.nbd_port)
+    }
+
+    async fn wait_for(
+        &self,
+        volume: &str,
+        what: &str,
+        ok: impl Fn(&ObjectView) -> bool,
+    ) -> ObjectView {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let view = self.control.object(volume).await.unwrap();
+            if ok(&view) {
+                return view;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {view:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.control.hosts().stop_all().await;
+    }
+}
+
+fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
+    Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randrw",
+            "--bs=4k",
+            "--iodepth=8",
+            "--size=64M",
+            "--time_based",
+            &format!("--runtime={runtime_s}"),
+            "--verify=crc32c",
+            "--verify_backlog=256",
+            "--verify_fatal=1",
+            "--output-format=terse",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_ranges() {
+    if !have("fio") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: "vm".into(),
+            size_bytes: 256 << 20,
+            policy: None,
+        })
+        .await
+        .expect("volume created");
+    let view = cluster
+        .wait_for("vm", "an owner", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let owner = view.owner.clone().unwrap();
+    let replica_host = view
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && c.host != owner)
+        .expect("a second copy on another host")
+        .host
+        .clone();
+    let fio = fio(&cluster.nbd_uri(&owner, "vm"), 18);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.control.stop_host(&replica_host).await.unwrap();
+    cluster
+        .wait_for("vm", "the copy to be absent", |v| {
+            v.state == Health::Degraded
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let coordinator = cluster
+        .control
+        .hosts()
+        .running()
+        .into_iter()
+        .flat_map(|h| h.owned())
+        .find(|(v, _)| v.as_str() == "vm")
+        .map(|(_, c)| c)
+        .expect("the owner coordinates vm");
+    cluster.control.start_host(&replica_host).await.unwrap();
+    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "fio failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    cluster
+        .wait_for("vm", "the copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    let written_while_away = coordinator
+        .counters()
+        .degraded_write_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let resyncs = cluster.control.resyncs().await.unwrap();
+    let resynced: u64 = resyncs
+        .iter()
+        .filter(|r| r.volume == "vm" && r.state == "done")
+        .map(|r| r.copied_bytes)
+        .sum();
+    eprintln!(
+        "bytes written while {replica_host} was away: {written_while_away}; bytes resynced: {resynced}; resyncs: {resyncs:?}"
+    );
+    assert!(written_while_away > 0, "fio wrote while the host was away");
+    assert!(resynced > 0, "the returning copy was resynced");
+    assert!(
+        resynced <= written_while_away,
+        "resync moved only changed ranges ({resynced} <= {written_while_away})"
+    );
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    assert!(report.compared_bytes > 0);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_are_refused_and_change_nothing() {
+    let cluster = Cluster::start(3600).await;
+    let control = &cluster.control;
+    let before = control.volumes().await.unwrap();
+    let unknown = control
+        .create_volume(CreateVolume {
+            name: "a".into(),
+            size_bytes: 1 << 20,
+            policy: Some("gold".into()),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        unknown.to_string().contains("no policy named gold"),
+        "{unknown}"
+    );
+    control
+        .create_policy(CreatePolicy {
+            name: "ftt2".into(),
+            failures_to_tolerate: 2,
+            stripe_width: 1,
+            space_reservation_pct: 0,
+        })
+        .await
+        .unwrap();
+    let unsatisfiable = control
+        .create_volume(CreateVolume {
+            name: "b".into(),
+            size_bytes: 1 << 20,
+            policy: Some("ftt2".into()),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        unsatisfiable
+            .to_string()
+            .contains("needs 5 fault domains, cluster has 4"),
+        "{unsatisfiable}"
+    );
+    control
+        .create_policy(CreatePolicy {
+            name: "thick".into(),
+            failures_to_tolerate: 1,
+            stripe_width: 1,
+            space_reservation_pct: 100,
+        })
+        .await
+        .unwrap();
+    let too_big = control
+        .create_volume(CreateVolume {
+            name: "c".into(),
+            size_bytes: 8 << 30,
+            policy: Some("thick".into()),
+        })
+        .await
+        .unwrap_err();
+    assert!(too_big.to_string().contains("thick"), "{too_big}");
+    control
+        .create_volume(CreateVolume {
+            name: "d".into(),
+            size_bytes: 1 << 20,
+            policy: None,
+        })
+        .await
+        .unwrap();
+    let duplicate = control
+        .create_volume(CreateVolume {
+            name: "d".into(),
+            size_bytes: 1 << 20,
+            policy: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        duplicate.to_string().contains("already exists"),
+        "{duplicate}"
+    );
+    let bad_policy = control
+        .create_policy(CreatePolicy {
+            name: "x".into(),
+            failures_to_tolerate: 4,
+            stripe_width: 1,
+            space_reservation_pct: 0,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        bad_policy.to_string().contains("failures to tolerate"),
+        "{bad_policy}"
+    );
+    let after = control.volumes().await.unwrap();
+    assert_eq!(after.len(), before.len() + 1, "only volume d was created");
+    cluster.stop().await;
+}
