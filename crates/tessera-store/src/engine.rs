@@ -196,7 +196,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
     let mut last_batch = 0usize;
     loop {
         let mut st = shared.state.lock();
-        while (st.queue.is_empty() || st.destage_blocks * BLOCK as u64 > OVERLAY_BYTES_MAX)
+        while (st.queue.is_empty() || st.destage_blocks > st.overlay_cap_blocks)
             && !shared.stop.load(Ordering::Acquire)
             && st.failed.is_none()
         {
@@ -485,7 +485,7 @@ fn checkpoint_useful(st: &State) -> bool {
 }
 
 /// Moves up to [`DESTAGE_BATCH_BLOCKS`] logged blocks to the capacity tier.
-fn destage_pass(shared: &Shared) -> Result<(), String> {
+pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     let mut st = shared.state.lock();
     let mut taken = 0usize;
     let mut items: Vec<DestageItem> = Vec::new();

@@ -323,6 +323,8 @@ pub(crate) fn load_state(
         queue: VecDeque::new(),
         destage: VecDeque::new(),
         destage_blocks: 0,
+        overlay_cap_blocks: (crate::engine::OVERLAY_BYTES_MAX / BLOCK_BYTES)
+            .min(geo.log_blocks / 4),
         unapplied: BTreeMap::new(),
         vhead: ck.log_tail_block,
         head_seq: ck.log_tail_seq,
@@ -582,6 +584,33 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
         v = at + rec.header.record_blocks() as u64;
         seq += 1;
         replayed += 1;
+        // Replayed blocks are held in memory until destaged: destage as
+        // replay goes, so recovery keeps the same memory bound as service.
+        let over = {
+            let mut st = shared.state.lock();
+            st.vhead = v;
+            st.head_seq = seq;
+            st.destage_blocks > st.overlay_cap_blocks
+        };
+        if over {
+            // Each pass moves up to a batch; a pass that cannot move a block
+            // leaves it for the running destager, so the loop is bounded.
+            const PASSES_MAX: usize = 1 << 12;
+            for _ in 0..PASSES_MAX {
+                let (blocks, cap) = {
+                    let st = shared.state.lock();
+                    (st.destage_blocks, st.overlay_cap_blocks)
+                };
+                if blocks <= cap / 2 {
+                    break;
+                }
+                crate::engine::destage_pass(shared)
+                    .map_err(|reason| StoreError::DiskGroupFailed { reason })?;
+                if shared.state.lock().destage_blocks == blocks {
+                    break;
+                }
+            }
+        }
         if replayed > l {
             break;
         }

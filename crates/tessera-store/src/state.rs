@@ -138,6 +138,9 @@ pub(crate) struct State {
     pub(crate) destage: VecDeque<LoggedRecord>,
     /// Write blocks in `destage` (logged, not yet on the capacity tier).
     pub(crate) destage_blocks: u64,
+    /// Most such blocks held in memory before the log writer (or replay)
+    /// waits for the destager.
+    pub(crate) overlay_cap_blocks: u64,
     pub(crate) unapplied: BTreeMap<u64, (u64, u64)>,
     /// Log positions as ever-growing block counters (the device position is
     /// the counter modulo the log size).
