@@ -68,9 +68,11 @@ fi
 "$server_bin" --listen "127.0.0.1:$tessera_port" --size "$SIZE" "${server_mode[@]}" \
   >"$work/tessera.log" 2>&1 &
 pids+=($!)
+tessera_pid=$!
 nbdkit_port=$(free_port)
 nbdkit -f -i 127.0.0.1 -p "$nbdkit_port" memory "$SIZE" >"$work/nbdkit.log" 2>&1 &
 pids+=($!)
+nbdkit_pid=$!
 wait_port "$tessera_port"
 wait_port "$nbdkit_port"
 
@@ -98,11 +100,21 @@ job() {
   echo "$file"
 }
 
-# Runs a profile against a URI; prints "IOPS MiB/s" (reads + writes).
+# CPU time a process has used, in clock ticks (user + system).
+cpu_ticks() {
+  awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+
+# Runs a profile against a URI served by process $3; prints
+# "IOPS MiB/s server-CPU-us-per-IO" (reads + writes).
 measure() {
-  local profile=$1 uri=$2
-  NBD_URI=$uri fio --output-format=terse --terse-version=3 "$(job "$profile")" 2>/dev/null |
-    awk -F';' '/^3;/ { printf "%.0f %.1f\n", $8 + $49, ($7 + $48) / 1024 }'
+  local profile=$1 uri=$2 pid=$3 before after
+  before=$(cpu_ticks "$pid")
+  NBD_URI=$uri fio --output-format=terse --terse-version=3 "$(job "$profile")" 2>/dev/null >"$work/fio.out"
+  after=$(cpu_ticks "$pid")
+  awk -F';' -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v secs="$RUNTIME" '
+    /^3;/ { iops = $8 + $49
+            printf "%.0f %.1f %.1f\n", iops, ($7 + $48) / 1024, ticks / hz * 1e6 / (iops * secs) }' "$work/fio.out"
 }
 
 declare -A result
@@ -117,18 +129,19 @@ for profile in $PROFILES; do
     if [ $((turn % 2)) -eq 0 ]; then order="tessera nbdkit"; else order="nbdkit tessera"; fi
     turn=$((turn + 1))
     for side in $order; do
-      if [ "$side" = tessera ]; then port=$tessera_port; else port=$nbdkit_port; fi
-      run=$(measure "$profile" "nbd://127.0.0.1:$port/")
-      echo "  $profile $side: $run IOPS MiB/s" >&2
+      if [ "$side" = tessera ]; then port=$tessera_port pid=$tessera_pid; else port=$nbdkit_port pid=$nbdkit_pid; fi
+      run=$(measure "$profile" "nbd://127.0.0.1:$port/" "$pid")
+      echo "  $profile $side: $run (IOPS MiB/s server-CPU-us/IO)" >&2
       result[$profile.$side]=$(best "${result[$profile.$side]:-}" "$run")
     done
   done
 done
 
-printf '%-10s %22s %22s %8s\n' profile "tessera (IOPS MiB/s)" "nbdkit (IOPS MiB/s)" ratio
+printf '%-9s %28s %28s %7s %9s\n' profile "tessera IOPS MiB/s CPU-us/IO" "nbdkit IOPS MiB/s CPU-us/IO" ratio "CPU/IO"
 for profile in $PROFILES; do
-  read -r t_iops t_bw <<<"${result[$profile.tessera]}"
-  read -r k_iops k_bw <<<"${result[$profile.nbdkit]}"
+  read -r t_iops t_bw t_cpu <<<"${result[$profile.tessera]}"
+  read -r k_iops k_bw k_cpu <<<"${result[$profile.nbdkit]}"
   ratio=$(awk -v a="$t_iops" -v b="$k_iops" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  printf '%-10s %12s %9s %12s %9s %7sx\n' "$profile" "$t_iops" "$t_bw" "$k_iops" "$k_bw" "$ratio"
+  cpu=$(awk -v a="$t_cpu" -v b="$k_cpu" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "n/a" }')
+  printf '%-9s %9s %9s %8s %9s %9s %8s %6sx %8sx\n' "$profile" "$t_iops" "$t_bw" "$t_cpu" "$k_iops" "$k_bw" "$k_cpu" "$ratio" "$cpu"
 done
