@@ -1,0 +1,242 @@
+//! The command line: every verb, its arguments and their parsing.
+//!
+//! Owns: the grammar of `tessera` (clap derive) and the conversion of human
+//! sizes into bytes. Must not touch: the network or the engine; a parsed
+//! [`Cli`] is plain data.
+//! Invariant: a size the user typed is turned into bytes here, once, with
+//! [`tessera_types::parse_size`]; a bad size is a usage error (exit 2) and
+//! no request is sent.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Where the CLI looks for the API when neither `--api` nor `TESSERA_API`
+/// says: host 1 of a `tessera up` cluster on this machine.
+pub const DEFAULT_API_URL: &str = "http://127.0.0.1:9480";
+
+/// Tessera: hyperconverged block storage. Hosts pool their disks into one
+/// datastore of mirrored, checksummed, thin block volumes served over NBD.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version)]
+pub struct Cli {
+    /// URL of the REST API (default http://127.0.0.1:9480).
+    #[arg(long, global = true, env = "TESSERA_API", default_value = DEFAULT_API_URL)]
+    pub api: String,
+
+    /// Print the API's JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Health, capacity, hosts, volumes and resyncs of the cluster.
+    Status,
+    /// Hosts: list them, or stop and start one (in `tessera up`).
+    #[command(subcommand)]
+    Host(HostCommand),
+    /// Storage policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// A volume's object: its component tree, and a comparison of its copies.
+    #[command(subcommand)]
+    Object(ObjectCommand),
+    /// Resyncs and rebuilds with their progress.
+    #[command(subcommand)]
+    Resync(ResyncCommand),
+    /// Offline tools for a host's devices.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+/// `tessera host ...`
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// Hosts with their state, addresses and disk groups.
+    List,
+    /// Stop one host's services, as a failure would (only in `tessera up`).
+    Stop {
+        /// Host id, e.g. host-2.
+        host: String,
+    },
+    /// Start a stopped host again (only in `tessera up`).
+    Start {
+        /// Host id, e.g. host-2.
+        host: String,
+    },
+}
+
+/// `tessera policy ...`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Create a RAID-1 policy.
+    Create {
+        /// Policy name.
+        name: String,
+        /// Failures to tolerate (0-3): FTT+1 copies of the data.
+        #[arg(long)]
+        ftt: u8,
+        /// Columns each copy is striped across (1-12).
+        #[arg(long, default_value_t = 1)]
+        stripe_width: u8,
+        /// Percent of a volume's size reserved up front (0 = thin, 100 = thick).
+        #[arg(long, default_value_t = 0)]
+        space_reservation: u8,
+    },
+    /// All policies.
+    List,
+}
+
+/// `tessera volume ...`
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume (also its NBD export name).
+    Create {
+        /// Volume name.
+        name: String,
+        /// Size, e.g. 10G, 512M, 1.5T (binary units).
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+        /// Policy name (default: the policy `default`).
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// All volumes with size, policy, state, used bytes and owner.
+    List,
+    /// Grow a volume.
+    Resize {
+        /// Volume name.
+        name: String,
+        /// New size, e.g. 20G.
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+    },
+    /// Delete a volume and its components.
+    Delete {
+        /// Volume name.
+        name: String,
+    },
+}
+
+/// `tessera object ...`
+#[derive(Debug, Subcommand)]
+pub enum ObjectCommand {
+    /// The component tree: columns, copies, witnesses.
+    Show {
+        /// Volume name.
+        name: String,
+    },
+    /// Compare every active copy block by block; exits 1 if they differ.
+    Verify {
+        /// Volume name.
+        name: String,
+    },
+}
+
+/// `tessera resync ...`
+#[derive(Debug, Subcommand)]
+pub enum ResyncCommand {
+    /// Running and recent resyncs and rebuilds with bytes done, bytes left and rate.
+    List,
+}
+
+/// `tessera store ...`
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Check one disk group's devices offline (the host must be stopped);
+    /// exits 1 if problems are found.
+    Check {
+        /// The disk group's devices (cache and capacity), in any order.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// Parses a human size for clap, naming the accepted forms when it fails.
+pub fn parse_size_arg(text: &str) -> Result<u64, String> {
+    tessera_types::parse_size(text)
+        .map_err(|e| format!("{e} (write a number with an optional unit: 4096, 512K, 10G, 1.5T)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("tessera").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn volume_create_reads_sizes_with_units() {
+        let cli = parse(&[
+            "volume", "create", "vol1", "--size", "10G", "--policy", "gold",
+        ])
+        .expect("parses");
+        match cli.command {
+            Command::Volume(VolumeCommand::Create { name, size, policy }) => {
+                assert_eq!(name, "vol1");
+                assert_eq!(size, 10 << 30);
+                assert_eq!(policy.as_deref(), Some("gold"));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_size_is_a_usage_error_that_names_the_forms() {
+        let e = parse(&["volume", "create", "vol1", "--size", "ten"]).expect_err("refused");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("10G"), "{e}");
+    }
+
+    #[test]
+    fn policy_create_has_defaults_for_width_and_reservation() {
+        let cli = parse(&["policy", "create", "gold", "--ftt", "2"]).expect("parses");
+        match cli.command {
+            Command::Policy(PolicyCommand::Create {
+                name,
+                ftt,
+                stripe_width,
+                space_reservation,
+            }) => {
+                assert_eq!((name.as_str(), ftt), ("gold", 2));
+                assert_eq!((stripe_width, space_reservation), (1, 0));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(
+            parse(&["policy", "create", "gold"]).is_err(),
+            "--ftt is required"
+        );
+    }
+
+    #[test]
+    fn json_and_api_are_accepted_after_the_verb() {
+        let cli =
+            parse(&["volume", "list", "--json", "--api", "http://10.0.0.1:1"]).expect("parses");
+        assert!(cli.json);
+        assert_eq!(cli.api, "http://10.0.0.1:1");
+    }
+
+    #[test]
+    fn store_check_needs_a_path() {
+        assert_eq!(
+            parse(&["store", "check"]).expect_err("refused").exit_code(),
+            2
+        );
+    }
+}

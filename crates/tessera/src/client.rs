@@ -1,0 +1,272 @@
+//! A blocking HTTP client for the REST API, and the CLI's error kinds.
+//!
+//! Owns: URLs, timeouts, and turning an HTTP answer into JSON or a
+//! [`CliError`]. Must not touch: what the JSON means (that is `render` and
+//! `verbs`).
+//! Invariant: every failure is classified once, here, into the exit code the
+//! user sees: a refusal by the API (1), a usage mistake (2), an API that
+//! cannot be reached (3).
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::fmt;
+use std::time::Duration;
+use tessera_node::control::ControlError;
+
+/// Time to open a connection to the API: it runs on this machine or next to
+/// it, so a slow connect means it is not there.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for an ordinary request (creating a volume places and creates its
+/// components on several hosts).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Time for `object verify`, which reads every copy of a whole volume.
+pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
+/// Exit code when the API refused or the command found a problem.
+pub const EXIT_REFUSED: i32 = 1;
+/// Exit code for a usage mistake (the same as clap's).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code when the API cannot be reached.
+pub const EXIT_UNREACHABLE: i32 = 3;
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum CliError {
+    /// The API refused the request and said why.
+    Refused(ControlError),
+    /// The command line was wrong in a way clap could not see.
+    Usage(String),
+    /// No answer from the API at `url`.
+    Unreachable {
+        /// The API's base URL.
+        url: String,
+        /// What the connection attempt said.
+        reason: String,
+    },
+    /// The API answered something that is not what it documents.
+    BadAnswer {
+        /// The request's URL.
+        url: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The command ran and found a problem it has already printed
+    /// (divergent copies, a damaged device).
+    Found(String),
+    /// A local failure (a daemon verb's error, an unwritable output).
+    Local(String),
+}
+
+impl CliError {
+    /// The process exit code for this failure.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::Unreachable { .. } => EXIT_UNREACHABLE,
+            CliError::Refused(_)
+            | CliError::BadAnswer { .. }
+            | CliError::Found(_)
+            | CliError::Local(_) => EXIT_REFUSED,
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Refused(e) => write!(f, "{e}"),
+            CliError::Usage(m) | CliError::Found(m) | CliError::Local(m) => f.write_str(m),
+            CliError::Unreachable { url, reason } => write!(
+                f,
+                "cannot reach the Tessera API at {url}: {reason}\n\
+                 hint: is `tessera up` running? (the CLI uses --api URL, else TESSERA_API, \
+                 else {default})",
+                default = crate::args::DEFAULT_API_URL
+            ),
+            CliError::BadAnswer { url, reason } => {
+                write!(f, "unexpected answer from {url}: {reason}")
+            }
+        }
+    }
+}
+
+/// The API at one base URL.
+pub struct ApiClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl ApiClient {
+    /// A client for the API at `base` (`http://host:port`, with or without
+    /// a trailing slash).
+    pub fn new(base: &str) -> Result<ApiClient, CliError> {
+        let base = base.trim().trim_end_matches('/').to_string();
+        let Some(rest) = base.strip_prefix("http://") else {
+            return Err(CliError::Usage(format!(
+                "API URL {base:?} must start with http:// (for example {})",
+                crate::args::DEFAULT_API_URL
+            )));
+        };
+        if rest.is_empty() || rest.contains('/') {
+            return Err(CliError::Usage(format!(
+                "API URL {base:?} must be http://HOST:PORT without a path"
+            )));
+        }
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(CONNECT_TIMEOUT)
+            .build();
+        Ok(ApiClient { base, agent })
+    }
+
+    /// GET `path` (under the base URL).
+    pub fn get(&self, path: &str) -> Result<Value, CliError> {
+        let url = self.url(path);
+        self.finish(&url, self.agent.get(&url).timeout(REQUEST_TIMEOUT).call())
+    }
+
+    /// POST `body` (or nothing) to `path`, waiting up to `timeout`.
+    pub fn post(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<Value, CliError> {
+        let url = self.url(path);
+        let request = self.agent.post(&url).timeout(timeout);
+        let result = match body {
+            Some(b) => request.send_json(b),
+            None => request.call(),
+        };
+        self.finish(&url, result)
+    }
+
+    /// POST with the ordinary timeout.
+    pub fn post_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        self.post(path, Some(body), REQUEST_TIMEOUT)
+    }
+
+    /// DELETE `path`.
+    pub fn delete(&self, path: &str) -> Result<Value, CliError> {
+        let url = self.url(path);
+        self.finish(
+            &url,
+            self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call(),
+        )
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn finish(
+        &self,
+        url: &str,
+        result: Result<ureq::Response, ureq::Error>,
+    ) -> Result<Value, CliError> {
+        match result {
+            Ok(response) => {
+                let text = response.into_string().map_err(|e| CliError::BadAnswer {
+                    url: url.to_string(),
+                    reason: format!("cannot read the body: {e}"),
+                })?;
+                if text.trim().is_empty() {
+                    return Ok(Value::Null);
+                }
+                serde_json::from_str(&text).map_err(|e| CliError::BadAnswer {
+                    url: url.to_string(),
+                    reason: format!("the body is not JSON: {e}"),
+                })
+            }
+            Err(ureq::Error::Status(code, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                Err(refusal(url, code, &text))
+            }
+            Err(ureq::Error::Transport(t)) => Err(CliError::Unreachable {
+                url: self.base.clone(),
+                reason: t.to_string(),
+            }),
+        }
+    }
+}
+
+/// The error an HTTP refusal carries: the API's own `{kind, message}` when
+/// it sent one, else the status and whatever came back.
+pub fn refusal(url: &str, code: u16, body: &str) -> CliError {
+    match serde_json::from_str::<ControlError>(body) {
+        Ok(e) => CliError::Refused(e),
+        Err(_) => CliError::BadAnswer {
+            url: url.to_string(),
+            reason: format!("HTTP {code}: {}", body.trim()),
+        },
+    }
+}
+
+/// Decodes an API answer into its view type.
+pub fn decode<T: DeserializeOwned>(what: &str, value: Value) -> Result<T, CliError> {
+    serde_json::from_value(value).map_err(|e| CliError::BadAnswer {
+        url: what.to_string(),
+        reason: format!("the JSON does not match the documented shape: {e}"),
+    })
+}
+
+/// Escapes a name for use as one path segment, so a name with `/` or `?`
+/// reaches the API as the name the user typed (and is refused there).
+pub fn segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_urls_must_be_plain_http_host_and_port() {
+        assert!(ApiClient::new("http://127.0.0.1:9480").is_ok());
+        assert!(ApiClient::new("http://127.0.0.1:9480/").is_ok());
+        for bad in ["127.0.0.1:9480", "https://h:1", "http://", "http://h:1/v1"] {
+            let e = ApiClient::new(bad).err().expect("refused");
+            assert_eq!(e.exit_code(), EXIT_USAGE, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_api_error_shape_becomes_its_message_with_exit_1() {
+        let e = refusal(
+            "u",
+            409,
+            r#"{"kind":"conflict","message":"volume vol1 already exists"}"#,
+        );
+        assert_eq!(e.to_string(), "volume vol1 already exists");
+        assert_eq!(e.exit_code(), EXIT_REFUSED);
+        let other = refusal("u", 502, "Bad Gateway");
+        assert_eq!(
+            other.to_string(),
+            "unexpected answer from u: HTTP 502: Bad Gateway"
+        );
+        assert_eq!(other.exit_code(), EXIT_REFUSED);
+    }
+
+    #[test]
+    fn unreachable_says_how_to_start_the_cluster_and_exits_3() {
+        let e = CliError::Unreachable {
+            url: "http://127.0.0.1:1".into(),
+            reason: "Connection refused".into(),
+        };
+        assert_eq!(e.exit_code(), EXIT_UNREACHABLE);
+        assert!(e.to_string().contains("is `tessera up` running?"));
+    }
+
+    #[test]
+    fn names_are_escaped_as_one_path_segment() {
+        assert_eq!(segment("vol-1.a_b"), "vol-1.a_b");
+        assert_eq!(segment("a/b?c d"), "a%2Fb%3Fc%20d");
+    }
+}

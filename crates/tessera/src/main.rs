@@ -1,0 +1,56 @@
+//! `tessera`: the one command of Tessera.
+//!
+//! Owns: the process: argument parsing, logging, and the exit code. Admin
+//! verbs (`status`, `host`, `policy`, `volume`, `object`, `resync`) talk
+//! to the REST API over HTTP and print its answers; `store check` reads a
+//! stopped host's devices offline.
+//! Must not touch: engine logic. The binary decides nothing about the
+//! cluster: every admin verb is one API request.
+//! Invariant: exit 0 on success, 1 when the API refused or the command
+//! found a problem, 2 for usage mistakes, 3 when the API cannot be reached;
+//! errors go to stderr, results to stdout.
+
+mod args;
+mod client;
+mod render;
+mod table;
+mod verbs;
+
+use args::Cli;
+use clap::Parser;
+use std::io::Write;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        let mut output = verbs::Output {
+            json: cli.json,
+            out: &mut lock,
+        };
+        let result = verbs::run(&cli.command, &cli.api, &mut output);
+        let _ = lock.flush();
+        result
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), so stdout
+/// carries only results and `--json` stays parseable.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,651 @@
+//! Human output: the API's views as aligned tables and trees.
+//!
+//! Owns: the words and layout of every table the CLI prints. Must not
+//! touch: the network, the process's exit; each function takes a view and
+//! returns text, so it is tested without a cluster.
+//! Invariant: sizes are printed with [`format_size`] (binary units), a value
+//! the API did not know is printed as `-` (or `unknown` for bytes of an
+//! unreachable copy), never as a made-up zero.
+
+use crate::table::Table;
+use std::collections::BTreeMap;
+use tessera_node::control::{
+    CapacityView, ComponentView, Health, HostView, ObjectView, ResyncView, StatusView,
+    VerifyReport, VolumeView,
+};
+use tessera_types::format_size;
+use tessera_types::layout::{ComponentRole, ComponentState};
+use tessera_types::policy::{FaultTolerance, Policy};
+use tessera_types::Epoch;
+
+/// The word for a health value.
+pub fn health(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Degraded => "degraded",
+        Health::Unavailable => "unavailable",
+    }
+}
+
+fn component_state(s: ComponentState) -> &'static str {
+    match s {
+        ComponentState::Active => "active",
+        ComponentState::Absent => "absent",
+        ComponentState::Resyncing => "resyncing",
+        ComponentState::Degraded => "degraded",
+    }
+}
+
+fn fault_tolerance(f: FaultTolerance) -> &'static str {
+    match f {
+        FaultTolerance::Raid1 => "RAID-1",
+    }
+}
+
+fn owner(owner: &Option<String>, epoch: Option<Epoch>) -> (String, String) {
+    (
+        owner.clone().unwrap_or_else(|| "-".to_string()),
+        epoch.map_or_else(|| "-".to_string(), |e| e.0.to_string()),
+    )
+}
+
+fn capacity_line(c: &CapacityView) -> String {
+    format!(
+        "{} total, {} used, {} reserved, {} free",
+        format_size(c.total_bytes),
+        format_size(c.used_bytes),
+        format_size(c.reserved_bytes),
+        format_size(c.free_bytes)
+    )
+}
+
+/// `tessera status`.
+pub fn status(s: &StatusView) -> String {
+    let mut out = format!(
+        "cluster {}: {}\ncapacity: {}\n",
+        s.cluster,
+        health(s.health),
+        capacity_line(&s.capacity)
+    );
+    out.push_str(&format!("\nHOSTS ({})\n", s.hosts.len()));
+    out.push_str(&host_table(&s.hosts));
+    out.push_str(&format!("\nVOLUMES ({})\n", s.volumes.len()));
+    out.push_str(&or_none(volumes(&s.volumes), s.volumes.is_empty()));
+    let running = s.resyncs.iter().filter(|r| r.state == "running").count();
+    out.push_str(&format!("\nRESYNCS ({running} running)\n"));
+    out.push_str(&or_none(resyncs(&s.resyncs), s.resyncs.is_empty()));
+    out
+}
+
+fn or_none(table: String, empty: bool) -> String {
+    if empty {
+        "(none)\n".to_string()
+    } else {
+        table
+    }
+}
+
+fn host_table(hosts: &[HostView]) -> String {
+    let mut t = Table::new(&[
+        "HOST",
+        "FAULT DOMAIN",
+        "STATE",
+        "TRANSPORT",
+        "NBD",
+        "DISK GROUPS",
+        "USED",
+        "TOTAL",
+        "OWNS",
+    ]);
+    for h in hosts {
+        let used: u64 = h.disk_groups.iter().map(|d| d.capacity.used_bytes).sum();
+        let total: u64 = h.disk_groups.iter().map(|d| d.capacity.total_bytes).sum();
+        t.row(vec![
+            h.id.clone(),
+            h.fault_domain.clone(),
+            h.state.clone(),
+            h.transport_addr.clone(),
+            h.nbd_addr.clone(),
+            h.disk_groups.len().to_string(),
+            format_size(used),
+            format_size(total),
+            format!("{} volumes", h.owned_volumes.len()),
+        ]);
+    }
+    t.render()
+}
+
+/// `tessera host list`: the hosts, then every disk group.
+pub fn hosts(hosts: &[HostView]) -> String {
+    let mut out = host_table(hosts);
+    let mut groups = Table::new(&[
+        "HOST",
+        "DISK GROUP",
+        "HEALTH",
+        "COMPONENTS",
+        "USED",
+        "RESERVED",
+        "FREE",
+        "TOTAL",
+    ]);
+    for h in hosts {
+        for d in &h.disk_groups {
+            groups.row(vec![
+                h.id.clone(),
+                d.id.clone(),
+                d.health.clone(),
+                d.components.to_string(),
+                format_size(d.capacity.used_bytes),
+                format_size(d.capacity.reserved_bytes),
+                format_size(d.capacity.free_bytes),
+                format_size(d.capacity.total_bytes),
+            ]);
+        }
+    }
+    if !groups.is_empty() {
+        out.push('\n');
+        out.push_str(&groups.render());
+    }
+    out
+}
+
+/// `tessera policy list`.
+pub fn policies(policies: &[Policy]) -> String {
+    let mut t = Table::new(&[
+        "NAME",
+        "FTT",
+        "METHOD",
+        "STRIPE WIDTH",
+        "SPACE RESERVATION",
+        "CHECKSUM",
+    ]);
+    for p in policies {
+        t.row(policy_row(p));
+    }
+    t.render()
+}
+
+fn policy_row(p: &Policy) -> Vec<String> {
+    vec![
+        p.name.to_string(),
+        p.failures_to_tolerate.to_string(),
+        fault_tolerance(p.fault_tolerance).to_string(),
+        p.stripe_width.to_string(),
+        format!("{}%", p.space_reservation_pct),
+        if p.checksum { "on" } else { "off" }.to_string(),
+    ]
+}
+
+/// The line printed after `policy create`.
+pub fn policy_created(p: &Policy) -> String {
+    format!(
+        "created policy {}: FTT={}, {}, {} copies, stripe width {}, {}% space reservation\n",
+        p.name,
+        p.failures_to_tolerate,
+        fault_tolerance(p.fault_tolerance),
+        p.copies(),
+        p.stripe_width,
+        p.space_reservation_pct
+    )
+}
+
+/// `tessera volume list`.
+pub fn volumes(volumes: &[VolumeView]) -> String {
+    let mut t = Table::new(&["NAME", "SIZE", "POLICY", "STATE", "USED", "OWNER", "EPOCH"]);
+    for v in volumes {
+        let (owner, epoch) = owner(&v.owner, v.epoch);
+        t.row(vec![
+            v.name.clone(),
+            format_size(v.size_bytes),
+            v.policy.clone(),
+            health(v.state).to_string(),
+            format_size(v.used_bytes),
+            owner,
+            epoch,
+        ]);
+    }
+    t.render()
+}
+
+/// The line printed after `volume create` or `volume resize`.
+pub fn volume_changed(verb: &str, v: &VolumeView) -> String {
+    let (owner, epoch) = owner(&v.owner, v.epoch);
+    format!(
+        "{verb} volume {}: {}, policy {}, {}, owner {owner} (epoch {epoch})\n",
+        v.name,
+        format_size(v.size_bytes),
+        v.policy,
+        health(v.state)
+    )
+}
+
+fn component_row(prefix: &str, c: &ComponentView) -> Vec<String> {
+    let role = match c.role {
+        ComponentRole::Data => "component",
+        ComponentRole::Witness => "witness",
+    };
+    vec![
+        format!("{prefix}{role} {}", c.id),
+        c.host.clone(),
+        c.disk_group.clone(),
+        c.fault_domain.clone(),
+        component_state(c.state).to_string(),
+        c.votes.to_string(),
+        c.allocated_bytes
+            .map_or_else(|| "unknown".to_string(), format_size),
+        if c.dirty_bytes == 0 {
+            "-".to_string()
+        } else {
+            format_size(c.dirty_bytes)
+        },
+    ]
+}
+
+/// `tessera object show`: the component tree in the shape of RVC's object
+/// info. A volume striped over several columns is a RAID-0 of RAID-1
+/// mirrors; each mirror lists its copies; witnesses hang off the object.
+pub fn object(o: &ObjectView) -> String {
+    let (owner, epoch) = owner(&o.owner, o.epoch);
+    let mut out = format!(
+        "volume {}: {}, policy {}, {}, owner {owner} (epoch {epoch}), layout generation {}\n\n",
+        o.volume,
+        format_size(o.size_bytes),
+        o.policy,
+        health(o.state),
+        o.generation
+    );
+    let mut columns: BTreeMap<Option<usize>, Vec<&ComponentView>> = BTreeMap::new();
+    let mut witnesses = Vec::new();
+    for c in &o.components {
+        match c.role {
+            ComponentRole::Data => columns.entry(c.column).or_default().push(c),
+            ComponentRole::Witness => witnesses.push(c),
+        }
+    }
+    let mut t = Table::new(&[
+        "TREE",
+        "HOST",
+        "DISK GROUP",
+        "FAULT DOMAIN",
+        "STATE",
+        "VOTES",
+        "BYTES",
+        "TO RESYNC",
+    ]);
+    let striped = columns.len() > 1;
+    let indent = if striped {
+        t.row(vec![format!("RAID-0 ({} columns)", columns.len())]);
+        "  "
+    } else {
+        ""
+    };
+    for (column, copies) in &columns {
+        let title = match column {
+            Some(k) => format!("{indent}RAID-1 column {k}"),
+            None => format!("{indent}RAID-1 (column unknown)"),
+        };
+        t.row(vec![title]);
+        for c in copies {
+            t.row(component_row(&format!("{indent}  "), c));
+        }
+    }
+    for w in witnesses {
+        t.row(component_row("", w));
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// `tessera object verify`.
+pub fn verify(r: &VerifyReport) -> String {
+    let verdict = if r.identical {
+        "copies identical"
+    } else {
+        "copies DIFFER"
+    };
+    let mut out = format!(
+        "volume {}: {verdict} ({} compared per copy)\n",
+        r.volume,
+        format_size(r.compared_bytes)
+    );
+    for s in &r.skipped {
+        out.push_str(&format!("skipped: {s}\n"));
+    }
+    if !r.divergences.is_empty() {
+        let mut t = Table::new(&["COLUMN", "OFFSET", "LENGTH", "COMPONENTS"]);
+        for d in &r.divergences {
+            t.row(vec![
+                d.column.to_string(),
+                format!("byte {}", d.component_offset),
+                format_size(d.len),
+                d.components
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&t.render());
+    }
+    out
+}
+
+/// Percent of the work done, rounded down; 100 when there was nothing to do.
+pub fn percent_done(done_bytes: u64, left_bytes: u64) -> u64 {
+    let total = u128::from(done_bytes) + u128::from(left_bytes);
+    if total == 0 {
+        return 100;
+    }
+    (u128::from(done_bytes) * 100 / total) as u64
+}
+
+/// Time left at the current rate, as `1h02m`, `3m05s` or `12s`; `-` when
+/// the rate is zero.
+pub fn eta(left_bytes: u64, rate_bytes_per_s: u64) -> String {
+    if left_bytes == 0 {
+        return "0s".to_string();
+    }
+    if rate_bytes_per_s == 0 {
+        return "-".to_string();
+    }
+    let s = left_bytes.div_ceil(rate_bytes_per_s);
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// `tessera resync list`: progress of every resync and rebuild.
+pub fn resyncs(resyncs: &[ResyncView]) -> String {
+    let mut t = Table::new(&[
+        "VOLUME",
+        "COMPONENT",
+        "HOST",
+        "KIND",
+        "STATE",
+        "PROGRESS",
+        "DONE",
+        "LEFT",
+        "COPIED",
+        "RATE",
+        "ETA",
+    ]);
+    for r in resyncs {
+        let running = r.state == "running";
+        t.row(vec![
+            r.volume.clone(),
+            r.component.to_string(),
+            r.host.clone(),
+            r.kind.clone(),
+            r.state.clone(),
+            format!("{}%", percent_done(r.done_bytes, r.left_bytes)),
+            format_size(r.done_bytes),
+            format_size(r.left_bytes),
+            format_size(r.copied_bytes),
+            format!("{}/s", format_size(r.rate_bytes_per_s)),
+            if running {
+                eta(r.left_bytes, r.rate_bytes_per_s)
+            } else {
+                "-".to_string()
+            },
+        ]);
+    }
+    t.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tessera_node::control::{DiskGroupView, Divergence};
+    use tessera_types::{ComponentId, PolicyName};
+
+    fn copy(id: u64, column: Option<usize>, host: &str, state: ComponentState) -> ComponentView {
+        ComponentView {
+            id: ComponentId(id),
+            role: if column.is_some() {
+                ComponentRole::Data
+            } else {
+                ComponentRole::Witness
+            },
+            column,
+            host: host.to_string(),
+            disk_group: "dg-1".to_string(),
+            fault_domain: format!("fd-{host}"),
+            state,
+            votes: 1,
+            allocated_bytes: if state == ComponentState::Absent {
+                None
+            } else {
+                Some(1 << 20)
+            },
+            dirty_bytes: if state == ComponentState::Resyncing {
+                4096
+            } else {
+                0
+            },
+        }
+    }
+
+    fn object_view(components: Vec<ComponentView>) -> ObjectView {
+        ObjectView {
+            volume: "vol1".to_string(),
+            size_bytes: 10 << 30,
+            policy: "default".to_string(),
+            state: Health::Degraded,
+            owner: Some("host-1".to_string()),
+            epoch: Some(Epoch(3)),
+            generation: 2,
+            components,
+        }
+    }
+
+    #[test]
+    fn a_mirror_prints_as_raid1_with_its_copies_and_the_witness_beside_it() {
+        let text = object(&object_view(vec![
+            copy(1, Some(0), "host-1", ComponentState::Active),
+            copy(2, Some(0), "host-2", ComponentState::Absent),
+            copy(3, None, "host-3", ComponentState::Active),
+        ]));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "volume vol1: 10.0 GiB, policy default, degraded, owner host-1 (epoch 3), layout generation 2"
+        );
+        assert!(lines[2].starts_with("TREE"), "{text}");
+        assert_eq!(lines[3], "RAID-1 column 0");
+        assert!(
+            lines[4].starts_with("  component c0000000000000001  host-1"),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("active") && lines[4].contains("1.0 MiB"),
+            "{text}"
+        );
+        assert!(
+            lines[5].contains("absent") && lines[5].contains("unknown"),
+            "{text}"
+        );
+        assert!(lines[6].starts_with("witness c0000000000000003"), "{text}");
+        assert!(!text.contains("RAID-0"), "one column is not a stripe");
+    }
+
+    #[test]
+    fn a_striped_object_prints_raid0_over_one_mirror_per_column() {
+        let text = object(&object_view(vec![
+            copy(1, Some(0), "host-1", ComponentState::Active),
+            copy(2, Some(0), "host-2", ComponentState::Active),
+            copy(3, Some(1), "host-3", ComponentState::Active),
+            copy(4, Some(1), "host-4", ComponentState::Resyncing),
+            copy(5, None, "host-5", ComponentState::Active),
+        ]));
+        let tree: Vec<&str> = text
+            .lines()
+            .skip(3)
+            .map(|l| l.split("  host-").next().unwrap_or(l).trim_end())
+            .collect();
+        assert_eq!(
+            tree,
+            [
+                "RAID-0 (2 columns)",
+                "  RAID-1 column 0",
+                "    component c0000000000000001",
+                "    component c0000000000000002",
+                "  RAID-1 column 1",
+                "    component c0000000000000003",
+                "    component c0000000000000004",
+                "witness c0000000000000005",
+            ]
+        );
+        assert!(
+            text.contains("4.0 KiB"),
+            "bytes to resync are shown: {text}"
+        );
+    }
+
+    #[test]
+    fn verify_names_where_copies_differ() {
+        let mut report = VerifyReport {
+            volume: "vol1".to_string(),
+            identical: true,
+            compared_bytes: 1 << 30,
+            skipped: vec!["c0000000000000003 on host-3: absent".to_string()],
+            divergences: Vec::new(),
+        };
+        assert_eq!(
+            verify(&report),
+            "volume vol1: copies identical (1.0 GiB compared per copy)\n\
+             skipped: c0000000000000003 on host-3: absent\n"
+        );
+        report.identical = false;
+        report.divergences.push(Divergence {
+            column: 0,
+            component_offset: 8192,
+            len: 4096,
+            components: vec![ComponentId(1), ComponentId(2)],
+        });
+        let text = verify(&report);
+        assert!(text.contains("copies DIFFER"), "{text}");
+        assert!(
+            text.contains("0       byte 8192  4.0 KiB  c0000000000000001 c0000000000000002"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn volume_list_shows_size_policy_state_used_and_owner() {
+        let v = VolumeView {
+            name: "vol1".to_string(),
+            size_bytes: 10 << 30,
+            policy: "default".to_string(),
+            state: Health::Healthy,
+            used_bytes: 3 << 20,
+            owner: None,
+            epoch: None,
+        };
+        assert_eq!(
+            volumes(&[v]),
+            "NAME  SIZE      POLICY   STATE    USED     OWNER  EPOCH\n\
+             vol1  10.0 GiB  default  healthy  3.0 MiB  -      -\n"
+        );
+    }
+
+    #[test]
+    fn policies_show_every_setting() {
+        let mut p = Policy::new(PolicyName::new("gold").expect("name"), 2);
+        p.stripe_width = 3;
+        p.space_reservation_pct = 50;
+        let text = policies(&[p.clone()]);
+        assert_eq!(
+            text.lines().nth(1),
+            Some("gold  2    RAID-1  3             50%                on")
+        );
+        assert_eq!(
+            policy_created(&p),
+            "created policy gold: FTT=2, RAID-1, 3 copies, stripe width 3, 50% space reservation\n"
+        );
+    }
+
+    #[test]
+    fn hosts_list_their_disk_groups() {
+        let h = HostView {
+            id: "host-1".to_string(),
+            fault_domain: "fd-1".to_string(),
+            state: "present".to_string(),
+            transport_addr: "127.0.0.1:9500".to_string(),
+            nbd_addr: "127.0.0.1:10809".to_string(),
+            disk_groups: vec![DiskGroupView {
+                id: "dg-1".to_string(),
+                health: "healthy".to_string(),
+                capacity: CapacityView {
+                    total_bytes: 8 << 30,
+                    used_bytes: 1 << 30,
+                    reserved_bytes: 0,
+                    free_bytes: 7 << 30,
+                },
+                components: 4,
+            }],
+            owned_volumes: vec!["vol1".to_string()],
+        };
+        let text = hosts(&[h]);
+        assert!(
+            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  1            1.0 GiB  8.0 GiB  1 volumes"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "host-1  dg-1        healthy  4           1.0 GiB  0 B       7.0 GiB  8.0 GiB"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn resync_progress_has_done_left_rate_and_time_left() {
+        let r = ResyncView {
+            volume: "vol1".to_string(),
+            component: ComponentId(2),
+            host: "host-2".to_string(),
+            kind: "resync".to_string(),
+            state: "running".to_string(),
+            done_bytes: 3 << 20,
+            left_bytes: 1 << 20,
+            copied_bytes: 512 << 10,
+            rate_bytes_per_s: 1 << 19,
+        };
+        let text = resyncs(&[r]);
+        assert_eq!(
+            text.lines().nth(1),
+            Some("vol1    c0000000000000002  host-2  resync  running  75%       3.0 MiB  1.0 MiB  512.0 KiB  512.0 KiB/s  2s")
+        );
+    }
+
+    #[test]
+    fn eta_reads_in_hours_minutes_seconds() {
+        assert_eq!(eta(0, 0), "0s");
+        assert_eq!(eta(10, 0), "-");
+        assert_eq!(eta(10, 3), "4s");
+        assert_eq!(eta(185, 1), "3m05s");
+        assert_eq!(eta(3720, 1), "1h02m");
+    }
+
+    proptest! {
+        #[test]
+        fn percent_done_is_within_0_to_100_and_grows_with_done(done in any::<u64>(), left in any::<u64>()) {
+            let p = percent_done(done, left);
+            prop_assert!(p <= 100);
+            if left == 0 {
+                prop_assert_eq!(p, 100);
+            }
+            if let Some(more) = done.checked_add(1) {
+                if let Some(less_left) = left.checked_sub(1) {
+                    prop_assert!(percent_done(more, less_left) >= p);
+                }
+            }
+        }
+    }
+}

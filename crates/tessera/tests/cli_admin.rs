@@ -1,0 +1,478 @@
+//! The built `tessera` binary against a REST API served in the test over
+//! loopback (the in-memory control plane of tessera-node's API tests):
+//! exit codes, human and `--json` output, where the CLI finds the API, and
+//! what it says when the API is not there. Also `store check` on real
+//! devices made by the store.
+
+#[path = "../../tessera-node/tests/support/mod.rs"]
+mod support;
+
+use serde_json::Value;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use support::MemoryControl;
+use tessera_node::control::{ClusterControl, ResyncView};
+use tessera_types::ComponentId;
+
+/// A REST API served on a free loopback port until dropped.
+struct ApiServer {
+    url: String,
+    control: Arc<MemoryControl>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    fn start() -> ApiServer {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let control = Arc::new(MemoryControl::new());
+        let served: Arc<dyn ClusterControl> = control.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                tessera_node::api::serve(listener, served, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("serve");
+            });
+        });
+        ApiServer {
+            url,
+            control,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A loopback address nothing listens on: bound, then released.
+fn dead_url() -> String {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("addr");
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// Runs `tessera` with `args`, with `TESSERA_API` set to `env_api` or unset.
+fn tessera_env(args: &[&str], env_api: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    command
+        .args(args)
+        .env_remove("TESSERA_API")
+        .env("RUST_LOG", "warn");
+    if let Some(url) = env_api {
+        command.env("TESSERA_API", url);
+    }
+    command.output().expect("run tessera")
+}
+
+/// Runs `tessera --api URL args...`.
+fn tessera(server: &ApiServer, args: &[&str]) -> Output {
+    let mut all = vec!["--api", server.url.as_str()];
+    all.extend_from_slice(args);
+    tessera_env(&all, None)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited, not killed")
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+#[test]
+fn policies_and_volumes_are_created_listed_resized_and_deleted() {
+    let api = ApiServer::start();
+    let created = tessera(
+        &api,
+        &[
+            "policy",
+            "create",
+            "gold",
+            "--ftt",
+            "1",
+            "--stripe-width",
+            "2",
+        ],
+    );
+    assert_eq!(code(&created), 0, "{}", stderr(&created));
+    assert_eq!(
+        stdout(&created),
+        "created policy gold: FTT=1, RAID-1, 2 copies, stripe width 2, 0% space reservation\n"
+    );
+    let list = tessera(&api, &["policy", "list"]);
+    assert!(
+        stdout(&list).contains("gold     1    RAID-1  2"),
+        "{}",
+        stdout(&list)
+    );
+
+    let vol = tessera(
+        &api,
+        &[
+            "volume", "create", "vol1", "--size", "10G", "--policy", "gold",
+        ],
+    );
+    assert_eq!(code(&vol), 0, "{}", stderr(&vol));
+    let text = stdout(&vol);
+    assert!(
+        text.starts_with(
+            "created volume vol1: 10.0 GiB, policy gold, healthy, owner host-1 (epoch 1)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("attach with: nbd://127.0.0.1:10809/vol1"),
+        "{text}"
+    );
+
+    api.control.set_used("vol1", 3 << 20);
+    let list = tessera(&api, &["volume", "list"]);
+    assert_eq!(
+        stdout(&list),
+        "NAME  SIZE      POLICY  STATE    USED     OWNER   EPOCH\n\
+         vol1  10.0 GiB  gold    healthy  3.0 MiB  host-1  1\n"
+    );
+    let listed = json(&tessera(&api, &["volume", "list", "--json"]));
+    assert_eq!(listed[0]["size_bytes"], 10_u64 << 30);
+    assert_eq!(listed[0]["used_bytes"], 3_u64 << 20);
+
+    let resized = tessera(&api, &["volume", "resize", "vol1", "--size", "20G"]);
+    assert_eq!(code(&resized), 0, "{}", stderr(&resized));
+    assert!(stdout(&resized).starts_with("resized volume vol1: 20.0 GiB"));
+
+    let deleted = tessera(&api, &["volume", "delete", "vol1"]);
+    assert_eq!(
+        (code(&deleted), stdout(&deleted)),
+        (0, "deleted volume vol1\n".to_string())
+    );
+    let deleted_json = tessera(&api, &["--json", "volume", "delete", "vol1"]);
+    assert_eq!(code(&deleted_json), 1, "already gone");
+    assert_eq!(
+        json(&tessera(&api, &["volume", "list", "--json"])),
+        Value::Array(Vec::new())
+    );
+}
+
+#[test]
+fn refusals_print_the_api_message_on_stderr_and_exit_1() {
+    let api = ApiServer::start();
+    assert_eq!(
+        code(&tessera(
+            &api,
+            &["volume", "create", "vol1", "--size", "1G"]
+        )),
+        0
+    );
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["volume", "create", "vol1", "--size", "1G"],
+            "volume vol1 already exists",
+        ),
+        (
+            &[
+                "volume", "create", "vol2", "--size", "1G", "--policy", "platinum",
+            ],
+            "no policy named \"platinum\"",
+        ),
+        (
+            &["policy", "create", "ftt2", "--ftt", "2"],
+            "FTT=2 with RAID-1 needs 5 fault domains, cluster has 4",
+        ),
+        (
+            &["volume", "create", "odd", "--size", "1000"],
+            "multiple of 4096",
+        ),
+        (&["object", "show", "nope"], "no volume named \"nope\""),
+    ];
+    for (args, message) in cases {
+        let o = tessera(&api, args);
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.starts_with("error: ") && err.contains(message),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert_eq!(stdout(&o), "", "{args:?}: nothing on stdout");
+    }
+    let list = json(&tessera(&api, &["volume", "list", "--json"]));
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(1),
+        "refusals changed nothing"
+    );
+}
+
+#[test]
+fn usage_mistakes_exit_2_without_asking_the_api() {
+    let api = ApiServer::start();
+    for args in [
+        &["volume", "create", "v", "--size", "ten"][..],
+        &["policy", "create", "p"][..],
+        &["volume", "frobnicate"][..],
+    ] {
+        let o = tessera(&api, args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    }
+    let bad_url = tessera_env(&["--api", "localhost:9480", "status"], None);
+    assert_eq!(code(&bad_url), 2, "{}", stderr(&bad_url));
+    assert!(stderr(&bad_url).contains("must start with http://"));
+    assert_eq!(
+        json(&tessera(&api, &["volume", "list", "--json"])),
+        Value::Array(Vec::new())
+    );
+}
+
+#[test]
+fn an_unreachable_api_exits_3_with_a_hint() {
+    let dead = dead_url();
+    let o = tessera_env(&["--api", &dead, "status"], None);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("cannot reach the Tessera API at {dead}")),
+        "{err}"
+    );
+    assert!(err.contains("is `tessera up` running?"), "{err}");
+    assert_eq!(stdout(&o), "");
+}
+
+#[test]
+fn the_api_flag_wins_over_the_environment_which_wins_over_the_default() {
+    let api = ApiServer::start();
+    let dead = dead_url();
+    let from_env = tessera_env(&["volume", "list", "--json"], Some(&api.url));
+    assert_eq!(
+        code(&from_env),
+        0,
+        "TESSERA_API is used: {}",
+        stderr(&from_env)
+    );
+
+    let flag_over_env = tessera_env(&["--api", &dead, "volume", "list"], Some(&api.url));
+    assert_eq!(code(&flag_over_env), 3, "--api wins over TESSERA_API");
+    assert!(stderr(&flag_over_env).contains(&dead));
+
+    let flag_after_verb = tessera_env(&["volume", "list", "--api", &api.url], Some(&dead));
+    assert_eq!(code(&flag_after_verb), 0, "{}", stderr(&flag_after_verb));
+
+    let help = tessera_env(&["--help"], None);
+    assert!(
+        stdout(&help).contains("http://127.0.0.1:9480"),
+        "the default is documented: {}",
+        stdout(&help)
+    );
+}
+
+#[test]
+fn object_show_prints_the_tree_and_verify_exits_1_on_divergence() {
+    let api = ApiServer::start();
+    assert_eq!(
+        code(&tessera(
+            &api,
+            &["volume", "create", "vol1", "--size", "1G"]
+        )),
+        0
+    );
+    let show = tessera(&api, &["object", "show", "vol1"]);
+    assert_eq!(code(&show), 0, "{}", stderr(&show));
+    let text = stdout(&show);
+    let tree: Vec<&str> = text
+        .lines()
+        .skip(3)
+        .map(|l| l.split("  host-").next().unwrap_or(l).trim_end())
+        .collect();
+    assert_eq!(
+        tree,
+        [
+            "RAID-1 column 0",
+            "  component c0000000000000001",
+            "  component c0000000000000002",
+            "witness c0000000000000003",
+        ],
+        "{text}"
+    );
+    let shown = json(&tessera(&api, &["object", "show", "vol1", "--json"]));
+    assert_eq!(shown["components"][2]["role"], "witness");
+
+    let same = tessera(&api, &["object", "verify", "vol1"]);
+    assert_eq!(code(&same), 0, "{}", stderr(&same));
+    assert!(stdout(&same).contains("copies identical"));
+
+    api.control.make_divergent("vol1");
+    let differ = tessera(&api, &["object", "verify", "vol1"]);
+    assert_eq!(code(&differ), 1);
+    assert!(
+        stdout(&differ).contains("byte 8192  4.0 KiB"),
+        "{}",
+        stdout(&differ)
+    );
+    assert_eq!(
+        stderr(&differ),
+        "error: volume vol1: copies differ in 1 place(s)\n"
+    );
+    let differ_json = tessera(&api, &["object", "verify", "vol1", "--json"]);
+    assert_eq!(code(&differ_json), 1);
+    assert_eq!(json(&differ_json)["identical"], false);
+}
+
+#[test]
+fn host_stop_and_start_show_in_status_and_host_list() {
+    let api = ApiServer::start();
+    let stop = tessera(&api, &["host", "stop", "host-2"]);
+    assert_eq!(
+        (code(&stop), stdout(&stop)),
+        (0, "stopped host host-2\n".to_string())
+    );
+    let status = tessera(&api, &["status"]);
+    let text = stdout(&status);
+    assert!(
+        text.starts_with("cluster tessera: degraded\ncapacity: 32.0 GiB total"),
+        "{text}"
+    );
+    assert!(text.contains("host-2  fd-2          stopped"), "{text}");
+    let again = tessera(&api, &["host", "stop", "host-2"]);
+    assert_eq!(code(&again), 1);
+    assert_eq!(stderr(&again), "error: host host-2 is already stopped\n");
+
+    let start = tessera(&api, &["--json", "host", "start", "host-2"]);
+    assert_eq!((code(&start), stdout(&start)), (0, String::new()));
+    let hosts = json(&tessera(&api, &["host", "list", "--json"]));
+    assert_eq!(hosts[1]["state"], "present");
+    let list = stdout(&tessera(&api, &["host", "list"]));
+    assert!(list.contains("DISK GROUP"), "{list}");
+    let status = json(&tessera(&api, &["status", "--json"]));
+    assert_eq!(status["health"], "healthy");
+}
+
+#[test]
+fn resync_list_shows_progress() {
+    let api = ApiServer::start();
+    let none = tessera(&api, &["resync", "list"]);
+    assert_eq!(stdout(&none), "no resyncs or rebuilds\n");
+    api.control.add_resync(ResyncView {
+        volume: "vol1".to_string(),
+        component: ComponentId(2),
+        host: "host-2".to_string(),
+        kind: "resync".to_string(),
+        state: "running".to_string(),
+        done_bytes: 64 << 20,
+        left_bytes: 192 << 20,
+        copied_bytes: 8 << 20,
+        rate_bytes_per_s: 32 << 20,
+    });
+    let text = stdout(&tessera(&api, &["resync", "list"]));
+    let row = text.lines().nth(1).unwrap_or_default();
+    for cell in [
+        "25%",
+        "64.0 MiB",
+        "192.0 MiB",
+        "8.0 MiB",
+        "32.0 MiB/s",
+        "6s",
+    ] {
+        assert!(row.contains(cell), "{cell} missing: {text}");
+    }
+    let listed = json(&tessera(&api, &["resync", "list", "--json"]));
+    assert_eq!(listed[0]["left_bytes"], 192_u64 << 20);
+    let status = stdout(&tessera(&api, &["status"]));
+    assert!(status.contains("RESYNCS (1 running)"), "{status}");
+}
+
+#[test]
+fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
+    use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = DiskGroupConfig {
+        id: tessera_types::DiskGroupId::new("dg-1").expect("name"),
+        cache: DeviceSpec {
+            path: dir.path().join("cache"),
+            size_bytes: 24 << 20,
+        },
+        capacity: vec![DeviceSpec {
+            path: dir.path().join("cap0"),
+            size_bytes: 32 << 20,
+        }],
+        index_cache_bytes: 1 << 20,
+        direct_io: false,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let group = DiskGroup::create(config.clone()).await.expect("create");
+        group
+            .create_component(ComponentId(7), 1 << 20, 0)
+            .await
+            .expect("component");
+        group.settle().await.expect("settle");
+    });
+    let cache = config.cache.path.to_string_lossy().into_owned();
+    let cap = config.capacity[0].path.to_string_lossy().into_owned();
+
+    let clean = tessera_env(&["store", "check", &cache, &cap], None);
+    assert_eq!(code(&clean), 0, "{}{}", stdout(&clean), stderr(&clean));
+    assert!(
+        stdout(&clean).ends_with("0 problem(s)\n"),
+        "{}",
+        stdout(&clean)
+    );
+    let clean_json = json(&tessera_env(
+        &["store", "check", "--json", &cache, &cap],
+        None,
+    ));
+    assert_eq!(clean_json["clean"], true);
+    assert_eq!(clean_json["components"], 1);
+
+    let mut bytes = std::fs::read(&cap).expect("read capacity device");
+    bytes[..4096].fill(0x5a);
+    std::fs::write(&cap, &bytes).expect("damage the capacity device");
+    let damaged = tessera_env(&["store", "check", &cache, &cap], None);
+    assert_eq!(code(&damaged), 1, "{}", stdout(&damaged));
+    assert!(stdout(&damaged).contains("PROBLEM"), "{}", stdout(&damaged));
+    assert!(
+        stderr(&damaged).contains("problem(s) found on"),
+        "{}",
+        stderr(&damaged)
+    );
+
+    let missing = tessera_env(&["store", "check", "/nonexistent/tessera-device"], None);
+    assert_eq!(code(&missing), 1);
+    assert!(
+        stdout(&missing).contains("cannot open"),
+        "{}",
+        stdout(&missing)
+    );
+}
