@@ -148,7 +148,13 @@ impl VolumeHandle {
             match self.route_now() {
                 Some(Route::Local(c)) => {
                     let response = execute(&c, request.clone()).await;
-                    if c.superseded().is_none() {
+                    let still_owner = c.superseded().is_none()
+                        && self
+                            .owned
+                            .read()
+                            .get(&self.volume)
+                            .is_some_and(|o| Arc::ptr_eq(o, &c));
+                    if still_owner || !(idempotent && is_unavailable(&response)) {
                         return Ok(response);
                     }
                     last = format!("{response:?}");
@@ -163,6 +169,11 @@ impl VolumeHandle {
                             kind: WireErrorKind::NotOwner,
                             message,
                         }) => last = message,
+                        // The owner is stepping down or lost quorum for a
+                        // moment: a new owner may serve it shortly.
+                        Ok(response) if idempotent && is_unavailable(&response) => {
+                            last = format!("{response:?}");
+                        }
                         Ok(response) => return Ok(response),
                         Err(e) if idempotent => last = e.to_string(),
                         Err(e) => {
@@ -187,6 +198,16 @@ impl VolumeHandle {
             tokio::time::sleep(ROUTE_RETRY).await;
         }
     }
+}
+
+fn is_unavailable(response: &Response) -> bool {
+    matches!(
+        response,
+        Response::Error {
+            kind: WireErrorKind::Unavailable | WireErrorKind::NotOwner,
+            ..
+        }
+    )
 }
 
 fn expect_ok(response: Response) -> Result<(), BlockError> {

@@ -307,3 +307,69 @@ async fn bad_requests_are_refused_and_change_nothing() {
     assert_eq!(after.len(), before.len() + 1, "only volume d was created");
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fio_verify_survives_the_owner_host_stopping_and_ownership_moves() {
+    if !have("fio") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: "db".into(),
+            size_bytes: 256 << 20,
+            policy: None,
+        })
+        .await
+        .expect("volume created");
+    let view = cluster
+        .wait_for("db", "an owner", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let owner = view.owner.clone().unwrap();
+    let first_epoch = view.epoch.unwrap();
+    // The client attaches through a host that is not the owner: its I/O is
+    // forwarded, and keeps flowing when the owner dies.
+    let entry = ["host-1", "host-2", "host-3", "host-4"]
+        .into_iter()
+        .find(|h| *h != owner)
+        .unwrap();
+    let fio = fio(&cluster.nbd_uri(entry, "db"), 20);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.control.stop_host(&owner).await.unwrap();
+    let moved = cluster
+        .wait_for("db", "a new owner", |v| {
+            v.owner.as_deref().is_some_and(|o| o != owner)
+        })
+        .await;
+    assert!(
+        moved.epoch.unwrap() > first_epoch,
+        "the epoch rises with the new owner"
+    );
+    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "fio failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!(
+        "ownership moved from {owner} ({first_epoch}) to {} ({})",
+        moved.owner.unwrap(),
+        moved.epoch.unwrap()
+    );
+    cluster.control.start_host(&owner).await.unwrap();
+    cluster
+        .wait_for("db", "the old owner's copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    let report = cluster.control.verify_object("db").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+}
