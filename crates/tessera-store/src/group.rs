@@ -560,7 +560,8 @@ impl DiskGroup {
 
     /// Reads blocks, each verified against its CRC32C. Unwritten blocks read
     /// as zeros. A block that fails its checksum fails the whole read with
-    /// [`StoreError::Checksum`] naming it; no data is returned.
+    /// [`StoreError::Checksum`] naming it; no data is returned. At most
+    /// 4 x [`WRITE_BYTES_MAX`] bytes per call.
     pub async fn read(&self, id: ComponentId, lba: Lba, blocks: u32) -> Result<Bytes, StoreError> {
         let n = blocks as u64;
         if n == 0 {
@@ -754,7 +755,8 @@ impl DiskGroup {
         Self::wait(rx).await
     }
 
-    /// The component's highest epoch.
+    /// The component's highest epoch (an error only if the component does
+    /// not exist or has failed).
     pub fn epoch(&self, id: ComponentId) -> Result<Epoch, StoreError> {
         let st = self.shared.state.lock();
         Ok(Epoch(st.component(id)?.highest_epoch))
