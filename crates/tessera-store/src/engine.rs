@@ -40,11 +40,12 @@ pub(crate) const COMMIT_BLOCKS_MAX: u64 = 1024;
 pub(crate) const OVERLAY_BYTES_MAX: u64 = 128 << 20;
 
 /// Threads writing index pages during a checkpoint (the device queue depth
-/// the checkpoint uses).
-const CHECKPOINT_WRITERS: usize = 8;
+/// the checkpoint uses). Kept low: every page write in flight delays the
+/// write log's next sync, which waits for the device to drain.
+const CHECKPOINT_WRITERS: usize = 2;
 
 /// Blocks the destager moves per pass (one allocation, one set of writes).
-pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 2048;
+pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
 
 /// Longest a change waits in the index cache before a checkpoint, in time.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
