@@ -37,6 +37,28 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Starts the same cluster again on the same data directory.
+    async fn restart(self) -> Cluster {
+        self.control.hosts().stop_all().await;
+        drop(self.control);
+        // The previous instance's directory closes when its last user goes.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let control = loop {
+            match up::start(&self.config).await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline && e.to_string().contains("already open") => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("cluster restarts: {e}"),
+            }
+        };
+        Cluster {
+            control,
+            config: self.config,
+            _dir: self._dir,
+        }
+    }
+
     async fn start(repair_delay_s: u64) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         // A loopback range and ports of its own, so tests and a running
@@ -371,5 +393,134 @@ async fn fio_verify_survives_the_owner_host_stopping_and_ownership_moves() {
         .await;
     let report = cluster.control.verify_object("db").await.unwrap();
     assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
+    if !have("fio") {
+        return;
+    }
+    let cluster = Cluster::start(2).await;
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: "r".into(),
+            size_bytes: 128 << 20,
+            policy: None,
+        })
+        .await
+        .unwrap();
+    let view = cluster
+        .wait_for("r", "an owner", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let owner = view.owner.clone().unwrap();
+    let used: Vec<String> = view.components.iter().map(|c| c.host.clone()).collect();
+    let lost = view
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && c.host != owner)
+        .unwrap()
+        .clone();
+    let fio = fio(&cluster.nbd_uri(&owner, "r"), 12);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.control.stop_host(&lost.host).await.unwrap();
+    let rebuilt = cluster
+        .wait_for("r", "a rebuilt copy", |v| {
+            v.state == Health::Healthy && v.components.iter().all(|c| c.id != lost.id)
+        })
+        .await;
+    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let new_host = rebuilt
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && !used.contains(&c.host))
+        .map(|c| c.host.clone());
+    assert!(
+        new_host.is_some(),
+        "the copy moved to a host that held nothing: {rebuilt:#?}"
+    );
+    let report = cluster.control.verify_object("r").await.unwrap();
+    assert!(report.identical, "{report:?}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
+    if !have("qemu-img") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: "keep".into(),
+            size_bytes: 64 << 20,
+            policy: None,
+        })
+        .await
+        .unwrap();
+    cluster
+        .wait_for("keep", "an owner", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let image = cluster._dir.path().join("image.raw");
+    let data: Vec<u8> = (0..(64u32 << 20) / 4)
+        .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
+        .collect();
+    std::fs::write(&image, &data).unwrap();
+    let uri = cluster.nbd_uri("host-2", "keep");
+    let image_arg = image.display().to_string();
+    let (uri2, image2) = (uri.clone(), image_arg.clone());
+    let status = tokio::task::spawn_blocking(move || {
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw", &image2, &uri2])
+            .status()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "qemu-img convert onto the volume");
+    let cluster = cluster.restart().await;
+    let view = cluster
+        .wait_for("keep", "an owner after restart", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    assert_eq!(view.size_bytes, 64 << 20);
+    let uri = cluster.nbd_uri("host-3", "keep");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw", &image_arg, &uri])
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "data after restart differs: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        cluster
+            .control
+            .verify_object("keep")
+            .await
+            .unwrap()
+            .identical
+    );
     cluster.stop().await;
 }
