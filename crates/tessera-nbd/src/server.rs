@@ -62,6 +62,9 @@ const READ_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 const READ_SPARE_BYTES: usize = 64 * 1024;
 /// Growth step of the reply header buffer, in bytes.
 const HEADER_BUFFER_BYTES: usize = 64 * 1024;
+/// Reply bytes queued before the connection stops starting requests and
+/// sends: about four 256 KiB reads.
+const MAX_QUEUED_REPLY_BYTES: usize = 1024 * 1024;
 /// Buffers handed to one vectored write.
 const MAX_IOVECS: usize = 64;
 
@@ -275,6 +278,8 @@ struct Completion {
 struct OutQueue {
     head: BytesMut,
     chunks: VecDeque<Bytes>,
+    /// Bytes in `chunks`.
+    chunk_bytes: usize,
 }
 
 impl OutQueue {
@@ -282,6 +287,7 @@ impl OutQueue {
         OutQueue {
             head: BytesMut::with_capacity(HEADER_BUFFER_BYTES),
             chunks: VecDeque::new(),
+            chunk_bytes: 0,
         }
     }
 
@@ -295,6 +301,7 @@ impl OutQueue {
     fn data(&mut self, data: Bytes) {
         self.seal();
         if !data.is_empty() {
+            self.chunk_bytes += data.len();
             self.chunks.push_back(data);
         }
     }
@@ -302,12 +309,17 @@ impl OutQueue {
     fn seal(&mut self) {
         if !self.head.is_empty() {
             let sealed = self.head.split().freeze();
+            self.chunk_bytes += sealed.len();
             self.chunks.push_back(sealed);
         }
     }
 
     fn is_empty(&self) -> bool {
         self.head.is_empty() && self.chunks.is_empty()
+    }
+
+    fn queued_bytes(&self) -> usize {
+        self.head.len() + self.chunk_bytes
     }
 
     /// Writes as much as the socket takes without waiting; `Ok(false)` when
@@ -332,6 +344,7 @@ impl OutQueue {
     }
 
     fn advance(&mut self, mut n: usize) {
+        self.chunk_bytes -= n.min(self.chunk_bytes);
         while n > 0 {
             let Some(front) = self.chunks.front_mut() else {
                 return;
@@ -435,6 +448,13 @@ impl<'a> Connection<'a> {
     /// bound); returns true when the client asked to disconnect.
     async fn start_requests(&mut self) -> Result<bool, Failure> {
         while self.inflight.len() < MAX_IN_FLIGHT {
+            if self.out.queued_bytes() >= MAX_QUEUED_REPLY_BYTES {
+                // Send before copying more: replies go out while their data
+                // is still in cache, and the client works while we copy.
+                if !self.out.write_now(self.stream)? {
+                    return Ok(false);
+                }
+            }
             let Some((header, payload)) = self.next_request()? else {
                 return Ok(false);
             };
