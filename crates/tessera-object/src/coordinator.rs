@@ -473,7 +473,7 @@ impl Coordinator {
                 }
                 Err((failed, e)) => {
                     if failed == id {
-                        self.mark_missed(&[id], column, start, count);
+                        self.mark_missed(&[id], start, count);
                         let _ = self.record().await;
                     }
                     return Err(fail(e));
@@ -687,8 +687,7 @@ impl Coordinator {
             {
                 Ok(data) => {
                     if !checksum_failed.is_empty() {
-                        self.repair(column, block, count, &data, &checksum_failed)
-                            .await;
+                        self.repair(column, block, count, &checksum_failed).await;
                     }
                     return Ok(data);
                 }
@@ -698,7 +697,7 @@ impl Coordinator {
                 }
                 Err(e) => {
                     last_error = Some(e.to_string());
-                    self.mark_missed(&[c.id], column, 0, 0);
+                    self.mark_missed(&[c.id], 0, 0);
                     let _ = self.record().await;
                 }
             }
@@ -726,15 +725,20 @@ impl Coordinator {
 
     /// Rewrites good data over copies that failed their checksum, under the
     /// range lock so a concurrent client write cannot be overwritten by it.
+    /// When the range is locked (by a write whose read-modify-write or
+    /// COMPARE AND WRITE found the bad block, or by any other writer), the
+    /// repair is left to the next read or the scrubber rather than waiting,
+    /// which could wait on ourselves.
     async fn repair(
         &self,
         column: usize,
         block: u64,
         count: u64,
-        _seen: &Bytes,
         bad_copies: &[ComponentPlacement],
     ) {
-        let _guard = self.columns[column].lock(block, block + count).await;
+        let Some(_guard) = self.columns[column].try_lock(block, block + count) else {
+            return;
+        };
         let Some(good) = self
             .readable_copies(column)
             .into_iter()
@@ -799,7 +803,7 @@ impl Coordinator {
 
     /// Records that `ids` missed column blocks `[start, start+count)`:
     /// they become Absent (if they were receiving writes) and the range dirty.
-    fn mark_missed(&self, ids: &[ComponentId], _column: usize, start: u64, count: u64) {
+    fn mark_missed(&self, ids: &[ComponentId], start: u64, count: u64) {
         let mut state = self.state.lock();
         for &id in ids {
             let current = state.layout.component(id).map(|c| c.state);
@@ -908,12 +912,12 @@ impl Coordinator {
                 }
                 Err(ComponentError::NoSpace { .. }) => {
                     failure.get_or_insert(BlockError::NoSpace { offset: start, len });
-                    self.mark_missed(&[c.id], column, block, count);
+                    self.mark_missed(&[c.id], block, count);
                     state_changed = true;
                 }
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, component = %c.id, host = %c.host, error = %e, "copy missed a write; continuing degraded");
-                    self.mark_missed(&[c.id], column, block, count);
+                    self.mark_missed(&[c.id], block, count);
                     state_changed = true;
                 }
             }

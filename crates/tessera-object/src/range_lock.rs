@@ -52,6 +52,24 @@ impl RangeLock {
         }
     }
 
+    /// Holds `[start, end)` if no held range overlaps it now, without waiting.
+    pub fn try_lock(self: &Arc<Self>, start: u64, end: u64) -> Option<RangeGuard> {
+        let ticket = {
+            let mut next = self.next_ticket.lock();
+            *next += 1;
+            *next
+        };
+        let mut held = self.held.lock();
+        if held.iter().any(|&(s, e, _)| s < end && start < e) {
+            return None;
+        }
+        held.push((start, end, ticket));
+        Some(RangeGuard {
+            lock: Arc::clone(self),
+            ticket,
+        })
+    }
+
     /// Number of ranges held now.
     pub fn held(&self) -> usize {
         self.held.lock().len()

@@ -527,3 +527,67 @@ async fn striped_layout_round_trips() {
         .unwrap();
     assert_eq!(coord.read(512 * 1024, 3 << 20).await.unwrap(), data);
 }
+
+#[tokio::test]
+async fn a_bad_block_met_under_a_range_lock_does_not_deadlock() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    coord
+        .write(0, pattern(5, 8192), WriteFlags::default())
+        .await
+        .unwrap();
+    comps
+        .replicas
+        .lock()
+        .get_mut(&ComponentId(1))
+        .unwrap()
+        .corrupt
+        .insert(0);
+    comps
+        .replicas
+        .lock()
+        .get_mut(&ComponentId(2))
+        .unwrap()
+        .corrupt
+        .remove(&0);
+    // A partial write reads the bad block (read-modify-write) with the range
+    // locked; COMPARE AND WRITE compares it with the range locked.
+    for _ in 0..2 {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            coord.write(100, pattern(7, 10), WriteFlags::default()),
+        )
+        .await
+        .expect("no deadlock")
+        .unwrap();
+    }
+    comps
+        .replicas
+        .lock()
+        .get_mut(&ComponentId(2))
+        .unwrap()
+        .corrupt
+        .insert(1);
+    let current = coord.read(4096, 512).await.unwrap();
+    comps
+        .replicas
+        .lock()
+        .get_mut(&ComponentId(1))
+        .unwrap()
+        .corrupt
+        .insert(1);
+    comps
+        .replicas
+        .lock()
+        .get_mut(&ComponentId(2))
+        .unwrap()
+        .corrupt
+        .remove(&1);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        coord.compare_and_write(4096, current, pattern(8, 512)),
+    )
+    .await
+    .expect("no deadlock")
+    .unwrap();
+    assert_eq!(coord.read(4096, 512).await.unwrap(), pattern(8, 512));
+}
