@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     pub(crate) log_space: Condvar,
     pub(crate) stop: AtomicBool,
     pub(crate) ack_before_durable: AtomicBool,
+    /// 1 while a read runs on its caller's thread (see `DiskGroup::fetch`).
+    pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
     pub(crate) scrub: ScrubCounters,
 }
 

@@ -607,8 +607,21 @@ impl DiskGroup {
             .iter()
             .filter(|s| matches!(s, Source::Disk(..)))
             .count();
+        // A lone read runs on the calling thread: handing it to the blocking
+        // pool and back costs two cross-core wake-ups, more than the read.
+        // Concurrent reads go to the pool so they reach the device together.
+        let alone = disk_blocks == 1
+            && self
+                .shared
+                .reads_in_flight
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
         let result = if disk_blocks == 0 {
             assemble(&shared, lba, plan)
+        } else if alone {
+            let r = assemble(&shared, lba, plan);
+            self.shared.reads_in_flight.store(0, Ordering::Release);
+            r
         } else {
             tokio::task::spawn_blocking(move || assemble(&shared, lba, plan))
                 .await
@@ -1023,6 +1036,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         log_space: Condvar::new(),
         stop: AtomicBool::new(false),
         ack_before_durable: AtomicBool::new(false),
+        reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
         scrub: ScrubCounters::default(),
     });
     let replayed = recovery::replay(&shared)?;
