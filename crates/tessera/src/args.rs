@@ -55,6 +55,10 @@ pub enum Command {
     /// Offline tools for a host's devices.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Run a whole cluster in this process on file-backed devices.
+    Up(crate::daemon::UpArgs),
+    /// Run one host from its configuration file.
+    Node(crate::daemon::NodeArgs),
 }
 
 /// `tessera host ...`

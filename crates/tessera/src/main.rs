@@ -3,7 +3,8 @@
 //! Owns: the process: argument parsing, logging, and the exit code. Admin
 //! verbs (`status`, `host`, `policy`, `volume`, `object`, `resync`) talk
 //! to the REST API over HTTP and print its answers; `store check` reads a
-//! stopped host's devices offline.
+//! stopped host's devices offline; `up` and `node` run the node library's
+//! daemons until Ctrl-C or SIGTERM.
 //! Must not touch: engine logic. The binary decides nothing about the
 //! cluster: every admin verb is one API request.
 //! Invariant: exit 0 on success, 1 when the API refused or the command
@@ -12,6 +13,7 @@
 
 mod args;
 mod client;
+mod daemon;
 mod render;
 mod table;
 mod verbs;
@@ -24,16 +26,10 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let result = {
-        let stdout = std::io::stdout();
-        let mut lock = stdout.lock();
-        let mut output = verbs::Output {
-            json: cli.json,
-            out: &mut lock,
-        };
-        let result = verbs::run(&cli.command, &cli.api, &mut output);
-        let _ = lock.flush();
-        result
+    let result = match &cli.command {
+        args::Command::Up(up) => daemon::up(up),
+        args::Command::Node(node) => daemon::node(node),
+        command => run_admin(command, &cli.api, cli.json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -42,6 +38,19 @@ fn main() -> ExitCode {
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }
+}
+
+/// Runs an admin verb, printing to stdout.
+fn run_admin(command: &args::Command, api: &str, json: bool) -> Result<(), client::CliError> {
+    let stdout = std::io::stdout();
+    let mut lock = stdout.lock();
+    let mut output = verbs::Output {
+        json,
+        out: &mut lock,
+    };
+    let result = verbs::run(command, api, &mut output);
+    let _ = lock.flush();
+    result
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), so stdout

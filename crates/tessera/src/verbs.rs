@@ -64,6 +64,12 @@ impl Output<'_> {
 pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), CliError> {
     let client = match command {
         Command::Store(StoreCommand::Check { paths }) => return store_check(paths, output),
+        Command::Up(_) | Command::Node(_) => {
+            return Err(CliError::Usage(
+                "`tessera up` and `tessera node` run daemons; they are not API requests"
+                    .to_string(),
+            ))
+        }
         _ => ApiClient::new(api)?,
     };
     match command {
@@ -163,7 +169,7 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             })?;
         }
         // Answered above, without the API.
-        Command::Store(_) => {}
+        Command::Store(_) | Command::Up(_) | Command::Node(_) => {}
     }
     Ok(())
 }
