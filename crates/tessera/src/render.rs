@@ -5,7 +5,7 @@
 //! returns text, so it is tested without a cluster.
 //! Invariant: sizes are printed with [`format_size`] (binary units), a value
 //! the API did not know is printed as `-` (or `unknown` for bytes of an
-//! unreachable copy), never as a made-up zero.
+//! unreachable data copy), never as a made-up zero.
 
 use crate::table::Table;
 use std::collections::BTreeMap;
@@ -95,7 +95,7 @@ fn host_table(hosts: &[HostView]) -> String {
         "DISK GROUPS",
         "USED",
         "TOTAL",
-        "OWNS",
+        "OWNED VOLUMES",
     ]);
     for h in hosts {
         let used: u64 = h.disk_groups.iter().map(|d| d.capacity.used_bytes).sum();
@@ -109,7 +109,7 @@ fn host_table(hosts: &[HostView]) -> String {
             h.disk_groups.len().to_string(),
             format_size(used),
             format_size(total),
-            format!("{} volumes", h.owned_volumes.len()),
+            h.owned_volumes.len().to_string(),
         ]);
     }
     t.render()
@@ -231,8 +231,12 @@ fn component_row(prefix: &str, c: &ComponentView) -> Vec<String> {
         c.fault_domain.clone(),
         component_state(c.state).to_string(),
         c.votes.to_string(),
-        c.allocated_bytes
-            .map_or_else(|| "unknown".to_string(), format_size),
+        match (c.role, c.allocated_bytes) {
+            (_, Some(bytes)) => format_size(bytes),
+            // A witness holds votes, not data.
+            (ComponentRole::Witness, None) => "-".to_string(),
+            (ComponentRole::Data, None) => "unknown".to_string(),
+        },
         if c.dirty_bytes == 0 {
             "-".to_string()
         } else {
@@ -593,7 +597,7 @@ mod tests {
         };
         let text = hosts(&[h]);
         assert!(
-            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  1            1.0 GiB  8.0 GiB  1 volumes"),
+            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  1            1.0 GiB  8.0 GiB  1"),
             "{text}"
         );
         assert!(
