@@ -166,8 +166,7 @@ pub enum StoreCommand {
 
 /// Parses a human size for clap, naming the accepted forms when it fails.
 pub fn parse_size_arg(text: &str) -> Result<u64, String> {
-    tessera_types::parse_size(text)
-        .map_err(|e| format!("{e} (write a number with an optional unit: 4096, 512K, 10G, 1.5T)"))
+    tessera_types::parse_size(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -181,10 +181,20 @@ impl ApiClient {
                 let text = response.into_string().unwrap_or_default();
                 Err(refusal(url, code, &text))
             }
-            Err(ureq::Error::Transport(t)) => Err(CliError::Unreachable {
-                url: self.base.clone(),
-                reason: t.to_string(),
-            }),
+            Err(ureq::Error::Transport(t)) => {
+                // ureq's own text repeats the URL; say what failed once.
+                let mut reason = t.kind().to_string();
+                if let Some(m) = t.message() {
+                    reason = format!("{reason}: {m}");
+                }
+                if let Some(source) = std::error::Error::source(&t) {
+                    reason = format!("{reason}: {source}");
+                }
+                Err(CliError::Unreachable {
+                    url: self.base.clone(),
+                    reason,
+                })
+            }
         }
     }
 }
