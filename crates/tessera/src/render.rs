@@ -363,7 +363,9 @@ pub fn eta(left_bytes: u64, rate_bytes_per_s: u64) -> String {
     }
 }
 
-/// `tessera resync list`: progress of every resync and rebuild.
+/// `tessera resync list`: progress of every resync and rebuild. A failed
+/// one shows `failed` in its row and its reason on a line under the table,
+/// so one long reason does not stretch every column.
 pub fn resyncs(resyncs: &[ResyncView]) -> String {
     let mut t = Table::new(&[
         "VOLUME",
@@ -378,15 +380,31 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
         "RATE",
         "ETA",
     ]);
+    let mut reasons = String::new();
     for r in resyncs {
-        let running = r.state == "running";
+        let (state, reason) = match r.state.split_once(':') {
+            Some((state, reason)) => (state.trim(), Some(reason.trim())),
+            None => (r.state.trim(), None),
+        };
+        if let Some(reason) = reason {
+            reasons.push_str(&format!(
+                "{} {} on {}: {state}: {reason}\n",
+                r.volume, r.component, r.host
+            ));
+        }
+        let running = state == "running";
+        let failed = state == "failed";
         t.row(vec![
             r.volume.clone(),
             r.component.to_string(),
             r.host.clone(),
             r.kind.clone(),
-            r.state.clone(),
-            format!("{}%", percent_done(r.done_bytes, r.left_bytes)),
+            state.to_string(),
+            if failed {
+                "-".to_string()
+            } else {
+                format!("{}%", percent_done(r.done_bytes, r.left_bytes))
+            },
             format_size(r.done_bytes),
             format_size(r.left_bytes),
             format_size(r.copied_bytes),
@@ -398,7 +416,12 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
             },
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    if !reasons.is_empty() {
+        out.push('\n');
+        out.push_str(&reasons);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -625,6 +648,29 @@ mod tests {
         assert_eq!(
             text.lines().nth(1),
             Some("vol1    c0000000000000002  host-2  resync  running  75%       3.0 MiB  1.0 MiB  512.0 KiB  512.0 KiB/s  2s")
+        );
+    }
+
+    #[test]
+    fn a_failed_resync_keeps_its_reason_out_of_the_table() {
+        let r = ResyncView {
+            volume: "vol1".to_string(),
+            component: ComponentId(2),
+            host: "host-2".to_string(),
+            kind: "resync".to_string(),
+            state: "failed: host-2 is unreachable: connection refused".to_string(),
+            done_bytes: 0,
+            left_bytes: 0,
+            copied_bytes: 0,
+            rate_bytes_per_s: 0,
+        };
+        let text = resyncs(&[r]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].contains("  failed  -  "), "{text}");
+        assert!(!lines[1].contains("unreachable"), "{text}");
+        assert_eq!(
+            lines[3],
+            "vol1 c0000000000000002 on host-2: failed: host-2 is unreachable: connection refused"
         );
     }
 
