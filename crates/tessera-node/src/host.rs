@@ -83,6 +83,8 @@ pub struct Host {
     resync_not_before: Arc<Mutex<HashMap<(VolumeId, ComponentId), Duration>>>,
     /// Ticks a volume has been seen without an owner.
     ownerless_ticks: Mutex<HashMap<VolumeId, u32>>,
+    /// What this host registers in the directory (again after losing its lease).
+    record: HostRecord,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -278,7 +280,7 @@ impl Host {
         let session = tessera_directory::register_host(
             Arc::clone(&directory),
             &keys,
-            record,
+            record.clone(),
             Duration::from_millis(config.lease_ttl_ms),
         )
         .await
@@ -301,6 +303,7 @@ impl Host {
             resyncing: Arc::new(Mutex::new(HashSet::new())),
             resync_not_before: Arc::new(Mutex::new(HashMap::new())),
             ownerless_ticks: Mutex::new(HashMap::new()),
+            record,
             stop,
             tasks: Mutex::new(Vec::new()),
             config,
@@ -482,6 +485,22 @@ impl Host {
             if !self.owned.read().is_empty() {
                 tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
                 self.owned.write().clear();
+            }
+            // Rejoin with a new lease (a host that was frozen or cut off
+            // comes back as a host without volumes; owners resync its copies).
+            let rejoined = tessera_directory::register_host(
+                Arc::clone(&self.directory),
+                &self.keys,
+                self.record.clone(),
+                Duration::from_millis(self.config.lease_ttl_ms),
+            )
+            .await;
+            match rejoined {
+                Ok(session) => {
+                    tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
+                    *self.session.lock() = Some(session);
+                }
+                Err(e) => tracing::warn!(host = %self.id, error = %e, "cannot rejoin yet"),
             }
             return;
         }
