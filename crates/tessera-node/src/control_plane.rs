@@ -190,10 +190,14 @@ impl ControlPlane {
         &self.hosts
     }
 
-    fn via(&self) -> Result<Arc<Host>, ControlError> {
-        self.hosts
-            .any()
-            .ok_or_else(|| ControlError::Unavailable("no host is running in this process".into()))
+    /// A running host of this process to reach components through, with a
+    /// fresh view of the other hosts' addresses.
+    async fn via(&self) -> Result<Arc<Host>, ControlError> {
+        let host = self.hosts.any().ok_or_else(|| {
+            ControlError::Unavailable("no host is running in this process".into())
+        })?;
+        host.refresh_peers().await;
+        Ok(host)
     }
 
     async fn volume_record(&self, name: &str) -> Result<(VolumeRecord, Layout), ControlError> {
@@ -217,7 +221,7 @@ impl ControlPlane {
                 .flatten();
         let state = layout_health(layout, owner.is_some());
         let mut used = 0;
-        if let Ok(host) = self.via() {
+        if let Ok(host) = self.via().await {
             let components = host.components(&record.name);
             for mirror in &layout.columns {
                 for c in mirror
@@ -425,7 +429,7 @@ impl ClusterControl for ControlPlane {
                 "a volume named {name} already exists"
             )));
         }
-        let host = self.via()?;
+        let host = self.via().await?;
         let map = cluster_map(self.directory.as_ref(), &self.keys)
             .await
             .map_err(ControlError::Unavailable)?;
@@ -546,7 +550,7 @@ impl ClusterControl for ControlPlane {
             .map_err(internal)?
             .ok_or_else(|| ControlError::NotFound(format!("policy {} is gone", record.policy)))?
             .value;
-        let host = self.via()?;
+        let host = self.via().await?;
         let map = cluster_map(self.directory.as_ref(), &self.keys)
             .await
             .map_err(ControlError::Unavailable)?;
@@ -599,7 +603,7 @@ impl ClusterControl for ControlPlane {
         )
         .await
         .map_err(internal)?;
-        let host = self.via()?;
+        let host = self.via().await?;
         let components = host.components(&record.name);
         let mut missed = Vec::new();
         for c in layout.components() {
@@ -637,7 +641,7 @@ impl ClusterControl for ControlPlane {
             .filter(|(v, _)| v == &record.name)
             .flat_map(|(_, c)| c.dirty_bytes())
             .collect();
-        let host = self.via()?;
+        let host = self.via().await?;
         let components = host.components(&record.name);
         let mut views = Vec::new();
         let mut placed: Vec<(Option<usize>, ComponentPlacement)> = Vec::new();
@@ -679,7 +683,7 @@ impl ClusterControl for ControlPlane {
 
     async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError> {
         let (record, layout) = self.volume_record(name).await?;
-        let host = self.via()?;
+        let host = self.via().await?;
         let components = host.components(&record.name);
         let mut report = VerifyReport {
             volume: name.to_string(),

@@ -85,6 +85,8 @@ pub struct Host {
     ownerless_ticks: Mutex<HashMap<VolumeId, u32>>,
     /// What this host registers in the directory (again after losing its lease).
     record: HostRecord,
+    /// Set first thing when the host stops.
+    halted: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -147,6 +149,10 @@ impl RequestHandler for HostHandler {
 /// directory still names this epoch as the volume's highest: a stale owner
 /// can never overwrite its successor's layout.
 struct DirectoryLayouts {
+    /// Set when the host stops: a stopping host records nothing, as a
+    /// crashed one could not, so its last writes are never acknowledged on
+    /// the strength of a layout change its successor would not see.
+    halted: Arc<std::sync::atomic::AtomicBool>,
     directory: Arc<dyn Directory>,
     keys: Keyspace,
     volume: VolumeId,
@@ -156,6 +162,12 @@ struct DirectoryLayouts {
 #[async_trait]
 impl LayoutRecorder for DirectoryLayouts {
     async fn record(&self, layout: &Layout) -> Result<(), String> {
+        if self.halted.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(format!(
+                "host coordinating volume {} is stopping",
+                self.volume
+            ));
+        }
         let epoch_key = self.keys.owner_epoch(&self.volume);
         let holds = epoch_key
             .holds(&keys::OwnerEpochRecord {
@@ -304,6 +316,7 @@ impl Host {
             resync_not_before: Arc::new(Mutex::new(HashMap::new())),
             ownerless_ticks: Mutex::new(HashMap::new()),
             record,
+            halted: Arc::default(),
             stop,
             tasks: Mutex::new(Vec::new()),
             config,
@@ -392,6 +405,7 @@ impl Host {
     /// over at once; without, it vanishes as a crashed host would and others
     /// notice when its lease lapses.
     pub async fn stop(&self, clean: bool) {
+        self.halted.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = self.stop.send(true);
         for task in self.tasks.lock().drain(..) {
             task.abort();
@@ -414,7 +428,8 @@ impl Host {
         tracing::info!(host = %self.id, clean, "host stopped");
     }
 
-    async fn refresh(&self) {
+    /// Reads host addresses and liveness from the directory now.
+    pub async fn refresh_peers(&self) {
         let directory = self.directory.as_ref();
         if let (Ok(hosts), Ok(live)) = (
             keys::list(directory, &self.keys.hosts()).await,
@@ -423,6 +438,11 @@ impl Host {
             self.peers
                 .update(hosts.records.into_iter().map(|r| r.value).collect(), live);
         }
+    }
+
+    async fn refresh(&self) {
+        self.refresh_peers().await;
+        let directory = self.directory.as_ref();
         if let Ok(volumes) = keys::list(directory, &self.keys.volumes()).await {
             *self.view.volumes.write() = volumes
                 .records
@@ -599,6 +619,7 @@ impl Host {
             _ => layout,
         };
         let recorder = Arc::new(DirectoryLayouts {
+            halted: Arc::clone(&self.halted),
             directory: Arc::clone(&self.directory),
             keys: self.keys.clone(),
             volume: volume.name.clone(),
