@@ -249,6 +249,26 @@ pub fn check_range(
     }
 }
 
+/// Checks a COMPARE AND WRITE request: both buffers the same length, the
+/// range inside the device.
+pub fn check_compare_and_write(
+    info: &DeviceInfo,
+    offset: u64,
+    expected: &[u8],
+    new: &[u8],
+) -> Result<(), BlockError> {
+    if expected.len() != new.len() {
+        return Err(BlockError::Invalid {
+            reason: format!(
+                "compare buffer is {} bytes but write buffer is {}",
+                expected.len(),
+                new.len()
+            ),
+        });
+    }
+    check_range(info, "compare and write", offset, new.len() as u64)
+}
+
 /// Index of the first byte at which `a` and `b` differ, if any.
 pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter().zip(b.iter()).position(|(x, y)| x != y)

@@ -12,8 +12,8 @@
 //! data are zero, so a read copies a chunk without looking at its blocks.
 
 use crate::{
-    check_range, first_difference, push_extent, BlockDevice, BlockError, DeviceInfo, Extent,
-    ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
+    check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
+    DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
 };
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -297,16 +297,7 @@ impl BlockDevice for MemoryDevice {
         new: Bytes,
     ) -> Result<(), BlockError> {
         self.writable()?;
-        if expected.len() != new.len() {
-            return Err(BlockError::Invalid {
-                reason: format!(
-                    "compare buffer is {} bytes but write buffer is {}",
-                    expected.len(),
-                    new.len()
-                ),
-            });
-        }
-        check_range(&self.info, "compare and write", offset, new.len() as u64)?;
+        check_compare_and_write(&self.info, offset, &expected, &new)?;
         let _exclusive = self.atomicity.write();
         let current = self.read_now(offset, new.len() as u64);
         if let Some(at) = first_difference(&current, &expected) {

@@ -313,18 +313,7 @@ impl BlockDevice for VolumeHandle {
             len,
         };
         match self.run(request, true).await? {
-            Response::Extents(extents) => Ok(extents
-                .into_iter()
-                .map(|e| Extent {
-                    offset: e.offset,
-                    len: e.len,
-                    kind: match e.kind {
-                        tessera_wire::ExtentKind::Data => ExtentKind::Data,
-                        tessera_wire::ExtentKind::Zero => ExtentKind::Zero,
-                        tessera_wire::ExtentKind::Hole => ExtentKind::Hole,
-                    },
-                })
-                .collect()),
+            Response::Extents(extents) => Ok(extents.into_iter().map(from_wire_extent).collect()),
             other => Err(response_error(other)),
         }
     }
@@ -388,29 +377,39 @@ pub async fn execute(coordinator: &Coordinator, request: Request) -> Response {
             .compare_and_write(offset, expected, new)
             .await
             .map(|_| Response::Ok),
-        Request::VolumeBlockStatus { offset, len, .. } => {
-            coordinator.block_status(offset, len).await.map(|extents| {
-                Response::Extents(
-                    extents
-                        .into_iter()
-                        .map(|e| tessera_wire::Extent {
-                            offset: e.offset,
-                            len: e.len,
-                            kind: match e.kind {
-                                ExtentKind::Data => tessera_wire::ExtentKind::Data,
-                                ExtentKind::Zero => tessera_wire::ExtentKind::Zero,
-                                ExtentKind::Hole => tessera_wire::ExtentKind::Hole,
-                            },
-                        })
-                        .collect(),
-                )
-            })
-        }
+        Request::VolumeBlockStatus { offset, len, .. } => coordinator
+            .block_status(offset, len)
+            .await
+            .map(|extents| Response::Extents(extents.into_iter().map(to_wire_extent).collect())),
         other => Err(BlockError::Invalid {
             reason: format!("{} is not a volume operation", other.kind().name()),
         }),
     };
     result.unwrap_or_else(|e| block_error_response(&volume, e))
+}
+
+fn to_wire_extent(e: Extent) -> tessera_wire::Extent {
+    tessera_wire::Extent {
+        offset: e.offset,
+        len: e.len,
+        kind: match e.kind {
+            ExtentKind::Data => tessera_wire::ExtentKind::Data,
+            ExtentKind::Zero => tessera_wire::ExtentKind::Zero,
+            ExtentKind::Hole => tessera_wire::ExtentKind::Hole,
+        },
+    }
+}
+
+fn from_wire_extent(e: tessera_wire::Extent) -> Extent {
+    Extent {
+        offset: e.offset,
+        len: e.len,
+        kind: match e.kind {
+            tessera_wire::ExtentKind::Data => ExtentKind::Data,
+            tessera_wire::ExtentKind::Zero => ExtentKind::Zero,
+            tessera_wire::ExtentKind::Hole => ExtentKind::Hole,
+        },
+    }
 }
 
 /// The wire answer for a failed volume operation on the owner.

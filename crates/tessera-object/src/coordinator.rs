@@ -30,8 +30,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{
-    check_range, first_difference, push_extent, BlockDevice, BlockError, DeviceInfo, Extent,
-    ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
+    check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
+    DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
 };
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::{ComponentId, Epoch, HostId, Lba, BLOCK_BYTES};
@@ -1036,16 +1036,7 @@ impl BlockDevice for Coordinator {
         expected: Bytes,
         new: Bytes,
     ) -> Result<(), BlockError> {
-        if expected.len() != new.len() {
-            return Err(BlockError::Invalid {
-                reason: format!(
-                    "compare buffer is {} bytes but write buffer is {}",
-                    expected.len(),
-                    new.len()
-                ),
-            });
-        }
-        check_range(&self.info, "compare and write", offset, new.len() as u64)?;
+        check_compare_and_write(&self.info, offset, &expected, &new)?;
         let _guards = self.lock_span(offset, new.len() as u64).await;
         let current = self.read(offset, new.len() as u64).await?;
         if let Some(at) = first_difference(&current, &expected) {
