@@ -144,3 +144,71 @@ impl HostConfig {
             .unwrap_or_else(|| FaultDomainId(self.id.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    const GOOD: &str = r#"
+id = "host-1"
+transport_addr = "127.0.0.1:9500"
+nbd_addr = "127.0.0.1:10809"
+directory = { kind = "embedded", path = "/tmp/d.redb" }
+[[disk_groups]]
+id = "dg0"
+cache = { path = "/tmp/c.img", size_bytes = 268435456 }
+capacity = [{ path = "/tmp/k.img", size_bytes = 1073741824 }]
+"#;
+
+    #[test]
+    fn a_good_file_reads_with_defaults() {
+        let (_d, path) = write(GOOD);
+        let config = HostConfig::from_file(&path).unwrap();
+        assert_eq!(config.cluster, "tessera");
+        assert_eq!(config.repair_delay_s, 3600);
+        assert_eq!(config.fault_domain().as_str(), "host-1");
+    }
+
+    #[test]
+    fn malformed_files_are_refused_with_the_path_and_the_reason() {
+        let cases = [
+            ("id = ", "node.toml"),
+            (&GOOD.replace("host-1", "host/1"), "may contain only"),
+            (
+                &GOOD.replace("127.0.0.1:9500", "not an address"),
+                "invalid socket address",
+            ),
+            (
+                &GOOD.replace(
+                    "capacity = [{ path = \"/tmp/k.img\", size_bytes = 1073741824 }]",
+                    "capacity = []",
+                ),
+                "1 to 7 capacity devices",
+            ),
+            (
+                &GOOD.replace("nbd_addr = \"127.0.0.1:10809\"\n", ""),
+                "nbd_addr",
+            ),
+            (
+                &format!("lease_ttl_ms = 10\n{GOOD}"),
+                "lease_ttl_ms must be at least 500",
+            ),
+        ];
+        for (text, expected) in cases {
+            let (_d, path) = write(text);
+            let err = HostConfig::from_file(&path).unwrap_err();
+            assert!(err.contains("node.toml"), "{err}");
+            assert!(err.contains(expected), "expected {expected:?} in {err}");
+        }
+        let err =
+            HostConfig::from_file(std::path::Path::new("/nonexistent/node.toml")).unwrap_err();
+        assert!(err.contains("cannot read"), "{err}");
+    }
+}
