@@ -63,7 +63,8 @@ run_fio() { # uri profile
       > "$work/fio.json"
   python3 - "$work/fio.json" <<'PY'
 import json, sys
-job = json.load(open(sys.argv[1]))["jobs"][0]
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
 r, w = job["read"], job["write"]
 iops = r["iops"] + w["iops"]
 lat = w["lat_ns"]["mean"] / 1000 if w["io_bytes"] else r["lat_ns"]["mean"] / 1000
