@@ -4,6 +4,10 @@
 # file on the same disk (one copy), in the same run, both through fio's nbd
 # engine over loopback. Prints each figure and the ratio Tessera / nbdkit.
 #
+# A second reference, the same plugin with every write forced to FUA
+# (--filter=fua fuamode=force), has Tessera's durability: its ratio is the
+# "ratio-fua" column.
+#
 # Profiles (issue targets in brackets):
 #   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8  [IOPS >= 0.8x]
 #   qd1write  4 KiB random write, 1 job, iodepth 1, mean latency            [latency <= 1.5x]
@@ -106,14 +110,26 @@ pids+=("$!")
 wait_port 127.0.0.1 "$nbdkit_port"
 nbdkit_uri="nbd://127.0.0.1:$nbdkit_port"
 
-printf '%-9s %14s %14s %8s %s\n' profile tessera nbdkit ratio target
+# The same file plugin with every write forced to FUA (fdatasync before the
+# reply): the reference with Tessera's durability.
+nbdkit_fua_port=$(free_port)
+truncate -s "$SIZE" "$work/nbdkit-fua.img"
+nbdkit --foreground --exit-with-parent --port "$nbdkit_fua_port" --ipaddr 127.0.0.1 \
+  --filter=fua file "$work/nbdkit-fua.img" fuamode=force &
+pids+=("$!")
+wait_port 127.0.0.1 "$nbdkit_fua_port"
+nbdkit_fua_uri="nbd://127.0.0.1:$nbdkit_fua_port"
+
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+printf '%-9s %14s %14s %14s %8s %8s %s\n' profile tessera nbdkit nbdkit-fua ratio ratio-fua target
 for profile in seqwrite mixed qd1write; do
   read -r t_iops t_lat t_bw <<<"$(run_fio "$tessera_uri" "$profile")"
   read -r n_iops n_lat n_bw <<<"$(run_fio "$nbdkit_uri" "$profile")"
+  read -r f_iops f_lat f_bw <<<"$(run_fio "$nbdkit_fua_uri" "$profile")"
   case $profile in
-    mixed) printf '%-9s %10s IOPS %10s IOPS %8.2f %s\n' "$profile" "$t_iops" "$n_iops" "$(python3 -c "print($t_iops/$n_iops)")" ">= 0.8" ;;
-    qd1write) printf '%-9s %11s us %11s us %8.2f %s\n' "$profile" "$t_lat" "$n_lat" "$(python3 -c "print($t_lat/$n_lat)")" "<= 1.5 (latency)" ;;
-    seqwrite) printf '%-9s %8s KiB/s %8s KiB/s %8.2f %s\n' "$profile" "$t_bw" "$n_bw" "$(python3 -c "print($t_bw/$n_bw)")" ">= 0.8" ;;
+    mixed) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %8s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" ">= 0.8" ;;
+    qd1write) printf '%-9s %11s us %11s us %11s us %8s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "<= 1.5 (latency)" ;;
+    seqwrite) printf '%-9s %8s KiB/s %8s KiB/s %8s KiB/s %8s %8s %s\n' "$profile" "$t_bw" "$n_bw" "$f_bw" "$(ratio "$t_bw" "$n_bw")" "$(ratio "$t_bw" "$f_bw")" ">= 0.8" ;;
   esac
 done
 
