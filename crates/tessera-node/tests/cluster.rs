@@ -119,9 +119,40 @@ impl Cluster {
         }
     }
 
+    /// Creates an FTT=1 volume and waits until it has an owner and every
+    /// copy is healthy.
+    async fn create(&self, name: &str, size_bytes: u64) -> ObjectView {
+        self.control
+            .create_volume(CreateVolume {
+                name: name.into(),
+                size_bytes,
+                policy: None,
+            })
+            .await
+            .expect("volume created");
+        self.wait_for(name, "an owner", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await
+    }
+
     async fn stop(self) {
         self.control.hosts().stop_all().await;
     }
+}
+
+/// Waits for fio and fails the test with its output unless it passed.
+async fn expect_success(fio: std::process::Child) {
+    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "fio failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
@@ -153,20 +184,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
         return;
     }
     let cluster = Cluster::start(3600).await;
-    cluster
-        .control
-        .create_volume(CreateVolume {
-            name: "vm".into(),
-            size_bytes: 256 << 20,
-            policy: None,
-        })
-        .await
-        .expect("volume created");
-    let view = cluster
-        .wait_for("vm", "an owner", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await;
+    let view = cluster.create("vm", 256 << 20).await;
     let owner = view.owner.clone().unwrap();
     let replica_host = view
         .components
@@ -194,16 +212,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
         .map(|(_, c)| c)
         .expect("the owner coordinates vm");
     cluster.control.start_host(&replica_host).await.unwrap();
-    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "fio failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    expect_success(fio).await;
     cluster
         .wait_for("vm", "the copy to be resynced", |v| {
             v.state == Health::Healthy
@@ -336,20 +345,7 @@ async fn fio_verify_survives_the_owner_host_stopping_and_ownership_moves() {
         return;
     }
     let cluster = Cluster::start(3600).await;
-    cluster
-        .control
-        .create_volume(CreateVolume {
-            name: "db".into(),
-            size_bytes: 256 << 20,
-            policy: None,
-        })
-        .await
-        .expect("volume created");
-    let view = cluster
-        .wait_for("db", "an owner", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await;
+    let view = cluster.create("db", 256 << 20).await;
     let owner = view.owner.clone().unwrap();
     let first_epoch = view.epoch.unwrap();
     // The client attaches through a host that is not the owner: its I/O is
@@ -370,16 +366,7 @@ async fn fio_verify_survives_the_owner_host_stopping_and_ownership_moves() {
         moved.epoch.unwrap() > first_epoch,
         "the epoch rises with the new owner"
     );
-    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "fio failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    expect_success(fio).await;
     eprintln!(
         "ownership moved from {owner} ({first_epoch}) to {} ({})",
         moved.owner.unwrap(),
@@ -402,20 +389,7 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
         return;
     }
     let cluster = Cluster::start(2).await;
-    cluster
-        .control
-        .create_volume(CreateVolume {
-            name: "r".into(),
-            size_bytes: 128 << 20,
-            policy: None,
-        })
-        .await
-        .unwrap();
-    let view = cluster
-        .wait_for("r", "an owner", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await;
+    let view = cluster.create("r", 128 << 20).await;
     let owner = view.owner.clone().unwrap();
     let used: Vec<String> = view.components.iter().map(|c| c.host.clone()).collect();
     let lost = view
@@ -432,15 +406,7 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
             v.state == Health::Healthy && v.components.iter().all(|c| c.id != lost.id)
         })
         .await;
-    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "fio failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    expect_success(fio).await;
     let new_host = rebuilt
         .components
         .iter()
@@ -461,20 +427,7 @@ async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
         return;
     }
     let cluster = Cluster::start(3600).await;
-    cluster
-        .control
-        .create_volume(CreateVolume {
-            name: "keep".into(),
-            size_bytes: 64 << 20,
-            policy: None,
-        })
-        .await
-        .unwrap();
-    cluster
-        .wait_for("keep", "an owner", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await;
+    cluster.create("keep", 64 << 20).await;
     let image = cluster._dir.path().join("image.raw");
     let data: Vec<u8> = (0..(64u32 << 20) / 4)
         .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
