@@ -213,7 +213,14 @@ impl ControlPlane {
         Ok((record.value, layout.value))
     }
 
-    async fn volume_view(&self, record: &VolumeRecord, layout: &Layout) -> VolumeView {
+    /// The view of one volume; `via` reaches its components (None when no
+    /// host runs here: used bytes are then unknown and shown as 0).
+    async fn volume_view(
+        &self,
+        via: Option<&Arc<Host>>,
+        record: &VolumeRecord,
+        layout: &Layout,
+    ) -> VolumeView {
         let owner =
             tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
                 .await
@@ -221,7 +228,7 @@ impl ControlPlane {
                 .flatten();
         let state = layout_health(layout, owner.is_some());
         let mut used = 0;
-        if let Ok(host) = self.via().await {
+        if let Some(host) = via {
             let components = host.components(&record.name);
             for mirror in &layout.columns {
                 for c in mirror
@@ -501,7 +508,7 @@ impl ClusterControl for ControlPlane {
             )));
         }
         tracing::info!(volume = %name, size = %format_size(request.size_bytes), policy = %record.policy, "volume created");
-        Ok(self.volume_view(&record, &layout).await)
+        Ok(self.volume_view(Some(&host), &record, &layout).await)
     }
 
     async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError> {
@@ -516,10 +523,12 @@ impl ClusterControl for ControlPlane {
                 .into_iter()
                 .map(|r| (r.value.volume.clone(), r.value))
                 .collect();
+        // One fresh view of the hosts serves every volume of the listing.
+        let via = self.via().await.ok();
         let mut out = Vec::new();
         for r in list.records {
             if let Some(layout) = layouts.get(&r.value.name) {
-                out.push(self.volume_view(&r.value, layout).await);
+                out.push(self.volume_view(via.as_ref(), &r.value, layout).await);
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -588,7 +597,7 @@ impl ClusterControl for ControlPlane {
             .txn(tessera_directory::Txn::new().and_then(ops))
             .await
             .map_err(internal)?;
-        Ok(self.volume_view(&record, &new_layout).await)
+        Ok(self.volume_view(Some(&host), &record, &new_layout).await)
     }
 
     async fn delete_volume(&self, name: &str) -> Result<(), ControlError> {
