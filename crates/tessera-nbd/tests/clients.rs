@@ -215,7 +215,7 @@ fn fio_nbd_engine_verifies_with_8_jobs_at_iodepth_8() {
         &job,
         format!(
             "[global]\nioengine=nbd\n{}\nrw=randrw\nrwmixread=30\nbs=4k\niodepth=8\nnumjobs=8\n\
-             size={per_job}\noffset_increment={per_job}\nverify=crc32c\nverify_fatal=1\n\
+             size={per_job}\noffset_increment={per_job}\nverify=crc32c\nverify_fatal=1\nverify_state_save=0\n\
              do_verify=1\ngroup_reporting=1\n[verify]\n",
             uri.trim_start_matches("--")
         ),

@@ -170,6 +170,7 @@ fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
             "--verify=crc32c",
             "--verify_backlog=256",
             "--verify_fatal=1",
+                "--verify_state_save=0",
             "--output-format=terse",
         ])
         .stdout(Stdio::piped())

@@ -227,6 +227,7 @@ capacity = [{{ path = "{d}/capacity-0.img", size_bytes = 1073741824 }}]
                 "--verify=crc32c",
                 "--verify_backlog=256",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
                 "--output-format=terse",
             ])
             .stdout(Stdio::piped())
