@@ -59,6 +59,9 @@ fn default_index_cache_bytes() -> u64 {
     64 << 20
 }
 
+/// The iSCSI well-known port (RFC 7143).
+pub const ISCSI_PORT: u16 = 3260;
+
 /// A host's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostConfig {
@@ -74,6 +77,9 @@ pub struct HostConfig {
     pub transport_addr: SocketAddr,
     /// NBD listen address.
     pub nbd_addr: SocketAddr,
+    /// iSCSI portal address; port 3260 on the NBD address's IP when absent.
+    #[serde(default)]
+    pub iscsi_addr: Option<SocketAddr>,
     /// REST API listen address, if this host serves the API.
     #[serde(default)]
     pub api_addr: Option<SocketAddr>,
@@ -97,6 +103,12 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
+    /// The iSCSI portal this host listens on.
+    pub fn iscsi_portal(&self) -> SocketAddr {
+        self.iscsi_addr
+            .unwrap_or_else(|| SocketAddr::new(self.nbd_addr.ip(), ISCSI_PORT))
+    }
+
     /// Reads and checks a TOML file.
     pub fn from_file(path: &std::path::Path) -> Result<HostConfig, String> {
         let text = std::fs::read_to_string(path)

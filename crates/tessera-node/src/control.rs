@@ -65,6 +65,9 @@ pub struct HostView {
     pub transport_addr: String,
     /// NBD address clients connect to.
     pub nbd_addr: String,
+    /// iSCSI portal initiators log in to.
+    #[serde(default)]
+    pub iscsi_addr: String,
     /// Its disk groups.
     pub disk_groups: Vec<DiskGroupView>,
     /// Volumes this host owns (coordinates).

@@ -316,6 +316,7 @@ impl ControlPlane {
                 state: state.into(),
                 transport_addr: h.addresses.transport.to_string(),
                 nbd_addr: h.addresses.nbd.to_string(),
+                iscsi_addr: h.addresses.iscsi.to_string(),
                 disk_groups,
                 owned_volumes,
             });

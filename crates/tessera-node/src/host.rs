@@ -270,7 +270,7 @@ impl Host {
             addresses: HostAddresses {
                 transport: transport.local_addr(),
                 nbd: config.nbd_addr,
-                iscsi: SocketAddr::new(config.nbd_addr.ip(), 3260),
+                iscsi: config.iscsi_portal(),
                 api: config
                     .api_addr
                     .unwrap_or_else(|| SocketAddr::new(config.nbd_addr.ip(), 9480)),

@@ -32,6 +32,8 @@ pub struct UpConfig {
     pub api_port: u16,
     /// NBD port (every host).
     pub nbd_port: u16,
+    /// iSCSI portal port (every host).
+    pub iscsi_port: u16,
     /// Transport port (every host).
     pub transport_port: u16,
     /// Seconds a component may be absent before it is rebuilt elsewhere.
@@ -54,6 +56,7 @@ impl UpConfig {
             fault_domain: None,
             transport_addr: SocketAddr::new(ip.into(), self.transport_port),
             nbd_addr: SocketAddr::new(ip.into(), self.nbd_port),
+            iscsi_addr: Some(SocketAddr::new(ip.into(), self.iscsi_port)),
             api_addr: (k == 1).then(|| SocketAddr::new(ip.into(), self.api_port)),
             directory: DirectoryConfig::Embedded {
                 path: self.data_dir.join("directory.redb"),

@@ -82,6 +82,7 @@ impl Cluster {
             api_port: port,
             nbd_port: port + 1,
             transport_port: port + 2,
+            iscsi_port: port + 3,
             repair_delay_s,
             host_capacity_bytes: 1 << 30,
         };
@@ -170,7 +171,7 @@ fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
             "--verify=crc32c",
             "--verify_backlog=256",
             "--verify_fatal=1",
-                "--verify_state_save=0",
+            "--verify_state_save=0",
             "--output-format=terse",
         ])
         .stdout(Stdio::piped())

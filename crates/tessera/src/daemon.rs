@@ -32,6 +32,9 @@ pub struct UpArgs {
     /// NBD port (on every host).
     #[arg(long, default_value_t = 10809)]
     pub nbd_port: u16,
+    /// iSCSI portal port (on every host).
+    #[arg(long, default_value_t = 3260)]
+    pub iscsi_port: u16,
     /// Host-to-host transport port (on every host).
     #[arg(long, default_value_t = 9500)]
     pub transport_port: u16,
@@ -52,6 +55,7 @@ impl UpArgs {
             hosts: self.hosts,
             api_port: self.api_port,
             nbd_port: self.nbd_port,
+            iscsi_port: self.iscsi_port,
             transport_port: self.transport_port,
             repair_delay_s: self.repair_delay,
             host_capacity_bytes: self.host_capacity,
@@ -135,8 +139,14 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./tessera-data"));
         assert_eq!(c.bind, Ipv4Addr::LOCALHOST);
         assert_eq!(
-            (c.hosts, c.api_port, c.nbd_port, c.transport_port),
-            (4, 9480, 10809, 9500)
+            (
+                c.hosts,
+                c.api_port,
+                c.nbd_port,
+                c.transport_port,
+                c.iscsi_port
+            ),
+            (4, 9480, 10809, 9500, 3260)
         );
         assert_eq!(c.repair_delay_s, 3600);
         assert_eq!(c.host_capacity_bytes, 8 << 30);

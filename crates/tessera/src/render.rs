@@ -92,6 +92,7 @@ fn host_table(hosts: &[HostView]) -> String {
         "STATE",
         "TRANSPORT",
         "NBD",
+        "ISCSI",
         "DISK GROUPS",
         "USED",
         "TOTAL",
@@ -106,6 +107,7 @@ fn host_table(hosts: &[HostView]) -> String {
             h.state.clone(),
             h.transport_addr.clone(),
             h.nbd_addr.clone(),
+            h.iscsi_addr.clone(),
             h.disk_groups.len().to_string(),
             format_size(used),
             format_size(total),
@@ -605,6 +607,7 @@ mod tests {
             state: "present".to_string(),
             transport_addr: "127.0.0.1:9500".to_string(),
             nbd_addr: "127.0.0.1:10809".to_string(),
+            iscsi_addr: "127.0.0.1:3260".to_string(),
             disk_groups: vec![DiskGroupView {
                 id: "dg-1".to_string(),
                 health: "healthy".to_string(),
@@ -620,7 +623,7 @@ mod tests {
         };
         let text = hosts(&[h]);
         assert!(
-            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  1            1.0 GiB  8.0 GiB  1"),
+            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  127.0.0.1:3260  1            1.0 GiB  8.0 GiB  1"),
             "{text}"
         );
         assert!(

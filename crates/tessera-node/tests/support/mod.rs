@@ -141,6 +141,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
             state: if r.stopped[i] { "stopped" } else { "present" }.to_string(),
             transport_addr: format!("127.0.0.{}:9500", i + 1),
             nbd_addr: format!("127.0.0.{}:10809", i + 1),
+            iscsi_addr: format!("127.0.0.{}:3260", i + 1),
             disk_groups: vec![DiskGroupView {
                 id: "dg-1".to_string(),
                 health: "healthy".to_string(),
