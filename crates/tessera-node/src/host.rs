@@ -792,8 +792,10 @@ impl Host {
     }
 }
 
-/// A stable serial for a volume's SCSI/NBD identity.
-fn serial_of(volume: &VolumeRecord) -> u64 {
+/// A stable serial for a volume's SCSI/NBD identity: the same on every host
+/// (so SCSI NAA designators match across paths), different for a volume
+/// deleted and created again under the same name.
+pub(crate) fn serial_of(volume: &VolumeRecord) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ volume.created_ms;
     for b in volume.name.as_str().bytes() {
         h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);

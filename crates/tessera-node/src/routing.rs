@@ -88,7 +88,7 @@ impl ExportCatalog for HostCatalog {
                 logical_block_bytes: 512,
                 preferred_block_bytes: 4096,
                 read_only: false,
-                serial: record.created_ms,
+                serial: crate::host::serial_of(&record),
             },
             volume,
             owned: Arc::clone(&self.owned),
