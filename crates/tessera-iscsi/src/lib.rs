@@ -4,8 +4,10 @@
 //! over the [`BlockDevice`](tessera_blockdev::BlockDevice) trait.
 //!
 //! Owns: the SCSI command set and its sense data ([`scsi`]), and the iSCSI
-//! transport that carries it (PDUs, login and text negotiation, CHAP,
-//! sessions, the tokio server).
+//! transport that carries it: PDUs ([`pdu`]), text keys and their
+//! negotiation ([`text`]), CHAP ([`chap`]), the login phase ([`login`]), the
+//! full-feature phase ([`session`]), the target catalog ([`catalog`]), the
+//! tokio server ([`server`]) and the fuzz entry points ([`fuzzing`]).
 //! Must not touch: volumes, components, the store or the directory. A logical
 //! unit sees only a `BlockDevice` and a [`scsi::UnitEnvironment`] the host
 //! gives it, so the same target serves an in-memory device in tests and a
@@ -18,4 +20,18 @@
 //! - the iSCSI layer never interprets a CDB and the SCSI layer never sees a
 //!   PDU: they meet at [`scsi::Command`] and [`scsi::Response`].
 
+pub mod catalog;
+pub mod chap;
+pub mod fuzzing;
+pub mod login;
+pub mod pdu;
 pub mod scsi;
+pub mod server;
+pub mod session;
+pub mod text;
+
+pub use catalog::{
+    target_name_for_volume, ChapCredentials, ChapSecret, StaticCatalog, TargetCatalog, TargetEntry,
+    TargetPortal,
+};
+pub use server::{serve, serve_connection, serve_with, IscsiError, Sessions};
