@@ -17,6 +17,26 @@
 
 use bytes::Bytes;
 
+pub mod cdb;
+pub mod copy;
+pub mod environment;
+pub mod fuzzing;
+pub mod inquiry;
+pub mod mode;
+pub mod reservations;
+pub mod sense;
+pub mod target;
+pub mod unit;
+
+pub use environment::{
+    AluaState, DatastoreSpace, EnvironmentError, MemoryDatastore, MemoryEnvironment,
+    TargetPortGroup, UnitEnvironment, VersionedReservations,
+};
+pub use reservations::ReservationState;
+pub use sense::Sense;
+pub use target::BlockTarget;
+pub use unit::{LogicalUnit, UnitSettings, VaaiCounters};
+
 /// The I_T nexus a command arrives on: one initiator port talking to one
 /// target port. Unit attentions and reservations are kept per nexus.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,7 +131,10 @@ pub struct Response {
     /// Data-in, at most `Command::expected_data_in` bytes.
     pub data_in: Bytes,
     /// Bytes of data-out the command consumed, for the write-direction
-    /// residual.
+    /// residual: what its CDB asks for (transfer length in bytes, or the
+    /// parameter list length). When that is more than the initiator sent,
+    /// the transport reports a residual overflow of the difference; when
+    /// less, an underflow.
     pub data_out_used: u32,
 }
 

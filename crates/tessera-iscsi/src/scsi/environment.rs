@@ -1,0 +1,220 @@
+//! What a logical unit needs from the host it runs on: state shared by every
+//! host and path (reservations), the ALUA layout of target ports, other
+//! units (EXTENDED COPY targets) and datastore space.
+//!
+//! Owns: the [`UnitEnvironment`] trait and [`MemoryEnvironment`], the
+//! implementation single-host servers and tests use. A cluster host
+//! implements the trait over the directory.
+//! Invariant: reservation state is replaced only by compare-and-swap on its
+//! version, so two hosts applying PR OUT at once never lose either update.
+
+use super::reservations::ReservationState;
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use tessera_blockdev::BlockDevice;
+
+/// Asymmetric access state of a target port group (SPC-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AluaState {
+    /// 0x0: the owner's host.
+    ActiveOptimized,
+    /// 0x1: every other host.
+    ActiveNonOptimized,
+    /// 0x2
+    Standby,
+    /// 0x3
+    Unavailable,
+    /// 0xF: ownership is moving.
+    Transitioning,
+}
+
+impl AluaState {
+    /// The ASYMMETRIC ACCESS STATE code.
+    pub fn code(self) -> u8 {
+        match self {
+            AluaState::ActiveOptimized => 0x0,
+            AluaState::ActiveNonOptimized => 0x1,
+            AluaState::Standby => 0x2,
+            AluaState::Unavailable => 0x3,
+            AluaState::Transitioning => 0xF,
+        }
+    }
+}
+
+/// One target port group: the ports of one host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetPortGroup {
+    /// Group identifier (non-zero).
+    pub id: u16,
+    /// Its access state.
+    pub state: AluaState,
+    /// Relative target port identifiers in the group.
+    pub ports: Vec<u16>,
+}
+
+/// Datastore space, for the thin-provisioning soft threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatastoreSpace {
+    /// Bytes in use.
+    pub used_bytes: u64,
+    /// Bytes the datastore can hold.
+    pub capacity_bytes: u64,
+}
+
+/// A version of the shared reservation state.
+#[derive(Debug, Clone)]
+pub struct VersionedReservations {
+    /// Changes on every store.
+    pub version: u64,
+    /// The state.
+    pub state: Arc<ReservationState>,
+}
+
+/// Why the environment could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvironmentError {
+    /// The shared store (the directory) is out of reach.
+    #[error("reservation store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// State and services a host gives one logical unit.
+#[async_trait]
+pub trait UnitEnvironment: Send + Sync + 'static {
+    /// The reservation state every host and path sees. Called for every
+    /// command that a reservation could refuse, so it should be served from
+    /// a cache the host keeps current.
+    async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError>;
+
+    /// Replaces the state if its version is still `version`; `Ok(false)`
+    /// when another writer got there first (the caller reloads and retries).
+    async fn store_reservations(
+        &self,
+        version: u64,
+        state: ReservationState,
+    ) -> Result<bool, EnvironmentError>;
+
+    /// Target port groups that serve this unit.
+    fn port_groups(&self) -> Vec<TargetPortGroup>;
+
+    /// Another unit of the datastore by the designator of its VPD 0x83 NAA
+    /// descriptor (the bytes after the 4-byte descriptor header).
+    fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>>;
+
+    /// Datastore space, when the host knows it.
+    fn datastore_space(&self) -> Option<DatastoreSpace>;
+}
+
+/// Units of one in-memory datastore, for EXTENDED COPY between them and the
+/// space they use together.
+#[derive(Default)]
+pub struct MemoryDatastore {
+    units: Mutex<Vec<Arc<dyn BlockDevice>>>,
+    capacity_bytes: Mutex<Option<u64>>,
+}
+
+impl MemoryDatastore {
+    /// An empty datastore.
+    pub fn new() -> Arc<Self> {
+        Arc::new(MemoryDatastore::default())
+    }
+
+    /// Makes `device` reachable by its NAA designator.
+    pub fn add(&self, device: Arc<dyn BlockDevice>) {
+        self.units.lock().push(device);
+    }
+
+    /// Sets the capacity the soft threshold is measured against.
+    pub fn set_capacity(&self, bytes: u64) {
+        *self.capacity_bytes.lock() = Some(bytes);
+    }
+
+    fn resolve(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
+        self.units
+            .lock()
+            .iter()
+            .find(|d| super::inquiry::naa_designator(d.info().serial)[..] == *designator)
+            .cloned()
+    }
+
+    fn space(&self) -> Option<DatastoreSpace> {
+        let capacity = (*self.capacity_bytes.lock())?;
+        let used = self
+            .units
+            .lock()
+            .iter()
+            .map(|d| d.space().allocated_bytes)
+            .sum();
+        Some(DatastoreSpace {
+            used_bytes: used,
+            capacity_bytes: capacity,
+        })
+    }
+}
+
+/// Reservations, port groups and datastore of a unit served by one process.
+pub struct MemoryEnvironment {
+    reservations: Mutex<VersionedReservations>,
+    port_groups: Mutex<Vec<TargetPortGroup>>,
+    datastore: Arc<MemoryDatastore>,
+}
+
+impl MemoryEnvironment {
+    /// One port group (id 1, active/optimized) holding relative port 1, in
+    /// `datastore`.
+    pub fn new(datastore: Arc<MemoryDatastore>) -> Self {
+        MemoryEnvironment {
+            reservations: Mutex::new(VersionedReservations {
+                version: 0,
+                state: Arc::new(ReservationState::default()),
+            }),
+            port_groups: Mutex::new(vec![TargetPortGroup {
+                id: 1,
+                state: AluaState::ActiveOptimized,
+                ports: vec![1],
+            }]),
+            datastore,
+        }
+    }
+
+    /// Replaces the port groups (ownership moved, a host joined).
+    pub fn set_port_groups(&self, groups: Vec<TargetPortGroup>) {
+        *self.port_groups.lock() = groups;
+    }
+}
+
+#[async_trait]
+impl UnitEnvironment for MemoryEnvironment {
+    async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
+        Ok(self.reservations.lock().clone())
+    }
+
+    async fn store_reservations(
+        &self,
+        version: u64,
+        state: ReservationState,
+    ) -> Result<bool, EnvironmentError> {
+        let mut current = self.reservations.lock();
+        if current.version != version {
+            return Ok(false);
+        }
+        *current = VersionedReservations {
+            version: version + 1,
+            state: Arc::new(state),
+        };
+        Ok(true)
+    }
+
+    fn port_groups(&self) -> Vec<TargetPortGroup> {
+        self.port_groups.lock().clone()
+    }
+
+    fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
+        self.datastore.resolve(designator)
+    }
+
+    fn datastore_space(&self) -> Option<DatastoreSpace> {
+        self.datastore.space()
+    }
+}
