@@ -7,9 +7,13 @@
 //! allocated, and a data buffer only while one holds data. Nothing is
 //! durable: `flush` only orders. COMPARE AND WRITE takes a device-wide lock
 //! that every writer also takes in shared mode, which makes it atomic
-//! against all other commands.
-//! Invariant: bytes of a chunk's buffer that belong to blocks not holding
-//! data are zero, so a read copies a chunk without looking at its blocks.
+//! against all other commands. `copy_from` another memory device (or
+//! itself) shares whole chunk buffers by reference, copy on write, so a
+//! clone moves no data; [`MemoryDevice::physical_bytes`] counts a shared
+//! buffer once across the devices holding it.
+//! Invariants: bytes of a chunk's buffer that belong to blocks not holding
+//! data are zero, so a read copies a chunk without looking at its blocks; a
+//! buffer is written only while this chunk is its sole holder.
 
 use crate::{
     check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
@@ -22,6 +26,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Allocation unit, in bytes.
 const BLOCK: u64 = 4096;
@@ -57,10 +62,11 @@ impl Hasher for ChunkHasher {
 }
 
 /// Sixteen blocks: which hold data, which are allocated zeros.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Chunk {
-    /// `CHUNK` bytes while some block holds data.
-    data: Option<Box<[u8]>>,
+    /// `CHUNK` bytes while some block holds data; shared between chunks
+    /// (of this or another device) after a copy, until one of them writes.
+    data: Option<Arc<[u8]>>,
     data_mask: u16,
     zero_mask: u16,
 }
@@ -82,15 +88,17 @@ impl Chunk {
     }
 
     fn buffer(&mut self) -> &mut [u8] {
-        self.data
-            .get_or_insert_with(|| vec![0u8; CHUNK as usize].into_boxed_slice())
+        Arc::make_mut(
+            self.data
+                .get_or_insert_with(|| Arc::from(vec![0u8; CHUNK as usize])),
+        )
     }
 
     /// Zeros the bytes of a block that stops holding data.
     fn clear_block(&mut self, index: u64) {
         if let Some(data) = self.data.as_mut() {
             let at = (index * BLOCK) as usize;
-            data[at..at + BLOCK as usize].fill(0);
+            Arc::make_mut(data)[at..at + BLOCK as usize].fill(0);
         }
     }
 }
@@ -251,6 +259,45 @@ impl MemoryDevice {
     }
 }
 
+impl MemoryDevice {
+    /// Bytes of data this device keeps in memory, a buffer shared with other
+    /// chunks counted as its share: summed over the devices of one
+    /// datastore, the memory their data really takes.
+    pub fn physical_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for shard in &self.shards {
+            for chunk in shard.lock().values() {
+                if let Some(data) = &chunk.data {
+                    let blocks = chunk.data_mask.count_ones() as u64;
+                    total += blocks * BLOCK / Arc::strong_count(data) as u64;
+                }
+            }
+        }
+        total
+    }
+
+    /// Makes chunk `dst_chunk` of this device hold what chunk `src_chunk` of
+    /// `source` holds, sharing its buffer.
+    fn share_chunk(&self, source: &MemoryDevice, src_chunk: u64, dst_chunk: u64) {
+        let copied = source
+            .shard(src_chunk)
+            .lock()
+            .get(&src_chunk)
+            .cloned()
+            .unwrap_or_default();
+        let added = copied.allocated();
+        let mut shard = self.shard(dst_chunk).lock();
+        let removed = if added == 0 {
+            shard.remove(&dst_chunk).map_or(0, |c| c.allocated())
+        } else {
+            shard.insert(dst_chunk, copied).map_or(0, |c| c.allocated())
+        };
+        drop(shard);
+        self.allocated_blocks.fetch_add(added, Ordering::Relaxed);
+        self.allocated_blocks.fetch_sub(removed, Ordering::Relaxed);
+    }
+}
+
 #[async_trait]
 impl BlockDevice for MemoryDevice {
     fn info(&self) -> DeviceInfo {
@@ -304,6 +351,43 @@ impl BlockDevice for MemoryDevice {
             return Err(BlockError::Miscompare { offset: at as u64 });
         }
         self.write_now(offset, &new);
+        Ok(())
+    }
+
+    /// From another memory device (or this one), whole chunks at the same
+    /// offset within a chunk on both sides are shared by reference; the
+    /// ragged edges are copied.
+    async fn copy_from(
+        &self,
+        source: &dyn BlockDevice,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), BlockError> {
+        let Some(memory) = source.as_any().downcast_ref::<MemoryDevice>() else {
+            return crate::copy_by_data(source, self, src_offset, dst_offset, len).await;
+        };
+        self.writable()?;
+        check_range(&memory.info, "copy (source)", src_offset, len)?;
+        check_range(&self.info, "copy (destination)", dst_offset, len)?;
+        let _shared = self.atomicity.read();
+        let overlapping = std::ptr::eq(memory, self)
+            && src_offset < dst_offset + len
+            && dst_offset < src_offset + len;
+        if overlapping || src_offset % CHUNK != dst_offset % CHUNK {
+            let data = memory.read_now(src_offset, len);
+            self.write_now(dst_offset, &data);
+            return Ok(());
+        }
+        for (chunk, within, step) in chunk_pieces(dst_offset, dst_offset + len) {
+            let at = chunk * CHUNK + within - dst_offset;
+            if step == CHUNK {
+                self.share_chunk(memory, (src_offset + at) / CHUNK, chunk);
+            } else {
+                let data = memory.read_now(src_offset + at, step);
+                self.write_now(dst_offset + at, &data);
+            }
+        }
         Ok(())
     }
 
@@ -408,7 +492,82 @@ mod tests {
         });
     }
 
+    #[test]
+    fn copy_between_devices_shares_chunks_and_copies_on_write() {
+        let size = 8 * CHUNK;
+        let a = MemoryDevice::new("a", size);
+        let b = MemoryDevice::new("b", size);
+        block_on(async {
+            a.write(
+                0,
+                Bytes::from(vec![5u8; (4 * CHUNK) as usize]),
+                WriteFlags::default(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(a.physical_bytes(), 4 * CHUNK);
+            b.copy_from(&a, 0, 2 * CHUNK, 4 * CHUNK).await.unwrap();
+            assert_eq!(
+                b.read(2 * CHUNK, 4 * CHUNK).await.unwrap(),
+                a.read(0, 4 * CHUNK).await.unwrap()
+            );
+            assert_eq!(b.space().allocated_bytes, 4 * CHUNK);
+            // Shared: the two devices together still hold one copy.
+            assert_eq!(a.physical_bytes() + b.physical_bytes(), 4 * CHUNK);
+            b.write(
+                2 * CHUNK,
+                Bytes::from(vec![9u8; 512]),
+                WriteFlags::default(),
+            )
+            .await
+            .unwrap();
+            assert!(a.read(0, 512).await.unwrap().iter().all(|&x| x == 5));
+            assert!(b
+                .read(2 * CHUNK, 512)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&x| x == 9));
+            // Unaligned copies move data, holes and all.
+            b.copy_from(&a, 100, 7 * CHUNK + 12, 1000).await.unwrap();
+            assert!(b
+                .read(7 * CHUNK + 12, 1000)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&x| x == 5));
+            let err = b.copy_from(&a, size - 10, 0, 20).await.unwrap_err();
+            assert!(matches!(err, BlockError::OutOfRange { .. }));
+        });
+    }
+
     proptest! {
+        /// Copies within one device agree with `copy_within` on a flat model,
+        /// and shared buffers never count for more than the data they hold.
+        #[test]
+        fn self_copies_agree_with_flat_model(ops in proptest::collection::vec((any::<bool>(), 0u64..(4 * CHUNK), 0u64..(4 * CHUNK), 1u64..(2 * CHUNK), any::<u8>()), 1..40)) {
+            let size = 4 * CHUNK;
+            let dev = MemoryDevice::new("c", size);
+            let mut model = vec![0u8; size as usize];
+            block_on(async {
+                for (copy, from, to, len, byte) in ops {
+                    if copy {
+                        let len = len.min(size - from).min(size - to);
+                        if len == 0 { continue; }
+                        dev.copy_from(&dev, from, to, len).await.unwrap();
+                        model.copy_within(from as usize..(from + len) as usize, to as usize);
+                    } else {
+                        let len = len.min(size - from);
+                        dev.write(from, Bytes::from(vec![byte; len as usize]), WriteFlags::default()).await.unwrap();
+                        model[from as usize..(from + len) as usize].fill(byte);
+                    }
+                }
+                let all = dev.read(0, size).await.unwrap();
+                assert_eq!(&all[..], &model[..]);
+                assert!(dev.physical_bytes() <= dev.space().allocated_bytes);
+            });
+        }
+
         /// The device agrees with a flat byte array under random operations,
         /// its allocation map with a per-block model, and its space with the
         /// blocks that model holds allocated.

@@ -12,7 +12,7 @@ use super::reservations::ReservationState;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use tessera_blockdev::BlockDevice;
+use tessera_blockdev::{BlockDevice, MemoryDevice};
 
 /// Asymmetric access state of a target port group (SPC-5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,11 @@ impl MemoryDatastore {
             .units
             .lock()
             .iter()
-            .map(|d| d.space().allocated_bytes)
+            .map(|d| match d.as_any().downcast_ref::<MemoryDevice>() {
+                // Blocks shared by EXTENDED COPY count once.
+                Some(memory) => memory.physical_bytes(),
+                None => d.space().allocated_bytes,
+            })
             .sum();
         Some(DatastoreSpace {
             used_bytes: used,
