@@ -84,10 +84,14 @@ pub struct LogEntry {
 pub struct LogRecordHeader {
     /// Record sequence number.
     pub seq: u64,
-    /// Sequence of the first record of the group commit this record belongs
-    /// to. Records of one group commit are synced together, so recovery can
-    /// tell a torn tail (damage inside the last group) from damage to a record
-    /// that was already synced (a later group exists).
+    /// The first sequence that was not yet durable when this record was
+    /// written: the first record of its own group commit, or of an earlier
+    /// commit whose sync was still running. Every record before it was
+    /// synced, so recovery can tell a torn tail (damage to a record no later
+    /// record vouches for) from damage to a record that was already synced
+    /// (a later record names a higher sequence here). Logs written when one
+    /// commit was in flight at a time hold the first record of the record's
+    /// own commit, which fits the same rule.
     pub batch_first_seq: u64,
     /// Entries.
     pub entries: Vec<LogEntry>,

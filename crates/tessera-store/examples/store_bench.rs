@@ -7,7 +7,8 @@
 //!   store_bench read DIR SIZE_GIB QD SECONDS  random reads
 //!   store_bench memory DIR GIB                write GIB sequentially, print RSS
 //!
-//! Output: one line `iops=<n> ops=<n> seconds=<s> rss_kib=<n>`.
+//! Output: one line `iops=<n> ops=<n> seconds=<s> rss_kib=<n>` (write and
+//! read also print the write log's group commit counters).
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -126,10 +127,14 @@ async fn main() -> Result<()> {
             let started = Instant::now();
             let ops = run(dg.clone(), blocks, qd, seconds, args[1] == "write").await?;
             let elapsed = started.elapsed().as_secs_f64();
+            let log = dg.log_stats();
             println!(
-                "iops={:.0} ops={ops} seconds={elapsed:.2} rss_kib={}",
+                "iops={:.0} ops={ops} seconds={elapsed:.2} rss_kib={} group_commits={} overlapped={} syncs={}",
                 ops as f64 / elapsed,
-                rss_kib()
+                rss_kib(),
+                log.group_commits,
+                log.overlapped_commits,
+                log.syncs
             );
         }
         "memory" => {

@@ -1,26 +1,31 @@
-//! The store's two worker threads: the log writer (group commit) and the
-//! destager (capacity tier, index updates, checkpoints).
+//! The store's worker threads: the log writer and the log syncers (group
+//! commit) and the destager (capacity tier, index updates, checkpoints).
 //!
 //! Owns: all writes to devices while the disk group runs. Must not touch:
-//! admission rules (in `state`). The log writer takes every request that
-//! arrived while the previous group commit was in flight, writes them as
-//! consecutive records with one positional write and makes them durable with
-//! one `fdatasync`, so the number of syncs per write falls as the queue grows.
-//! The destager copies logged blocks to newly allocated capacity blocks
-//! (never over a block the committed index points to), updates the index
-//! pages in the cache, and checkpoints: dirty pages to their alternate slots,
-//! capacity devices synced, then the checkpoint record, then the log tail
-//! moves and replaced blocks become free.
+//! admission rules (in `state`). The log writer takes every request queued
+//! since its last write, writes them as consecutive records with one
+//! positional write and hands the batch to the syncers without waiting for
+//! its sync: the next batch is written while the previous one's `fdatasync`
+//! runs. A syncer's `fdatasync` covers every batch written before it began;
+//! batches are acknowledged strictly in log order, so the number of syncs per
+//! write falls as the queue grows and no write waits for a sync that began
+//! before it was written. The destager copies logged blocks to newly
+//! allocated capacity blocks (never over a block the committed index points
+//! to; several writes in flight), updates the index pages in the cache, and
+//! checkpoints: dirty pages to their alternate slots, capacity devices
+//! synced, then the checkpoint record, then the log tail moves and replaced
+//! blocks become free.
 //!
-//! Invariant: a request is acknowledged only after the `fdatasync` that
-//! covers its record returned (unless the test-only `ack_before_durable`
-//! switch is on, which exists to prove the crash tests can fail).
+//! Invariants: a request is acknowledged only after an `fdatasync` that began
+//! after its record was written returned (unless the test-only
+//! `ack_before_durable` switch is on, which exists to prove the crash tests
+//! can fail); a checkpoint's log tail never passes the durable head.
 
 use crate::index::{RootEntry, LBAS_PER_PAGE};
-use crate::state::{LoggedRecord, Request, State};
+use crate::state::{LoggedRecord, Request, State, WrittenBatch};
 use crate::StoreError;
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_env::{AlignedBuf, Disk, DiskError};
@@ -44,16 +49,27 @@ pub(crate) const OVERLAY_BYTES_MAX: u64 = 128 << 20;
 /// write log's next sync, which waits for the device to drain.
 const CHECKPOINT_WRITERS: usize = 2;
 
+/// Threads writing one destage pass's runs (the device queue depth the
+/// destager uses): capacity blocks come from a free map with holes, so a pass
+/// is many short writes, and one at a time they would bound write IOPS at the
+/// device's queue-depth-1 rate.
+const DESTAGE_WRITERS: usize = 8;
+
 /// Blocks the destager moves per pass (one allocation, one set of writes).
 pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
 
 /// Longest a change waits in the index cache before a checkpoint, in time.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
 
-/// Longest the log writer waits for a group commit to fill up to the size of
-/// the previous one: writers acknowledged together come back together, and
-/// waiting a little for them saves a sync.
-const GATHER_WAIT: Duration = Duration::from_micros(150);
+/// Threads syncing the write log: up to this many `fdatasync` calls run at
+/// once, each covering the batches written before it began.
+pub(crate) const LOG_SYNCERS: usize = 2;
+
+/// Most log blocks written and not yet synced: the writer lays out the next
+/// group commits while a sync runs, up to this much. Recovery looks this far
+/// (plus one commit) past the durable head for records of commits that were
+/// in flight (see `recovery::clear_unsynced_records`).
+pub(crate) const UNSYNCED_BLOCKS_MAX: u64 = 2 * COMMIT_BLOCKS_MAX;
 
 /// How long a worker sleeps waiting for work before looking at the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
@@ -84,6 +100,8 @@ pub(crate) struct Shared {
     pub(crate) geo: Geometry,
     pub(crate) state: Mutex<State>,
     pub(crate) log_work: Condvar,
+    /// Signalled when the log writer hands a written batch to the syncer.
+    pub(crate) sync_work: Condvar,
     pub(crate) destage_work: Condvar,
     pub(crate) log_space: Condvar,
     pub(crate) stop: AtomicBool,
@@ -193,39 +211,42 @@ struct PlannedRecord {
     tokens: Vec<u64>,
 }
 
-/// The log writer thread.
+/// The log writer thread: lays out and writes group commits; the log syncer
+/// makes them durable and acknowledges them.
+///
+/// The writer does not wait for the previous commit's sync: while the syncer
+/// runs `fdatasync` for batch N, the writer already writes batch N+1 (and
+/// more, up to [`UNSYNCED_BLOCKS_MAX`] blocks), and the syncer's next sync
+/// covers every batch written meanwhile. Each record header carries the first
+/// sequence that was not yet durable when it was written, so recovery can
+/// tell a record that was synced and damaged later (a record written after
+/// it names a later sequence) from the torn tail of commits in flight.
 pub(crate) fn run_log_writer(shared: Arc<Shared>) {
     let log_blocks = shared.geo.log_blocks;
-    let mut last_batch = 0usize;
     loop {
         let mut st = shared.state.lock();
-        while (st.queue.is_empty() || st.destage_blocks > st.overlay_cap_blocks)
-            && !shared.stop.load(Ordering::Acquire)
-            && st.failed.is_none()
-        {
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                st.fail_group_quietly("disk group closed");
+                shared.sync_work.notify_all();
+                return;
+            }
+            if let Some(reason) = st.failed.clone() {
+                // Requests that raced with the failure get the error too.
+                st.fail_group(reason);
+                shared.log_work.wait_for(&mut st, IDLE_WAIT);
+                continue;
+            }
             if st.queue.is_empty() {
                 shared.log_work.wait_for(&mut st, IDLE_WAIT);
-            } else {
+            } else if st.destage_blocks > st.overlay_cap_blocks {
                 shared.destage_work.notify_all();
                 shared.log_space.wait_for(&mut st, IDLE_WAIT);
+            } else if st.unsynced_blocks >= UNSYNCED_BLOCKS_MAX {
+                shared.log_space.wait_for(&mut st, IDLE_WAIT);
+            } else {
+                break;
             }
-        }
-        if last_batch > 1 {
-            let deadline = Instant::now() + GATHER_WAIT;
-            while st.queue.len() < last_batch && !shared.stop.load(Ordering::Acquire) {
-                if shared.log_work.wait_until(&mut st, deadline).timed_out() {
-                    break;
-                }
-            }
-        }
-        if shared.stop.load(Ordering::Acquire) {
-            st.fail_group_quietly("disk group closed");
-            return;
-        }
-        if st.failed.is_some() {
-            let reason = st.failed.clone().unwrap_or_default();
-            st.fail_group(reason);
-            continue;
         }
         let mut reqs: Vec<Request> = Vec::new();
         let mut blocks = 0u64;
@@ -239,17 +260,23 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
                 reqs.push(r);
             }
         }
-        last_batch = reqs.len();
         // Lay the records out; wait for log space if the tail is too close.
-        let batch_first = st.head_seq;
         let records = loop {
-            let records = plan_records(&mut reqs, st.vhead, batch_first, log_blocks);
+            // Every sequence from the durable head on may still be lost.
+            let not_durable = st.head_seq;
+            let records = plan_records(
+                &mut reqs,
+                st.written_vhead,
+                st.written_seq,
+                not_durable,
+                log_blocks,
+            );
             let vend = records
                 .last()
                 .map(|r| r.vstart + r.header.record_blocks() as u64)
-                .unwrap_or(st.vhead);
+                .unwrap_or(st.written_vhead);
             if vend - st.vtail <= log_blocks {
-                break Some(records);
+                break Some((records, vend));
             }
             if st.failed.is_some() || shared.stop.load(Ordering::Acquire) {
                 break None;
@@ -258,21 +285,24 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
             shared.destage_work.notify_all();
             shared.log_space.wait_for(&mut st, IDLE_WAIT);
         };
-        let Some(records) = records else {
+        let Some((records, vend)) = records else {
             let reason = st
                 .failed
                 .clone()
                 .unwrap_or_else(|| "disk group closed".into());
             drop(st);
-            for mut r in reqs {
-                if let Some(done) = r.done.take() {
-                    let _ = done.send(Err(StoreError::DiskGroupFailed {
-                        reason: reason.clone(),
-                    }));
-                }
-            }
+            fail_requests(reqs, &reason);
             continue;
         };
+        let first_seq = st.written_seq;
+        let end_seq = records
+            .last()
+            .map(|r| r.header.seq + 1)
+            .unwrap_or(first_seq);
+        let batch_blocks = vend - st.written_vhead;
+        st.written_vhead = vend;
+        st.written_seq = end_seq;
+        let overlapped = !st.unsynced.is_empty() || st.syncs_running > 0;
         drop(st);
         if shared.ack_before_durable.load(Ordering::Relaxed) {
             for r in reqs.iter_mut() {
@@ -284,42 +314,128 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
         let result = write_records(&shared, &records);
         let mut st = shared.state.lock();
         match result {
-            Ok(()) => {
-                if let Some(last) = records.last() {
-                    st.vhead = last.vstart + last.header.record_blocks() as u64;
-                    st.head_seq = last.header.seq + 1;
-                }
+            Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {
+                let mut tokens = Vec::new();
+                let mut logged = Vec::with_capacity(records.len());
                 for r in records {
                     for t in &r.tokens {
-                        st.unapplied.insert(*t, (r.header.seq, r.vstart));
+                        tokens.push((*t, r.header.seq, r.vstart));
                     }
-                    st.destage_blocks += r.writes.len() as u64;
-                    st.destage.push_back(LoggedRecord {
+                    logged.push(LoggedRecord {
                         seq: r.header.seq,
                         vstart: r.vstart,
                         writes: r.writes,
                     });
                 }
-                shared.destage_work.notify_all();
-                drop(st);
-                for mut r in reqs {
-                    if let Some(done) = r.done.take() {
-                        let _ = done.send(Ok(()));
-                    }
+                st.unsynced_blocks += batch_blocks;
+                st.unsynced.push_back(WrittenBatch {
+                    first_seq,
+                    records: logged,
+                    tokens,
+                    blocks: batch_blocks,
+                    end: (vend, end_seq),
+                    reqs,
+                });
+                st.log_stats.group_commits += 1;
+                if overlapped {
+                    st.log_stats.overlapped_commits += 1;
                 }
+                shared.sync_work.notify_one();
+            }
+            Ok(()) => {
+                // The syncer may have stopped: nothing will acknowledge it.
+                let reason = st
+                    .failed
+                    .clone()
+                    .unwrap_or_else(|| "disk group closed".into());
+                drop(st);
+                fail_requests(reqs, &reason);
             }
             Err(e) => {
                 let reason = format!("cache device: {e}");
                 st.fail_group(reason.clone());
                 drop(st);
-                for mut r in reqs {
-                    if let Some(done) = r.done.take() {
-                        let _ = done.send(Err(StoreError::DiskGroupFailed {
-                            reason: reason.clone(),
-                        }));
-                    }
-                }
+                fail_requests(reqs, &reason);
             }
+        }
+    }
+}
+
+/// A log syncer thread ([`LOG_SYNCERS`] of them): one `fdatasync` covers
+/// every batch the writer finished before it began; then those batches'
+/// records go to the destager and their requests are acknowledged, strictly
+/// in log order. A syncer starts as soon as written batches are not covered
+/// by a sync already running, so a write waits for one sync after its own
+/// write, not for the end of a sync that began before it. A sync that
+/// finishes before an earlier one also acknowledges the earlier one's
+/// batches: it began after they were written, so it covers them.
+pub(crate) fn run_log_syncer(shared: Arc<Shared>) {
+    loop {
+        let mut st = shared.state.lock();
+        let target = loop {
+            if let Some(b) = st.unsynced.back() {
+                if b.first_seq >= st.sync_uncovered_seq {
+                    break b.first_seq;
+                }
+            } else if shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if shared.stop.load(Ordering::Acquire) && st.syncs_running == 0 {
+                // Batches already covered by a finished sync are gone; the
+                // rest were failed when the disk group closed.
+                return;
+            }
+            shared.sync_work.wait_for(&mut st, IDLE_WAIT);
+        };
+        st.sync_uncovered_seq = target + 1;
+        st.syncs_running += 1;
+        drop(st);
+        let result = shared.cache_disk().sync();
+        let mut st = shared.state.lock();
+        st.syncs_running -= 1;
+        st.log_stats.syncs += 1;
+        if let Err(e) = result {
+            st.fail_group(format!("cache device: {e}"));
+            shared.log_space.notify_all();
+            continue;
+        }
+        let mut done: Vec<Request> = Vec::new();
+        while st.unsynced.front().is_some_and(|b| b.first_seq <= target) {
+            let Some(batch) = st.unsynced.pop_front() else {
+                break;
+            };
+            st.unsynced_blocks = st.unsynced_blocks.saturating_sub(batch.blocks);
+            (st.vhead, st.head_seq) = batch.end;
+            for (token, seq, vstart) in batch.tokens {
+                st.unapplied.insert(token, (seq, vstart));
+            }
+            for r in batch.records {
+                st.destage_blocks += r.writes.len() as u64;
+                st.destage.push_back(r);
+            }
+            done.extend(batch.reqs);
+        }
+        if !done.is_empty() {
+            shared.destage_work.notify_all();
+            shared.log_space.notify_all();
+        }
+        // Batches written during this sync may wait for a free syncer.
+        shared.sync_work.notify_one();
+        drop(st);
+        for mut r in done {
+            if let Some(done) = r.done.take() {
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+}
+
+fn fail_requests(reqs: Vec<Request>, reason: &str) {
+    for mut r in reqs {
+        if let Some(done) = r.done.take() {
+            let _ = done.send(Err(StoreError::DiskGroupFailed {
+                reason: reason.to_string(),
+            }));
         }
     }
 }
@@ -330,13 +446,14 @@ fn plan_records(
     reqs: &mut [Request],
     vhead: u64,
     first_seq: u64,
+    not_durable: u64,
     log_blocks: u64,
 ) -> Vec<PlannedRecord> {
     let mut out: Vec<PlannedRecord> = Vec::new();
     let mut cur = PlannedRecord {
         header: LogRecordHeader {
             seq: first_seq,
-            batch_first_seq: first_seq,
+            batch_first_seq: not_durable,
             entries: Vec::new(),
         },
         vstart: 0,
@@ -355,7 +472,7 @@ fn plan_records(
                     PlannedRecord {
                         header: LogRecordHeader {
                             seq,
-                            batch_first_seq: first_seq,
+                            batch_first_seq: not_durable,
                             entries: Vec::new(),
                         },
                         vstart: 0,
@@ -396,8 +513,8 @@ fn plan_records(
     out
 }
 
-/// Writes records with as few positional writes as the wrap allows, then
-/// syncs once.
+/// Writes records with as few positional writes as the wrap allows (the
+/// syncer makes them durable).
 fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskError> {
     let log_blocks = shared.geo.log_blocks;
     let disk = shared.cache_disk();
@@ -429,7 +546,7 @@ fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskE
         disk.write_at(buf.as_slice(), offset)?;
         i = j;
     }
-    disk.sync()
+    Ok(())
 }
 
 /// One block the destager moves.
@@ -561,7 +678,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
         .filter(|&i| items[i].loc.is_some())
         .collect();
     order.sort_by_key(|&i| items[i].loc);
-    let mut failed_devices: Vec<(u8, String)> = Vec::new();
+    let mut runs: Vec<(BlockLoc, AlignedBuf)> = Vec::new();
     let mut k = 0;
     while k < order.len() {
         let first = items[order[k]].loc.unwrap_or_default();
@@ -580,13 +697,10 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 buf.as_mut_slice()[j * BLOCK..(j + 1) * BLOCK].copy_from_slice(&d[..BLOCK]);
             }
         }
-        if let Some(disk) = shared.disk(first.device) {
-            if let Err(e) = disk.write_at(buf.as_slice(), first.block * BLOCK as u64) {
-                failed_devices.push((first.device, e.to_string()));
-            }
-        }
+        runs.push((first, buf));
         k += n;
     }
+    let failed_devices = write_parallel(shared, &runs, DESTAGE_WRITERS);
 
     // Index pages, then the index update under the lock.
     let mut attempts = 0;
@@ -696,6 +810,48 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
         st.overlay.remove(&(it.c, it.lba));
     }
     complete
+}
+
+/// Writes runs of blocks to the capacity devices from up to `threads`
+/// threads at once, so scattered writes reach the device together instead of
+/// one round trip each. Returns the devices that failed, with the error.
+fn write_parallel(
+    shared: &Shared,
+    runs: &[(BlockLoc, AlignedBuf)],
+    threads: usize,
+) -> Vec<(u8, String)> {
+    let write = |(loc, buf): &(BlockLoc, AlignedBuf)| -> Option<(u8, String)> {
+        let disk = shared.disk(loc.device)?;
+        disk.write_at(buf.as_slice(), loc.block * BLOCK as u64)
+            .err()
+            .map(|e| (loc.device, e.to_string()))
+    };
+    let threads = threads.min(runs.len());
+    if threads <= 1 {
+        return runs.iter().filter_map(write).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut failed = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(run) = runs.get(i) else {
+                return failed;
+            };
+            failed.extend(write(run));
+        }
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        let mut failed = work();
+        for h in handles {
+            match h.join() {
+                Ok(f) => failed.extend(f),
+                Err(_) => failed.push((0, "capacity writer panicked".into())),
+            }
+        }
+        failed
+    })
 }
 
 /// Writes a checkpoint; see the module doc for the order of writes.
@@ -835,39 +991,18 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
     st.checkpoint_wanted = false;
     drop(st);
 
-    let mut failed_devices: Vec<(u8, String)> = Vec::new();
     // Index pages are scattered 4 KiB writes: several threads keep the
     // devices busy instead of paying one device round trip per page.
-    let mut sorted: Vec<&(BlockLoc, Vec<u8>, (u64, u64))> = page_writes.iter().collect();
-    sorted.sort_by_key(|w| w.0);
-    let per_thread = sorted.len().div_ceil(CHECKPOINT_WRITERS).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = sorted
-            .chunks(per_thread)
-            .map(|chunk| {
-                scope.spawn(move || {
-                    let mut failed = Vec::new();
-                    let mut buf = AlignedBuf::zeroed(BLOCK);
-                    for (loc, bytes, _) in chunk.iter().map(|w| (&w.0, &w.1, &w.2)) {
-                        if let Some(disk) = shared.disk(loc.device) {
-                            buf.as_mut_slice().copy_from_slice(bytes);
-                            if let Err(e) = disk.write_at(buf.as_slice(), loc.block * BLOCK as u64)
-                            {
-                                failed.push((loc.device, e.to_string()));
-                            }
-                        }
-                    }
-                    failed
-                })
-            })
-            .collect();
-        for h in handles {
-            match h.join() {
-                Ok(f) => failed_devices.extend(f),
-                Err(_) => failed_devices.push((0, "index page writer panicked".into())),
-            }
-        }
-    });
+    let mut runs: Vec<(BlockLoc, AlignedBuf)> = page_writes
+        .iter()
+        .map(|(loc, bytes, _)| {
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            buf.as_mut_slice().copy_from_slice(bytes);
+            (*loc, buf)
+        })
+        .collect();
+    runs.sort_by_key(|r| r.0);
+    let mut failed_devices = write_parallel(shared, &runs, CHECKPOINT_WRITERS);
     for (d, _, _) in &shared.geo.areas {
         if let Some(disk) = shared.disk(*d) {
             if let Err(e) = disk.sync() {

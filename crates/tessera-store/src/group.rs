@@ -1,7 +1,8 @@
 //! [`DiskGroup`]: the store's API for the replica service.
 //!
 //! Owns: the public operations and their argument checks, and the life of the
-//! two worker threads (started on open, stopped and joined on drop). Every
+//! worker threads (log writer, log syncers, destager: started on open,
+//! stopped and joined on drop). Every
 //! operation is async and its future is `Send`; device work runs on the
 //! worker threads (writes) or on the runtime's blocking pool (reads of
 //! blocks and index pages), never on the caller's executor thread.
@@ -117,6 +118,18 @@ pub enum DiskGroupHealth {
     },
 }
 
+/// Counters of the write log since the disk group opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogStats {
+    /// Group commits written to the log.
+    pub group_commits: u64,
+    /// Group commits written while an earlier one was still waiting for its
+    /// sync (commits in flight together).
+    pub overlapped_commits: u64,
+    /// `fdatasync` calls of the log; one covers every commit written before it.
+    pub syncs: u64,
+}
+
 /// A disk group in service.
 pub struct DiskGroup {
     id: DiskGroupId,
@@ -222,6 +235,15 @@ impl DiskGroup {
                 .spawn(move || engine::run_log_writer(s))
                 .map_err(|e| StoreError::Config(format!("cannot start the log writer: {e}")))?,
         );
+        for _ in 0..engine::LOG_SYNCERS {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("store-sync".into())
+                    .spawn(move || engine::run_log_syncer(s))
+                    .map_err(|e| StoreError::Config(format!("cannot start a log syncer: {e}")))?,
+            );
+        }
         let s = shared.clone();
         threads.push(
             std::thread::Builder::new()
@@ -904,6 +926,11 @@ impl DiskGroup {
         }
     }
 
+    /// Counters of the write log's group commits since the disk group opened.
+    pub fn log_stats(&self) -> LogStats {
+        self.shared.state.lock().log_stats
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -913,6 +940,7 @@ impl Drop for DiskGroup {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.log_work.notify_all();
+        self.shared.sync_work.notify_all();
         self.shared.destage_work.notify_all();
         self.shared.log_space.notify_all();
         for t in self.threads.lock().drain(..) {
@@ -1032,6 +1060,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         geo,
         state: Mutex::new(state),
         log_work: Condvar::new(),
+        sync_work: Condvar::new(),
         destage_work: Condvar::new(),
         log_space: Condvar::new(),
         stop: AtomicBool::new(false),
@@ -1040,6 +1069,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         scrub: ScrubCounters::default(),
     });
     let replayed = recovery::replay(&shared)?;
-    tracing::info!(replayed, "disk group mounted");
+    let cleared = recovery::clear_unsynced_records(&shared)?;
+    tracing::info!(replayed, cleared, "disk group mounted");
     Ok(shared)
 }

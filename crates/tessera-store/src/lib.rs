@@ -36,7 +36,7 @@ pub use check::{check_devices, CheckProblem, CheckReport};
 pub use error::StoreError;
 pub use group::{
     ComponentSpace, ComponentSummary, DeviceSpec, DiskGroup, DiskGroupConfig, DiskGroupHealth,
-    DiskGroupSpace, GroupDevices,
+    DiskGroupSpace, GroupDevices, LogStats,
 };
 pub use recovery::COMPONENTS_MAX;
 pub use scrub::{BadBlock, ScrubProgress, ScrubReport};

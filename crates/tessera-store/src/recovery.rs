@@ -14,7 +14,7 @@
 //! group commit, which was never acknowledged, and replay ends there.
 
 use crate::alloc::Allocator;
-use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX};
+use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
 use crate::index::{IndexCache, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
 use crate::StoreError;
@@ -328,6 +328,13 @@ pub(crate) fn load_state(
         unapplied: BTreeMap::new(),
         vhead: ck.log_tail_block,
         head_seq: ck.log_tail_seq,
+        written_vhead: ck.log_tail_block,
+        written_seq: ck.log_tail_seq,
+        unsynced: VecDeque::new(),
+        unsynced_blocks: 0,
+        syncs_running: 0,
+        sync_uncovered_seq: 0,
+        log_stats: crate::LogStats::default(),
         vtail: ck.log_tail_block,
         tail_seq: ck.log_tail_seq,
         checkpoint_gen: ck.generation,
@@ -618,7 +625,55 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     let mut st = shared.state.lock();
     st.vhead = v;
     st.head_seq = seq;
+    st.written_vhead = v;
+    st.written_seq = seq;
     Ok(replayed)
+}
+
+/// After replay, zeroes the header of every record that lies past the
+/// durable head: group commits the log writer had written while an earlier
+/// one was being synced, and that were never acknowledged. Left in place, one
+/// could sit exactly at the position and sequence a later record expects
+/// (new records reuse the sequences from the head on) and be replayed after
+/// newer data at the next recovery. Commits in flight never reach further
+/// than [`UNSYNCED_BLOCKS_MAX`] blocks plus one commit (and the gap a record
+/// leaves when it starts over at block 0) past the durable head, and only
+/// into free log space. Returns how many headers were cleared.
+pub(crate) fn clear_unsynced_records(shared: &Shared) -> Result<u64, StoreError> {
+    let (v, seq, vtail) = {
+        let st = shared.state.lock();
+        (st.vhead, st.head_seq, st.vtail)
+    };
+    let (disk, geo) = (shared.cache_disk(), &shared.geo);
+    let l = geo.log_blocks;
+    let free = (vtail + l).saturating_sub(v);
+    let reach = (UNSYNCED_BLOCKS_MAX + 2 * COMMIT_BLOCKS_MAX + 2).min(free);
+    const CHUNK_BLOCKS: u64 = 256;
+    let zeros = AlignedBuf::zeroed(BLOCK);
+    let mut cleared = 0u64;
+    let mut k = 0u64;
+    while k < reach {
+        let pos = (v + k) % l;
+        let n = (reach - k).min(l - pos).min(CHUNK_BLOCKS);
+        let buf = read_block(disk, geo.log_start + pos, n as usize)?;
+        for i in 0..n as usize {
+            let Ok(h) = LogRecordHeader::decode(&buf.as_slice()[i * BLOCK..(i + 1) * BLOCK]) else {
+                continue;
+            };
+            if h.seq >= seq {
+                disk.write_at(
+                    zeros.as_slice(),
+                    (geo.log_start + pos + i as u64) * BLOCK as u64,
+                )?;
+                cleared += 1;
+            }
+        }
+        k += n;
+    }
+    if cleared > 0 {
+        disk.sync()?;
+    }
+    Ok(cleared)
 }
 
 /// Loads pages until `f` stops asking for them.

@@ -113,6 +113,23 @@ pub(crate) struct Request {
     pub(crate) done: Option<tokio::sync::oneshot::Sender<Result<(), StoreError>>>,
 }
 
+/// A group commit whose records are written to the log but not yet synced:
+/// its requests are acknowledged by the sync that follows the write.
+pub(crate) struct WrittenBatch {
+    /// Sequence of the batch's first record.
+    pub(crate) first_seq: u64,
+    /// Its records, in log order.
+    pub(crate) records: Vec<LoggedRecord>,
+    /// (token, sequence, virtual block) of unmap, resize and delete entries.
+    pub(crate) tokens: Vec<(u64, u64, u64)>,
+    /// Log blocks the batch takes, gaps before a record that starts over at
+    /// block 0 included.
+    pub(crate) blocks: u64,
+    /// Where the log's head is once the batch is durable.
+    pub(crate) end: (u64, u64),
+    pub(crate) reqs: Vec<Request>,
+}
+
 /// A record that is durable in the log.
 pub(crate) struct LoggedRecord {
     pub(crate) seq: u64,
@@ -143,9 +160,26 @@ pub(crate) struct State {
     pub(crate) overlay_cap_blocks: u64,
     pub(crate) unapplied: BTreeMap<u64, (u64, u64)>,
     /// Log positions as ever-growing block counters (the device position is
-    /// the counter modulo the log size).
+    /// the counter modulo the log size). `vhead`/`head_seq` is the durable
+    /// head: every record before it is synced. Checkpoints and `settle` only
+    /// look at the durable head.
     pub(crate) vhead: u64,
     pub(crate) head_seq: u64,
+    /// Where the log writer places its next record: ahead of the durable
+    /// head by the batches written and waiting for their sync.
+    pub(crate) written_vhead: u64,
+    pub(crate) written_seq: u64,
+    /// Group commits written and not yet synced, in log order.
+    pub(crate) unsynced: VecDeque<WrittenBatch>,
+    /// Log blocks those batches take.
+    pub(crate) unsynced_blocks: u64,
+    /// Syncers inside `fdatasync`.
+    pub(crate) syncs_running: usize,
+    /// Sequence from which written batches are not covered by a sync that
+    /// has begun (the next syncer takes them).
+    pub(crate) sync_uncovered_seq: u64,
+    /// Group commit counters (see [`crate::LogStats`]).
+    pub(crate) log_stats: crate::LogStats,
     pub(crate) vtail: u64,
     pub(crate) tail_seq: u64,
     pub(crate) checkpoint_gen: u64,
@@ -509,7 +543,8 @@ impl State {
 
     /// Fails waiting requests because the disk group is closing.
     pub(crate) fn fail_group_quietly(&mut self, reason: &str) {
-        for mut r in self.queue.drain(..) {
+        let unsynced: Vec<Request> = self.take_unsynced_requests();
+        for mut r in self.queue.drain(..).chain(unsynced) {
             if let Some(done) = r.done.take() {
                 let _ = done.send(Err(StoreError::DiskGroupFailed {
                     reason: reason.to_string(),
@@ -524,12 +559,20 @@ impl State {
             tracing::error!(%reason, "disk group failed");
             self.failed = Some(reason.clone());
         }
-        for mut r in self.queue.drain(..) {
+        let unsynced: Vec<Request> = self.take_unsynced_requests();
+        for mut r in self.queue.drain(..).chain(unsynced) {
             if let Some(done) = r.done.take() {
                 let _ = done.send(Err(StoreError::DiskGroupFailed {
                     reason: reason.clone(),
                 }));
             }
         }
+    }
+
+    /// Removes the batches written but not yet synced and returns their
+    /// requests (to be failed: nothing acknowledges them any more).
+    fn take_unsynced_requests(&mut self) -> Vec<Request> {
+        self.unsynced_blocks = 0;
+        self.unsynced.drain(..).flat_map(|b| b.reqs).collect()
     }
 }
