@@ -652,18 +652,28 @@ impl FullFeature {
             .as_mut()
             .and_then(|t| accept_data_out(t, &d, edtl));
         let Some(finished_r2t) = accepted else {
+            // Error recovery level 0 cannot ask for the data again: the
+            // task ends with CHECK CONDITION (ABORTED COMMAND, DATA PHASE
+            // ERROR), later Data-Outs for it are dropped, and the
+            // connection carries on.
             tracing::info!(
                 "iSCSI Data-Out for task {:#x} out of sequence (TTT {:#x}, DataSN {}, offset {}, \
-                 {} bytes); closing the connection (error recovery level 0)",
+                 {} bytes); the task ends with a data phase error",
                 d.itt,
                 d.ttt,
                 d.data_sn,
                 d.buffer_offset,
                 d.data.len()
             );
-            let header = Pdu::DataOut(d).to_frame().bhs;
-            out.push(self.reject(reject_reason::PROTOCOL_ERROR, &header));
-            out.push(Action::Close);
+            self.drop_task(d.itt, out);
+            let response = self.status_response(
+                d.itt,
+                scsi::Status::CheckCondition.code(),
+                Residual::None,
+                0,
+                transport_sense(0x0b, 0x4b, 0x00),
+            );
+            out.push(Action::Send(response));
             return;
         };
         if let Some(length) = finished_r2t {
