@@ -159,56 +159,56 @@ pub static COMMANDS: &[CommandInfo] = &[
         None,
         "READ(10)",
         30,
-        [0x28, 0x18, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x28, 0x18, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::WRITE_10,
         None,
         "WRITE(10)",
         30,
-        [0x2A, 0x18, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x2A, 0x18, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::WRITE_AND_VERIFY_10,
         None,
         "WRITE AND VERIFY(10)",
         30,
-        [0x2E, 0x12, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x2E, 0x12, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::VERIFY_10,
         None,
         "VERIFY(10)",
         30,
-        [0x2F, 0x16, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x2F, 0x16, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::PRE_FETCH_10,
         None,
         "PRE-FETCH(10)",
         30,
-        [0x34, 0x02, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x34, 0x02, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::SYNCHRONIZE_CACHE_10,
         None,
         "SYNCHRONIZE CACHE(10)",
         60,
-        [0x35, 0x02, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x35, 0x02, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::WRITE_SAME_10,
         None,
         "WRITE SAME(10)",
         60,
-        [0x41, 0x08, F8, F8, F8, F8, 0, F8, F8, 0]
+        [0x41, 0x08, F8, F8, F8, F8, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::UNMAP,
         None,
         "UNMAP",
         60,
-        [0x42, 0, 0, 0, 0, 0, 0, F8, F8, 0]
+        [0x42, 0, 0, 0, 0, 0, 0x1F, F8, F8, 0]
     ),
     cmd!(
         op::MODE_SELECT_10,
@@ -334,56 +334,56 @@ pub static COMMANDS: &[CommandInfo] = &[
         None,
         "READ(16)",
         30,
-        [0x88, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x88, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::COMPARE_AND_WRITE,
         None,
         "COMPARE AND WRITE",
         30,
-        [0x89, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0, 0, F8, 0, 0]
+        [0x89, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0, 0, F8, 0x1F, 0]
     ),
     cmd!(
         op::WRITE_16,
         None,
         "WRITE(16)",
         30,
-        [0x8A, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x8A, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::WRITE_AND_VERIFY_16,
         None,
         "WRITE AND VERIFY(16)",
         30,
-        [0x8E, 0x12, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x8E, 0x12, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::VERIFY_16,
         None,
         "VERIFY(16)",
         30,
-        [0x8F, 0x16, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x8F, 0x16, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::PRE_FETCH_16,
         None,
         "PRE-FETCH(16)",
         30,
-        [0x90, 0x02, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x90, 0x02, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::SYNCHRONIZE_CACHE_16,
         None,
         "SYNCHRONIZE CACHE(16)",
         60,
-        [0x91, 0x02, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x91, 0x02, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::WRITE_SAME_16,
         None,
         "WRITE SAME(16)",
         60,
-        [0x93, 0x09, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0x93, 0x09, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::SERVICE_ACTION_IN_16,
@@ -425,28 +425,28 @@ pub static COMMANDS: &[CommandInfo] = &[
         None,
         "READ(12)",
         30,
-        [0xA8, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0xA8, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::WRITE_12,
         None,
         "WRITE(12)",
         30,
-        [0xAA, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0xAA, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::WRITE_AND_VERIFY_12,
         None,
         "WRITE AND VERIFY(12)",
         30,
-        [0xAE, 0x12, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0xAE, 0x12, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::VERIFY_12,
         None,
         "VERIFY(12)",
         30,
-        [0xAF, 0x16, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
+        [0xAF, 0x16, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
 ];
 

@@ -76,7 +76,9 @@ impl Default for UnitSettings {
             max_transfer_blocks: 32768,
             optimal_transfer_blocks: 2048,
             max_compare_and_write_blocks: 255,
-            max_write_same_blocks: 1 << 22,
+            // A 16-bit count, so a WRITE SAME is never longer than a WRITE
+            // SAME(10) can say; zeroing and unmapping take no data anyway.
+            max_write_same_blocks: 0xFFFF,
             max_unmap_blocks: 1 << 20,
             max_unmap_descriptors: 256,
             soft_threshold_percent: Some(80),
@@ -792,12 +794,12 @@ impl LogicalUnit {
         }
         self.check_writable()?;
         self.check_range(lba, blocks as u64)?;
-        if blocks == 0 {
-            return Ok(Bytes::new());
-        }
         let half = blocks as usize * BLOCK_BYTES as usize;
         if data.len() != 2 * half {
             return Err(Sense::invalid_cdb_field(13, None).into());
+        }
+        if blocks == 0 {
+            return Ok(Bytes::new());
         }
         bump(&self.counters.ats, 1);
         match self
@@ -860,7 +862,10 @@ impl LogicalUnit {
             return Ok(Bytes::new());
         }
         let (offset, len) = (lba * BLOCK_BYTES, blocks * BLOCK_BYTES);
-        if pattern.iter().all(|&b| b == 0) {
+        // With UNMAP the range is deallocated whatever the block holds: the
+        // unit reports LBPRZ, so it then reads as zeros, which is what
+        // initiators that send UNMAP mean (and what LIO and tgt do).
+        if unmap || pattern.iter().all(|&b| b == 0) {
             if unmap {
                 self.device
                     .unmap(offset, len)
@@ -1055,7 +1060,14 @@ impl LogicalUnit {
         if reset == Reset::TargetCold {
             *self.mode.lock() = ModeState::default();
         }
-        self.raise_attention(code, Some(nexus));
+        // A LOGICAL UNIT RESET is seen by every nexus, the asking one too
+        // (multipath initiators count it on every path); after a target
+        // reset the asking nexus already knows from the function's response.
+        let except = match reset {
+            Reset::LogicalUnit(_) => None,
+            _ => Some(nexus),
+        };
+        self.raise_attention(code, except);
         if let Ok(Err(f)) | Err(f) = self
             .update_reservations(|s| {
                 s.drop_legacy(None);

@@ -1,0 +1,221 @@
+//! libiscsi's conformance suite (`iscsi-test-cu`) against the SCSI command
+//! set served over the iSCSI transport: one in-memory volume behind two
+//! portals (relative ports 1 and 2, as two hosts would serve it), two
+//! initiator names, destructive tests allowed.
+//!
+//! The suites the VAAI offloads, provisioning, identity and reservations
+//! live in must pass with nothing failed and nothing skipped. Skips when
+//! `iscsi-test-cu` is missing, unless TESSERA_REQUIRE_TOOLS=1.
+//! `TESSERA_ISCSI_TEST` picks another test expression (default `ALL`),
+//! `TESSERA_ISCSI_TEST_LOG` keeps the log at a path.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_blockdev::MemoryDevice;
+use tessera_iscsi::scsi::{
+    AluaState, BlockTarget, LogicalUnit, MemoryDatastore, MemoryEnvironment, ScsiTarget,
+    TargetPortGroup, UnitSettings,
+};
+use tessera_iscsi::{serve, ChapCredentials, StaticCatalog, TargetEntry, TargetPortal};
+use tokio::net::TcpListener;
+
+const TARGET: &str = "iqn.2026-11.io.tessera:conformance";
+
+/// Suites that must run with 0 failed and 0 skipped.
+const CORE: &[&str] = &[
+    "CompareAndWrite",
+    "ExtendedCopy",
+    "ReceiveCopyResults",
+    "WriteSame10",
+    "WriteSame16",
+    "Unmap",
+    "GetLBAStatus",
+    "Inquiry",
+    "ReadCapacity16",
+    "ReportSupportedOpcodes",
+    "Reserve6",
+    "PrinReadKeys",
+    "PrinServiceactionRange",
+    "PrinReportCapabilities",
+    "ProutRegister",
+    "ProutReserve",
+    "ProutClear",
+    "ProutPreempt",
+];
+
+fn tool_present(name: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Per suite: passed, failed, skipped (CUnit counts skips as passes; a test
+/// whose output says SKIPPED counts as skipped here, one that says FAILED
+/// anywhere as failed).
+fn summarise(log: &str) -> BTreeMap<String, [u32; 3]> {
+    let mut out: BTreeMap<String, [u32; 3]> = BTreeMap::new();
+    let mut suite: Option<String> = None;
+    let mut test: Option<usize> = None;
+    let close =
+        |out: &mut BTreeMap<String, [u32; 3]>, suite: &Option<String>, test: Option<usize>| {
+            if let (Some(s), Some(state)) = (suite, test) {
+                out.entry(s.clone()).or_default()[state] += 1;
+            }
+        };
+    for line in log.lines() {
+        if let Some(rest) = line.strip_prefix("Suite: ") {
+            close(&mut out, &suite, test);
+            let name = rest.split_whitespace().next().unwrap_or("").to_string();
+            // A suite run again (multipath) counts by its last run.
+            out.insert(name.clone(), [0; 3]);
+            suite = Some(name);
+            test = None;
+            continue;
+        }
+        if let Some(rest) = line.trim_start().strip_prefix("Test: ") {
+            if line.starts_with(char::is_whitespace) && !rest.is_empty() {
+                close(&mut out, &suite, test);
+                test = Some(0);
+            }
+        }
+        if line.starts_with("Run Summary") {
+            close(&mut out, &suite, test);
+            test = None;
+            continue;
+        }
+        if let Some(state) = test.as_mut() {
+            if line.contains("FAILED") {
+                *state = 1;
+            } else if line.contains("SKIPPED") && *state != 1 {
+                *state = 2;
+            }
+        }
+    }
+    out
+}
+
+fn start_portal(
+    runtime: &tokio::runtime::Runtime,
+    device: Arc<dyn ScsiTarget>,
+    relative_port: u16,
+) -> std::net::SocketAddr {
+    let listener = runtime
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let catalog = Arc::new(StaticCatalog::new());
+    catalog.insert(TargetEntry {
+        name: TARGET.into(),
+        alias: None,
+        device,
+        portals: vec![TargetPortal {
+            address: addr.to_string(),
+            portal_group_tag: relative_port,
+        }],
+        portal_group_tag: relative_port,
+        relative_port,
+        allowed_initiators: Vec::new(),
+        chap: ChapCredentials::default(),
+    });
+    runtime.spawn(async move {
+        let _ = serve(listener, catalog, std::future::pending()).await;
+    });
+    addr
+}
+
+fn run_test_cu(tests: &str, urls: &[&str]) -> String {
+    let output = Command::new("timeout")
+        .arg("1500")
+        .arg("iscsi-test-cu")
+        .arg("--dataloss")
+        .args(["-i", "iqn.2026-11.io.tessera.test:initiator-1"])
+        .args(["-I", "iqn.2026-11.io.tessera.test:initiator-2"])
+        .args(["-t", tests])
+        .args(urls)
+        .output()
+        .expect("run iscsi-test-cu");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn libiscsi_conformance_suites_pass() {
+    if !tool_present("iscsi-test-cu") {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "iscsi-test-cu (package libiscsi-bin) is required"
+        );
+        eprintln!("skipping: iscsi-test-cu (package libiscsi-bin) is not installed");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let datastore = MemoryDatastore::new();
+    let device = Arc::new(MemoryDevice::new("conformance", 128 << 20));
+    datastore.add(device.clone());
+    let environment = Arc::new(MemoryEnvironment::new(datastore));
+    environment.set_port_groups(vec![
+        TargetPortGroup {
+            id: 1,
+            state: AluaState::ActiveOptimized,
+            ports: vec![1],
+        },
+        TargetPortGroup {
+            id: 2,
+            state: AluaState::ActiveNonOptimized,
+            ports: vec![2],
+        },
+    ]);
+    let unit = Arc::new(LogicalUnit::new(
+        device,
+        environment,
+        UnitSettings::default(),
+    ));
+    let target = Arc::new(BlockTarget::new());
+    target.insert_unit(0, unit);
+    let first = start_portal(&runtime, target.clone(), 1);
+    let second = start_portal(&runtime, target.clone(), 2);
+    let tests = std::env::var("TESSERA_ISCSI_TEST").unwrap_or_else(|_| "ALL".into());
+    let one = format!("iscsi://{first}/{TARGET}/0");
+    let two = format!("iscsi://{second}/{TARGET}/0");
+    // Everything through one portal (the second initiator name clones the
+    // first path), then the multipath suite through both: with a second
+    // path open during the other suites, the unit attentions SAM-5 raises
+    // on it (mode parameters changed, resets) meet the test tool's clean-up
+    // commands, which do not expect them.
+    let mut output = run_test_cu(&tests, &[&one]);
+    if tests == "ALL" {
+        output.push_str(&run_test_cu("SCSI.MultipathIO", &[&one, &two]));
+    }
+    if let Ok(path) = std::env::var("TESSERA_ISCSI_TEST_LOG") {
+        std::fs::write(path, &output).expect("write log");
+    }
+    let summary = summarise(&output);
+    let mut problems = Vec::new();
+    for (suite, [passed, failed, skipped]) in &summary {
+        eprintln!("{suite:28} passed {passed:3} failed {failed:3} skipped {skipped:3}");
+        if *failed > 0 {
+            problems.push(format!("{suite}: {failed} failed"));
+        }
+        if *skipped > 0 && CORE.contains(&suite.as_str()) {
+            problems.push(format!("{suite}: {skipped} skipped"));
+        }
+    }
+    if tests == "ALL" {
+        for suite in CORE {
+            if !summary.contains_key(*suite) {
+                problems.push(format!("{suite}: did not run"));
+            }
+        }
+    }
+    assert!(!summary.is_empty(), "no suite ran:\n{output}");
+    assert!(problems.is_empty(), "{problems:?}");
+    runtime.shutdown_timeout(Duration::from_secs(1));
+}
