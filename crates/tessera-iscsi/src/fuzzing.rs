@@ -232,7 +232,7 @@ fn full_feature_with(logged_in: &LoggedIn, pdus: Vec<Pdu>) {
                     queue.extend(session.complete(command.tag, response));
                 }
                 Action::Reset { itt, .. } => queue.extend(session.reset_done(itt)),
-                Action::Abort(_) => {}
+                Action::Abort(_) | Action::EndNexus => {}
                 Action::Close => return,
             }
         }

@@ -290,34 +290,34 @@ impl Login {
                 KeyAnswer::Silent => {}
             }
         }
+        // Our declarations, unless a key of the same name is already
+        // answered in this text (a key appears once per text).
+        let mut declarations = Vec::new();
         if self.stage == STAGE_OPERATIONAL && !self.declared {
-            self.declared = true;
-            replies.push((
-                "MaxRecvDataSegmentLength".into(),
+            declarations.push((
+                "MaxRecvDataSegmentLength".to_string(),
                 self.limits.max_recv_data_segment_length.to_string(),
             ));
-            if first {
-                if let Some(target) = &self.target {
-                    if let Some(alias) = &target.alias {
-                        replies.push(("TargetAlias".into(), alias.clone()));
-                    }
-                    replies.push((
-                        "TargetPortalGroupTag".into(),
-                        target.portal_group_tag.to_string(),
-                    ));
-                }
-            }
         }
-        if first && self.stage == STAGE_SECURITY {
+        if first {
             if let Some(target) = &self.target {
-                replies.push((
+                declarations.push((
                     "TargetPortalGroupTag".into(),
                     target.portal_group_tag.to_string(),
                 ));
                 if let Some(alias) = &target.alias {
-                    replies.push(("TargetAlias".into(), alias.clone()));
+                    declarations.push(("TargetAlias".into(), alias.clone()));
                 }
             }
+        }
+        for (key, value) in declarations {
+            if replies.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            if key == "MaxRecvDataSegmentLength" {
+                self.declared = true;
+            }
+            replies.push((key, value));
         }
         // Transit when the initiator asks and, in the security stage, once
         // authentication is done.

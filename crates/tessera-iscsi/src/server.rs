@@ -313,8 +313,9 @@ pub async fn serve_connection(
         let _ = stop_rx.wait_for(|s| *s).await;
     };
     let outcome = conn.run(&*catalog, shutdown, reinstated).await;
+    let told = conn.nexus_ended;
     drop(conn);
-    if let Some(target) = &target {
+    if let Some(target) = target.as_ref().filter(|_| !told) {
         target.nexus_ended(&nexus);
     }
     {
@@ -478,6 +479,8 @@ struct Connection<'a> {
     running: FuturesUnordered<BoxFuture<'static, Done>>,
     aborts: HashMap<u32, AbortHandle>,
     closing: bool,
+    /// The SCSI target was told the nexus ended (at logout).
+    nexus_ended: bool,
 }
 
 impl<'a> Connection<'a> {
@@ -503,6 +506,7 @@ impl<'a> Connection<'a> {
             running: FuturesUnordered::new(),
             aborts: HashMap::new(),
             closing: false,
+            nexus_ended: false,
         }
     }
 
@@ -664,6 +668,12 @@ impl<'a> Connection<'a> {
                         }
                         .boxed(),
                     );
+                }
+                Action::EndNexus => {
+                    if let Some(target) = &self.target {
+                        target.nexus_ended(self.session.nexus());
+                    }
+                    self.nexus_ended = true;
                 }
                 Action::Close => self.closing = true,
             }

@@ -93,6 +93,9 @@ pub enum Action {
         /// What to reset.
         reset: Reset,
     },
+    /// The I_T nexus ends now (a logout): the SCSI target drops what it
+    /// keeps per nexus before the initiator hears the Logout Response.
+    EndNexus,
     /// Close the connection once everything before this is sent.
     Close,
 }
@@ -419,6 +422,7 @@ impl FullFeature {
                     for itt in self.tasks.keys().copied().collect::<Vec<_>>() {
                         self.drop_task(itt, out);
                     }
+                    out.push(Action::EndNexus);
                 }
                 let (exp, max) = self.window();
                 let stat_sn = self.next_stat_sn();
