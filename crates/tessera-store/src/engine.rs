@@ -106,8 +106,11 @@ pub(crate) struct Shared {
     pub(crate) log_space: Condvar,
     pub(crate) stop: AtomicBool,
     pub(crate) ack_before_durable: AtomicBool,
-    /// 1 while a read runs on its caller's thread (see `DiskGroup::fetch`).
+    /// Reads of the capacity devices in flight, inline or on reader threads
+    /// (see `DiskGroup::fetch`).
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
+    /// Threads that read the capacity devices for clients.
+    pub(crate) readers: crate::readers::ReaderPool,
     pub(crate) scrub: ScrubCounters,
 }
 

@@ -10,6 +10,7 @@
 
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
+use crate::readers::{ReaderPool, READER_THREADS};
 use crate::recovery;
 use crate::state::{Component, Request, Source, State};
 use crate::{StoreError, WRITE_BYTES_MAX};
@@ -629,27 +630,31 @@ impl DiskGroup {
             .iter()
             .filter(|s| matches!(s, Source::Disk(..)))
             .count();
-        // A lone read runs on the calling thread: handing it to the blocking
-        // pool and back costs two cross-core wake-ups, more than the read.
-        // Concurrent reads go to the pool so they reach the device together.
-        let alone = disk_blocks == 1
-            && self
-                .shared
-                .reads_in_flight
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
+        // A lone read runs on the calling thread: handing it to a reader
+        // thread and back costs two cross-core wake-ups, more than the read.
+        // As soon as another read is in flight (inline or on a reader
+        // thread), reads go to the reader threads, so they reach the device
+        // together and no runtime thread sits blocked in a device read while
+        // completions wait for it.
         let result = if disk_blocks == 0 {
             assemble(&shared, lba, plan)
-        } else if alone {
+        } else if self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0
+            && disk_blocks == 1
+        {
             let r = assemble(&shared, lba, plan);
-            self.shared.reads_in_flight.store(0, Ordering::Release);
+            self.shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
             r
         } else {
-            tokio::task::spawn_blocking(move || assemble(&shared, lba, plan))
-                .await
-                .map_err(|e| StoreError::DiskGroupFailed {
-                    reason: format!("read task failed: {e}"),
-                })?
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job_shared = shared.clone();
+            self.shared.readers.submit(Box::new(move || {
+                let r = assemble(&job_shared, lba, plan);
+                job_shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
+                let _ = tx.send(r);
+            }));
+            rx.await.map_err(|_| StoreError::DiskGroupFailed {
+                reason: "a reader thread stopped".into(),
+            })?
         };
         match result {
             Ok(v) => Ok(v),
@@ -946,6 +951,7 @@ impl Drop for DiskGroup {
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
+        self.shared.readers.stop();
     }
 }
 
@@ -1066,6 +1072,8 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         stop: AtomicBool::new(false),
         ack_before_durable: AtomicBool::new(false),
         reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
+        readers: ReaderPool::start(READER_THREADS)
+            .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,
         scrub: ScrubCounters::default(),
     });
     let replayed = recovery::replay(&shared)?;

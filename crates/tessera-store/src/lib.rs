@@ -28,6 +28,7 @@ mod engine;
 mod error;
 mod group;
 mod index;
+mod readers;
 mod recovery;
 mod scrub;
 mod state;
