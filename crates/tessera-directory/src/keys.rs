@@ -30,6 +30,7 @@
 //! | `components/<volume>/<component>` | [`ComponentStateRecord`] | none |
 //! | `owners/<volume>` | [`OwnerRecord`] | the owner's lease |
 //! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
+//! | `reservations/<volume>` | [`ReservationRecord`] | none: reservations persist through power loss |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -491,6 +492,63 @@ impl Keyspace {
     pub fn owner_epoch(&self, volume: &VolumeId) -> Key<OwnerEpochRecord> {
         self.key(&["owner-epochs", volume.as_str()])
     }
+
+    /// A volume's SCSI reservations.
+    pub fn reservation(&self, volume: &VolumeId) -> Key<ReservationRecord> {
+        self.key(&["reservations", volume.as_str()])
+    }
+
+    /// Every volume's SCSI reservations.
+    pub fn reservations(&self) -> Prefix<ReservationRecord> {
+        self.prefix(&["reservations"])
+    }
+}
+
+/// An I_T nexus as reservations name it: an initiator port and a relative
+/// target port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NexusRecord {
+    /// `<initiator name>,i,0x<ISID>`.
+    pub initiator_port: String,
+    /// Relative target port identifier (one per host).
+    pub relative_port: u16,
+}
+
+/// One registration of a persistent reservation key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrationRecord {
+    /// Who registered.
+    pub nexus: NexusRecord,
+    /// The reservation key.
+    pub key: u64,
+}
+
+/// The persistent reservation held on a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldReservationRecord {
+    /// The nexus holding it.
+    pub holder: NexusRecord,
+    /// The SPC-5 reservation type code.
+    pub type_code: u8,
+}
+
+/// A volume's SCSI reservations, shared by every host and path: whichever
+/// host an initiator reaches sees the same registrations and holder.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationRecord {
+    /// PRGENERATION.
+    pub generation: u32,
+    /// Registrations in registration order.
+    pub registrations: Vec<RegistrationRecord>,
+    /// The persistent reservation.
+    #[serde(default)]
+    pub reservation: Option<HeldReservationRecord>,
+    /// The RESERVE(6) holder.
+    #[serde(default)]
+    pub legacy_holder: Option<NexusRecord>,
+    /// APTPL as last registered.
+    #[serde(default)]
+    pub persist_through_power_loss: bool,
 }
 
 /// Where a host can be reached.

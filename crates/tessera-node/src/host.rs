@@ -1,5 +1,6 @@
 //! One host: its disk groups, replica service, transport, directory session,
-//! the coordinators of the volumes it owns, and its NBD exports.
+//! the coordinators of the volumes it owns, its NBD exports and its iSCSI
+//! targets.
 //!
 //! Owns: the host's control loop, which every [`TICK`] refreshes what the
 //! directory says (hosts, liveness, volumes, owners), takes ownership of
@@ -14,6 +15,7 @@
 use crate::components::ClusterComponents;
 use crate::config::{DirectoryConfig, HostConfig};
 use crate::error::NodeError;
+use crate::iscsi::{HostTargets, ReservationTable};
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
 use crate::routing::HostCatalog;
@@ -29,6 +31,7 @@ use tessera_directory::keys::{
 };
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
 use tessera_env::{Clock, Rng, SeededRng, SystemClock};
+use tessera_iscsi::scsi::environment::DatastoreSpace;
 use tessera_object::{Coordinator, LayoutRecorder};
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup};
@@ -57,6 +60,9 @@ pub struct VolumeView {
     pub owners: RwLock<HashMap<VolumeId, OwnerRecord>>,
     /// Layouts.
     pub layouts: RwLock<HashMap<VolumeId, Layout>>,
+    /// Space of every disk group together, for the thin-provisioning
+    /// threshold frontends report.
+    pub datastore: RwLock<Option<DatastoreSpace>>,
 }
 
 /// A running host.
@@ -89,6 +95,8 @@ pub struct Host {
     halted: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The iSCSI targets this host serves.
+    targets: Arc<HostTargets>,
 }
 
 /// Opens the directory a configuration names.
@@ -297,17 +305,41 @@ impl Host {
         )
         .await
         .map_err(dir_error)?;
+        let iscsi_listener = tokio::net::TcpListener::bind(config.iscsi_portal())
+            .await
+            .map_err(|e| NodeError::Serve {
+                host: id.clone(),
+                what: "iSCSI portal",
+                detail: format!("{}: {e}", config.iscsi_portal()),
+            })?;
         let (stop, _) = watch::channel(false);
+        let view = Arc::new(VolumeView::default());
+        let peers = Arc::new(Peers::default());
+        let catalog = Arc::new(HostCatalog::new(
+            id.clone(),
+            Arc::clone(&owned),
+            Arc::clone(&view),
+            Arc::clone(&peers),
+            Arc::clone(&transport),
+        ));
+        let reservations = Arc::new(ReservationTable::new(Arc::clone(&directory), keys.clone()));
+        let targets = Arc::new(HostTargets::new(
+            id.clone(),
+            Arc::clone(&view),
+            Arc::clone(&peers),
+            Arc::clone(&catalog),
+            Arc::clone(&reservations),
+        ));
         let host = Arc::new(Host {
             id: id.clone(),
             directory,
             keys,
             replica,
             transport,
-            peers: Arc::new(Peers::default()),
+            peers,
             session: Mutex::new(Some(session)),
             owned,
-            view: Arc::new(VolumeView::default()),
+            view,
             board,
             clock: Arc::new(SystemClock::default()),
             rng: Arc::new(SeededRng::from_entropy()),
@@ -319,17 +351,11 @@ impl Host {
             halted: Arc::default(),
             stop,
             tasks: Mutex::new(Vec::new()),
+            targets: Arc::clone(&targets),
             config,
         });
         host.publish_usage().await;
         host.refresh().await;
-        let catalog = Arc::new(HostCatalog::new(
-            id.clone(),
-            Arc::clone(&host.owned),
-            Arc::clone(&host.view),
-            Arc::clone(&host.peers),
-            Arc::clone(&host.transport),
-        ));
         let mut stop_rx = host.stop.subscribe();
         let nbd = tokio::spawn(async move {
             let shutdown = async move {
@@ -339,6 +365,16 @@ impl Host {
                 tracing::error!(error = %e, "NBD server stopped");
             }
         });
+        let mut stop_rx = host.stop.subscribe();
+        let iscsi = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = tessera_iscsi::serve(iscsi_listener, targets, shutdown).await {
+                tracing::error!(error = %e, "iSCSI server stopped");
+            }
+        });
+        let follow = tokio::spawn(reservations.follow(host.stop.subscribe()));
         let weak = Arc::downgrade(&host);
         let mut stop_rx = host.stop.subscribe();
         let control = tokio::spawn(async move {
@@ -353,8 +389,8 @@ impl Host {
                 tick += 1;
             }
         });
-        host.tasks.lock().extend([nbd, control]);
-        tracing::info!(host = %id, nbd = %host.config.nbd_addr, transport = %host.transport.local_addr(), "host started");
+        host.tasks.lock().extend([nbd, iscsi, follow, control]);
+        tracing::info!(host = %id, nbd = %host.config.nbd_addr, iscsi = %host.config.iscsi_portal(), transport = %host.transport.local_addr(), "host started");
         Ok(host)
     }
 
@@ -464,6 +500,16 @@ impl Host {
                 .map(|r| (r.value.volume.clone(), r.value))
                 .collect();
         }
+        if let Ok(groups) = keys::list(directory, &self.keys.disk_groups()).await {
+            let (used, capacity) = groups.records.iter().fold((0, 0), |(u, c), r| {
+                (u + r.value.used_bytes, c + r.value.capacity_bytes)
+            });
+            *self.view.datastore.write() = (capacity > 0).then_some(DatastoreSpace {
+                used_bytes: used,
+                capacity_bytes: capacity,
+            });
+        }
+        self.targets.prune();
     }
 
     /// Writes this host's disk group usage to the directory, for placement.

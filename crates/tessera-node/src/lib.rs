@@ -2,7 +2,7 @@
 //!
 //! Owns: the wiring of one host (its disk groups behind the replica service,
 //! the transport, its directory session, the coordinators of the volumes it
-//! owns, its NBD exports: [`host`]), the cluster-wide control plane
+//! owns, its NBD exports: [`host`], its iSCSI targets: [`iscsi`]), the cluster-wide control plane
 //! ([`control::ClusterControl`], implemented in [`control_plane`] and served
 //! over HTTP by [`api`]) and `tessera up` ([`up`]).
 //! Must not touch: on-disk formats, wire encodings, protocol details; it
@@ -16,6 +16,7 @@ pub mod control;
 pub mod control_plane;
 pub mod error;
 pub mod host;
+pub mod iscsi;
 pub mod peers;
 pub mod resync_board;
 pub mod routing;

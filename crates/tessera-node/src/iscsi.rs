@@ -1,0 +1,550 @@
+//! The host's iSCSI targets: every ready volume is the target
+//! `iqn.2026-11.io.tessera:<volume>` with its data on LUN 0, served on this
+//! host's portal and advertised on every host's, so a multipath initiator
+//! sees one path per host.
+//!
+//! Owns: [`HostTargets`] (the `TargetCatalog` the iSCSI server asks at every
+//! login), [`ReservationTable`] (every volume's SCSI reservations, cached
+//! from the directory and kept current by a watch) and the
+//! `UnitEnvironment` each logical unit runs in (reservations, ALUA port
+//! groups, other volumes for EXTENDED COPY, datastore space).
+//! Must not touch: SCSI or iSCSI semantics (`tessera-iscsi` owns them); the
+//! data path (units run on the host's `VolumeHandle`, which forwards to the
+//! volume's owner).
+//! Invariants:
+//! - one logical unit per volume per host, kept across sessions so unit
+//!   attentions and offload counters outlive a login; a volume deleted (or
+//!   created again under its name) loses its unit, so sessions still logged
+//!   in get LOGICAL UNIT NOT SUPPORTED;
+//! - a host's relative target port and portal group tag are its position
+//!   (1-based) among the registered hosts sorted by id: the same numbers on
+//!   every host;
+//! - the owner's host is the active/optimized port group, every other live
+//!   host active/non-optimized, absent hosts unavailable;
+//! - reservations change only by compare-and-swap on their key's revision,
+//!   so two hosts updating them at once never lose either change; a host's
+//!   cache follows the directory's watch, so another host's change is seen
+//!   within the watch's delay, and a lost swap re-reads the key at once.
+
+use crate::host::{serial_of, VolumeView};
+use crate::peers::Peers;
+use crate::routing::HostCatalog;
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_blockdev::BlockDevice;
+use tessera_directory::keys::{
+    self, HeldReservationRecord, Keyspace, NexusRecord, RegistrationRecord, ReservationRecord,
+    VolumeState,
+};
+use tessera_directory::{Directory, Revision, WatchEventKind};
+use tessera_iscsi::catalog::{target_name_for_volume, TARGET_NAME_PREFIX};
+use tessera_iscsi::scsi::environment::{
+    AluaState, DatastoreSpace, EnvironmentError, TargetPortGroup, UnitEnvironment,
+    VersionedReservations,
+};
+use tessera_iscsi::scsi::inquiry::naa_designator;
+use tessera_iscsi::scsi::reservations::{PersistentReservation, PrType, Registration};
+use tessera_iscsi::scsi::{BlockTarget, LogicalUnit, Nexus, ReservationState, UnitSettings};
+use tessera_iscsi::{TargetCatalog, TargetEntry, TargetPortal};
+use tessera_nbd::ExportCatalog;
+use tessera_types::{HostId, VolumeId};
+
+/// Pause before a reservation watch that ended is started again.
+const WATCH_RETRY: Duration = Duration::from_millis(500);
+
+/// Every volume's reservations, as this host last saw them.
+pub struct ReservationTable {
+    directory: Arc<dyn Directory>,
+    keys: Keyspace,
+    entries: RwLock<HashMap<VolumeId, (Revision, Arc<ReservationState>)>>,
+}
+
+impl ReservationTable {
+    /// An empty table; [`ReservationTable::follow`] fills it.
+    pub fn new(directory: Arc<dyn Directory>, keys: Keyspace) -> Self {
+        ReservationTable {
+            directory,
+            keys,
+            entries: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Keeps the table current until `stop` turns true: reads every
+    /// reservation, then applies the directory's changes as they come.
+    pub async fn follow(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = self.follow_once() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(WATCH_RETRY) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    async fn follow_once(&self) {
+        let prefix = self.keys.reservations();
+        let listing = match keys::list(self.directory.as_ref(), &prefix).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read reservations");
+                return;
+            }
+        };
+        {
+            let mut entries = self.entries.write();
+            entries.clear();
+            for r in listing.records {
+                if let Some(volume) = volume_of_key(&r.key) {
+                    entries.insert(volume, (r.mod_revision, Arc::new(from_record(r.value))));
+                }
+            }
+        }
+        let mut watch = match self
+            .directory
+            .watch(prefix.as_str(), listing.revision + 1)
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot watch reservations");
+                return;
+            }
+        };
+        loop {
+            let event = match watch.recv().await {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reservation watch ended");
+                    return;
+                }
+            };
+            let Some(volume) = volume_of_key(&event.kv.key) else {
+                continue;
+            };
+            let revision = event.kv.mod_revision;
+            let state = match event.kind {
+                WatchEventKind::Put => match prefix.decode_event(&event) {
+                    Ok(Some(record)) => Some(from_record(record)),
+                    _ => continue,
+                },
+                WatchEventKind::Delete => None,
+            };
+            self.apply(volume, revision, state);
+        }
+    }
+
+    /// Applies a change seen at `revision`, unless a newer one is known.
+    fn apply(&self, volume: VolumeId, revision: Revision, state: Option<ReservationState>) {
+        let mut entries = self.entries.write();
+        if entries.get(&volume).is_some_and(|(r, _)| *r >= revision) {
+            return;
+        }
+        match state {
+            Some(state) => {
+                entries.insert(volume, (revision, Arc::new(state)));
+            }
+            None => {
+                entries.remove(&volume);
+            }
+        }
+    }
+
+    /// The reservations of `volume` (none: version 0).
+    pub fn get(&self, volume: &VolumeId) -> VersionedReservations {
+        match self.entries.read().get(volume) {
+            Some((revision, state)) => VersionedReservations {
+                version: *revision,
+                state: Arc::clone(state),
+            },
+            None => VersionedReservations {
+                version: 0,
+                state: Arc::new(ReservationState::default()),
+            },
+        }
+    }
+
+    /// Stores `state` if the reservations are still at `version`.
+    pub async fn store(
+        &self,
+        volume: &VolumeId,
+        version: u64,
+        state: ReservationState,
+    ) -> Result<bool, EnvironmentError> {
+        let key = self.keys.reservation(volume);
+        let expected = (version != 0).then_some(version);
+        let outcome = keys::cas(
+            self.directory.as_ref(),
+            &key,
+            expected,
+            &to_record(&state),
+            None,
+        )
+        .await
+        .map_err(|e| EnvironmentError::Unavailable(format!("volume {volume}: {e}")))?;
+        if outcome.succeeded {
+            self.apply(volume.clone(), outcome.revision, Some(state));
+            return Ok(true);
+        }
+        // Another host got there first: read its change now rather than
+        // waiting for the watch, so the caller's retry starts from it.
+        match keys::get(self.directory.as_ref(), &key).await {
+            Ok(Some(r)) => self.apply(volume.clone(), r.mod_revision, Some(from_record(r.value))),
+            Ok(None) => {
+                self.entries.write().remove(volume);
+            }
+            Err(e) => {
+                return Err(EnvironmentError::Unavailable(format!(
+                    "volume {volume}: {e}"
+                )))
+            }
+        }
+        Ok(false)
+    }
+}
+
+fn volume_of_key(key: &str) -> Option<VolumeId> {
+    VolumeId::new(key.rsplit('/').next()?).ok()
+}
+
+fn nexus_record(n: &Nexus) -> NexusRecord {
+    NexusRecord {
+        initiator_port: n.initiator_port.clone(),
+        relative_port: n.relative_port,
+    }
+}
+
+fn nexus_of(n: NexusRecord) -> Nexus {
+    Nexus {
+        initiator_port: n.initiator_port,
+        relative_port: n.relative_port,
+    }
+}
+
+fn to_record(s: &ReservationState) -> ReservationRecord {
+    ReservationRecord {
+        generation: s.generation,
+        registrations: s
+            .registrations
+            .iter()
+            .map(|r| RegistrationRecord {
+                nexus: nexus_record(&r.nexus),
+                key: r.key,
+            })
+            .collect(),
+        reservation: s.reservation.as_ref().map(|r| HeldReservationRecord {
+            holder: nexus_record(&r.holder),
+            type_code: r.kind.code(),
+        }),
+        legacy_holder: s.legacy_holder.as_ref().map(nexus_record),
+        persist_through_power_loss: s.persist_through_power_loss,
+    }
+}
+
+fn from_record(r: ReservationRecord) -> ReservationState {
+    ReservationState {
+        generation: r.generation,
+        registrations: r
+            .registrations
+            .into_iter()
+            .map(|g| Registration {
+                nexus: nexus_of(g.nexus),
+                key: g.key,
+            })
+            .collect(),
+        reservation: r.reservation.and_then(|h| {
+            let kind = PrType::from_code(h.type_code);
+            if kind.is_none() {
+                tracing::warn!(
+                    type_code = h.type_code,
+                    "ignoring a stored reservation of unknown type"
+                );
+            }
+            Some(PersistentReservation {
+                holder: nexus_of(h.holder),
+                kind: kind?,
+            })
+        }),
+        legacy_holder: r.legacy_holder.map(nexus_of),
+        persist_through_power_loss: r.persist_through_power_loss,
+    }
+}
+
+/// What one volume's logical unit sees of the cluster.
+struct VolumeEnvironment {
+    volume: VolumeId,
+    host: HostId,
+    view: Arc<VolumeView>,
+    peers: Arc<Peers>,
+    exports: Arc<HostCatalog>,
+    reservations: Arc<ReservationTable>,
+}
+
+#[async_trait]
+impl UnitEnvironment for VolumeEnvironment {
+    async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
+        Ok(self.reservations.get(&self.volume))
+    }
+
+    async fn store_reservations(
+        &self,
+        version: u64,
+        state: ReservationState,
+    ) -> Result<bool, EnvironmentError> {
+        self.reservations.store(&self.volume, version, state).await
+    }
+
+    fn port_groups(&self) -> Vec<TargetPortGroup> {
+        let owner = self
+            .view
+            .owners
+            .read()
+            .get(&self.volume)
+            .map(|o| o.host.clone());
+        self.peers
+            .records()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = port_number(i);
+                let state = if owner.as_ref() == Some(&h.id) {
+                    AluaState::ActiveOptimized
+                } else if self.peers.is_live(&h.id) || h.id == self.host {
+                    AluaState::ActiveNonOptimized
+                } else {
+                    AluaState::Unavailable
+                };
+                TargetPortGroup {
+                    id: port,
+                    state,
+                    ports: vec![port],
+                }
+            })
+            .collect()
+    }
+
+    fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
+        let name = self
+            .view
+            .volumes
+            .read()
+            .values()
+            .find(|v| {
+                v.state == VolumeState::Ready && naa_designator(serial_of(v))[..] == *designator
+            })
+            .map(|v| v.name.to_string())?;
+        self.exports.open(&name)
+    }
+
+    fn datastore_space(&self) -> Option<DatastoreSpace> {
+        *self.view.datastore.read()
+    }
+}
+
+/// Relative target port / portal group tag of the host at `index` in the
+/// sorted host list.
+fn port_number(index: usize) -> u16 {
+    u16::try_from(index + 1).unwrap_or(u16::MAX)
+}
+
+struct ServedVolume {
+    serial: u64,
+    target: Arc<BlockTarget>,
+    unit: Arc<LogicalUnit>,
+}
+
+/// The targets one host offers.
+pub struct HostTargets {
+    host: HostId,
+    view: Arc<VolumeView>,
+    peers: Arc<Peers>,
+    exports: Arc<HostCatalog>,
+    reservations: Arc<ReservationTable>,
+    settings: UnitSettings,
+    served: Mutex<HashMap<VolumeId, ServedVolume>>,
+}
+
+impl HostTargets {
+    /// Targets over the host's view of the volumes.
+    pub fn new(
+        host: HostId,
+        view: Arc<VolumeView>,
+        peers: Arc<Peers>,
+        exports: Arc<HostCatalog>,
+        reservations: Arc<ReservationTable>,
+    ) -> Self {
+        HostTargets {
+            host,
+            view,
+            peers,
+            exports,
+            reservations,
+            settings: UnitSettings::default(),
+            served: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Drops the units of volumes that are gone or were created again, so
+    /// sessions still using them answer LOGICAL UNIT NOT SUPPORTED.
+    pub fn prune(&self) {
+        let volumes = self.view.volumes.read();
+        self.served.lock().retain(|name, served| {
+            let current = volumes
+                .get(name)
+                .is_some_and(|v| v.state == VolumeState::Ready && serial_of(v) == served.serial);
+            if !current {
+                served.target.remove_unit(0);
+                tracing::info!(host = %self.host, volume = %name, "iSCSI unit removed");
+            }
+            current
+        });
+    }
+
+    /// The offload counters of `volume`'s unit on this host, if it has one.
+    pub fn counters(&self, volume: &VolumeId) -> Option<tessera_iscsi::scsi::VaaiCounters> {
+        self.served.lock().get(volume).map(|s| s.unit.counters())
+    }
+
+    fn served(&self, volume: &VolumeId) -> Option<Arc<BlockTarget>> {
+        let record = self.view.volumes.read().get(volume).cloned()?;
+        if record.state != VolumeState::Ready {
+            return None;
+        }
+        let serial = serial_of(&record);
+        let mut served = self.served.lock();
+        if let Some(s) = served.get(volume) {
+            if s.serial == serial {
+                return Some(Arc::clone(&s.target));
+            }
+            s.target.remove_unit(0);
+        }
+        let device = self.exports.open(volume.as_str())?;
+        let environment = Arc::new(VolumeEnvironment {
+            volume: volume.clone(),
+            host: self.host.clone(),
+            view: Arc::clone(&self.view),
+            peers: Arc::clone(&self.peers),
+            exports: Arc::clone(&self.exports),
+            reservations: Arc::clone(&self.reservations),
+        });
+        let unit = Arc::new(LogicalUnit::new(device, environment, self.settings.clone()));
+        let target = Arc::new(BlockTarget::new());
+        target.insert_unit(0, Arc::clone(&unit));
+        served.insert(
+            volume.clone(),
+            ServedVolume {
+                serial,
+                target: Arc::clone(&target),
+                unit,
+            },
+        );
+        Some(target)
+    }
+}
+
+impl TargetCatalog for HostTargets {
+    fn target_names(&self) -> Vec<String> {
+        self.exports
+            .list()
+            .iter()
+            .map(|v| target_name_for_volume(v))
+            .collect()
+    }
+
+    fn target(&self, name: &str) -> Option<TargetEntry> {
+        let lower = name.to_ascii_lowercase();
+        let volume = lower.strip_prefix(TARGET_NAME_PREFIX)?;
+        // Initiators fold names to lower case; volume names may have upper
+        // case letters, so match them without regard to case.
+        let volume = self
+            .view
+            .volumes
+            .read()
+            .keys()
+            .find(|v| v.as_str().eq_ignore_ascii_case(volume))
+            .cloned()?;
+        let target = self.served(&volume)?;
+        let hosts = self.peers.records();
+        let portals = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| TargetPortal {
+                address: h.addresses.iscsi.to_string(),
+                portal_group_tag: port_number(i),
+            })
+            .collect();
+        let own = port_number(hosts.iter().position(|h| h.id == self.host).unwrap_or(0));
+        Some(TargetEntry {
+            name: target_name_for_volume(volume.as_str()),
+            alias: Some(volume.to_string()),
+            device: target,
+            portals,
+            portal_group_tag: own,
+            relative_port: own,
+            allowed_initiators: Vec::new(),
+            chap: Default::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_survive_the_trip_through_the_directory_record() {
+        let a = Nexus {
+            initiator_port: "iqn.1994-05.com.redhat:a,i,0x23d000000001".into(),
+            relative_port: 1,
+        };
+        let b = Nexus {
+            initiator_port: "iqn.1994-05.com.redhat:b,i,0x23d000000002".into(),
+            relative_port: 2,
+        };
+        let state = ReservationState {
+            generation: 7,
+            registrations: vec![
+                Registration {
+                    nexus: a.clone(),
+                    key: 0xabc,
+                },
+                Registration {
+                    nexus: b.clone(),
+                    key: 0xdef,
+                },
+            ],
+            reservation: Some(PersistentReservation {
+                holder: b,
+                kind: PrType::ExclusiveAccessRegistrantsOnly,
+            }),
+            legacy_holder: Some(a),
+            persist_through_power_loss: true,
+        };
+        let json = serde_json::to_vec(&to_record(&state)).unwrap();
+        let back: ReservationRecord = serde_json::from_slice(&json).unwrap();
+        assert_eq!(from_record(back), state);
+    }
+
+    #[test]
+    fn a_stored_reservation_of_unknown_type_is_dropped_not_misread() {
+        let record = ReservationRecord {
+            generation: 1,
+            registrations: vec![],
+            reservation: Some(HeldReservationRecord {
+                holder: NexusRecord {
+                    initiator_port: "x".into(),
+                    relative_port: 1,
+                },
+                type_code: 2,
+            }),
+            legacy_holder: None,
+            persist_through_power_loss: false,
+        };
+        assert_eq!(from_record(record).reservation, None);
+    }
+}
