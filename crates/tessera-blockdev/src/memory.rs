@@ -10,7 +10,10 @@
 //! against all other commands. `copy_from` another memory device (or
 //! itself) shares whole chunk buffers by reference, copy on write, so a
 //! clone moves no data; [`MemoryDevice::physical_bytes`] counts a shared
-//! buffer once across the devices holding it.
+//! buffer once across the devices holding it. An optional allocation limit
+//! stands in for a datastore running out of space: a command that would
+//! allocate blocks past it fails with [`BlockError::NoSpace`] and changes
+//! nothing, while writes to blocks already allocated go on.
 //! Invariants: bytes of a chunk's buffer that belong to blocks not holding
 //! data are zero, so a read copies a chunk without looking at its blocks; a
 //! buffer is written only while this chunk is its sole holder.
@@ -105,13 +108,27 @@ impl Chunk {
 
 type ChunkMap = HashMap<u64, Chunk, BuildHasherDefault<ChunkHasher>>;
 
+/// The device lock an allocating command holds while it runs.
+enum AllocationGuard<'a> {
+    Shared {
+        _held: parking_lot::RwLockReadGuard<'a, ()>,
+    },
+    Exclusive {
+        _held: parking_lot::RwLockWriteGuard<'a, ()>,
+    },
+}
+
 /// A thin device held in memory.
 pub struct MemoryDevice {
     info: DeviceInfo,
     shards: Vec<Mutex<ChunkMap>>,
     allocated_blocks: AtomicU64,
-    /// Writers take it shared; COMPARE AND WRITE takes it exclusively.
+    /// Writers take it shared; COMPARE AND WRITE takes it exclusively, and
+    /// so does every allocating command while an allocation limit is set
+    /// (counting the blocks it needs and allocating them is one step).
     atomicity: RwLock<()>,
+    /// Most blocks the device may hold allocated.
+    allocation_limit: Option<u64>,
 }
 
 /// Splits `[offset, end)` into pieces that stay inside one chunk:
@@ -151,7 +168,80 @@ impl MemoryDevice {
                 .collect(),
             allocated_blocks: AtomicU64::new(0),
             atomicity: RwLock::new(()),
+            allocation_limit: None,
         }
+    }
+
+    /// The same device, allocating at most `bytes` (rounded up to whole
+    /// 4 KiB blocks): what a thin volume meets when its datastore is full.
+    pub fn with_allocation_limit(mut self, bytes: u64) -> Self {
+        self.allocation_limit = Some(bytes.div_ceil(BLOCK));
+        self
+    }
+
+    /// Blocks touched by `[offset, offset + len)` not allocated yet.
+    fn unallocated_blocks(&self, offset: u64, len: u64) -> u64 {
+        let mut count = 0;
+        for (chunk, within, step) in chunk_pieces(offset, offset + len) {
+            let shard = self.shard(chunk).lock();
+            let entry = shard.get(&chunk);
+            count += (within / BLOCK..(within + step).div_ceil(BLOCK))
+                .filter(|&index| entry.is_none_or(|c| c.kind(index) == ExtentKind::Hole))
+                .count() as u64;
+        }
+        count
+    }
+
+    /// Blocks a `copy_from` would add, net, following its own plan: whole
+    /// chunks are replaced by the source's, everything else is written.
+    fn copy_needs(&self, source: &MemoryDevice, src_offset: u64, dst_offset: u64, len: u64) -> u64 {
+        let overlapping = std::ptr::eq(source, self)
+            && src_offset < dst_offset + len
+            && dst_offset < src_offset + len;
+        if overlapping || src_offset % CHUNK != dst_offset % CHUNK {
+            return self.unallocated_blocks(dst_offset, len);
+        }
+        let mut needed = 0;
+        for (chunk, within, step) in chunk_pieces(dst_offset, dst_offset + len) {
+            if step == CHUNK {
+                let src_chunk = (src_offset + chunk * CHUNK - dst_offset) / CHUNK;
+                let incoming = source
+                    .shard(src_chunk)
+                    .lock()
+                    .get(&src_chunk)
+                    .map_or(0, Chunk::allocated);
+                let present = self
+                    .shard(chunk)
+                    .lock()
+                    .get(&chunk)
+                    .map_or(0, Chunk::allocated);
+                needed += incoming.saturating_sub(present);
+            } else {
+                needed += self.unallocated_blocks(chunk * CHUNK + within, step);
+            }
+        }
+        needed
+    }
+
+    /// Takes the lock an allocating command runs under and checks that the
+    /// `needed` blocks (computed under it) fit in the allocation limit.
+    fn allocating<'a>(
+        &'a self,
+        offset: u64,
+        len: u64,
+        needed: impl FnOnce() -> u64,
+    ) -> Result<AllocationGuard<'a>, BlockError> {
+        let Some(limit) = self.allocation_limit else {
+            return Ok(AllocationGuard::Shared {
+                _held: self.atomicity.read(),
+            });
+        };
+        let guard = self.atomicity.write();
+        let allocated = self.allocated_blocks.load(Ordering::Relaxed);
+        if allocated + needed() > limit {
+            return Err(BlockError::NoSpace { offset, len });
+        }
+        Ok(AllocationGuard::Exclusive { _held: guard })
     }
 
     /// The same device, refusing writes.
@@ -311,8 +401,9 @@ impl BlockDevice for MemoryDevice {
 
     async fn write(&self, offset: u64, data: Bytes, _flags: WriteFlags) -> Result<(), BlockError> {
         self.writable()?;
-        check_range(&self.info, "write", offset, data.len() as u64)?;
-        let _shared = self.atomicity.read();
+        let len = data.len() as u64;
+        check_range(&self.info, "write", offset, len)?;
+        let _guard = self.allocating(offset, len, || self.unallocated_blocks(offset, len))?;
         self.write_now(offset, &data);
         Ok(())
     }
@@ -332,7 +423,10 @@ impl BlockDevice for MemoryDevice {
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<(), BlockError> {
         self.writable()?;
         check_range(&self.info, "write zeroes", offset, len)?;
-        let _shared = self.atomicity.read();
+        let _guard = self.allocating(offset, len, || match mode {
+            ZeroMode::MayUnmap => 0,
+            ZeroMode::KeepAllocated => self.unallocated_blocks(offset, len),
+        })?;
         self.zero_now(offset, len, mode);
         Ok(())
     }
@@ -346,9 +440,16 @@ impl BlockDevice for MemoryDevice {
         self.writable()?;
         check_compare_and_write(&self.info, offset, &expected, &new)?;
         let _exclusive = self.atomicity.write();
-        let current = self.read_now(offset, new.len() as u64);
+        let len = new.len() as u64;
+        let current = self.read_now(offset, len);
         if let Some(at) = first_difference(&current, &expected) {
             return Err(BlockError::Miscompare { offset: at as u64 });
+        }
+        if let Some(limit) = self.allocation_limit {
+            let needed = self.unallocated_blocks(offset, len);
+            if self.allocated_blocks.load(Ordering::Relaxed) + needed > limit {
+                return Err(BlockError::NoSpace { offset, len });
+            }
         }
         self.write_now(offset, &new);
         Ok(())
@@ -370,7 +471,9 @@ impl BlockDevice for MemoryDevice {
         self.writable()?;
         check_range(&memory.info, "copy (source)", src_offset, len)?;
         check_range(&self.info, "copy (destination)", dst_offset, len)?;
-        let _shared = self.atomicity.read();
+        let _guard = self.allocating(dst_offset, len, || {
+            self.copy_needs(memory, src_offset, dst_offset, len)
+        })?;
         let overlapping = std::ptr::eq(memory, self)
             && src_offset < dst_offset + len
             && dst_offset < src_offset + len;
@@ -426,6 +529,66 @@ mod tests {
     use super::*;
     use futures::executor::block_on;
     use proptest::prelude::*;
+
+    #[test]
+    fn allocation_limit_refuses_only_writes_that_need_space() {
+        let dev = MemoryDevice::new("t", 1 << 20).with_allocation_limit(3 * BLOCK);
+        let source = MemoryDevice::new("s", 1 << 20);
+        block_on(async {
+            let data = |b: u8, n: u64| Bytes::from(vec![b; n as usize]);
+            dev.write(0, data(1, 2 * BLOCK), WriteFlags::default())
+                .await
+                .unwrap();
+            // Two more blocks do not fit; nothing of the write lands.
+            let refused = dev
+                .write(2 * BLOCK, data(2, 2 * BLOCK), WriteFlags::default())
+                .await;
+            assert_eq!(
+                refused,
+                Err(BlockError::NoSpace {
+                    offset: 2 * BLOCK,
+                    len: 2 * BLOCK
+                })
+            );
+            assert_eq!(dev.space().allocated_bytes, 2 * BLOCK);
+            assert!(dev
+                .read(2 * BLOCK, 2 * BLOCK)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0));
+            // Allocated blocks stay writable, and one more block fits.
+            dev.write(100, data(3, 8000), WriteFlags::default())
+                .await
+                .unwrap();
+            dev.write(2 * BLOCK, data(4, 512), WriteFlags::default())
+                .await
+                .unwrap();
+            let full = dev
+                .compare_and_write(3 * BLOCK, data(0, 512), data(5, 512))
+                .await;
+            assert!(matches!(full, Err(BlockError::NoSpace { .. })));
+            let zeros = dev
+                .write_zeroes(3 * BLOCK, BLOCK, ZeroMode::KeepAllocated)
+                .await;
+            assert!(matches!(zeros, Err(BlockError::NoSpace { .. })));
+            source
+                .write(0, data(6, CHUNK), WriteFlags::default())
+                .await
+                .unwrap();
+            let copy = dev.copy_from(&source, 0, CHUNK, CHUNK).await;
+            assert!(matches!(copy, Err(BlockError::NoSpace { .. })));
+            // A copy of holes needs nothing; space given back is usable.
+            dev.copy_from(&source, 2 * CHUNK, CHUNK, CHUNK)
+                .await
+                .unwrap();
+            dev.unmap(0, 2 * BLOCK).await.unwrap();
+            dev.write(3 * BLOCK, data(7, 2 * BLOCK), WriteFlags::default())
+                .await
+                .unwrap();
+            assert_eq!(dev.space().allocated_bytes, 3 * BLOCK);
+        });
+    }
 
     #[test]
     fn reads_back_writes_and_holes_read_zero() {
