@@ -83,7 +83,7 @@ impl ScsiTarget for EchoTarget {
         answer(&command)
     }
     async fn reset(&self, _nexus: &Nexus, _reset: Reset) {}
-    fn nexus_ended(&self, _nexus: &Nexus) {}
+    async fn nexus_ended(&self, _nexus: &Nexus) {}
 }
 
 /// The answer of [`EchoTarget`]: data-in as long as CDB byte 4 says in

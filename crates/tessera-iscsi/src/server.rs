@@ -316,7 +316,7 @@ pub async fn serve_connection(
     let told = conn.nexus_ended;
     drop(conn);
     if let Some(target) = target.as_ref().filter(|_| !told) {
-        target.nexus_ended(&nexus);
+        target.nexus_ended(&nexus).await;
     }
     {
         let mut open = sessions.open.lock();
@@ -396,6 +396,9 @@ enum Done {
     Command(u32, Response),
     Aborted,
     Reset(u32),
+    /// The nexus ended; the actions that were to follow it (the logout
+    /// response) go out now.
+    NexusEnded(Vec<Action>),
 }
 
 /// PDUs waiting for the socket: headers as small buffers, data as the
@@ -625,7 +628,8 @@ impl<'a> Connection<'a> {
     }
 
     fn apply(&mut self, actions: Vec<Action>) {
-        for action in actions {
+        let mut actions = actions.into_iter();
+        while let Some(action) = actions.next() {
             match action {
                 Action::Send(pdu) => self.out.pdu(&pdu, self.digests),
                 Action::Execute(command) => {
@@ -670,10 +674,23 @@ impl<'a> Connection<'a> {
                     );
                 }
                 Action::EndNexus => {
-                    if let Some(target) = &self.target {
-                        target.nexus_ended(self.session.nexus());
-                    }
                     self.nexus_ended = true;
+                    let Some(target) = self.target.clone() else {
+                        continue;
+                    };
+                    // State the nexus held (a RESERVE(6)) may live in the
+                    // directory: release it before the logout is answered,
+                    // so the initiator never sees it still held.
+                    let nexus = self.session.nexus().clone();
+                    let rest: Vec<Action> = actions.collect();
+                    self.running.push(
+                        async move {
+                            target.nexus_ended(&nexus).await;
+                            Done::NexusEnded(rest)
+                        }
+                        .boxed(),
+                    );
+                    return;
                 }
                 Action::Close => self.closing = true,
             }
@@ -688,6 +705,7 @@ impl<'a> Connection<'a> {
             }
             Done::Aborted => return,
             Done::Reset(itt) => self.session.reset_done(itt),
+            Done::NexusEnded(rest) => rest,
         };
         self.apply(actions);
     }

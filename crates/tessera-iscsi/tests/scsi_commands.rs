@@ -405,7 +405,7 @@ fn reserve6_ends_with_its_nexus() {
         Status::ReservationConflict
     );
     good(&f.run(&b, 0, &[0x12, 0, 0, 0, 96, 0], &[]));
-    f.target.nexus_ended(&a);
+    futures::executor::block_on(f.target.nexus_ended(&a));
     good(&f.run(&b, 0, &[0x16, 0, 0, 0, 0, 0], &[]));
 }
 

@@ -231,7 +231,7 @@ fn libiscsi_conformance_suites_pass() {
     // path open during the other suites, the unit attentions SAM-5 raises
     // on it (mode parameters changed, resets) meet the test tool's clean-up
     // commands, which do not expect them.
-    let mut output = run_test_cu(&tests, &[&one]);
+    let mut output = if std::env::var("TESSERA_ISCSI_BOTH").is_ok() { run_test_cu(&tests, &[&one, &two]) } else { run_test_cu(&tests, &[&one]) };
     let log = std::env::var("TESSERA_ISCSI_TEST_LOG").ok();
     if let Some(path) = &log {
         std::fs::write(path, &output).expect("write log");

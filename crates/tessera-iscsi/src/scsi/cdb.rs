@@ -29,6 +29,7 @@ pub mod op {
     pub const VERIFY_10: u8 = 0x2F;
     pub const PRE_FETCH_10: u8 = 0x34;
     pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
     pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
     pub const MODE_SELECT_10: u8 = 0x55;
@@ -40,11 +41,13 @@ pub mod op {
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8A;
+    pub const ORWRITE_16: u8 = 0x8B;
     pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
     pub const VERIFY_16: u8 = 0x8F;
     pub const PRE_FETCH_16: u8 = 0x90;
     pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
     pub const WRITE_SAME_16: u8 = 0x93;
+    pub const WRITE_ATOMIC_16: u8 = 0x9C;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
     pub const REPORT_LUNS: u8 = 0xA0;
     pub const MAINTENANCE_IN: u8 = 0xA3;
@@ -52,6 +55,7 @@ pub mod op {
     pub const WRITE_12: u8 = 0xAA;
     pub const WRITE_AND_VERIFY_12: u8 = 0xAE;
     pub const VERIFY_12: u8 = 0xAF;
+    pub const READ_DEFECT_DATA_12: u8 = 0xB7;
 }
 
 /// Service actions used with the operation codes that have them.
@@ -195,6 +199,13 @@ pub static COMMANDS: &[CommandInfo] = &[
         "SYNCHRONIZE CACHE(10)",
         60,
         [0x35, 0x02, F8, F8, F8, F8, 0x1F, F8, F8, 0]
+    ),
+    cmd!(
+        op::READ_DEFECT_DATA_10,
+        None,
+        "READ DEFECT DATA(10)",
+        10,
+        [0x37, 0, 0x1F, 0, 0, 0, 0, F8, F8, 0]
     ),
     cmd!(
         op::WRITE_SAME_10,
@@ -351,6 +362,13 @@ pub static COMMANDS: &[CommandInfo] = &[
         [0x8A, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
     ),
     cmd!(
+        op::ORWRITE_16,
+        None,
+        "ORWRITE(16)",
+        30,
+        [0x8B, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
+    ),
+    cmd!(
         op::WRITE_AND_VERIFY_16,
         None,
         "WRITE AND VERIFY(16)",
@@ -384,6 +402,13 @@ pub static COMMANDS: &[CommandInfo] = &[
         "WRITE SAME(16)",
         60,
         [0x93, 0x09, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
+    ),
+    cmd!(
+        op::WRITE_ATOMIC_16,
+        None,
+        "WRITE ATOMIC(16)",
+        30,
+        [0x9C, 0x18, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0, F8, F8, 0x1F, 0]
     ),
     cmd!(
         op::SERVICE_ACTION_IN_16,
@@ -447,6 +472,13 @@ pub static COMMANDS: &[CommandInfo] = &[
         "VERIFY(12)",
         30,
         [0xAF, 0x16, F8, F8, F8, F8, F8, F8, F8, F8, 0x1F, 0]
+    ),
+    cmd!(
+        op::READ_DEFECT_DATA_12,
+        None,
+        "READ DEFECT DATA(12)",
+        10,
+        [0xB7, 0x1F, F8, F8, F8, F8, F8, F8, F8, F8, 0, 0]
     ),
 ];
 
@@ -650,6 +682,24 @@ pub enum Cdb {
     Unmap {
         /// Parameter list length.
         length: u32,
+    },
+    /// ORWRITE(16): the data-out ORed into the blocks, as one uninterrupted
+    /// read-modify-write.
+    OrWrite(Transfer),
+    /// WRITE ATOMIC(16): a write no other command sees half done.
+    WriteAtomic(Transfer),
+    /// READ DEFECT DATA(10/12).
+    ReadDefectData {
+        /// The 12-byte CDB (8-byte header with a generation code).
+        twelve: bool,
+        /// REQ_PLIST: the primary (manufacturer's) list is asked for.
+        primary: bool,
+        /// REQ_GLIST: the grown list is asked for.
+        grown: bool,
+        /// Defect list format.
+        format: u8,
+        /// Allocation length.
+        alloc: u32,
     },
 }
 
@@ -861,6 +911,34 @@ pub fn decode(raw: &[u8]) -> Result<Cdb, Sense> {
             list_id: c[2],
             alloc: be(&c[10..14]) as u32,
         },
+        op::ORWRITE_16 => Cdb::OrWrite(Transfer {
+            lba: be(&c[2..10]),
+            blocks: be(&c[10..14]) as u32,
+            fua: fua(c[1]),
+        }),
+        op::WRITE_ATOMIC_16 => Cdb::WriteAtomic(Transfer {
+            lba: be(&c[2..10]),
+            blocks: be(&c[12..14]) as u32,
+            fua: fua(c[1]),
+        }),
+        op::READ_DEFECT_DATA_10 => Cdb::ReadDefectData {
+            twelve: false,
+            primary: c[2] & 0x10 != 0,
+            grown: c[2] & 0x08 != 0,
+            format: c[2] & 0x07,
+            alloc: be(&c[7..9]) as u32,
+        },
+        op::READ_DEFECT_DATA_12 => {
+            // An address descriptor index past the (empty) list is still
+            // answered with the header alone.
+            Cdb::ReadDefectData {
+                twelve: true,
+                primary: c[1] & 0x10 != 0,
+                grown: c[1] & 0x08 != 0,
+                format: c[1] & 0x07,
+                alloc: be(&c[6..10]) as u32,
+            }
+        }
         op::COMPARE_AND_WRITE => Cdb::CompareAndWrite {
             lba: be(&c[2..10]),
             blocks: c[13] as u32,

@@ -136,7 +136,9 @@ pub fn vpd(ctx: &VpdContext<'_>, code: u8) -> Option<Bytes> {
             b.put_u32(1 << s.physical_exponent); // optimal unmap granularity
             b.put_u32(0x8000_0000); // UGAVALID, alignment 0
             b.put_u64(s.max_write_same_blocks);
-            b.put_slice(&[0u8; 20]); // no atomic writes
+            b.put_u32(s.max_atomic_blocks);
+            // Any alignment and granularity; no atomic boundaries.
+            b.put_slice(&[0u8; 16]);
             page(0xB0, &b)
         }
         0xB1 => {

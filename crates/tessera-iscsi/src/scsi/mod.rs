@@ -164,5 +164,8 @@ pub trait ScsiTarget: Send + Sync + 'static {
 
     /// A nexus ended (logout or a dropped connection without a session to
     /// continue): per-nexus state that does not outlive it may go.
-    fn nexus_ended(&self, nexus: &Nexus);
+    /// The transport awaits it before answering a logout, so state shared
+    /// with other hosts (a RESERVE(6) held by the nexus) is released before
+    /// the initiator can act on the logout.
+    async fn nexus_ended(&self, nexus: &Nexus);
 }

@@ -166,10 +166,10 @@ impl ScsiTarget for BlockTarget {
         }
     }
 
-    fn nexus_ended(&self, nexus: &Nexus) {
+    async fn nexus_ended(&self, nexus: &Nexus) {
         let units: Vec<Arc<LogicalUnit>> = self.units.read().values().cloned().collect();
         for unit in units {
-            unit.nexus_ended(nexus);
+            unit.nexus_ended(nexus).await;
         }
     }
 }

@@ -23,7 +23,6 @@ use super::reservations::{self, Access, ProutError, ReservationState};
 use super::sense::{asc, key, Sense};
 use super::{Command, Nexus, Reset, Response, Status, TaskAttribute};
 use bytes::{BufMut, Bytes, BytesMut};
-use futures::FutureExt;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +50,9 @@ pub struct UnitSettings {
     pub optimal_transfer_blocks: u32,
     /// Maximum COMPARE AND WRITE length, in blocks.
     pub max_compare_and_write_blocks: u8,
+    /// Maximum WRITE ATOMIC length, in blocks (also the longest ORWRITE
+    /// done as one uninterrupted read-modify-write).
+    pub max_atomic_blocks: u32,
     /// Maximum WRITE SAME length, in blocks.
     pub max_write_same_blocks: u64,
     /// Maximum blocks one UNMAP may name.
@@ -76,6 +78,7 @@ impl Default for UnitSettings {
             max_transfer_blocks: 32768,
             optimal_transfer_blocks: 2048,
             max_compare_and_write_blocks: 255,
+            max_atomic_blocks: 2048,
             // A 16-bit count, so a WRITE SAME is never longer than a WRITE
             // SAME(10) can say; zeroing and unmapping take no data anyway.
             max_write_same_blocks: 0xFFFF,
@@ -676,6 +679,43 @@ impl LogicalUnit {
                     .await
             }
             Cdb::Unmap { length } => self.unmap(length, data).await,
+            Cdb::OrWrite(t) => {
+                self.check_writable()?;
+                self.check_transfer(&t)?;
+                self.rewrite_atomically(&t, data, |old, new| {
+                    old.iter().zip(new).map(|(a, b)| a | b).collect()
+                })
+                .await?;
+                Ok(Bytes::new())
+            }
+            Cdb::WriteAtomic(t) => {
+                self.check_writable()?;
+                self.check_transfer(&t)?;
+                if t.blocks > self.settings.max_atomic_blocks {
+                    return Err(Sense::invalid_cdb_field(12, None).into());
+                }
+                self.rewrite_atomically(&t, data, |_, new| new.to_vec())
+                    .await?;
+                Ok(Bytes::new())
+            }
+            Cdb::ReadDefectData {
+                twelve,
+                primary,
+                grown,
+                format,
+                alloc,
+            } => {
+                // Blocks live in the datastore, which keeps its own spares:
+                // the unit has no defect list of either kind, so both are
+                // valid and empty in the format asked for.
+                let flags = (primary as u8) << 4 | (grown as u8) << 3 | format;
+                let header: &[u8] = if twelve {
+                    &[0, flags, 0, 0, 0, 0, 0, 0]
+                } else {
+                    &[0, flags, 0, 0]
+                };
+                Ok(truncate(Bytes::copy_from_slice(header), alloc))
+            }
         }
     }
 
@@ -696,6 +736,48 @@ impl LogicalUnit {
             .await
             .map_err(|e| self.block_error(&e, true))?;
         Ok(len)
+    }
+
+    /// Replaces the blocks of `t` with `combine(current, sent)` so that no
+    /// other command, from any path or host, sees or interleaves with a half
+    /// done update: the device's compare-and-write (atomic against every
+    /// other command) stores the result only if the blocks still hold what
+    /// was read, and a lost race reads again.
+    async fn rewrite_atomically(
+        &self,
+        t: &Transfer,
+        data: &Bytes,
+        combine: impl Fn(&[u8], &[u8]) -> Vec<u8>,
+    ) -> Result<(), Failure> {
+        let wanted = t.blocks as u64 * BLOCK_BYTES;
+        let len = wanted.min(data.len() as u64) / BLOCK_BYTES * BLOCK_BYTES;
+        if len == 0 {
+            return Ok(());
+        }
+        let offset = t.lba * BLOCK_BYTES;
+        let sent = &data[..len as usize];
+        for _ in 0..RESERVATION_RETRIES {
+            let current = self
+                .device
+                .read(offset, len)
+                .await
+                .map_err(|e| self.block_error(&e, false))?;
+            let next = Bytes::from(combine(&current, sent));
+            match self.device.compare_and_write(offset, current, next).await {
+                Ok(()) => {
+                    if self.write_flags(t.fua).fua {
+                        self.device
+                            .flush()
+                            .await
+                            .map_err(|e| self.block_error(&e, true))?;
+                    }
+                    return Ok(());
+                }
+                Err(BlockError::Miscompare { .. }) => continue,
+                Err(e) => return Err(self.block_error(&e, true)),
+            }
+        }
+        Err(Failure::Busy)
     }
 
     async fn verify(&self, range: &Transfer, bytchk: u8, data: &Bytes) -> Outcome {
@@ -1081,35 +1163,20 @@ impl LogicalUnit {
 
     /// A nexus ended: its RESERVE(6) reservation, unit attentions and copy
     /// results go. Persistent reservations stay (they are persistent).
-    pub fn nexus_ended(self: &Arc<Self>, nexus: &Nexus) {
+    pub async fn nexus_ended(&self, nexus: &Nexus) {
         self.attentions.lock().remove(nexus);
         self.copies.lock().retain(|(n, _), _| n != nexus);
-        let unit = self.clone();
-        let nexus = nexus.clone();
-        let release = async move {
-            let outcome = unit
-                .update_reservations(|s| {
-                    s.drop_legacy(Some(&nexus));
-                    Ok(Vec::new())
-                })
-                .await;
-            if let Ok(Err(f)) | Err(f) = outcome {
-                tracing::warn!(
-                    ?f,
-                    "could not release the RESERVE(6) reservation of an ended nexus"
-                );
-            }
-        };
-        // The in-memory environment answers at once; a directory-backed one
-        // finishes in the background.
-        let mut release = Box::pin(release);
-        if (&mut release).now_or_never().is_none() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(handle) => {
-                    handle.spawn(release);
-                }
-                Err(_) => futures::executor::block_on(release),
-            }
+        let outcome = self
+            .update_reservations(|s| {
+                s.drop_legacy(Some(nexus));
+                Ok(Vec::new())
+            })
+            .await;
+        if let Ok(Err(f)) | Err(f) = outcome {
+            tracing::warn!(
+                ?f,
+                "could not release the RESERVE(6) reservation of an ended nexus"
+            );
         }
     }
 }
@@ -1133,9 +1200,11 @@ pub fn access_of(cdb: &Cdb) -> Access {
         | Cdb::Release6
         | Cdb::Reserve6 => Access::Always,
         Cdb::PersistentReserveIn { .. } | Cdb::PersistentReserveOut { .. } => Access::Persistent,
-        Cdb::Read(_) | Cdb::Verify { .. } | Cdb::PreFetch { .. } | Cdb::GetLbaStatus { .. } => {
-            Access::Read
-        }
+        Cdb::Read(_)
+        | Cdb::Verify { .. }
+        | Cdb::PreFetch { .. }
+        | Cdb::GetLbaStatus { .. }
+        | Cdb::ReadDefectData { .. } => Access::Read,
         Cdb::StartStopUnit {
             start: true,
             power_condition: 0,
@@ -1153,7 +1222,9 @@ pub fn expected_data_out(raw: &[u8]) -> u32 {
     };
     let blocks = |n: u64| (n * BLOCK_BYTES).min(u32::MAX as u64) as u32;
     match cdb {
-        Cdb::Write(t) | Cdb::WriteAndVerify(t) => blocks(t.blocks as u64),
+        Cdb::Write(t) | Cdb::WriteAndVerify(t) | Cdb::OrWrite(t) | Cdb::WriteAtomic(t) => {
+            blocks(t.blocks as u64)
+        }
         Cdb::Verify { range, bytchk: 1 } => blocks(range.blocks as u64),
         Cdb::Verify { bytchk: 3, .. } => BLOCK_BYTES as u32,
         Cdb::CompareAndWrite { blocks: n, .. } => blocks(2 * n as u64),

@@ -188,7 +188,7 @@ impl ScsiTarget for SmallTarget {
         self.resets.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn nexus_ended(&self, _nexus: &Nexus) {
+    async fn nexus_ended(&self, _nexus: &Nexus) {
         self.ended.fetch_add(1, Ordering::Relaxed);
     }
 }
