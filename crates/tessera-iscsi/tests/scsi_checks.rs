@@ -7,11 +7,11 @@
 
 use bytes::Bytes;
 use std::sync::Arc;
-use tessera_blockdev::{BlockDevice, MemoryDevice};
+use tessera_blockdev::MemoryDevice;
 use tessera_iscsi::scsi::sense::{decode_information, decode_key_code};
 use tessera_iscsi::scsi::{
     AluaState, BlockTarget, Command, LogicalUnit, MemoryDatastore, MemoryEnvironment, Nexus,
-    Response, ScsiTarget, Status, TaskAttribute, TargetPortGroup, UnitSettings,
+    Response, ScsiTarget, Status, TargetPortGroup, TaskAttribute, UnitSettings,
 };
 
 const BLOCK: usize = 512;
@@ -225,8 +225,8 @@ fn a_full_datastore_refuses_only_writes_that_need_space() {
     // Room for 16 KiB of the 1 MiB volume: four 4 KiB allocation blocks.
     let f = fixture(MemoryDevice::new("thin", 1 << 20).with_allocation_limit(16 << 10));
     let n = f.login("a", 1);
-    let first = vec![0x11u8; 16 * BLOCK];
-    good(&f.run(&n, &write16(0, 16), &first));
+    let first = vec![0x11u8; 32 * BLOCK];
+    good(&f.run(&n, &write16(0, 32), &first));
     // Unallocated blocks: DATA PROTECT, SPACE ALLOCATION FAILED WRITE
     // PROTECT, for a plain write, a pattern WRITE SAME and a COMPARE AND
     // WRITE alike, and nothing stored is harmed.
@@ -237,7 +237,7 @@ fn a_full_datastore_refuses_only_writes_that_need_space() {
     let mut same = cdb16(0x93, 64, 8);
     same[1] = 0;
     assert_eq!(sense(&f.run(&n, &same, &[0x33u8; BLOCK])), (7, 0x27, 0x07));
-    assert_eq!(good(&f.run(&n, &read16(0, 16), &[])), first);
+    assert_eq!(good(&f.run(&n, &read16(0, 32), &[])), first);
     assert!(good(&f.run(&n, &read16(64, 8), &[]))
         .iter()
         .all(|&b| b == 0));
@@ -262,7 +262,11 @@ fn soft_threshold_attention_is_raised_once_per_crossing_on_every_nexus() {
     let a = f.login("a", 1);
     let b = f.login("b", 2);
     let fill = |lba: u64, blocks: u32| {
-        good(&f.run(&a, &write16(lba, blocks), &vec![1u8; blocks as usize * BLOCK]));
+        good(&f.run(
+            &a,
+            &write16(lba, blocks),
+            &vec![1u8; blocks as usize * BLOCK],
+        ));
     };
     fill(0, 4096); // 2 MiB: below
     good(&f.run(&a, &[0; 6], &[]));
