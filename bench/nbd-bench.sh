@@ -131,7 +131,7 @@ for profile in $PROFILES; do
     for side in $order; do
       if [ "$side" = tessera ]; then port=$tessera_port pid=$tessera_pid; else port=$nbdkit_port pid=$nbdkit_pid; fi
       run=$(measure "$profile" "nbd://127.0.0.1:$port/" "$pid")
-      echo "  $profile $side: $run (IOPS MiB/s server-CPU-us/IO)" >&2
+      echo "  $profile $side: $run (IOPS MiB/s server-CPU-us/IO), load average $(cut -d' ' -f1 /proc/loadavg)" >&2
       result[$profile.$side]=$(best "${result[$profile.$side]:-}" "$run")
     done
   done

@@ -28,7 +28,7 @@ use crate::request::{
     classify, descriptors, errno_for, error_offset, Command, ExportView, OpKind, Rejection,
     MAX_DESCRIPTORS_PER_REPLY,
 };
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -57,7 +57,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// does not spin.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Read buffer growth step, in bytes.
-const READ_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+const READ_BUFFER_BYTES: usize = 512 * 1024;
 /// Smallest free space kept in the read buffer before a read, in bytes.
 const READ_SPARE_BYTES: usize = 64 * 1024;
 /// Growth step of the reply header buffer, in bytes.
@@ -404,14 +404,15 @@ impl<'a> Connection<'a> {
                 return Ok(());
             }
             let want_read = !closing && self.inflight.len() < MAX_IN_FLIGHT;
+            // The rest of the current frame's payload.
+            let missing = self
+                .pending
+                .map(|h| (h.payload_bytes() as usize).saturating_sub(self.rbuf.len()))
+                .unwrap_or(0);
             if want_read {
                 // Room for the rest of the current frame. Once the payloads
                 // handed to the device are dropped the buffer is unique
                 // again and `reserve` reuses it instead of allocating.
-                let missing = self
-                    .pending
-                    .map(|h| (h.payload_bytes() as usize).saturating_sub(self.rbuf.len()))
-                    .unwrap_or(0);
                 let wanted = missing.max(READ_SPARE_BYTES);
                 if self.rbuf.capacity() - self.rbuf.len() < wanted {
                     self.rbuf.reserve(wanted.max(READ_BUFFER_BYTES));
@@ -429,7 +430,17 @@ impl<'a> Connection<'a> {
                 }
                 ready = self.stream.readable(), if want_read => {
                     ready?;
-                    match self.stream.try_read_buf(&mut self.rbuf) {
+                    // A large payload is read up to its end and no further,
+                    // so the buffer empties at a frame boundary: the next
+                    // `reserve` moves nothing and the buffer stays small
+                    // enough to stay in cache between the socket copy and
+                    // the device copy.
+                    let read = if missing > READ_SPARE_BYTES {
+                        self.stream.try_read_buf(&mut (&mut self.rbuf).limit(missing))
+                    } else {
+                        self.stream.try_read_buf(&mut self.rbuf)
+                    };
+                    match read {
                         Ok(0) => closing = true,
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
