@@ -505,23 +505,38 @@ pub(crate) fn find_record(
     None
 }
 
-/// True when some record of a group commit that began after `seq` is found
-/// within reach of `v`: then the record `seq` had been synced before it.
+/// How far past the durable head records of commits in flight can lie: the
+/// blocks written and not yet synced, one more commit, and the gap a record
+/// leaves when it starts over at block 0.
+pub(crate) const IN_FLIGHT_REACH_BLOCKS: u64 = UNSYNCED_BLOCKS_MAX + 2 * COMMIT_BLOCKS_MAX + 2;
+
+/// True when a record written after `seq` was durable is found within reach
+/// of `v` (its "first sequence not yet durable" is above `seq`): then the
+/// record `seq` had been synced before it. The first such record lies at
+/// most [`IN_FLIGHT_REACH_BLOCKS`] past `seq`'s end, since the log writer
+/// keeps no more than that written and unsynced.
 pub(crate) fn later_group_exists(disk: &Arc<dyn Disk>, geo: &Geometry, v: u64, seq: u64) -> bool {
     let l = geo.log_blocks;
-    let reach = (2 * COMMIT_BLOCKS_MAX + 2).min(l);
-    for k in 0..reach {
+    let reach = IN_FLIGHT_REACH_BLOCKS.min(l);
+    let vouches = |block: &[u8]| {
+        LogRecordHeader::decode(block)
+            .is_ok_and(|h| h.seq > seq && h.batch_first_seq > seq && h.seq < seq + reach)
+    };
+    // A record that did not fit before the log's end starts at block 0.
+    if read_block(disk, geo.log_start, 1).is_ok_and(|b| vouches(b.as_slice())) {
+        return true;
+    }
+    const CHUNK_BLOCKS: u64 = 256;
+    let mut k = 0u64;
+    while k < reach {
         let pos = (v + k) % l;
-        for p in [pos, 0] {
-            if let Ok(buf) = read_block(disk, geo.log_start + p, 1) {
-                if let Ok(h) = LogRecordHeader::decode(buf.as_slice()) {
-                    if h.seq > seq && h.batch_first_seq > seq && h.seq < seq + 2 * COMMIT_BLOCKS_MAX
-                    {
-                        return true;
-                    }
-                }
+        let n = (reach - k).min(l - pos).min(CHUNK_BLOCKS);
+        if let Ok(buf) = read_block(disk, geo.log_start + pos, n as usize) {
+            if buf.as_slice().chunks(BLOCK).any(vouches) {
+                return true;
             }
         }
+        k += n;
     }
     false
 }
@@ -537,7 +552,7 @@ pub(crate) fn damage_was_synced(
     let mut v = v + rec.header.record_blocks() as u64;
     let mut seq = rec.header.seq + 1;
     let damaged = rec.header.seq;
-    for _ in 0..(2 * COMMIT_BLOCKS_MAX) {
+    for _ in 0..IN_FLIGHT_REACH_BLOCKS {
         match find_record(disk, geo, v, seq) {
             Some((at, r)) => {
                 if r.header.batch_first_seq > damaged {
@@ -647,7 +662,7 @@ pub(crate) fn clear_unsynced_records(shared: &Shared) -> Result<u64, StoreError>
     let (disk, geo) = (shared.cache_disk(), &shared.geo);
     let l = geo.log_blocks;
     let free = (vtail + l).saturating_sub(v);
-    let reach = (UNSYNCED_BLOCKS_MAX + 2 * COMMIT_BLOCKS_MAX + 2).min(free);
+    let reach = IN_FLIGHT_REACH_BLOCKS.min(free);
     const CHUNK_BLOCKS: u64 = 256;
     let zeros = AlignedBuf::zeroed(BLOCK);
     let mut cleared = 0u64;
