@@ -63,8 +63,16 @@ const READ_BUFFER_BYTES: usize = 1024 * 1024;
 const READ_SPARE_BYTES: usize = 64 * 1024;
 /// Output bytes queued before the connection stops reading new requests.
 const MAX_QUEUED_OUTPUT_BYTES: usize = 8 * 1024 * 1024;
-/// Buffers handed to one vectored write.
-const MAX_IOVECS: usize = 64;
+/// Buffers handed to one vectored write (Linux takes up to 1024).
+const MAX_IOVECS: usize = 256;
+/// Allocation step of the buffer that gathers headers and small data.
+const OUT_SMALL_BYTES: usize = 64 * 1024;
+/// Data segments up to this size are copied next to their header rather
+/// than queued as a slice of their own.
+const OUT_COPY_DATA_BYTES: usize = 512;
+/// A header with its digest and largest AHS we send: below this spare
+/// capacity the gathering buffer is replaced rather than grown.
+const BHS_WITH_DIGEST_BYTES: usize = 256;
 
 /// Why a connection or the server ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -401,10 +409,15 @@ enum Done {
     NexusEnded(Vec<Action>),
 }
 
-/// PDUs waiting for the socket: headers as small buffers, data as the
-/// SCSI target's own `Bytes` (no copy).
+/// PDUs waiting for the socket. Headers, trailers and small data segments
+/// are appended to one contiguous buffer (`small`), so a run of responses
+/// costs no allocation per PDU and goes out as one slice of one vectored
+/// write; larger data segments stay the SCSI target's own `Bytes` (no
+/// copy).
 struct OutQueue {
     chunks: VecDeque<Bytes>,
+    /// Bytes not yet moved to `chunks`; always after every chunk.
+    small: BytesMut,
     bytes: usize,
 }
 
@@ -412,30 +425,48 @@ impl OutQueue {
     fn new() -> Self {
         OutQueue {
             chunks: VecDeque::new(),
+            small: BytesMut::with_capacity(OUT_SMALL_BYTES),
             bytes: 0,
         }
     }
 
-    fn push(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.bytes += chunk.len();
-            self.chunks.push_back(chunk);
+    /// Moves the small bytes gathered so far behind the queued chunks.
+    fn seal(&mut self) {
+        if !self.small.is_empty() {
+            let sealed = self.small.split().freeze();
+            self.chunks.push_back(sealed);
         }
+        if self.small.capacity() < BHS_WITH_DIGEST_BYTES {
+            self.small = BytesMut::with_capacity(OUT_SMALL_BYTES);
+        }
+    }
+
+    fn push_small(&mut self, bytes: &[u8]) {
+        self.bytes += bytes.len();
+        self.small.extend_from_slice(bytes);
     }
 
     fn pdu(&mut self, pdu: &Pdu, digests: Digests) {
         let frame = pdu.to_frame();
-        self.push(Bytes::from(frame.header_bytes(digests)));
-        self.push(frame.data.clone());
-        self.push(Bytes::from(frame.trailer_bytes(digests)));
+        self.push_small(&frame.header_bytes(digests));
+        if frame.data.len() <= OUT_COPY_DATA_BYTES {
+            self.push_small(&frame.data);
+        } else {
+            self.seal();
+            self.bytes += frame.data.len();
+            self.chunks.push_back(frame.data.clone());
+        }
+        let trailer = frame.trailer_bytes(digests);
+        self.push_small(&trailer);
     }
 
     fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
+        self.chunks.is_empty() && self.small.is_empty()
     }
 
     /// Writes what the socket takes without waiting; `Ok(false)` when full.
     fn write_now(&mut self, stream: &TcpStream) -> io::Result<bool> {
+        self.seal();
         while !self.chunks.is_empty() {
             let slices: Vec<IoSlice<'_>> = self
                 .chunks

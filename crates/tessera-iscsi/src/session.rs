@@ -145,6 +145,9 @@ struct Task {
     /// Taken in CmdSN order (or immediate).
     delivered: bool,
     transfer: Option<Transfer>,
+    /// The whole data-out when immediate data carried all of it: handed to
+    /// the SCSI side as received, without a copy.
+    immediate_data: Bytes,
     state: TaskState,
 }
 
@@ -524,30 +527,37 @@ impl FullFeature {
         }
         let itt = c.itt;
         let oversized = c.write && c.expected_length > MAX_TASK_DATA_OUT_BYTES;
-        let transfer = (c.write && c.expected_length > 0 && !oversized).then(|| {
-            let edtl = c.expected_length;
-            let immediate = c.data.len() as u32;
-            let unsolicited_end = if !self.params.initial_r2t && !c.final_pdu {
-                self.params.first_burst_length.min(edtl)
-            } else {
-                immediate
-            };
-            let mut buffer = BytesMut::zeroed(edtl as usize);
-            buffer[..c.data.len()].copy_from_slice(&c.data);
-            Transfer {
-                buffer,
-                received: immediate as u64,
-                unsolicited_end,
-                unsolicited_open: !c.final_pdu && unsolicited_end > immediate,
-                unsolicited_data_sn: 0,
-                next_r2t_offset: unsolicited_end,
-                r2t_sn: 0,
-                r2ts: Vec::new(),
-            }
-        });
+        let whole_in_immediate = c.write && c.data.len() as u64 == c.expected_length as u64;
+        let transfer = (c.write && c.expected_length > 0 && !oversized && !whole_in_immediate)
+            .then(|| {
+                let edtl = c.expected_length;
+                let immediate = c.data.len() as u32;
+                let unsolicited_end = if !self.params.initial_r2t && !c.final_pdu {
+                    self.params.first_burst_length.min(edtl)
+                } else {
+                    immediate
+                };
+                let mut buffer = BytesMut::zeroed(edtl as usize);
+                buffer[..c.data.len()].copy_from_slice(&c.data);
+                Transfer {
+                    buffer,
+                    received: immediate as u64,
+                    unsolicited_end,
+                    unsolicited_open: !c.final_pdu && unsolicited_end > immediate,
+                    unsolicited_data_sn: 0,
+                    next_r2t_offset: unsolicited_end,
+                    r2t_sn: 0,
+                    r2ts: Vec::new(),
+                }
+            });
         let task = Task {
             lun: lun_number(c.lun),
             attribute: attribute(c.attribute),
+            immediate_data: if whole_in_immediate && !oversized {
+                c.data.clone()
+            } else {
+                Bytes::new()
+            },
             command: ScsiCommand {
                 data: Bytes::new(),
                 ..c
@@ -720,7 +730,7 @@ impl FullFeature {
                 .transfer
                 .take()
                 .map(|t| t.buffer.freeze())
-                .unwrap_or_default();
+                .unwrap_or_else(|| std::mem::take(&mut task.immediate_data));
             self.counters.commands += 1;
             out.push(Action::Execute(scsi::Command {
                 nexus: self.nexus.clone(),

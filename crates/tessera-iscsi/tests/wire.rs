@@ -489,6 +489,47 @@ fn writes_are_solicited_with_r2t_and_reads_split_to_the_initiators_segment() {
 }
 
 #[test]
+fn pipelined_writes_carried_whole_in_immediate_data_land_where_they_were_sent() {
+    let (server, _) = server();
+    let mut c = RawInitiator::connect(server.addr);
+    c.login(TARGET, &[("InitialR2T", "Yes"), ("ImmediateData", "Yes")]);
+    // Many commands in flight at once, so their data shares the target's
+    // read buffer; each must still reach its own blocks.
+    let writes = 48usize;
+    let payload = random_bytes(7, writes * 4096);
+    let mut tags = Vec::new();
+    for (i, chunk) in payload.chunks(4096).enumerate() {
+        tags.push(c.command(
+            &write10((i * 8) as u32, 8),
+            false,
+            true,
+            4096,
+            Bytes::copy_from_slice(chunk),
+            true,
+        ));
+    }
+    for _ in 0..writes {
+        match c.recv() {
+            Some(Pdu::ScsiResponse(r)) => {
+                assert!(tags.contains(&r.itt));
+                assert_eq!(r.status, 0);
+                assert_eq!(r.residual, Residual::None);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let itt = c.command(
+        &read10(0, (writes * 8) as u16),
+        true,
+        false,
+        payload.len() as u32,
+        Bytes::new(),
+        true,
+    );
+    assert_eq!(read_reply(&mut c, itt).0, payload);
+}
+
+#[test]
 fn unsolicited_data_up_to_first_burst_then_r2t() {
     let (server, _) = server();
     let mut c = RawInitiator::connect(server.addr);
