@@ -549,6 +549,26 @@ pub struct ReservationRecord {
     /// APTPL as last registered.
     #[serde(default)]
     pub persist_through_power_loss: bool,
+    /// The latest unit attentions every host raises for its nexuses.
+    #[serde(default)]
+    pub attentions: Vec<SharedAttentionRecord>,
+}
+
+/// A unit attention raised through one path for nexuses on every host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedAttentionRecord {
+    /// Its place in the volume's sequence of attentions.
+    pub sequence: u64,
+    /// The nexus it is for; every nexus when absent.
+    #[serde(default)]
+    pub nexus: Option<NexusRecord>,
+    /// The nexus it is not for.
+    #[serde(default)]
+    pub except: Option<NexusRecord>,
+    /// Additional sense code.
+    pub asc: u8,
+    /// Additional sense code qualifier.
+    pub ascq: u8,
 }
 
 /// Where a host can be reached.

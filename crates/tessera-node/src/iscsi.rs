@@ -37,7 +37,7 @@ use std::time::Duration;
 use tessera_blockdev::BlockDevice;
 use tessera_directory::keys::{
     self, HeldReservationRecord, Keyspace, NexusRecord, RegistrationRecord, ReservationRecord,
-    VolumeState,
+    SharedAttentionRecord, VolumeState,
 };
 use tessera_directory::{Directory, Revision, WatchEventKind};
 use tessera_iscsi::catalog::{target_name_for_volume, TARGET_NAME_PREFIX};
@@ -46,7 +46,9 @@ use tessera_iscsi::scsi::environment::{
     VersionedReservations,
 };
 use tessera_iscsi::scsi::inquiry::naa_designator;
-use tessera_iscsi::scsi::reservations::{PersistentReservation, PrType, Registration};
+use tessera_iscsi::scsi::reservations::{
+    PersistentReservation, PrType, Registration, SharedAttention,
+};
 use tessera_iscsi::scsi::{BlockTarget, LogicalUnit, Nexus, ReservationState, UnitSettings};
 use tessera_iscsi::{TargetCatalog, TargetEntry, TargetPortal};
 use tessera_nbd::ExportCatalog;
@@ -169,6 +171,31 @@ impl ReservationTable {
         }
     }
 
+    /// The reservations of `volume` read from the directory now (the cache
+    /// takes them too).
+    pub async fn read_now(
+        &self,
+        volume: &VolumeId,
+    ) -> Result<VersionedReservations, EnvironmentError> {
+        self.refresh(volume).await?;
+        Ok(self.get(volume))
+    }
+
+    async fn refresh(&self, volume: &VolumeId) -> Result<(), EnvironmentError> {
+        match keys::get(self.directory.as_ref(), &self.keys.reservation(volume)).await {
+            Ok(Some(r)) => self.apply(volume.clone(), r.mod_revision, Some(from_record(r.value))),
+            Ok(None) => {
+                self.entries.write().remove(volume);
+            }
+            Err(e) => {
+                return Err(EnvironmentError::Unavailable(format!(
+                    "volume {volume}: {e}"
+                )))
+            }
+        }
+        Ok(())
+    }
+
     /// Stores `state` if the reservations are still at `version`.
     pub async fn store(
         &self,
@@ -193,17 +220,7 @@ impl ReservationTable {
         }
         // Another host got there first: read its change now rather than
         // waiting for the watch, so the caller's retry starts from it.
-        match keys::get(self.directory.as_ref(), &key).await {
-            Ok(Some(r)) => self.apply(volume.clone(), r.mod_revision, Some(from_record(r.value))),
-            Ok(None) => {
-                self.entries.write().remove(volume);
-            }
-            Err(e) => {
-                return Err(EnvironmentError::Unavailable(format!(
-                    "volume {volume}: {e}"
-                )))
-            }
-        }
+        self.refresh(volume).await?;
         Ok(false)
     }
 }
@@ -243,6 +260,17 @@ fn to_record(s: &ReservationState) -> ReservationRecord {
         }),
         legacy_holder: s.legacy_holder.as_ref().map(nexus_record),
         persist_through_power_loss: s.persist_through_power_loss,
+        attentions: s
+            .attentions
+            .iter()
+            .map(|a| SharedAttentionRecord {
+                sequence: a.sequence,
+                nexus: a.nexus.as_ref().map(nexus_record),
+                except: a.except.as_ref().map(nexus_record),
+                asc: a.code.0,
+                ascq: a.code.1,
+            })
+            .collect(),
     }
 }
 
@@ -272,6 +300,16 @@ fn from_record(r: ReservationRecord) -> ReservationState {
         }),
         legacy_holder: r.legacy_holder.map(nexus_of),
         persist_through_power_loss: r.persist_through_power_loss,
+        attentions: r
+            .attentions
+            .into_iter()
+            .map(|a| SharedAttention {
+                sequence: a.sequence,
+                nexus: a.nexus.map(nexus_of),
+                except: a.except.map(nexus_of),
+                code: (a.asc, a.ascq),
+            })
+            .collect(),
     }
 }
 
@@ -289,6 +327,10 @@ struct VolumeEnvironment {
 impl UnitEnvironment for VolumeEnvironment {
     async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
         Ok(self.reservations.get(&self.volume))
+    }
+
+    async fn reservations_now(&self) -> Result<VersionedReservations, EnvironmentError> {
+        self.reservations.read_now(&self.volume).await
     }
 
     async fn store_reservations(
@@ -522,8 +564,22 @@ mod tests {
                 holder: b,
                 kind: PrType::ExclusiveAccessRegistrantsOnly,
             }),
-            legacy_holder: Some(a),
+            legacy_holder: Some(a.clone()),
             persist_through_power_loss: true,
+            attentions: vec![
+                SharedAttention {
+                    sequence: 4,
+                    nexus: None,
+                    except: Some(a.clone()),
+                    code: (0x29, 0x03),
+                },
+                SharedAttention {
+                    sequence: 5,
+                    nexus: Some(a),
+                    except: None,
+                    code: (0x2A, 0x04),
+                },
+            ],
         };
         let json = serde_json::to_vec(&to_record(&state)).unwrap();
         let back: ReservationRecord = serde_json::from_slice(&json).unwrap();
@@ -544,6 +600,7 @@ mod tests {
             }),
             legacy_holder: None,
             persist_through_power_loss: false,
+            attentions: vec![],
         };
         assert_eq!(from_record(record).reservation, None);
     }

@@ -3,144 +3,13 @@
 //! verification while hosts are stopped and started, and the control plane's
 //! copy verification afterwards.
 
-use std::net::Ipv4Addr;
+mod fixture;
+
+use fixture::{have, Cluster};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tessera_node::control::{ClusterControl, CreatePolicy, CreateVolume, Health, ObjectView};
-use tessera_node::control_plane::ControlPlane;
-use tessera_node::up::{self, UpConfig};
+use std::time::Duration;
+use tessera_node::control::{ClusterControl, CreatePolicy, CreateVolume, Health};
 use tessera_types::layout::ComponentRole;
-
-/// Whether `tool` can be run; fails the test when CI requires every tool.
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "{tool} is required (TESSERA_REQUIRE_TOOLS=1) but not installed"
-        );
-        eprintln!("skipping: {tool} is not installed");
-    }
-    found
-}
-
-struct Cluster {
-    control: Arc<ControlPlane>,
-    config: UpConfig,
-    _dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    /// Starts the same cluster again on the same data directory.
-    async fn restart(self) -> Cluster {
-        self.control.hosts().stop_all().await;
-        drop(self.control);
-        // The previous instance's directory closes when its last user goes.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let control = loop {
-            match up::start(&self.config).await {
-                Ok(c) => break c,
-                Err(e) if Instant::now() < deadline && e.to_string().contains("already open") => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => panic!("cluster restarts: {e}"),
-            }
-        };
-        Cluster {
-            control,
-            config: self.config,
-            _dir: self._dir,
-        }
-    }
-
-    async fn start(repair_delay_s: u64) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        // A loopback range and ports of its own, so tests and a running
-        // `tessera up` never collide.
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let seed = std::process::id().wrapping_mul(7919)
-            ^ nanos
-            ^ NEXT
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                .wrapping_mul(104_729);
-        let base = Ipv4Addr::new(127, 10 + (seed % 200) as u8, (seed / 200 % 250) as u8, 1);
-        let port = 20_000 + (seed % 20_000) as u16;
-        let config = UpConfig {
-            data_dir: dir.path().to_path_buf(),
-            bind: base,
-            hosts: 4,
-            api_port: port,
-            nbd_port: port + 1,
-            transport_port: port + 2,
-            iscsi_port: port + 3,
-            repair_delay_s,
-            host_capacity_bytes: 1 << 30,
-        };
-        let control = up::start(&config).await.expect("cluster starts");
-        Cluster {
-            control,
-            config,
-            _dir: dir,
-        }
-    }
-
-    fn nbd_uri(&self, host: &str, volume: &str) -> String {
-        let k: u32 = host.trim_start_matches("host-").parse().unwrap();
-        let ip = Ipv4Addr::from(u32::from(self.config.bind) + k - 1);
-        format!("nbd://{ip}:{}/{volume}", self.config.nbd_port)
-    }
-
-    async fn wait_for(
-        &self,
-        volume: &str,
-        what: &str,
-        ok: impl Fn(&ObjectView) -> bool,
-    ) -> ObjectView {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let view = self.control.object(volume).await.unwrap();
-            if ok(&view) {
-                return view;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {view:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Creates an FTT=1 volume and waits until it has an owner and every
-    /// copy is healthy.
-    async fn create(&self, name: &str, size_bytes: u64) -> ObjectView {
-        self.control
-            .create_volume(CreateVolume {
-                name: name.into(),
-                size_bytes,
-                policy: None,
-            })
-            .await
-            .expect("volume created");
-        self.wait_for(name, "an owner", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await
-    }
-
-    async fn stop(self) {
-        self.control.hosts().stop_all().await;
-    }
-}
 
 /// Waits for fio and fails the test with its output unless it passed.
 async fn expect_success(fio: std::process::Child) {
@@ -430,7 +299,7 @@ async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
     }
     let cluster = Cluster::start(3600).await;
     cluster.create("keep", 64 << 20).await;
-    let image = cluster._dir.path().join("image.raw");
+    let image = cluster.dir.path().join("image.raw");
     let data: Vec<u8> = (0..(64u32 << 20) / 4)
         .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
         .collect();

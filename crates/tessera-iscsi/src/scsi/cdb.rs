@@ -58,6 +58,40 @@ pub mod op {
     pub const READ_DEFECT_DATA_12: u8 = 0xB7;
 }
 
+/// Whether `opcode` moves or changes blocks (reads, writes, verifies,
+/// zeroing, unmapping, copies): the commands that run at full rate, which
+/// take shared state from the host's cache.
+pub fn is_data_transfer(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        op::READ_6
+            | op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_AND_VERIFY_10
+            | op::WRITE_AND_VERIFY_12
+            | op::WRITE_AND_VERIFY_16
+            | op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::COMPARE_AND_WRITE
+            | op::ORWRITE_16
+            | op::WRITE_ATOMIC_16
+            | op::WRITE_SAME_10
+            | op::WRITE_SAME_16
+            | op::UNMAP
+            | op::EXTENDED_COPY
+            | op::PRE_FETCH_10
+            | op::PRE_FETCH_16
+            | op::SYNCHRONIZE_CACHE_10
+            | op::SYNCHRONIZE_CACHE_16
+    )
+}
+
 /// Service actions used with the operation codes that have them.
 pub mod sa {
     #![allow(missing_docs)]

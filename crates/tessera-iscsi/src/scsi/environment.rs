@@ -87,6 +87,15 @@ pub trait UnitEnvironment: Send + Sync + 'static {
     /// a cache the host keeps current.
     async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError>;
 
+    /// The reservation state as it is now, read at its source rather than
+    /// from a cache: for reservation commands and for commands that are not
+    /// data transfers, so a registration or reset made through another host
+    /// is seen by the very next such command. The default is
+    /// [`UnitEnvironment::reservations`].
+    async fn reservations_now(&self) -> Result<VersionedReservations, EnvironmentError> {
+        self.reservations().await
+    }
+
     /// Replaces the state if its version is still `version`; `Ok(false)`
     /// when another writer got there first (the caller reloads and retries).
     async fn store_reservations(

@@ -118,7 +118,30 @@ pub struct ReservationState {
     /// APTPL as last set by a REGISTER (the state is always kept across
     /// power loss; this is what READ FULL STATUS and REPORT CAPABILITIES say).
     pub persist_through_power_loss: bool,
+    /// The latest unit attentions raised for nexuses that any host may
+    /// serve (resets, preempted or released reservations), oldest first.
+    pub attentions: Vec<SharedAttention>,
 }
+
+/// A unit attention raised through one path that nexuses on every host must
+/// see: each host raises it for the nexuses it serves when it next looks at
+/// the shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedAttention {
+    /// One more than the attention before it.
+    pub sequence: u64,
+    /// The nexus it is for; `None`: every nexus.
+    pub nexus: Option<Nexus>,
+    /// A nexus it is not for (the one that asked for a target reset).
+    pub except: Option<Nexus>,
+    /// ASC and ASCQ.
+    pub code: (u8, u8),
+}
+
+/// Shared attentions kept; a host further behind than this raises only the
+/// ones still kept (each is a hint to re-read state the nexus can still
+/// read, not state of its own).
+pub const SHARED_ATTENTIONS_KEPT: usize = 64;
 
 /// How a command touches the medium, for the conflict rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +161,25 @@ pub enum Access {
 }
 
 impl ReservationState {
+    /// Records an attention every host raises for its matching nexuses.
+    pub fn share_attention(&mut self, nexus: Option<Nexus>, except: Option<Nexus>, code: (u8, u8)) {
+        let sequence = self.attention_sequence() + 1;
+        self.attentions.push(SharedAttention {
+            sequence,
+            nexus,
+            except,
+            code,
+        });
+        if self.attentions.len() > SHARED_ATTENTIONS_KEPT {
+            self.attentions.remove(0);
+        }
+    }
+
+    /// The sequence number of the latest shared attention (0: none yet).
+    pub fn attention_sequence(&self) -> u64 {
+        self.attentions.last().map_or(0, |a| a.sequence)
+    }
+
     /// The registration of a nexus.
     pub fn registration(&self, nexus: &Nexus) -> Option<&Registration> {
         self.registrations.iter().find(|r| &r.nexus == nexus)

@@ -164,6 +164,9 @@ pub struct LogicalUnit {
     over_threshold: AtomicBool,
     /// SIMPLE commands take it shared, ORDERED ones exclusively.
     ordering: tokio::sync::RwLock<()>,
+    /// The latest shared attention this unit has raised (`None` until the
+    /// first command: older attentions are not for nexuses that came later).
+    seen_attention: Mutex<Option<u64>>,
 }
 
 fn env_unavailable(e: EnvironmentError) -> Failure {
@@ -193,6 +196,7 @@ impl LogicalUnit {
             last_size: AtomicU64::new(size),
             over_threshold: AtomicBool::new(false),
             ordering: tokio::sync::RwLock::new(()),
+            seen_attention: Mutex::new(None),
         }
     }
 
@@ -265,6 +269,41 @@ impl LogicalUnit {
             .or_insert_with(|| VecDeque::from([asc::POWER_ON_RESET]));
     }
 
+    /// Raises the shared attentions other paths and hosts recorded since
+    /// this unit last looked.
+    async fn catch_up_attentions(&self, now: bool) {
+        let current = if now {
+            self.environment.reservations_now().await
+        } else {
+            self.environment.reservations().await
+        };
+        let Ok(current) = current else {
+            return;
+        };
+        let latest = current.state.attention_sequence();
+        let mut seen = self.seen_attention.lock();
+        let from = match *seen {
+            Some(s) if s < latest => s,
+            Some(_) => return,
+            None => {
+                *seen = Some(latest);
+                return;
+            }
+        };
+        for a in current
+            .state
+            .attentions
+            .iter()
+            .filter(|a| a.sequence > from)
+        {
+            match &a.nexus {
+                Some(n) => self.raise_for(n, a.code),
+                None => self.raise_attention(a.code, a.except.as_ref()),
+            }
+        }
+        *seen = Some(latest);
+    }
+
     fn take_attention(&self, nexus: &Nexus) -> Option<(u8, u8)> {
         self.attentions.lock().get_mut(nexus)?.pop_front()
     }
@@ -278,6 +317,8 @@ impl LogicalUnit {
         };
         let opcode = command.cdb.first().copied().unwrap_or(0xFF);
         self.register_nexus(&command.nexus);
+        self.catch_up_attentions(!cdb::is_data_transfer(opcode))
+            .await;
         let exempt = matches!(
             opcode,
             cdb::op::INQUIRY | cdb::op::REPORT_LUNS | cdb::op::REQUEST_SENSE
@@ -607,7 +648,11 @@ impl LogicalUnit {
                 service_action,
                 alloc,
             } => {
-                let current = self.reservations().await?;
+                let current = self
+                    .environment
+                    .reservations_now()
+                    .await
+                    .map_err(env_unavailable)?;
                 reservations::prin_data(&current.state, service_action)
                     .map(|d| truncate(d, alloc))
                     .ok_or_else(|| Sense::invalid_cdb_field(1, Some(4)).into())
@@ -619,14 +664,17 @@ impl LogicalUnit {
                 length,
             } => {
                 let params = reservations::parse_prout_parameters(length, data)?;
-                let attentions = self
-                    .update_reservations(|s| {
-                        reservations::apply_prout(s, nexus, service_action, scope, kind, &params)
-                    })
-                    .await??;
-                for (who, code) in attentions {
-                    self.raise_for(&who, code);
-                }
+                self.update_reservations(|s| {
+                    let attentions =
+                        reservations::apply_prout(s, nexus, service_action, scope, kind, &params)?;
+                    for (who, code) in attentions {
+                        s.share_attention(Some(who), None, code);
+                    }
+                    Ok(Vec::new())
+                })
+                .await??;
+                // The other registrants may be on this host: tell them now.
+                self.catch_up_attentions(true).await;
                 Ok(Bytes::new())
             }
             Cdb::StartStopUnit { start, .. } => {
@@ -1110,7 +1158,11 @@ impl LogicalUnit {
         F: FnMut(&mut ReservationState) -> Result<reservations::Attentions, ProutError>,
     {
         for _ in 0..RESERVATION_RETRIES {
-            let current = self.reservations().await?;
+            let current = self
+                .environment
+                .reservations_now()
+                .await
+                .map_err(env_unavailable)?;
             let mut next = (*current.state).clone();
             let attentions = match change(&mut next) {
                 Ok(a) => a,
@@ -1149,16 +1201,24 @@ impl LogicalUnit {
             Reset::LogicalUnit(_) => None,
             _ => Some(nexus),
         };
-        self.raise_attention(code, except);
+        // A unit's first look at the shared state marks what came before
+        // as seen: take that look before adding the reset.
+        self.catch_up_attentions(true).await;
+        // Every path on every host sees the reset: through the shared
+        // state, which this host reads at once below and the others on
+        // their next command.
         if let Ok(Err(f)) | Err(f) = self
             .update_reservations(|s| {
                 s.drop_legacy(None);
+                s.share_attention(None, except.cloned(), code);
                 Ok(Vec::new())
             })
             .await
         {
-            tracing::warn!(?f, "reset could not release a RESERVE(6) reservation");
+            tracing::warn!(?f, "reset could not reach the shared reservation state");
+            self.raise_attention(code, except);
         }
+        self.catch_up_attentions(true).await;
     }
 
     /// A nexus ended: its RESERVE(6) reservation, unit attentions and copy

@@ -1,0 +1,263 @@
+//! iSCSI on a four-host cluster in one process, driven by real initiators:
+//! libiscsi's conformance suite against a mirrored volume, its multipath
+//! suite across the owner's host and another host, qemu-img through
+//! `iscsi://`, and the identity every host reports for the same volume.
+
+mod fixture;
+
+use fixture::{have, Cluster};
+use std::path::Path;
+use std::process::Command;
+use tessera_node::control::ClusterControl;
+
+/// Runs `tool args`, failing the test with its output unless it succeeded.
+fn run(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool).args(args).output().expect("tool starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{tool} {args:?} failed:\n{text}");
+    text
+}
+
+/// Waits until `url`'s target answers INQUIRY: a host learns of a new volume
+/// on its next look at the directory.
+async fn wait_for_target(url: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let ok = Command::new("iscsi-inq")
+            .arg(url)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{url} never became reachable"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs `iscsi-test-cu` (verbose, so every test's outcome is printed) and
+/// returns its log, also kept at `log`.
+async fn conformance(tests: &str, urls: &[String], log: &Path) -> String {
+    for url in urls {
+        wait_for_target(url).await;
+    }
+    let mut args = vec!["--dataloss".to_string(), "-t".into(), tests.into()];
+    args.extend(urls.iter().cloned());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("iscsi-test-cu")
+            .args(&args)
+            .output()
+            .expect("iscsi-test-cu starts")
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(log, &text).unwrap();
+    text
+}
+
+/// Per-suite counts (passed, failed, skipped) from a verbose log, counted
+/// strictly: a skip is not a pass, and a test that prints FAILED failed
+/// even when CUnit let it pass.
+fn suite_counts(log: &str, suite: &str) -> (u32, u32, u32) {
+    let mut counts = (0, 0, 0);
+    let mut in_suite = false;
+    let mut state: Option<char> = None;
+    let close = |state: &mut Option<char>, counts: &mut (u32, u32, u32)| {
+        match state.take() {
+            Some('p') => counts.0 += 1,
+            Some('f') => counts.1 += 1,
+            Some('s') => counts.2 += 1,
+            _ => {}
+        };
+    };
+    for line in log.lines() {
+        if let Some(name) = line.strip_prefix("Suite: ") {
+            if in_suite {
+                close(&mut state, &mut counts);
+            }
+            in_suite = name.trim() == suite;
+            continue;
+        }
+        if !in_suite {
+            continue;
+        }
+        if line.trim_start().starts_with("Test: ") {
+            close(&mut state, &mut counts);
+            state = Some('p');
+        }
+        if line.starts_with("Run Summary") {
+            close(&mut state, &mut counts);
+            in_suite = false;
+        }
+        if line.contains("FAILED") {
+            state = Some('f');
+        } else if line.contains("SKIPPED") && state != Some('f') {
+            state = Some('s');
+        }
+    }
+    if in_suite {
+        close(&mut state, &mut counts);
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multipath_io_passes_through_the_owner_and_a_non_owner_host() {
+    if !have("iscsi-test-cu") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("mp", 64 << 20).await;
+    let owner = view.owner.clone().expect("an owner");
+    let other = (1..=4)
+        .map(|k| format!("host-{k}"))
+        .find(|h| *h != owner)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = conformance(
+        "ALL.MultipathIO",
+        &[
+            cluster.iscsi_url(&owner, "mp"),
+            cluster.iscsi_url(&other, "mp"),
+        ],
+        &dir.path().join("multipath.log"),
+    )
+    .await;
+    assert_eq!(suite_counts(&log, "MultipathIO"), (4, 0, 0), "{log}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn qemu_img_round_trips_through_iscsi_and_every_host_names_the_volume_alike() {
+    if !have("qemu-img") || !have("iscsi-inq") || !have("iscsi-readcapacity16") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("img", 128 << 20).await;
+    let owner = view.owner.clone().expect("an owner");
+    let other = (1..=4)
+        .map(|k| format!("host-{k}"))
+        .find(|h| *h != owner)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source.raw");
+    let data: Vec<u8> = (0..(48u64 << 20))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&source, &data).unwrap();
+    let source = source.to_str().unwrap().to_string();
+    let write_url = cluster.iscsi_url(&other, "img");
+    let read_url = cluster.iscsi_url(&owner, "img");
+    wait_for_target(&write_url).await;
+    wait_for_target(&read_url).await;
+    tokio::task::spawn_blocking(move || {
+        run(
+            "qemu-img",
+            &[
+                "convert", "-n", "-f", "raw", "-O", "raw", &source, &write_url,
+            ],
+        );
+        // The volume is larger than the image: compare checks that the rest
+        // reads as zeros.
+        let text = run(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", &source, &read_url],
+        );
+        assert!(text.contains("Images are identical"), "{text}");
+    })
+    .await
+    .unwrap();
+
+    let mut designators = Vec::new();
+    for host in [&owner, &other] {
+        let url = cluster.iscsi_url(host, "img");
+        let text = run("iscsi-inq", &["-e", "1", "-c", "131", &url]);
+        // iscsi-inq prints the binary NAA designator as text, so compare
+        // the T10 vendor designator, which carries the same serial.
+        assert!(text.contains("Designator Type:(3) NAA"), "{text}");
+        let t10 = text
+            .lines()
+            .find(|l| l.contains("Designator:[TESSERA "))
+            .unwrap_or_else(|| panic!("no T10 designator through {host}:\n{text}"));
+        designators.push(t10.to_string());
+        let pages = run("iscsi-inq", &["-e", "1", "-c", "0", &url]);
+        for page in ["0x00", "0x80", "0x83", "0xb0", "0xb1", "0xb2"] {
+            assert!(pages.contains(page), "VPD {page} missing:\n{pages}");
+        }
+        let capacity = run("iscsi-readcapacity16", &[&url]);
+        assert!(
+            capacity.contains("LOGICAL BLOCK LENGTH IN BYTES:512"),
+            "{capacity}"
+        );
+        assert!(
+            capacity.contains("LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT:3"),
+            "{capacity}"
+        );
+        assert!(capacity.contains("LBPME:1 LBPRZ:1"), "{capacity}");
+        assert!(
+            capacity.contains(&format!("Total size:{}", 128u64 << 20)),
+            "{capacity}"
+        );
+    }
+    assert_eq!(
+        designators[0], designators[1],
+        "hosts name one volume differently"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_conformance_suite_passes_on_a_mirrored_volume() {
+    if !have("iscsi-test-cu") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("conf", 64 << 20).await;
+    let owner = view.owner.clone().expect("an owner");
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("all.log");
+    let log = conformance("ALL", &[cluster.iscsi_url(&owner, "conf")], &log_path).await;
+    for suite in [
+        "CompareAndWrite",
+        "ExtendedCopy",
+        "ReceiveCopyResults",
+        "WriteSame10",
+        "WriteSame16",
+        "Unmap",
+        "Inquiry",
+        "ReadCapacity16",
+        "ReportSupportedOpcodes",
+        "ProutRegister",
+        "ProutReserve",
+        "PrinReadKeys",
+        "iSCSIcmdsn",
+        "iSCSIResiduals",
+        "iSCSITMF",
+    ] {
+        let (passed, failed, skipped) = suite_counts(&log, suite);
+        assert!(
+            passed > 0 && failed == 0 && skipped == 0,
+            "{suite}: {passed} passed, {failed} failed, {skipped} skipped\n{log}"
+        );
+    }
+    // The data the suite wrote went through the owner to both copies.
+    let report = cluster
+        .control
+        .verify_object("conf")
+        .await
+        .expect("verify runs");
+    assert!(report.identical, "{report:?}");
+    cluster.stop().await;
+}
