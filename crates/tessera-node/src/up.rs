@@ -180,12 +180,19 @@ fn print_banner(config: &UpConfig) {
     eprintln!("  API:  {api}   (tessera status --api {api})");
     for k in 1..=config.hosts {
         let ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
-        eprintln!("  host-{k}: NBD nbd://{ip}:{}/<volume>", config.nbd_port);
+        eprintln!(
+            "  host-{k}: NBD nbd://{ip}:{}/<volume>   iSCSI portal {ip}:{} (target iqn.2026-11.io.tessera:<volume>, LUN 0)",
+            config.nbd_port, config.iscsi_port
+        );
     }
     eprintln!("Create a volume:  tessera volume create vm1 --size 10G");
     eprintln!(
         "Attach it:        nbdinfo nbd://{}:{}/vm1   or   qemu-img info nbd://{}:{}/vm1",
         config.bind, config.nbd_port, config.bind, config.nbd_port
+    );
+    eprintln!(
+        "Or over iSCSI:    iscsi-ls -s iscsi://{}:{}   qemu-img info iscsi://{}:{}/iqn.2026-11.io.tessera:vm1/0",
+        config.bind, config.iscsi_port, config.bind, config.iscsi_port
     );
     eprintln!("Stop with Ctrl-C.");
 }
