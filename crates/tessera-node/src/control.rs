@@ -175,6 +175,31 @@ pub struct ObjectView {
     pub generation: u64,
     /// Components.
     pub components: Vec<ComponentView>,
+    /// SCSI offloads initiators asked of the volume (esxtop's VAAI columns),
+    /// counted on the hosts this control plane runs.
+    #[serde(default)]
+    pub offloads: OffloadView,
+}
+
+/// Offload counters of one volume, like esxtop's VAAI columns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadView {
+    /// COMPARE AND WRITE commands (ATS).
+    pub ats: u64,
+    /// ATS commands that miscompared.
+    pub ats_miscompare: u64,
+    /// EXTENDED COPY commands (CLONE).
+    pub clone_commands: u64,
+    /// Blocks read by EXTENDED COPY with this volume the source.
+    pub clone_read_blocks: u64,
+    /// Blocks written by EXTENDED COPY with this volume the destination.
+    pub clone_write_blocks: u64,
+    /// Blocks zeroed by WRITE SAME (ZERO).
+    pub zero_blocks: u64,
+    /// Blocks deallocated by UNMAP or WRITE SAME with UNMAP (DELETE).
+    pub delete_blocks: u64,
+    /// Writes refused for lack of datastore space.
+    pub out_of_space: u64,
 }
 
 /// A byte range where copies disagree.

@@ -688,6 +688,21 @@ impl ClusterControl for ControlPlane {
             epoch: owner.map(|o| o.epoch),
             generation: layout.generation,
             components: views,
+            offloads: self
+                .hosts
+                .running()
+                .iter()
+                .filter_map(|h| h.offload_counters(&record.name))
+                .fold(OffloadView::default(), |sum, c| OffloadView {
+                    ats: sum.ats + c.ats,
+                    ats_miscompare: sum.ats_miscompare + c.ats_miscompare,
+                    clone_commands: sum.clone_commands + c.clone_commands,
+                    clone_read_blocks: sum.clone_read_blocks + c.clone_read_blocks,
+                    clone_write_blocks: sum.clone_write_blocks + c.clone_write_blocks,
+                    zero_blocks: sum.zero_blocks + c.zero_blocks,
+                    delete_blocks: sum.delete_blocks + c.delete_blocks,
+                    out_of_space: sum.out_of_space + c.out_of_space,
+                }),
         })
     }
 

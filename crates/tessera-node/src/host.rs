@@ -409,6 +409,11 @@ impl Host {
         &self.transport
     }
 
+    /// The SCSI offload counters of `volume`'s logical unit on this host.
+    pub fn offload_counters(&self, volume: &VolumeId) -> Option<tessera_iscsi::scsi::VaaiCounters> {
+        self.targets.counters(volume)
+    }
+
     /// Coordinators this host runs.
     pub fn owned(&self) -> Vec<(VolumeId, Arc<Coordinator>)> {
         let mut out: Vec<_> = self

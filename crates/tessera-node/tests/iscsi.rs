@@ -252,6 +252,16 @@ async fn the_conformance_suite_passes_on_a_mirrored_volume() {
             "{suite}: {passed} passed, {failed} failed, {skipped} skipped\n{log}"
         );
     }
+    // The offloads the suite asked for are counted, as esxtop would show.
+    let offloads = cluster.control.object("conf").await.unwrap().offloads;
+    assert!(
+        offloads.ats > 0
+            && offloads.ats_miscompare > 0
+            && offloads.clone_commands > 0
+            && offloads.zero_blocks > 0
+            && offloads.delete_blocks > 0,
+        "{offloads:?}"
+    );
     // The data the suite wrote went through the owner to both copies.
     let report = cluster
         .control

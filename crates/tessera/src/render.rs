@@ -299,6 +299,19 @@ pub fn object(o: &ObjectView) -> String {
         t.row(component_row("", w));
     }
     out.push_str(&t.render());
+    let f = &o.offloads;
+    out.push_str(&format!(
+        "\noffloads: ATS {} ({} miscompared), CLONE {} commands ({} blocks read, {} written), \
+         ZERO {} blocks, DELETE {} blocks, out of space {}\n",
+        f.ats,
+        f.ats_miscompare,
+        f.clone_commands,
+        f.clone_read_blocks,
+        f.clone_write_blocks,
+        f.zero_blocks,
+        f.delete_blocks,
+        f.out_of_space
+    ));
     out
 }
 
@@ -470,6 +483,7 @@ mod tests {
             epoch: Some(Epoch(3)),
             generation: 2,
             components,
+            offloads: Default::default(),
         }
     }
 
@@ -501,6 +515,10 @@ mod tests {
         );
         assert!(lines[6].starts_with("witness c0000000000000003"), "{text}");
         assert!(!text.contains("RAID-0"), "one column is not a stripe");
+        assert!(
+            text.contains("offloads: ATS 0 (0 miscompared), CLONE 0 commands"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -515,6 +533,7 @@ mod tests {
         let tree: Vec<&str> = text
             .lines()
             .skip(3)
+            .take_while(|l| !l.is_empty())
             .map(|l| l.split("  host-").next().unwrap_or(l).trim_end())
             .collect();
         assert_eq!(

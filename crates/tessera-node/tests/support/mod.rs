@@ -353,6 +353,7 @@ impl ClusterControl for MemoryControl {
             owner: view.owner,
             epoch: view.epoch,
             generation: 1,
+            offloads: Default::default(),
             components: vec![
                 component(0, ComponentRole::Data, 0),
                 component(1, ComponentRole::Data, 1),
