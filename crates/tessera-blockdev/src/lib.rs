@@ -210,7 +210,10 @@ pub trait BlockDevice: Send + Sync + 'static {
 /// trip, small enough to bound memory per copy.
 pub const COPY_CHUNK_BYTES: u64 = 1 << 20;
 
-/// Copies by reading from `source` and writing to `dest` in chunks.
+/// Copies by reading from `source` and writing to `dest` in chunks. Ranges
+/// the source's allocation map shows as holes or zeros are not read: the
+/// destination's range is zeroed (and may become a hole), so copying a thin
+/// volume moves only the data it holds and allocates no space for the rest.
 pub async fn copy_by_data(
     source: &dyn BlockDevice,
     dest: &(impl BlockDevice + ?Sized),
@@ -223,10 +226,28 @@ pub async fn copy_by_data(
     let mut done = 0;
     while done < len {
         let step = (len - done).min(COPY_CHUNK_BYTES);
-        let data = source.read(src_offset + done, step).await?;
-        dest.write(dst_offset + done, data, WriteFlags::default())
-            .await?;
-        done += step;
+        let extents = source.block_status(src_offset + done, step).await?;
+        // An extent list that does not start where asked is not trusted:
+        // the chunk is then copied as data.
+        let first = extents
+            .first()
+            .filter(|e| e.offset == src_offset + done && e.len > 0);
+        let (kind, run) = match first {
+            Some(e) => (e.kind, e.len.min(step)),
+            None => (ExtentKind::Data, step),
+        };
+        match kind {
+            ExtentKind::Data => {
+                let data = source.read(src_offset + done, run).await?;
+                dest.write(dst_offset + done, data, WriteFlags::default())
+                    .await?;
+            }
+            ExtentKind::Zero | ExtentKind::Hole => {
+                dest.write_zeroes(dst_offset + done, run, ZeroMode::MayUnmap)
+                    .await?;
+            }
+        }
+        done += run;
     }
     Ok(())
 }

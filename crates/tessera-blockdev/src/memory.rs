@@ -531,6 +531,31 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn a_data_copy_moves_only_what_the_source_holds() {
+        let source = MemoryDevice::new("s", 4 << 20);
+        let dest = MemoryDevice::new("d", 4 << 20);
+        block_on(async {
+            let data = |b: u8, n: u64| Bytes::from(vec![b; n as usize]);
+            source
+                .write(8 * BLOCK, data(7, 3 * BLOCK), WriteFlags::default())
+                .await
+                .unwrap();
+            // Old data in the destination must not survive under the holes.
+            dest.write(0, data(9, 2 << 20), WriteFlags::default())
+                .await
+                .unwrap();
+            crate::copy_by_data(&source, &dest, 0, 0, 3 << 20)
+                .await
+                .unwrap();
+            assert_eq!(
+                dest.read(0, 3 << 20).await.unwrap(),
+                source.read(0, 3 << 20).await.unwrap()
+            );
+            assert_eq!(dest.space().allocated_bytes, 3 * BLOCK);
+        });
+    }
+
+    #[test]
     fn allocation_limit_refuses_only_writes_that_need_space() {
         let dev = MemoryDevice::new("t", 1 << 20).with_allocation_limit(3 * BLOCK);
         let source = MemoryDevice::new("s", 1 << 20);
