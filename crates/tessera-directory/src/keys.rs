@@ -31,6 +31,7 @@
 //! | `owners/<volume>` | [`OwnerRecord`] | the owner's lease |
 //! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
 //! | `reservations/<volume>` | [`ReservationRecord`] | none: reservations persist through power loss |
+//! | `iscsi-access/<volume>` | [`IscsiAccessRecord`] | none |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -502,6 +503,50 @@ impl Keyspace {
     pub fn reservations(&self) -> Prefix<ReservationRecord> {
         self.prefix(&["reservations"])
     }
+
+    /// Who may log in to a volume's iSCSI target.
+    pub fn iscsi_access(&self, volume: &VolumeId) -> Key<IscsiAccessRecord> {
+        self.key(&["iscsi-access", volume.as_str()])
+    }
+
+    /// Every volume's iSCSI access settings.
+    pub fn iscsi_accesses(&self) -> Prefix<IscsiAccessRecord> {
+        self.prefix(&["iscsi-access"])
+    }
+}
+
+/// A CHAP user name and secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChapRecord {
+    /// CHAP_N.
+    pub user: String,
+    /// The shared secret.
+    pub secret: String,
+}
+
+impl fmt::Debug for ChapRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChapRecord")
+            .field("user", &self.user)
+            .field("secret", &"<hidden>")
+            .finish()
+    }
+}
+
+/// Who may log in to a volume's iSCSI target, on every host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IscsiAccessRecord {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Initiator names allowed in; empty admits every initiator.
+    #[serde(default)]
+    pub allowed_initiators: Vec<String>,
+    /// What an initiator must prove (CHAP); none: no CHAP.
+    #[serde(default)]
+    pub initiator_chap: Option<ChapRecord>,
+    /// What the target proves when the initiator asks (mutual CHAP).
+    #[serde(default)]
+    pub target_chap: Option<ChapRecord>,
 }
 
 /// An I_T nexus as reservations name it: an initiator port and a relative

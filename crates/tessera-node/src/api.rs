@@ -28,7 +28,9 @@
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 
-use crate::control::{ClusterControl, ControlError, CreatePolicy, CreateVolume, ResizeVolume};
+use crate::control::{
+    ClusterControl, ControlError, CreatePolicy, CreateVolume, IscsiAccess, ResizeVolume,
+};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -52,6 +54,10 @@ pub fn router(control: Control) -> Router {
         .route("/v1/volumes", get(volumes).post(create_volume))
         .route("/v1/volumes/{name}", delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
+        .route(
+            "/v1/volumes/{name}/iscsi-access",
+            get(iscsi_access).put(set_iscsi_access),
+        )
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/resyncs", get(resyncs))
@@ -120,6 +126,24 @@ async fn resize_volume(
 ) -> Response {
     match parse_body::<ResizeVolume>(&body) {
         Ok(request) => respond(StatusCode::OK, control.resize_volume(&name, request).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn iscsi_access(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.iscsi_access(&name).await)
+}
+
+async fn set_iscsi_access(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<IscsiAccess>(&body) {
+        Ok(access) => respond(
+            StatusCode::OK,
+            control.set_iscsi_access(&name, access).await,
+        ),
         Err(e) => error_response(e),
     }
 }

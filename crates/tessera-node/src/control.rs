@@ -112,6 +112,55 @@ pub struct ResizeVolume {
     pub size_bytes: u64,
 }
 
+/// A CHAP user name and secret, as the API takes them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChapCredential {
+    /// User name (CHAP_N).
+    pub user: String,
+    /// Secret: 12 to 255 characters.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ChapCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapCredential")
+            .field("user", &self.user)
+            .field("secret", &"<hidden>")
+            .finish()
+    }
+}
+
+/// Who may log in to a volume's iSCSI target (on every host). Replaces the
+/// previous settings as a whole.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IscsiAccess {
+    /// Initiator names allowed in; empty admits every initiator.
+    #[serde(default)]
+    pub allowed_initiators: Vec<String>,
+    /// Credentials an initiator must prove (one-way CHAP).
+    #[serde(default)]
+    pub initiator_chap: Option<ChapCredential>,
+    /// Credentials the target proves when the initiator asks (mutual CHAP);
+    /// needs `initiator_chap`.
+    #[serde(default)]
+    pub target_chap: Option<ChapCredential>,
+}
+
+/// A volume's iSCSI access settings, as shown (secrets never are).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IscsiAccessView {
+    /// Volume name.
+    pub volume: String,
+    /// Its target name.
+    pub target: String,
+    /// Initiator names allowed in; empty admits every initiator.
+    pub allowed_initiators: Vec<String>,
+    /// CHAP user an initiator must log in as, if CHAP is required.
+    pub chap_user: Option<String>,
+    /// CHAP user the target answers as in mutual CHAP.
+    pub target_chap_user: Option<String>,
+}
+
 /// One volume as `volume list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeView {
@@ -317,6 +366,14 @@ pub trait ClusterControl: Send + Sync + 'static {
     ) -> Result<VolumeView, ControlError>;
     /// Deletes a volume and its components.
     async fn delete_volume(&self, name: &str) -> Result<(), ControlError>;
+    /// Sets who may log in to a volume's iSCSI target.
+    async fn set_iscsi_access(
+        &self,
+        name: &str,
+        access: IscsiAccess,
+    ) -> Result<IscsiAccessView, ControlError>;
+    /// Shows who may log in to a volume's iSCSI target.
+    async fn iscsi_access(&self, name: &str) -> Result<IscsiAccessView, ControlError>;
     /// The component tree of a volume.
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError>;
     /// Compares every active copy of a volume block by block.
@@ -327,4 +384,52 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn stop_host(&self, host: &str) -> Result<(), ControlError>;
     /// Starts a stopped host again (only in `tessera up`).
     async fn start_host(&self, host: &str) -> Result<(), ControlError>;
+}
+
+impl IscsiAccess {
+    /// Checks the settings for `volume`: initiator names that are iSCSI
+    /// names, CHAP secrets of 12 to 255 characters, mutual CHAP only on top
+    /// of one-way CHAP and never with the same secret both ways (a
+    /// reflection attack would then succeed).
+    pub fn check(&self, volume: &str) -> Result<(), ControlError> {
+        let invalid = |why: String| Err(ControlError::Invalid(format!("volume {volume}: {why}")));
+        for name in &self.allowed_initiators {
+            let lower = name.to_ascii_lowercase();
+            let well_formed = ["iqn.", "eui.", "naa."]
+                .iter()
+                .any(|p| lower.starts_with(p))
+                && name.len() <= 223
+                && !name.chars().any(|c| c.is_whitespace() || c == ',');
+            if !well_formed {
+                return invalid(format!(
+                    "{name:?} is not an iSCSI initiator name (iqn., eui. or naa., at most 223 characters)"
+                ));
+            }
+        }
+        for (which, c) in [
+            ("initiator", &self.initiator_chap),
+            ("target", &self.target_chap),
+        ] {
+            if let Some(c) = c {
+                if c.user.is_empty() || c.user.len() > 255 {
+                    return invalid(format!(
+                        "the {which} CHAP user must have 1 to 255 characters"
+                    ));
+                }
+                if !(12..=255).contains(&c.secret.len()) {
+                    return invalid(format!(
+                        "the {which} CHAP secret must have 12 to 255 characters, not {}",
+                        c.secret.len()
+                    ));
+                }
+            }
+        }
+        match (&self.initiator_chap, &self.target_chap) {
+            (None, Some(_)) => invalid("mutual CHAP needs initiator CHAP too".into()),
+            (Some(i), Some(t)) if i.secret == t.secret => {
+                invalid("the initiator and target CHAP secrets must differ".into())
+            }
+            _ => Ok(()),
+        }
+    }
 }

@@ -626,6 +626,8 @@ impl ClusterControl for ControlPlane {
             self.keys.layout(&record.name).delete_op(),
             self.keys.owner(&record.name).delete_op(),
             self.keys.owner_epoch(&record.name).delete_op(),
+            self.keys.reservation(&record.name).delete_op(),
+            self.keys.iscsi_access(&record.name).delete_op(),
         ];
         self.directory
             .txn(tessera_directory::Txn::new().and_then(ops))
@@ -635,6 +637,46 @@ impl ClusterControl for ControlPlane {
             tracing::warn!(volume = %name, "components left on absent hosts: {}", missed.join("; "));
         }
         Ok(())
+    }
+
+    async fn set_iscsi_access(
+        &self,
+        name: &str,
+        access: IscsiAccess,
+    ) -> Result<IscsiAccessView, ControlError> {
+        access.check(name)?;
+        let _guard = self.changes.lock().await;
+        let (record, _) = self.volume_record(name).await?;
+        let chap = |c: &ChapCredential| keys::ChapRecord {
+            user: c.user.clone(),
+            secret: c.secret.clone(),
+        };
+        let stored = keys::IscsiAccessRecord {
+            volume: record.name.clone(),
+            allowed_initiators: access.allowed_initiators.clone(),
+            initiator_chap: access.initiator_chap.as_ref().map(chap),
+            target_chap: access.target_chap.as_ref().map(chap),
+        };
+        keys::put(
+            self.directory.as_ref(),
+            &self.keys.iscsi_access(&record.name),
+            &stored,
+            None,
+        )
+        .await
+        .map_err(internal)?;
+        Ok(iscsi_access_view(name, Some(&stored)))
+    }
+
+    async fn iscsi_access(&self, name: &str) -> Result<IscsiAccessView, ControlError> {
+        let (record, _) = self.volume_record(name).await?;
+        let stored = keys::get(
+            self.directory.as_ref(),
+            &self.keys.iscsi_access(&record.name),
+        )
+        .await
+        .map_err(internal)?;
+        Ok(iscsi_access_view(name, stored.as_ref().map(|r| &r.value)))
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
@@ -852,5 +894,17 @@ fn worse(a: Health, b: Health) -> Health {
         (Unavailable, _) | (_, Unavailable) => Unavailable,
         (Degraded, _) | (_, Degraded) => Degraded,
         _ => Healthy,
+    }
+}
+
+fn iscsi_access_view(name: &str, stored: Option<&keys::IscsiAccessRecord>) -> IscsiAccessView {
+    IscsiAccessView {
+        volume: name.to_string(),
+        target: tessera_iscsi::target_name_for_volume(name),
+        allowed_initiators: stored
+            .map(|s| s.allowed_initiators.clone())
+            .unwrap_or_default(),
+        chap_user: stored.and_then(|s| s.initiator_chap.as_ref().map(|c| c.user.clone())),
+        target_chap_user: stored.and_then(|s| s.target_chap.as_ref().map(|c| c.user.clone())),
     }
 }

@@ -63,6 +63,8 @@ pub struct VolumeView {
     /// Space of every disk group together, for the thin-provisioning
     /// threshold frontends report.
     pub datastore: RwLock<Option<DatastoreSpace>>,
+    /// Who may log in to each volume's iSCSI target.
+    pub iscsi_access: RwLock<HashMap<VolumeId, keys::IscsiAccessRecord>>,
 }
 
 /// A running host.
@@ -500,6 +502,13 @@ impl Host {
         }
         if let Ok(layouts) = keys::list(directory, &self.keys.layouts()).await {
             *self.view.layouts.write() = layouts
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect();
+        }
+        if let Ok(access) = keys::list(directory, &self.keys.iscsi_accesses()).await {
+            *self.view.iscsi_access.write() = access
                 .records
                 .into_iter()
                 .map(|r| (r.value.volume.clone(), r.value))

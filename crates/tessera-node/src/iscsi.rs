@@ -16,6 +16,8 @@
 //!   attentions and offload counters outlive a login; a volume deleted (or
 //!   created again under its name) loses its unit, so sessions still logged
 //!   in get LOGICAL UNIT NOT SUPPORTED;
+//! - who may log in (initiator names, CHAP) is a volume's setting in the
+//!   directory, the same on every host, read at every login;
 //! - a host's relative target port and portal group tag are its position
 //!   (1-based) among the registered hosts sorted by id: the same numbers on
 //!   every host;
@@ -50,7 +52,7 @@ use tessera_iscsi::scsi::reservations::{
     PersistentReservation, PrType, Registration, SharedAttention,
 };
 use tessera_iscsi::scsi::{BlockTarget, LogicalUnit, Nexus, ReservationState, UnitSettings};
-use tessera_iscsi::{TargetCatalog, TargetEntry, TargetPortal};
+use tessera_iscsi::{ChapCredentials, ChapSecret, TargetCatalog, TargetEntry, TargetPortal};
 use tessera_nbd::ExportCatalog;
 use tessera_types::{HostId, VolumeId};
 
@@ -521,6 +523,11 @@ impl TargetCatalog for HostTargets {
             })
             .collect();
         let own = port_number(hosts.iter().position(|h| h.id == self.host).unwrap_or(0));
+        let access = self.view.iscsi_access.read().get(&volume).cloned();
+        let secret = |c: &keys::ChapRecord| ChapSecret {
+            user: c.user.clone(),
+            secret: c.secret.clone().into_bytes(),
+        };
         Some(TargetEntry {
             name: target_name_for_volume(volume.as_str()),
             alias: Some(volume.to_string()),
@@ -528,8 +535,18 @@ impl TargetCatalog for HostTargets {
             portals,
             portal_group_tag: own,
             relative_port: own,
-            allowed_initiators: Vec::new(),
-            chap: Default::default(),
+            allowed_initiators: access
+                .as_ref()
+                .map(|a| a.allowed_initiators.clone())
+                .unwrap_or_default(),
+            chap: ChapCredentials {
+                initiator: access
+                    .as_ref()
+                    .and_then(|a| a.initiator_chap.as_ref().map(secret)),
+                target: access
+                    .as_ref()
+                    .and_then(|a| a.target_chap.as_ref().map(secret)),
+            },
         })
     }
 }

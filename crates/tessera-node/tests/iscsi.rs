@@ -8,7 +8,7 @@ mod fixture;
 use fixture::{have, Cluster};
 use std::path::Path;
 use std::process::Command;
-use tessera_node::control::ClusterControl;
+use tessera_node::control::{ChapCredential, ClusterControl, ControlError, IscsiAccess};
 
 /// Runs `tool args`, failing the test with its output unless it succeeded.
 fn run(tool: &str, args: &[&str]) -> String {
@@ -269,5 +269,117 @@ async fn the_conformance_suite_passes_on_a_mirrored_volume() {
         .await
         .expect("verify runs");
     assert!(report.identical, "{report:?}");
+    cluster.stop().await;
+}
+
+/// Runs `iscsi-inq` as `initiator` with `env`, bounded in time; true when
+/// it logged in and got an answer.
+fn inquiry_succeeds(initiator: &str, url: &str, env: &[(&str, &str)]) -> bool {
+    Command::new("timeout")
+        .args(["-k", "5", "30", "iscsi-inq", "-i", initiator, url])
+        .envs(env.iter().copied())
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chap_and_initiator_lists_decide_who_logs_in_on_every_host() {
+    if !have("iscsi-inq") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    cluster.create("sec", 16 << 20).await;
+    for host in ["host-1", "host-3"] {
+        wait_for_target(&cluster.iscsi_url(host, "sec")).await;
+    }
+    let allowed = "iqn.2026-11.test:allowed";
+    let chap = |user: &str, secret: &str| {
+        Some(ChapCredential {
+            user: user.into(),
+            secret: secret.into(),
+        })
+    };
+    // Settings that would weaken CHAP are refused and change nothing.
+    for bad in [
+        IscsiAccess {
+            initiator_chap: chap("alice", "short"),
+            ..Default::default()
+        },
+        IscsiAccess {
+            initiator_chap: chap("alice", "same-secret-both"),
+            target_chap: chap("tessera", "same-secret-both"),
+            ..Default::default()
+        },
+        IscsiAccess {
+            target_chap: chap("tessera", "target-secret-12"),
+            ..Default::default()
+        },
+        IscsiAccess {
+            allowed_initiators: vec!["not an iqn".into()],
+            ..Default::default()
+        },
+    ] {
+        let refused = cluster.control.set_iscsi_access("sec", bad).await;
+        assert!(
+            matches!(refused, Err(ControlError::Invalid(_))),
+            "{refused:?}"
+        );
+    }
+    let open = cluster.control.iscsi_access("sec").await.unwrap();
+    assert!(open.allowed_initiators.is_empty() && open.chap_user.is_none());
+
+    let view = cluster
+        .control
+        .set_iscsi_access(
+            "sec",
+            IscsiAccess {
+                allowed_initiators: vec![allowed.into()],
+                initiator_chap: chap("alice", "alice-secret-12"),
+                target_chap: chap("tessera", "target-secret-12"),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(view.chap_user.as_deref(), Some("alice"));
+    for host in ["host-1", "host-3"] {
+        let url = cluster.iscsi_url(host, "sec");
+        let with = |auth: &str| url.replacen("iscsi://", &format!("iscsi://{auth}@"), 1);
+        // Every host learns the settings on its next look at the directory.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while inquiry_succeeds(allowed, &url, &[]) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{host} still admits without CHAP"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let right = with("alice%alice-secret-12");
+        assert!(
+            inquiry_succeeds(allowed, &right, &[]),
+            "{host}: right secret refused"
+        );
+        assert!(
+            !inquiry_succeeds(allowed, &with("alice%wrong-secret-00"), &[]),
+            "{host}: wrong secret admitted"
+        );
+        assert!(
+            !inquiry_succeeds("iqn.2026-11.test:other", &right, &[]),
+            "{host}: an initiator not on the list was admitted"
+        );
+        let target = |secret: &'static str| {
+            [
+                ("LIBISCSI_CHAP_TARGET_USERNAME", "tessera"),
+                ("LIBISCSI_CHAP_TARGET_PASSWORD", secret),
+            ]
+        };
+        assert!(
+            inquiry_succeeds(allowed, &right, &target("target-secret-12")),
+            "{host}: mutual CHAP refused"
+        );
+        assert!(
+            !inquiry_succeeds(allowed, &right, &target("not-the-target")),
+            "{host}: the initiator accepted a wrong target answer"
+        );
+    }
     cluster.stop().await;
 }

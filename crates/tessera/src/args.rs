@@ -128,6 +128,30 @@ pub enum VolumeCommand {
         /// Volume name.
         name: String,
     },
+    /// Show or set who may log in to a volume's iSCSI target (every host):
+    /// with no option, shows the settings; with any, replaces them.
+    Access {
+        /// Volume name.
+        name: String,
+        /// Admit only these initiator names (repeat for several).
+        #[arg(long = "allow", value_name = "IQN")]
+        allow: Vec<String>,
+        /// Require CHAP with this user name.
+        #[arg(long, requires = "chap_secret")]
+        chap_user: Option<String>,
+        /// The CHAP secret (12 to 255 characters).
+        #[arg(long, env = "TESSERA_CHAP_SECRET", hide_env_values = true)]
+        chap_secret: Option<String>,
+        /// Mutual CHAP: the user name the target answers as.
+        #[arg(long, requires_all = ["target_chap_secret", "chap_user"])]
+        target_chap_user: Option<String>,
+        /// Mutual CHAP: the target's secret (different from the initiator's).
+        #[arg(long, env = "TESSERA_TARGET_CHAP_SECRET", hide_env_values = true)]
+        target_chap_secret: Option<String>,
+        /// Admit every initiator without CHAP (clears every setting).
+        #[arg(long, conflicts_with_all = ["allow", "chap_user", "target_chap_user"])]
+        open: bool,
+    },
 }
 
 /// `tessera object ...`

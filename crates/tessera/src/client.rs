@@ -145,6 +145,18 @@ impl ApiClient {
         self.post(path, Some(body), REQUEST_TIMEOUT)
     }
 
+    /// PUT `body` to `path`.
+    pub fn put_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        let url = self.url(path);
+        self.finish(
+            &url,
+            self.agent
+                .put(&url)
+                .timeout(REQUEST_TIMEOUT)
+                .send_json(body),
+        )
+    }
+
     /// DELETE `path`.
     pub fn delete(&self, path: &str) -> Result<Value, CliError> {
         let url = self.url(path);

@@ -10,8 +10,8 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ComponentView, Health, HostView, ObjectView, ResyncView, StatusView,
-    VerifyReport, VolumeView,
+    CapacityView, ComponentView, Health, HostView, IscsiAccessView, ObjectView, ResyncView,
+    StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -313,6 +313,24 @@ pub fn object(o: &ObjectView) -> String {
         f.out_of_space
     ));
     out
+}
+
+/// `tessera volume access`.
+pub fn iscsi_access(a: &IscsiAccessView) -> String {
+    let initiators = if a.allowed_initiators.is_empty() {
+        "every initiator".to_string()
+    } else {
+        a.allowed_initiators.join(", ")
+    };
+    let chap = match (&a.chap_user, &a.target_chap_user) {
+        (None, _) => "no CHAP".to_string(),
+        (Some(u), None) => format!("CHAP as {u}"),
+        (Some(u), Some(t)) => format!("mutual CHAP as {u}, target answers as {t}"),
+    };
+    format!(
+        "volume {}: target {}, LUN 0\nadmits: {initiators}\nauthentication: {chap}\n",
+        a.volume, a.target
+    )
 }
 
 /// `tessera object verify`.

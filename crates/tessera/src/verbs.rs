@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
 use tessera_node::control::{
-    HostView, ObjectView, ResyncView, StatusView, VerifyReport, VolumeView,
+    HostView, IscsiAccessView, ObjectView, ResyncView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -134,6 +134,35 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             let path = format!("/v1/volumes/{}/resize", segment(name));
             let v = client.post_json(&path, &json!({ "size_bytes": size }))?;
             output.view::<VolumeView>(&path, v, |v| render::volume_changed("resized", v))?;
+        }
+        Command::Volume(VolumeCommand::Access {
+            name,
+            allow,
+            chap_user,
+            chap_secret,
+            target_chap_user,
+            target_chap_secret,
+            open,
+        }) => {
+            let path = format!("/v1/volumes/{}/iscsi-access", segment(name));
+            let setting = *open || !allow.is_empty() || chap_user.is_some();
+            let v = if setting {
+                let credential = |user: &Option<String>, secret: &Option<String>| {
+                    user.as_ref()
+                        .map(|u| json!({ "user": u, "secret": secret.clone().unwrap_or_default() }))
+                };
+                client.put_json(
+                    &path,
+                    &json!({
+                        "allowed_initiators": allow,
+                        "initiator_chap": credential(chap_user, chap_secret),
+                        "target_chap": credential(target_chap_user, target_chap_secret),
+                    }),
+                )?
+            } else {
+                client.get(&path)?
+            };
+            output.view::<IscsiAccessView>(&path, v, render::iscsi_access)?;
         }
         Command::Volume(VolumeCommand::Delete { name }) => {
             client.delete(&format!("/v1/volumes/{}", segment(name)))?;

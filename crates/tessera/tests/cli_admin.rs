@@ -311,8 +311,10 @@ fn object_show_prints_the_tree_and_verify_exits_1_on_divergence() {
     let tree: Vec<&str> = text
         .lines()
         .skip(3)
+        .take_while(|l| !l.is_empty())
         .map(|l| l.split("  host-").next().unwrap_or(l).trim_end())
         .collect();
+    assert!(text.ends_with("out of space 0\n"), "{text}");
     assert_eq!(
         tree,
         [
@@ -475,4 +477,69 @@ fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
         "{}",
         stdout(&missing)
     );
+}
+
+#[test]
+fn volume_access_shows_and_sets_who_may_log_in_and_never_prints_secrets() {
+    let api = ApiServer::start();
+    assert_eq!(
+        code(&tessera(&api, &["volume", "create", "db", "--size", "1G"])),
+        0
+    );
+    let open = tessera(&api, &["volume", "access", "db"]);
+    assert_eq!(
+        stdout(&open),
+        "volume db: target iqn.2026-11.io.tessera:db, LUN 0\nadmits: every initiator\nauthentication: no CHAP\n"
+    );
+    let short = tessera(
+        &api,
+        &[
+            "volume",
+            "access",
+            "db",
+            "--chap-user",
+            "alice",
+            "--chap-secret",
+            "short",
+        ],
+    );
+    assert_eq!(code(&short), 1, "{}", stderr(&short));
+    assert!(
+        stderr(&short).contains("12 to 255 characters"),
+        "{}",
+        stderr(&short)
+    );
+    let set = tessera(
+        &api,
+        &[
+            "volume",
+            "access",
+            "db",
+            "--allow",
+            "iqn.1994-05.com.redhat:esx1",
+            "--allow",
+            "iqn.1994-05.com.redhat:esx2",
+            "--chap-user",
+            "alice",
+            "--chap-secret",
+            "alice-secret-12",
+            "--target-chap-user",
+            "tessera",
+            "--target-chap-secret",
+            "target-secret-12",
+        ],
+    );
+    assert_eq!(code(&set), 0, "{}", stderr(&set));
+    assert_eq!(
+        stdout(&set),
+        "volume db: target iqn.2026-11.io.tessera:db, LUN 0\n\
+         admits: iqn.1994-05.com.redhat:esx1, iqn.1994-05.com.redhat:esx2\n\
+         authentication: mutual CHAP as alice, target answers as tessera\n"
+    );
+    let shown = tessera(&api, &["volume", "access", "db", "--json"]);
+    let text = stdout(&shown);
+    assert!(!text.contains("secret-12"), "a secret was printed: {text}");
+    assert_eq!(json(&shown)["chap_user"], "alice");
+    let cleared = tessera(&api, &["volume", "access", "db", "--open"]);
+    assert!(stdout(&cleared).contains("admits: every initiator"));
 }

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, ClusterControl, ComponentView, ControlError, CreatePolicy, CreateVolume,
-    DiskGroupView, Divergence, Health, HostView, ObjectView, ResizeVolume, ResyncView, StatusView,
-    VerifyReport, VolumeView,
+    DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView, ObjectView,
+    ResizeVolume, ResyncView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -40,6 +40,7 @@ struct Records {
     stopped: Vec<bool>,
     next_component: u64,
     resyncs: Vec<ResyncView>,
+    iscsi_access: BTreeMap<String, IscsiAccess>,
 }
 
 /// The in-memory control plane.
@@ -64,6 +65,7 @@ impl MemoryControl {
                 stopped: vec![false; HOSTS],
                 next_component: 1,
                 resyncs: Vec::new(),
+                iscsi_access: BTreeMap::new(),
             }),
         }
     }
@@ -316,6 +318,28 @@ impl ClusterControl for MemoryControl {
             .ok_or_else(|| ControlError::NotFound(format!("no volume named {name:?}")))
     }
 
+    async fn set_iscsi_access(
+        &self,
+        name: &str,
+        access: IscsiAccess,
+    ) -> Result<IscsiAccessView, ControlError> {
+        access.check(name)?;
+        let mut r = self.records.lock().expect("records lock");
+        if !r.volumes.contains_key(name) {
+            return Err(ControlError::NotFound(format!("no volume named {name:?}")));
+        }
+        r.iscsi_access.insert(name.to_string(), access);
+        Ok(access_view(name, r.iscsi_access.get(name)))
+    }
+
+    async fn iscsi_access(&self, name: &str) -> Result<IscsiAccessView, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        if !r.volumes.contains_key(name) {
+            return Err(ControlError::NotFound(format!("no volume named {name:?}")));
+        }
+        Ok(access_view(name, r.iscsi_access.get(name)))
+    }
+
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
         let r = self.records.lock().expect("records lock");
         let v = r
@@ -416,5 +440,17 @@ impl ClusterControl for MemoryControl {
         }
         r.stopped[i] = false;
         Ok(())
+    }
+}
+
+fn access_view(name: &str, access: Option<&IscsiAccess>) -> IscsiAccessView {
+    IscsiAccessView {
+        volume: name.to_string(),
+        target: format!("iqn.2026-11.io.tessera:{name}"),
+        allowed_initiators: access
+            .map(|a| a.allowed_initiators.clone())
+            .unwrap_or_default(),
+        chap_user: access.and_then(|a| a.initiator_chap.as_ref().map(|c| c.user.clone())),
+        target_chap_user: access.and_then(|a| a.target_chap.as_ref().map(|c| c.user.clone())),
     }
 }
