@@ -2,14 +2,19 @@
 //! through the same entry points the fuzz targets call, on stable Rust,
 //! plus seeded mutations of every corpus file (bit flips, truncations,
 //! splices, extreme 32-bit fields), so the parsers are exercised on every
-//! `cargo test` even without nightly.
+//! `cargo test` even without nightly. The SCSI targets' corpus
+//! (`fuzz/corpus/scsi_*`) goes through `tessera_iscsi::scsi::fuzzing` the
+//! same way, with fewer mutations (CDBs and parameter lists) or none
+//! (whole commands, each of which runs a unit).
 
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
-use tessera_iscsi::fuzzing;
+use tessera_iscsi::{fuzzing, scsi};
 
 /// Mutated variants tried per corpus file.
 const MUTATIONS_PER_FILE: usize = 10_000;
+/// Mutated variants per file for the SCSI targets.
+const SCSI_MUTATIONS_PER_FILE: usize = 1_000;
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -54,6 +59,10 @@ fn mutate(rng: &mut rand::rngs::StdRng, data: &[u8], other: &[u8]) -> Vec<u8> {
 }
 
 fn replay(target: &str, run: fn(&[u8])) {
+    replay_with(target, run, MUTATIONS_PER_FILE);
+}
+
+fn replay_with(target: &str, run: fn(&[u8]), mutations: usize) {
     let files = corpus(target);
     assert!(
         files.len() >= 5,
@@ -64,7 +73,7 @@ fn replay(target: &str, run: fn(&[u8])) {
     for (i, (path, data)) in files.iter().enumerate() {
         run(data);
         let other = &files[(i + 1) % files.len()].1;
-        for _ in 0..MUTATIONS_PER_FILE {
+        for _ in 0..mutations {
             let mutated = mutate(&mut rng, data, other);
             let outcome = std::panic::catch_unwind(|| run(&mutated));
             assert!(
@@ -95,4 +104,23 @@ fn text_corpus_replays_clean() {
 #[test]
 fn session_corpus_replays_clean() {
     replay("iscsi_session", fuzzing::full_feature);
+}
+
+#[test]
+fn scsi_cdb_corpus_replays_clean() {
+    replay_with("scsi_cdb", scsi::fuzzing::cdb, SCSI_MUTATIONS_PER_FILE);
+}
+
+#[test]
+fn scsi_parameter_list_corpus_replays_clean() {
+    replay_with(
+        "scsi_parameter_list",
+        scsi::fuzzing::parameter_list,
+        SCSI_MUTATIONS_PER_FILE,
+    );
+}
+
+#[test]
+fn scsi_command_corpus_replays_clean() {
+    replay_with("scsi_command", scsi::fuzzing::command, 0);
 }
