@@ -509,6 +509,12 @@ impl ClusterControl for ControlPlane {
             )));
         }
         tracing::info!(volume = %name, size = %format_size(request.size_bytes), policy = %record.policy, "volume created");
+        // Hosts in this process serve the volume at once, so a client may
+        // attach through any of them as soon as the create returns; hosts
+        // elsewhere learn of it at their next look at the directory.
+        for h in self.hosts.running() {
+            h.refresh_view().await;
+        }
         Ok(self.volume_view(Some(&host), &record, &layout).await)
     }
 

@@ -483,6 +483,12 @@ impl Host {
         }
     }
 
+    /// Reads volumes, owners, layouts and access settings from the
+    /// directory now rather than at the next tick.
+    pub async fn refresh_view(&self) {
+        self.refresh().await;
+    }
+
     async fn refresh(&self) {
         self.refresh_peers().await;
         let directory = self.directory.as_ref();
