@@ -8,7 +8,9 @@ mod fixture;
 use fixture::{have, Cluster};
 use std::path::Path;
 use std::process::Command;
-use tessera_node::control::{ChapCredential, ClusterControl, ControlError, IscsiAccess};
+use tessera_node::control::{
+    ChapCredential, ClusterControl, ControlError, IscsiAccess, ObjectView,
+};
 
 /// Runs `tool args`, failing the test with its output unless it succeeded.
 fn run(tool: &str, args: &[&str]) -> String {
@@ -113,18 +115,23 @@ fn suite_counts(log: &str, suite: &str) -> (u32, u32, u32) {
     counts
 }
 
+/// The volume's owner and another host.
+fn owner_and_other(view: &ObjectView) -> (String, String) {
+    let owner = view.owner.clone().expect("an owner");
+    let other = (1..=4)
+        .map(|k| format!("host-{k}"))
+        .find(|h| *h != owner)
+        .unwrap();
+    (owner, other)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multipath_io_passes_through_the_owner_and_a_non_owner_host() {
     if !have("iscsi-test-cu") {
         return;
     }
     let cluster = Cluster::start(3600).await;
-    let view = cluster.create("mp", 64 << 20).await;
-    let owner = view.owner.clone().expect("an owner");
-    let other = (1..=4)
-        .map(|k| format!("host-{k}"))
-        .find(|h| *h != owner)
-        .unwrap();
+    let (owner, other) = owner_and_other(&cluster.create("mp", 64 << 20).await);
     let dir = tempfile::tempdir().unwrap();
     let log = conformance(
         "ALL.MultipathIO",
@@ -145,12 +152,7 @@ async fn qemu_img_round_trips_through_iscsi_and_every_host_names_the_volume_alik
         return;
     }
     let cluster = Cluster::start(3600).await;
-    let view = cluster.create("img", 128 << 20).await;
-    let owner = view.owner.clone().expect("an owner");
-    let other = (1..=4)
-        .map(|k| format!("host-{k}"))
-        .find(|h| *h != owner)
-        .unwrap();
+    let (owner, other) = owner_and_other(&cluster.create("img", 128 << 20).await);
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("source.raw");
     let data: Vec<u8> = (0..(48u64 << 20))
