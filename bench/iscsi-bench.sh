@@ -52,10 +52,19 @@ cleanup() {
   if [ -n "$tgt_control" ]; then
     tgtadm -C "$tgt_control" --lld iscsi --op delete --force --mode target --tid "$tgt_tid" \
       >/dev/null 2>&1 || true
+    # tgtd leaves on this request, not on SIGTERM.
+    tgtadm -C "$tgt_control" --op delete --mode system >/dev/null 2>&1 || true
   fi
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   rm -f "$backing"
+  if [ -n "$tgt_control" ]; then
+    rm -f "/var/run/tgtd/socket.$tgt_control" "/var/run/tgtd/socket.$tgt_control.lock"
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
