@@ -122,5 +122,9 @@ fn scsi_parameter_list_corpus_replays_clean() {
 
 #[test]
 fn scsi_command_corpus_replays_clean() {
-    replay_with("scsi_command", scsi::fuzzing::command, 0);
+    replay_with(
+        "scsi_command",
+        scsi::fuzzing::command,
+        SCSI_MUTATIONS_PER_FILE,
+    );
 }

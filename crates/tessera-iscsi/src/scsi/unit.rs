@@ -1111,7 +1111,8 @@ impl LogicalUnit {
             let blocks = segment.blocks as u64;
             let fits = |device: &Arc<dyn BlockDevice>, lba: u64| {
                 lba.checked_add(blocks)
-                    .is_some_and(|end| end * BLOCK_BYTES <= device.info().size_bytes)
+                    .and_then(|end| end.checked_mul(BLOCK_BYTES))
+                    .is_some_and(|end| end <= device.info().size_bytes)
             };
             if !fits(&source, segment.source_lba) || !fits(&destination, segment.destination_lba) {
                 return Err(copy::copy_aborted(asc::NO_ADDITIONAL_SENSE, index)
