@@ -671,6 +671,10 @@ impl ClusterControl for ControlPlane {
         )
         .await
         .map_err(internal)?;
+        // Hosts in this process apply it to the next login at once.
+        for h in self.hosts.running() {
+            h.refresh_view().await;
+        }
         Ok(iscsi_access_view(name, Some(&stored)))
     }
 
