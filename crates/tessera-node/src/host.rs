@@ -274,6 +274,13 @@ impl Host {
                 what: "NBD listener",
                 detail: format!("{}: {e}", config.nbd_addr),
             })?;
+        let iscsi_listener = tokio::net::TcpListener::bind(config.iscsi_portal())
+            .await
+            .map_err(|e| NodeError::Serve {
+                host: id.clone(),
+                what: "iSCSI portal",
+                detail: format!("{}: {e}", config.iscsi_portal()),
+            })?;
         let record = HostRecord {
             id: id.clone(),
             fault_domain: config.fault_domain(),
@@ -307,13 +314,6 @@ impl Host {
         )
         .await
         .map_err(dir_error)?;
-        let iscsi_listener = tokio::net::TcpListener::bind(config.iscsi_portal())
-            .await
-            .map_err(|e| NodeError::Serve {
-                host: id.clone(),
-                what: "iSCSI portal",
-                detail: format!("{}: {e}", config.iscsi_portal()),
-            })?;
         let (stop, _) = watch::channel(false);
         let view = Arc::new(VolumeView::default());
         let peers = Arc::new(Peers::default());
