@@ -366,6 +366,21 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.component(component);
             w.u64(epoch.0);
         }
+        Request::CloneBlocks {
+            source,
+            source_lba,
+            target,
+            target_lba,
+            blocks,
+            epoch,
+        } => {
+            w.component(source);
+            w.u64(source_lba.0);
+            w.component(target);
+            w.u64(target_lba.0);
+            w.u64(*blocks);
+            w.u64(epoch.0);
+        }
         Request::Allocated {
             component,
             from,
@@ -520,6 +535,7 @@ fn encode_error_kind(kind: &WireErrorKind, w: &mut PayloadWriter) {
             w.u16(supported.min);
             w.u16(supported.max);
         }
+        WireErrorKind::NotColocated => w.u8(12),
     }
 }
 
@@ -549,19 +565,21 @@ fn decode_error_kind(r: &mut PayloadReader) -> Result<WireErrorKind, WireError> 
                 max: r.u16("error.supported.max")?,
             },
         },
+        12 => WireErrorKind::NotColocated,
         other => return Err(r.bad_tag("error.kind", other as u64)),
     })
 }
 
 /// Reads the payload of a frame of `kind`. The handshake kinds decode the
-/// same in every version; the others only in versions this build speaks.
+/// same in every version; the others only in versions this build speaks
+/// that carry the kind.
 pub(crate) fn decode_payload(
     kind: MessageKind,
     version: u16,
     payload: Bytes,
 ) -> Result<Message, WireError> {
     if !kind.is_handshake() {
-        WireVersion::from_number(version)?;
+        check_kind_in_version(kind, WireVersion::from_number(version)?)?;
     }
     let mut r = PayloadReader::new(kind, payload);
     let message = if kind.is_request() {
@@ -571,6 +589,21 @@ pub(crate) fn decode_payload(
     };
     r.finish()?;
     Ok(message)
+}
+
+/// Refuses a kind newer than the connection's version.
+pub(crate) fn check_kind_in_version(
+    kind: MessageKind,
+    version: WireVersion,
+) -> Result<(), WireError> {
+    if kind.since() > version {
+        return Err(WireError::KindNotInVersion {
+            kind: kind.name(),
+            version: version.number(),
+            since: kind.since().number(),
+        });
+    }
+    Ok(())
 }
 
 fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, WireError> {
@@ -632,6 +665,14 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
         },
         MessageKind::ComponentStatus => Request::ComponentStatus {
             component: r.component()?,
+        },
+        MessageKind::CloneBlocks => Request::CloneBlocks {
+            source: r.component()?,
+            source_lba: r.lba("source_lba")?,
+            target: r.component()?,
+            target_lba: r.lba("target_lba")?,
+            blocks: r.u64("blocks")?,
+            epoch: r.epoch("epoch")?,
         },
         MessageKind::VolumeRead => Request::VolumeRead {
             volume: r.volume("volume")?,

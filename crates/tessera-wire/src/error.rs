@@ -62,6 +62,17 @@ pub enum WireError {
         /// What this build speaks.
         supported: VersionRange,
     },
+    /// A message of a kind the connection's wire version does not carry:
+    /// the peer runs an older release. Refused before anything is sent.
+    #[error("{kind} needs wire v{since} or newer, but this connection speaks wire v{version}: the peer runs an older release")]
+    KindNotInVersion {
+        /// The message kind.
+        kind: &'static str,
+        /// The connection's version.
+        version: u16,
+        /// The first version that carries the kind.
+        since: u16,
+    },
     /// The two hosts speak no common version.
     #[error("no common wire version: this host speaks {ours}, the peer speaks {theirs}; upgrade the older host")]
     NoCommonVersion {

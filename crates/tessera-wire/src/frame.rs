@@ -19,7 +19,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::codec::{decode_payload, encode_payload, PayloadWriter};
+use crate::codec::{check_kind_in_version, decode_payload, encode_payload, PayloadWriter};
 use crate::message::{Message, MessageKind, QueueClass};
 use crate::{WireError, WireVersion};
 
@@ -110,6 +110,9 @@ pub fn encode_frame(
     class: QueueClass,
     message: &Message,
 ) -> Result<EncodedFrame, WireError> {
+    if !message.kind().is_handshake() {
+        check_kind_in_version(message.kind(), version)?;
+    }
     let mut payload = PayloadWriter::new();
     encode_payload(message, &mut payload)?;
     let payload_len = payload.len();

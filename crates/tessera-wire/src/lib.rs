@@ -23,6 +23,10 @@
 //! - The header layout and the handshake messages (`Hello`, `HelloOk`,
 //!   `Error`) are the same in every wire version, so two hosts of different
 //!   releases can always tell each other which versions they speak.
+//! - Every other kind belongs to the version that introduced it
+//!   ([`MessageKind::since`]) and is neither encoded nor decoded on a
+//!   connection that negotiated an older one: a newer host never sends an
+//!   older peer what it cannot read.
 
 mod codec;
 mod error;

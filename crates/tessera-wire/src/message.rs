@@ -207,6 +207,28 @@ pub enum Request {
         /// The component.
         component: ComponentRef,
     },
+    /// Make `blocks` blocks of `target` from `target_lba` hold what `blocks`
+    /// blocks of `source` from `source_lba` hold, by sharing the stored
+    /// blocks (no data moves; holes stay holes), on behalf of the target's
+    /// owner at `epoch`. Both components live on the answering host, on one
+    /// disk group; otherwise the answer is [`WireErrorKind::NotColocated`]
+    /// and the caller copies the data instead. Acknowledged (by
+    /// [`Response::Ok`]) only once durable. Since wire v2.
+    CloneBlocks {
+        /// The component whose blocks are shared (of any volume).
+        source: ComponentRef,
+        /// First source block.
+        source_lba: Lba,
+        /// The component that receives them.
+        target: ComponentRef,
+        /// First target block.
+        target_lba: Lba,
+        /// Number of blocks.
+        blocks: u64,
+        /// The target owner's epoch; lower than the highest the target has
+        /// seen is refused.
+        epoch: Epoch,
+    },
 
     /// Read from a volume through its owner, answered by [`Response::Data`].
     VolumeRead {
@@ -369,6 +391,10 @@ pub enum WireErrorKind {
         /// The answering host's versions.
         supported: VersionRange,
     },
+    /// The two components of a `CloneBlocks` do not live on one disk group
+    /// of the answering host, so their blocks cannot be shared. Since wire
+    /// v2, and only in answer to `CloneBlocks`.
+    NotColocated,
 }
 
 impl fmt::Display for WireErrorKind {
@@ -389,6 +415,9 @@ impl fmt::Display for WireErrorKind {
             WireErrorKind::Invalid => f.write_str("invalid request"),
             WireErrorKind::NoCommonVersion { supported } => {
                 write!(f, "no common wire version (peer speaks {supported})")
+            }
+            WireErrorKind::NotColocated => {
+                f.write_str("components are not on one disk group of one host")
             }
         }
     }
@@ -422,6 +451,7 @@ pub enum MessageKind {
     Fence = 0x18,
     Allocated = 0x19,
     ComponentStatus = 0x1a,
+    CloneBlocks = 0x1b,
     VolumeRead = 0x30,
     VolumeWrite = 0x31,
     VolumeFlush = 0x32,
@@ -440,7 +470,7 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 28] = [
+    const ALL: [MessageKind; 29] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -454,6 +484,7 @@ impl MessageKind {
         MessageKind::Fence,
         MessageKind::Allocated,
         MessageKind::ComponentStatus,
+        MessageKind::CloneBlocks,
         MessageKind::VolumeRead,
         MessageKind::VolumeWrite,
         MessageKind::VolumeFlush,
@@ -499,6 +530,16 @@ impl MessageKind {
         )
     }
 
+    /// The first wire version that carries this kind: a frame of a newer
+    /// kind is neither sent nor accepted on a connection that negotiated an
+    /// older version, so an older peer is never sent what it cannot read.
+    pub fn since(self) -> WireVersion {
+        match self {
+            MessageKind::CloneBlocks => WireVersion::V2,
+            _ => WireVersion::V1,
+        }
+    }
+
     /// The message's name, for errors.
     pub fn name(self) -> &'static str {
         match self {
@@ -515,6 +556,7 @@ impl MessageKind {
             MessageKind::Fence => "Fence",
             MessageKind::Allocated => "Allocated",
             MessageKind::ComponentStatus => "ComponentStatus",
+            MessageKind::CloneBlocks => "CloneBlocks",
             MessageKind::VolumeRead => "VolumeRead",
             MessageKind::VolumeWrite => "VolumeWrite",
             MessageKind::VolumeFlush => "VolumeFlush",
@@ -557,6 +599,7 @@ impl Request {
             Request::Fence { .. } => MessageKind::Fence,
             Request::Allocated { .. } => MessageKind::Allocated,
             Request::ComponentStatus { .. } => MessageKind::ComponentStatus,
+            Request::CloneBlocks { .. } => MessageKind::CloneBlocks,
             Request::VolumeRead { .. } => MessageKind::VolumeRead,
             Request::VolumeWrite { .. } => MessageKind::VolumeWrite,
             Request::VolumeFlush { .. } => MessageKind::VolumeFlush,
@@ -571,6 +614,7 @@ impl Request {
 impl Request {
     /// The component a component operation addresses (`None` for volume
     /// operations and the handshake): what the replica service routes on.
+    /// For `CloneBlocks` it is the target, the component that changes.
     pub fn component(&self) -> Option<&ComponentRef> {
         match self {
             Request::CreateComponent { component, .. }
@@ -583,7 +627,10 @@ impl Request {
             | Request::Flush { component }
             | Request::Fence { component, .. }
             | Request::Allocated { component, .. }
-            | Request::ComponentStatus { component } => Some(component),
+            | Request::ComponentStatus { component }
+            | Request::CloneBlocks {
+                target: component, ..
+            } => Some(component),
             _ => None,
         }
     }

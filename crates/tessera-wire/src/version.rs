@@ -16,11 +16,15 @@ pub enum WireVersion {
     /// First version: handshake, component operations with epochs, volume
     /// operations forwarded to the owner, ping.
     V1 = 1,
+    /// Adds `CloneBlocks` (one host shares stored blocks between two of its
+    /// components, moving no data) and the `NotColocated` error kind that
+    /// answers it.
+    V2 = 2,
 }
 
 impl WireVersion {
     /// The newest version this build speaks.
-    pub const CURRENT: WireVersion = WireVersion::V1;
+    pub const CURRENT: WireVersion = WireVersion::V2;
     /// The oldest version this build still speaks.
     pub const OLDEST: WireVersion = WireVersion::V1;
 
@@ -33,6 +37,7 @@ impl WireVersion {
     pub fn from_number(number: u16) -> Result<WireVersion, WireError> {
         match number {
             1 => Ok(WireVersion::V1),
+            2 => Ok(WireVersion::V2),
             other => Err(WireError::UnsupportedVersion {
                 version: other,
                 supported: VersionRange::SUPPORTED,
@@ -112,7 +117,16 @@ mod tests {
         let err = ours.negotiate(theirs).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("v7..=v9"), "{text}");
-        assert!(text.contains("v1..=v1"), "{text}");
+        assert!(text.contains("v1..=v2"), "{text}");
+    }
+
+    #[test]
+    fn an_older_peer_gets_the_older_version() {
+        let theirs = VersionRange { min: 1, max: 1 };
+        assert_eq!(
+            VersionRange::SUPPORTED.negotiate(theirs).unwrap(),
+            WireVersion::V1
+        );
     }
 
     #[test]
