@@ -14,6 +14,10 @@
 //! Invariants:
 //! - Every connection starts with a `Hello` that negotiates the wire version;
 //!   a peer with no common version is refused with both ranges in the error.
+//!   A request of a kind newer than the negotiated version (`CloneBlocks` to
+//!   a wire v1 peer) fails with [`TransportError::Encode`] before anything
+//!   is sent, and the connection carries on: callers fall back to what the
+//!   older peer speaks.
 //! - Many requests are in flight per connection (at most
 //!   [`MAX_IN_FLIGHT_PER_CONNECTION`]), matched to responses by request id;
 //!   a server handles the requests of one connection concurrently, so a slow

@@ -236,6 +236,7 @@ fn every_request() -> Vec<Request> {
         Request::ComponentStatus {
             component: component(11),
         },
+        clone_blocks(),
         Request::VolumeRead {
             volume: volume("vol-2"),
             offset: 512,
@@ -358,6 +359,67 @@ async fn answers_arrive_out_of_order_and_match_their_requests() {
         *worst_fast < SLOW_ANSWER / 2,
         "fast calls waited behind the slow one: worst {worst_fast:?}"
     );
+}
+
+fn clone_blocks() -> Request {
+    Request::CloneBlocks {
+        source: ComponentRef {
+            volume: volume("gold"),
+            id: ComponentId(12),
+        },
+        source_lba: Lba(256),
+        target: component(13),
+        target_lba: Lba(0),
+        blocks: 4096,
+        epoch: Epoch(6),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_newer_than_the_peer_is_refused_before_it_is_sent() {
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(3)));
+    let older = TransportConfig {
+        versions: VersionRange { min: 1, max: 1 },
+        ..quick()
+    };
+    let old_host = node_at("h1", loopback(), older, &faults).await;
+    let new_host = node_at("h2", loopback(), quick(), &faults).await;
+    call(&new_host, &old_host, Request::Ping).await.unwrap();
+
+    // Sent, the older peer could not decode it and would close the
+    // connection under every other request in flight on it.
+    let err = call(&new_host, &old_host, clone_blocks())
+        .await
+        .unwrap_err();
+    match &err {
+        TransportError::Encode { peer, source, .. } => {
+            assert_eq!(peer, &old_host.host());
+            assert!(
+                matches!(
+                    **source,
+                    tessera_wire::WireError::KindNotInVersion { since: 2, .. }
+                ),
+                "{source}"
+            );
+        }
+        other => panic!("expected a refusal before sending, got {other}"),
+    }
+    assert!(err.to_string().contains("older release"), "{err}");
+    assert!(!err.may_have_executed());
+    // The connection carries on, and the peer never saw the request.
+    let status = Request::ComponentStatus {
+        component: component(4),
+    };
+    assert_eq!(
+        call(&new_host, &old_host, status.clone()).await.unwrap(),
+        answer(&status)
+    );
+    assert_eq!(new_host.transport.stats().connections_opened, 1);
+    assert!(old_host
+        .replica
+        .seen()
+        .iter()
+        .all(|(_, r)| !matches!(r, Request::CloneBlocks { .. })));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
