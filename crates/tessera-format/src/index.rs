@@ -5,9 +5,13 @@
 //! to the two (never over the copy the last checkpoint points to), so a torn
 //! page write cannot damage the committed index.
 //!
-//! Room for later features: an entry has a kind (plain, and reserved kinds for
-//! a block shared by fingerprint with a reference count, and a compressed
-//! block) and a stored length (less than 4 KiB once compressed).
+//! An entry has a kind: a plain block of its own, a block shared with other
+//! entries (a copy made by reference: EXTENDED COPY, later clones and
+//! snapshots), and reserved kinds for a block shared by fingerprint and a
+//! compressed block; and a stored length (less than 4 KiB once compressed).
+//! A block may be referenced by any number of shared entries but by at most
+//! one plain entry: the store counts references at mount and frees a block
+//! only when the last one goes.
 
 use crate::{seal, unseal, BlockLoc, FormatError, Header, Reader, Writer, BLOCK, FORMAT_VERSION};
 use crate::{HEADER_BYTES, MAGIC_INDEX_PAGE};
@@ -30,6 +34,9 @@ pub enum EntryKind {
     /// The data was lost (its log record was damaged before it reached the
     /// capacity tier): reads fail with a checksum error until rewritten.
     Lost,
+    /// A whole 4 KiB block that other entries may reference too (a copy by
+    /// reference); freed when its last reference goes.
+    Shared,
 }
 
 impl EntryKind {
@@ -38,6 +45,7 @@ impl EntryKind {
             EntryKind::Unmapped => 0,
             EntryKind::Plain => 1,
             EntryKind::Lost => 2,
+            EntryKind::Shared => 3,
         }
     }
 }
@@ -64,6 +72,19 @@ impl IndexEntry {
             stored_len: BLOCK as u16,
             crc,
         }
+    }
+
+    /// An entry for a block shared by reference.
+    pub fn shared(loc: BlockLoc, crc: u32) -> IndexEntry {
+        IndexEntry {
+            kind: EntryKind::Shared,
+            ..IndexEntry::plain(loc, crc)
+        }
+    }
+
+    /// The block this entry holds a reference to, if any.
+    pub fn block(&self) -> Option<BlockLoc> {
+        matches!(self.kind, EntryKind::Plain | EntryKind::Shared).then_some(self.loc)
     }
 
     /// True when the LBA has a stored block.
@@ -145,6 +166,7 @@ impl IndexPage {
                 0 => EntryKind::Unmapped,
                 1 => EntryKind::Plain,
                 2 => EntryKind::Lost,
+                3 => EntryKind::Shared,
                 other => {
                     return Err(FormatError::Invalid {
                         structure: STRUCTURE,
@@ -182,9 +204,10 @@ mod tests {
         fn round_trips(component: u64, page_no: u64, generation: u64, seeds in proptest::collection::vec(any::<(bool, u8, u32, u32)>(), INDEX_ENTRIES)) {
             let mut page = IndexPage::empty(component, page_no);
             page.generation = generation;
-            for (e, (mapped, device, block, crc)) in page.entries.iter_mut().zip(seeds) {
+            for (i, (e, (mapped, device, block, crc))) in page.entries.iter_mut().zip(seeds).enumerate() {
                 if mapped {
-                    *e = IndexEntry::plain(BlockLoc { device, block: block as u64 }, crc);
+                    let loc = BlockLoc { device, block: block as u64 };
+                    *e = if i % 3 == 0 { IndexEntry::shared(loc, crc) } else { IndexEntry::plain(loc, crc) };
                 }
             }
             prop_assert_eq!(IndexPage::decode(&page.encode()).unwrap(), page);

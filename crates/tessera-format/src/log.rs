@@ -44,6 +44,14 @@ pub enum LogOp {
     Delete,
     /// Component resized to `arg` bytes.
     Resize,
+    /// `lba` now references the stored block at `arg` (a [`crate::BlockLoc`]
+    /// packed with flags 0), whose data has CRC32C `crc`: a copy by
+    /// reference. `arg2` names the component the block was copied from (for
+    /// the offline check's report). No data block follows.
+    Share {
+        /// CRC32C of the shared block's data.
+        crc: u32,
+    },
 }
 
 impl LogOp {
@@ -56,6 +64,7 @@ impl LogOp {
             LogOp::Create => 5,
             LogOp::Delete => 6,
             LogOp::Resize => 7,
+            LogOp::Share { .. } => 8,
         }
     }
 }
@@ -73,9 +82,9 @@ pub struct LogEntry {
     pub count: u64,
     /// Owner epoch that issued it.
     pub epoch: u64,
-    /// Size in bytes for create and resize.
+    /// Size in bytes for create and resize; the packed block for share.
     pub arg: u64,
-    /// Reserved bytes for create.
+    /// Reserved bytes for create; the source component for share.
     pub arg2: u64,
 }
 
@@ -124,7 +133,7 @@ impl LogRecordHeader {
                 w.u16(e.op.code());
                 w.u16(0);
                 w.u32(match e.op {
-                    LogOp::Write { crc } => crc,
+                    LogOp::Write { crc } | LogOp::Share { crc } => crc,
                     _ => 0,
                 });
                 w.u64(e.component);
@@ -177,6 +186,7 @@ impl LogRecordHeader {
                 5 => LogOp::Create,
                 6 => LogOp::Delete,
                 7 => LogOp::Resize,
+                8 => LogOp::Share { crc },
                 other => {
                     return Err(FormatError::Invalid {
                         structure: STRUCTURE,
@@ -240,11 +250,25 @@ mod tests {
                     arg: 1 << 30,
                     arg2: 1 << 20,
                 },
+                LogEntry {
+                    op: LogOp::Share { crc: 0x1234_5678 },
+                    component: 6,
+                    lba: 12,
+                    count: 1,
+                    epoch: 4,
+                    arg: crate::BlockLoc {
+                        device: 2,
+                        block: 4099,
+                    }
+                    .pack(0),
+                    arg2: 5,
+                },
             ],
         };
         let mut buf = vec![0u8; BLOCK];
         header.encode_into(&mut buf);
         assert_eq!(LogRecordHeader::decode(&buf).unwrap(), header);
+        // A share entry carries no data block.
         assert_eq!(header.record_blocks(), 2);
         buf[100] ^= 4;
         assert!(LogRecordHeader::decode(&buf).is_err());

@@ -12,6 +12,53 @@
 
 use tessera_format::BlockLoc;
 
+/// What one more reference to a block found while rebuilding the map means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reference {
+    /// The block's first reference: now marked used.
+    First,
+    /// A further reference that sharing allows (the block is shared).
+    Extra,
+    /// A reference the format forbids: a block of two plain entries, a data
+    /// block inside an index page slot, or outside every data area.
+    Bad,
+}
+
+/// Counts the references of the committed index while the free-space map is
+/// rebuilt (at mount and by the offline check). A block may be referenced by
+/// any number of shared entries and at most one plain one.
+#[derive(Default)]
+pub(crate) struct ReferenceCount {
+    page_slots: std::collections::HashSet<u64>,
+    shared: std::collections::HashSet<u64>,
+}
+
+impl ReferenceCount {
+    /// Marks an index page slot used; false if it was taken already.
+    pub(crate) fn page_slot(&mut self, alloc: &mut Allocator, loc: BlockLoc) -> bool {
+        self.page_slots.insert(loc.pack(0));
+        alloc.mark_used(loc)
+    }
+
+    /// Counts a data block reference of an entry (`shared`: of kind shared).
+    pub(crate) fn data(&mut self, alloc: &mut Allocator, loc: BlockLoc, shared: bool) -> Reference {
+        let key = loc.pack(0);
+        let seen_shared = if shared {
+            !self.shared.insert(key)
+        } else {
+            self.shared.contains(&key)
+        };
+        if alloc.mark_used(loc) {
+            Reference::First
+        } else if alloc.contains(loc) && !self.page_slots.contains(&key) && (shared || seen_shared)
+        {
+            Reference::Extra
+        } else {
+            Reference::Bad
+        }
+    }
+}
+
 /// Free-space bitmap of one capacity device.
 struct DeviceMap {
     device: u8,
@@ -70,6 +117,13 @@ impl Allocator {
         d.words[w] |= 1 << b;
         d.used += 1;
         true
+    }
+
+    /// True if `loc` lies in a data area.
+    pub(crate) fn contains(&self, loc: BlockLoc) -> bool {
+        self.devices.iter().any(|d| {
+            d.device == loc.device && loc.block >= d.first && loc.block < d.first + d.blocks
+        })
     }
 
     /// Returns `loc` to the free pool.
@@ -175,8 +229,8 @@ impl Allocator {
             .sum()
     }
 
-    /// Blocks in use.
-    #[cfg(test)]
+    /// Blocks in use: data blocks, index page slots and blocks waiting for a
+    /// checkpoint to free them.
     pub(crate) fn used_blocks(&self) -> u64 {
         self.devices.iter().map(|d| d.used).sum()
     }

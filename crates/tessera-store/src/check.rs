@@ -7,7 +7,7 @@
 //! is listed with the device and byte offset where it is. Must not be run
 //! while the disk group is open: it reads without locks.
 
-use crate::alloc::Allocator;
+use crate::alloc::{Allocator, Reference, ReferenceCount};
 use crate::recovery::{self, damage_was_synced, find_record, later_group_exists};
 use std::fmt;
 use std::path::Path;
@@ -158,6 +158,7 @@ pub fn check_devices<P: AsRef<Path>>(paths: &[P]) -> CheckReport {
     };
     report.components = ck.components.len() as u64;
     let mut alloc = Allocator::new(&geo.areas);
+    let mut refs = ReferenceCount::default();
     let name_of = |loc: BlockLoc| {
         devices
             .get(loc.device as usize)
@@ -179,7 +180,7 @@ pub fn check_devices<P: AsRef<Path>>(paths: &[P]) -> CheckReport {
                 device: root.loc.device,
                 block: root.loc.block + 1,
             };
-            if !alloc.mark_used(root.loc) || !alloc.mark_used(second) {
+            if !refs.page_slot(&mut alloc, root.loc) || !refs.page_slot(&mut alloc, second) {
                 report.problems.push(problem(
                     "slots overlap other data or lie outside the data area".into(),
                 ));
@@ -220,14 +221,17 @@ pub fn check_devices<P: AsRef<Path>>(paths: &[P]) -> CheckReport {
                         offset: current.block * BLOCK_BYTES,
                         problem: format!("component {} LBA {lba}: data recorded as lost", comp.id),
                     }),
-                    EntryKind::Plain => {
-                        report.data_blocks += 1;
+                    EntryKind::Plain | EntryKind::Shared => {
+                        let reference = refs.data(&mut alloc, e.loc, e.kind == EntryKind::Shared);
+                        if reference == Reference::First {
+                            report.data_blocks += 1;
+                        }
                         let at = CheckProblem {
                             device: name_of(e.loc),
                             offset: e.loc.block * BLOCK_BYTES,
                             problem: String::new(),
                         };
-                        if !alloc.mark_used(e.loc) {
+                        if reference == Reference::Bad {
                             report.problems.push(CheckProblem {
                                 problem: format!(
                                     "component {} LBA {lba}: block mapped twice or outside the data area",

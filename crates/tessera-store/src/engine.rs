@@ -802,15 +802,15 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
             None => continue,
         };
         if let Some(c) = st.components.get_mut(&it.c) {
-            if old.kind == EntryKind::Plain {
-                c.release(old.loc, 1);
+            if let Some(old_loc) = old.block() {
+                c.release(old_loc, 1);
             }
             if let Some(loc) = it.loc {
                 c.hold(loc, 1);
             }
         }
-        if old.kind == EntryKind::Plain {
-            st.pending_free.push(old.loc);
+        if let Some(old_loc) = old.block() {
+            st.drop_ref(old_loc);
         }
         st.overlay.remove(&(it.c, it.lba));
     }

@@ -76,12 +76,17 @@ pub struct ComponentSpace {
 pub struct DiskGroupSpace {
     /// Bytes components can use (capacity devices minus a destaging reserve).
     pub capacity_bytes: u64,
-    /// Bytes committed to written data and index pages.
+    /// Bytes committed to written data and index pages. A block shared by
+    /// several LBAs (a copy by reference) counts once per LBA: each may be
+    /// overwritten and then needs a block of its own.
     pub used_bytes: u64,
     /// Bytes reserved and not yet written.
     pub reserved_bytes: u64,
     /// Bytes left for new allocations and reservations.
     pub free_bytes: u64,
+    /// Bytes of the capacity devices in use: data blocks (a shared block
+    /// once), index page slots, and blocks a checkpoint has yet to free.
+    pub physical_bytes: u64,
 }
 
 /// One component as listed by [`DiskGroup::components`].
@@ -738,6 +743,131 @@ impl DiskGroup {
             .await
     }
 
+    /// Makes LBAs `[dst_lba, dst_lba + blocks)` of `dst` hold what LBAs
+    /// `[src_lba, src_lba + blocks)` of `src` hold, by sharing the stored
+    /// blocks: no data moves and no capacity block is used, only log entries
+    /// and index entries (holes stay holes). `src` may be `dst`, but the two
+    /// ranges must not overlap. `epoch` is checked against `dst` like a
+    /// write's. At most [`crate::CLONE_BLOCKS_MAX`] blocks per call. Durable
+    /// when it returns Ok; on Err nothing changed.
+    ///
+    /// Both components are locked against every other operation while the
+    /// copy runs. A source block not yet in a committed checkpoint (written
+    /// moments ago) is first brought there: the call then waits for the
+    /// destager and one checkpoint. The copied blocks count as allocated in
+    /// `dst` (see [`DiskGroupSpace`]): overwriting a shared block needs a
+    /// block of its own, and the space for it is held from the start.
+    pub async fn clone_blocks(
+        &self,
+        src: ComponentId,
+        src_lba: Lba,
+        dst: ComponentId,
+        dst_lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<(), StoreError> {
+        {
+            let st = self.shared.state.lock();
+            st.check_range(src, src_lba, blocks)?;
+            st.check_range(dst, dst_lba, blocks)?;
+            st.check_epoch(dst, epoch)?;
+        }
+        if blocks == 0 {
+            return Ok(());
+        }
+        if blocks > crate::CLONE_BLOCKS_MAX {
+            return Err(StoreError::Misaligned {
+                component: dst,
+                lba: dst_lba,
+                problem: format!(
+                    "a copy by reference of {blocks} blocks: at most {} per call",
+                    crate::CLONE_BLOCKS_MAX
+                ),
+            });
+        }
+        if src == dst && src_lba.0 < dst_lba.0 + blocks && dst_lba.0 < src_lba.0 + blocks {
+            return Err(StoreError::Misaligned {
+                component: dst,
+                lba: dst_lba,
+                problem: format!(
+                    "a copy by reference of {blocks} blocks from {src_lba} overlaps its own destination"
+                ),
+            });
+        }
+        // Exclusive locks, taken in component order so two copies in
+        // opposite directions cannot deadlock: the source must not change
+        // between planning and applying (its blocks are named in the log).
+        let mut ids = vec![src, dst];
+        ids.sort();
+        ids.dedup();
+        let locks = ids
+            .iter()
+            .map(|id| self.component_lock(*id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut guards = Vec::with_capacity(locks.len());
+        for lock in &locks {
+            guards.push(lock.write().await);
+        }
+        const CHECKPOINT_POLL: Duration = Duration::from_millis(2);
+        let (rx, token, entries) = loop {
+            let step = {
+                let mut st = self.shared.state.lock();
+                st.check_range(src, src_lba, blocks)?;
+                st.check_range(dst, dst_lba, blocks)?;
+                st.check_epoch(dst, epoch)?;
+                let mut need = st.missing_pages(src.0, src_lba.0, src_lba.0 + blocks);
+                need.0
+                    .extend(st.missing_pages(dst.0, dst_lba.0, dst_lba.0 + blocks).0);
+                if !need.0.is_empty() {
+                    Err(Some(need))
+                } else if let Some(entries) =
+                    st.plan_clone(src, src_lba, dst, dst_lba, blocks, epoch)?
+                {
+                    if let Some(c) = st.components.get_mut(&dst.0) {
+                        c.highest_epoch = c.highest_epoch.max(epoch.0);
+                    }
+                    let token = st.next_token;
+                    st.next_token += 1;
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let req = Request {
+                        entries: entries.clone(),
+                        data: Vec::new(),
+                        writes: Vec::new(),
+                        token: Some(token),
+                        done: Some(tx),
+                    };
+                    Self::enqueue(&mut st, &self.shared, req);
+                    Ok((rx, token, entries))
+                } else {
+                    // Bring the source's blocks into a committed checkpoint.
+                    st.checkpoint_wanted = true;
+                    self.shared.destage_work.notify_all();
+                    Err(None)
+                }
+            };
+            match step {
+                Ok(planned) => break planned,
+                Err(Some(need)) => self.load(need).await?,
+                Err(None) => tokio::time::sleep(CHECKPOINT_POLL).await,
+            }
+        };
+        let logged = Self::wait(rx).await;
+        let applied = if logged.is_ok() {
+            let shared = self.shared.clone();
+            tokio::task::spawn_blocking(move || recovery::apply_clone_blocking(&shared, &entries))
+                .await
+                .map_err(|e| StoreError::DiskGroupFailed {
+                    reason: format!("copy task failed: {e}"),
+                })?
+        } else {
+            Ok(())
+        };
+        self.shared.state.lock().unapplied.remove(&token);
+        drop(guards);
+        logged?;
+        applied
+    }
+
     /// Every acknowledged operation is already durable; this returns once the
     /// disk group is known healthy, as a barrier for callers that expect one.
     pub async fn flush(&self) -> Result<(), StoreError> {
@@ -877,6 +1007,7 @@ impl DiskGroup {
             used_bytes: used * BLOCK_BYTES,
             reserved_bytes: reserved * BLOCK_BYTES,
             free_bytes: capacity.saturating_sub(used + reserved) * BLOCK_BYTES,
+            physical_bytes: st.alloc.used_blocks() * BLOCK_BYTES,
         }
     }
 

@@ -19,6 +19,11 @@
 //!   group has none fails with [`StoreError::NoSpace`] and changes nothing;
 //!   unmapped and zeroed blocks give their space back at once.
 //!
+//! Blocks can be shared by reference between LBAs and components of one disk
+//! group ([`DiskGroup::clone_blocks`], the copy EXTENDED COPY asks for): a
+//! shared block is freed when its last reference goes, and overwriting one
+//! LBA never changes another that shares its old block.
+//!
 //! The on-disk format and the recovery procedure are described in
 //! `docs/STORE.md`; the byte layouts are in `tessera-format`.
 
@@ -41,6 +46,10 @@ pub use group::{
 };
 pub use recovery::COMPONENTS_MAX;
 pub use scrub::{BadBlock, ScrubProgress, ScrubReport};
+
+/// Most blocks [`DiskGroup::clone_blocks`] shares in one call: bounds the log
+/// entries (56 bytes each) one request holds.
+pub const CLONE_BLOCKS_MAX: u64 = 4096;
 
 /// Largest write accepted in one call, in bytes: bounds the log space and
 /// memory one request holds (the replica service splits larger ones).

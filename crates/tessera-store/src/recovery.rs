@@ -13,7 +13,7 @@
 //! is gone, the disk group fails); otherwise it is the torn tail of the last
 //! group commit, which was never acknowledged, and replay ends there.
 
-use crate::alloc::Allocator;
+use crate::alloc::{Allocator, Reference, ReferenceCount};
 use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
 use crate::index::{IndexCache, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tessera_env::{AlignedBuf, Disk};
 use tessera_format::{
-    block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogOp, LogRecordHeader,
-    Superblock, BLOCK,
+    block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogEntry, LogOp,
+    LogRecordHeader, Superblock, BLOCK,
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
@@ -320,6 +320,7 @@ pub(crate) fn load_state(
         cache: IndexCache::new(index_cache_bytes),
         alloc,
         pending_free: Vec::new(),
+        shares: std::collections::HashMap::new(),
         queue: VecDeque::new(),
         destage: VecDeque::new(),
         destage_blocks: 0,
@@ -349,7 +350,10 @@ pub(crate) fn load_state(
         replay_writes: Vec::new(),
     };
     // Rebuild the free-space map and accounting from the committed pages.
+    // A block may be referenced by several shared entries and at most one
+    // plain one; every other double reference is damage.
     let ids: Vec<u64> = st.components.keys().copied().collect();
+    let mut refs = ReferenceCount::default();
     for c in ids {
         let roots: Vec<(u64, crate::index::RootEntry)> = st.components[&c]
             .roots
@@ -364,7 +368,7 @@ pub(crate) fn load_state(
                 device: loc.device,
                 block: loc.block + 1,
             };
-            if !st.alloc.mark_used(loc) || !st.alloc.mark_used(second) {
+            if !refs.page_slot(&mut st.alloc, loc) || !refs.page_slot(&mut st.alloc, second) {
                 failure.get_or_insert(format!(
                     "index page {page_no} slots at {loc} overlap other data"
                 ));
@@ -407,9 +411,14 @@ pub(crate) fn load_state(
                 match e.kind {
                     EntryKind::Unmapped => {}
                     EntryKind::Lost => allocated += 1,
-                    EntryKind::Plain => {
+                    EntryKind::Plain | EntryKind::Shared => {
                         allocated += 1;
-                        if !st.alloc.mark_used(e.loc) {
+                        let reference =
+                            refs.data(&mut st.alloc, e.loc, e.kind == EntryKind::Shared);
+                        if reference == Reference::Extra {
+                            *st.shares.entry(e.loc.pack(0)).or_insert(0) += 1;
+                        }
+                        if reference == Reference::Bad {
                             failure.get_or_insert(format!(
                                 "LBA {} points to {} which is used twice or outside the data area",
                                 page_no * LBAS_PER_PAGE + slot as u64,
@@ -733,6 +742,29 @@ pub(crate) fn unmap_blocking(
     Ok(())
 }
 
+/// Applies the entries of a copy by reference once they are logged: shares
+/// and unmapped runs, in order, through the same rules replay uses.
+pub(crate) fn apply_clone_blocking(
+    shared: &Shared,
+    entries: &[LogEntry],
+) -> Result<(), StoreError> {
+    for e in entries {
+        match e.op {
+            LogOp::Share { crc } => {
+                let (loc, _) = BlockLoc::unpack(e.arg);
+                match with_pages(shared, |st| {
+                    st.apply_share(e.component, e.lba, loc, crc, e.epoch)
+                }) {
+                    Ok(()) | Err(StoreError::ComponentFailed { .. }) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            _ => unmap_blocking(shared, e.component, e.lba, e.lba + e.count)?,
+        }
+    }
+    Ok(())
+}
+
 /// Frees every block of a deleted component (after the next checkpoint).
 pub(crate) fn free_component_blocking(
     shared: &Shared,
@@ -744,12 +776,7 @@ pub(crate) fn free_component_blocking(
     let mut seen = std::collections::BTreeSet::new();
     for page in cached {
         seen.insert(page.page_no);
-        freed.extend(
-            page.entries
-                .iter()
-                .filter(|e| e.kind == EntryKind::Plain)
-                .map(|e| e.loc),
-        );
+        freed.extend(page.entries.iter().filter_map(|e| e.block()));
     }
     for (page_no, root) in &comp.roots {
         let Some(loc) = root.loc else { continue };
@@ -763,12 +790,7 @@ pub(crate) fn free_component_blocking(
         }
         if let Some(current) = root.current() {
             match shared.read_page((c, *page_no), current) {
-                Ok(page) => freed.extend(
-                    page.entries
-                        .iter()
-                        .filter(|e| e.kind == EntryKind::Plain)
-                        .map(|e| e.loc),
-                ),
+                Ok(page) => freed.extend(page.entries.iter().filter_map(|e| e.block())),
                 Err(_) => tracing::warn!(
                     component = %ComponentId(c),
                     page_no,
@@ -777,7 +799,10 @@ pub(crate) fn free_component_blocking(
             }
         }
     }
-    shared.state.lock().pending_free.extend(freed);
+    let mut st = shared.state.lock();
+    for loc in freed {
+        st.drop_ref(loc);
+    }
 }
 
 /// Applies one replayed record.
@@ -826,6 +851,21 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
                 }
             }
             LogOp::Fence => raise_epoch(shared, c, e.epoch),
+            LogOp::Share { crc } => {
+                let (loc, _) = BlockLoc::unpack(e.arg);
+                let in_range = {
+                    let st = shared.state.lock();
+                    st.components.get(&c).is_some_and(|comp| {
+                        comp.failed.is_none() && e.lba < comp.blocks() && st.alloc.contains(loc)
+                    })
+                };
+                if in_range {
+                    match with_pages(shared, |st| st.apply_share(c, e.lba, loc, crc, e.epoch)) {
+                        Ok(()) | Err(StoreError::ComponentFailed { .. }) => {}
+                        Err(other) => return Err(other),
+                    }
+                }
+            }
             LogOp::Create => {
                 if !exists {
                     shared

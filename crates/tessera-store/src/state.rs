@@ -15,6 +15,9 @@
 //!   exact at every moment, not only after destaging.
 //! - A block referenced by the committed checkpoint is never reused before a
 //!   later checkpoint drops the reference (`pending_free`).
+//! - A capacity block goes to `pending_free` only when its last index entry
+//!   lets go of it: `shares` counts the references beyond the first of every
+//!   block that shared entries (copies by reference) point to.
 //! - Log records leave the log (the tail moves past them) only when a
 //!   checkpoint holds all their effects.
 
@@ -22,9 +25,9 @@ use crate::alloc::Allocator;
 use crate::index::{IndexCache, PageKey, RootEntry, LBAS_PER_PAGE};
 use crate::StoreError;
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
-use tessera_format::{BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry};
+use tessera_format::{BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp};
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
 /// Index pages to load before an operation can go on: (page key, block of
@@ -151,6 +154,9 @@ pub(crate) struct State {
     pub(crate) cache: IndexCache,
     pub(crate) alloc: Allocator,
     pub(crate) pending_free: Vec<BlockLoc>,
+    /// References beyond the first to each shared capacity block (packed
+    /// location). A block absent here has one reference (or none, if free).
+    pub(crate) shares: HashMap<u64, u32>,
     pub(crate) queue: VecDeque<Request>,
     pub(crate) destage: VecDeque<LoggedRecord>,
     /// Write blocks in `destage` (logged, not yet on the capacity tier).
@@ -257,6 +263,30 @@ impl State {
         Ok(())
     }
 
+    /// Takes one more reference to `loc`, which an index entry is about to
+    /// point to. A block the free-space map shows as free becomes used with
+    /// this one reference: log replay can meet a share whose block every
+    /// committed entry has since let go (a later record in the log drops the
+    /// share again).
+    pub(crate) fn add_ref(&mut self, loc: BlockLoc) {
+        if !self.alloc.mark_used(loc) {
+            *self.shares.entry(loc.pack(0)).or_insert(0) += 1;
+        }
+    }
+
+    /// Lets go of one reference to `loc`; the last one frees the block after
+    /// the next checkpoint.
+    pub(crate) fn drop_ref(&mut self, loc: BlockLoc) {
+        let key = loc.pack(0);
+        match self.shares.get_mut(&key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.shares.remove(&key);
+            }
+            None => self.pending_free.push(loc),
+        }
+    }
+
     /// Blocks committed by all components.
     pub(crate) fn committed_blocks(&self) -> u64 {
         self.components.values().map(|c| c.committed_blocks()).sum()
@@ -299,6 +329,139 @@ impl State {
         self.overlay.contains_key(&(c, lba)) || self.index_entry(c, lba).is_mapped()
     }
 
+    /// Fails with `NoSpace` (naming `first_new`) unless the component can
+    /// take `new_blocks` more allocated blocks and `new_pages` more index
+    /// pages. Blocks shared by reference count as allocated in every
+    /// component that references them, so an overwrite, which must then
+    /// store a block of its own, always finds room.
+    pub(crate) fn check_space(
+        &self,
+        id: ComponentId,
+        new_blocks: u64,
+        new_pages: u64,
+        first_new: u64,
+    ) -> Result<(), StoreError> {
+        let comp = self.component(id)?;
+        let before = comp.committed_blocks();
+        let after = (comp.allocated + new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
+            + 2 * (comp.roots.len() as u64 + new_pages);
+        let others = self.committed_blocks() - before;
+        let roots_after = self.roots_total() + new_pages;
+        if others + after > self.usable_blocks || roots_after > self.roots_max {
+            return Err(StoreError::NoSpace {
+                component: id,
+                lba: Lba(first_new),
+            });
+        }
+        Ok(())
+    }
+
+    /// Plans a copy by reference of `blocks` LBAs from `(src, src_lba)` to
+    /// `(dst, dst_lba)`: one log entry per source block (a share of its
+    /// stored block, or an unmap of a run of holes). Returns `Ok(None)` when
+    /// a source block is not yet in a committed checkpoint (still in the
+    /// overlay, or in an index page changed since the last checkpoint): only
+    /// a block the committed index references is known to be durable and to
+    /// stay where it is, so the caller must wait for a checkpoint. Pages of
+    /// both ranges must be cached.
+    pub(crate) fn plan_clone(
+        &self,
+        src: ComponentId,
+        src_lba: Lba,
+        dst: ComponentId,
+        dst_lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<Option<Vec<LogEntry>>, StoreError> {
+        let (s, d) = (src.0, dst.0);
+        if self
+            .overlay
+            .range((s, src_lba.0)..(s, src_lba.0 + blocks))
+            .next()
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let comp = self.component(src)?;
+        let (first, last) = (
+            src_lba.0 / LBAS_PER_PAGE,
+            (src_lba.0 + blocks - 1) / LBAS_PER_PAGE,
+        );
+        for &page_no in comp.roots.range(first..=last).map(|(p, _)| p) {
+            if self
+                .cache
+                .peek(&(s, page_no))
+                .is_none_or(|p| p.dirty || p.pins > 0)
+            {
+                return Ok(None);
+            }
+        }
+        let dst_comp = self.component(dst)?;
+        let mut entries = Vec::new();
+        let mut new_blocks = 0u64;
+        let mut first_new = None;
+        let mut new_pages = BTreeSet::new();
+        for i in 0..blocks {
+            let (sl, dl) = (src_lba.0 + i, dst_lba.0 + i);
+            let e = self.index_entry(s, sl);
+            let page_no = dl / LBAS_PER_PAGE;
+            match e.kind {
+                EntryKind::Unmapped => {
+                    match entries.last_mut() {
+                        Some(LogEntry {
+                            op: LogOp::Unmap,
+                            lba,
+                            count,
+                            ..
+                        }) if *lba + *count == dl => *count += 1,
+                        _ => entries.push(crate::engine::op_entry(
+                            LogOp::Unmap,
+                            d,
+                            dl,
+                            1,
+                            epoch.0,
+                            0,
+                            0,
+                        )),
+                    }
+                    continue;
+                }
+                EntryKind::Lost => {
+                    return Err(StoreError::Checksum {
+                        component: src,
+                        lba: Lba(sl),
+                    })
+                }
+                EntryKind::Plain | EntryKind::Shared => {}
+            }
+            if !self.is_mapped(d, dl) {
+                new_blocks += 1;
+                first_new.get_or_insert(dl);
+            }
+            if !dst_comp.roots.contains_key(&page_no) {
+                new_pages.insert(page_no);
+            }
+            entries.push(crate::engine::op_entry(
+                LogOp::Share { crc: e.crc },
+                d,
+                dl,
+                1,
+                epoch.0,
+                e.loc.pack(0),
+                s,
+            ));
+        }
+        if new_blocks > 0 {
+            self.check_space(
+                dst,
+                new_blocks,
+                new_pages.len() as u64,
+                first_new.unwrap_or(dst_lba.0),
+            )?;
+        }
+        Ok(Some(entries))
+    }
+
     /// Puts blocks of a write into the overlay with its accounting. Checks
     /// space first and changes nothing when there is none. Pages must be
     /// cached (see [`State::missing_pages`]).
@@ -329,17 +492,12 @@ impl State {
                 }
             }
             if check_space && new_blocks > 0 {
-                let before = comp.committed_blocks();
-                let after = (comp.allocated + new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
-                    + 2 * (comp.roots.len() + new_pages.len()) as u64;
-                let others = self.committed_blocks() - before;
-                let roots_after = self.roots_total() + new_pages.len() as u64;
-                if others + after > self.usable_blocks || roots_after > self.roots_max {
-                    return Err(StoreError::NoSpace {
-                        component: id,
-                        lba: Lba(first_new.unwrap_or(lba.0)),
-                    });
-                }
+                self.check_space(
+                    id,
+                    new_blocks,
+                    new_pages.len() as u64,
+                    first_new.unwrap_or(lba.0),
+                )?;
             }
         }
         let mut ops = Vec::with_capacity(blocks.len());
@@ -410,8 +568,8 @@ impl State {
                     if !in_overlay.contains(&l) {
                         unmapped += 1;
                     }
-                    if e.kind == EntryKind::Plain {
-                        freed.push(e.loc);
+                    if let Some(loc) = e.block() {
+                        freed.push(loc);
                     }
                     *e = IndexEntry::default();
                     cached.dirty = true;
@@ -424,7 +582,68 @@ impl State {
                 comp.release(*loc, 1);
             }
         }
-        self.pending_free.extend(freed);
+        for loc in freed {
+            self.drop_ref(loc);
+        }
+        Ok(())
+    }
+
+    /// Points `(c, lba)` at the stored block `loc` (CRC `crc`) by reference,
+    /// replacing whatever the LBA held: a block copied by reference. The new
+    /// reference is taken before the old one is dropped, so applying the
+    /// same share twice (log replay over a checkpoint that already holds it)
+    /// changes nothing. The page must be cached or absent from the roots.
+    pub(crate) fn apply_share(
+        &mut self,
+        c: u64,
+        lba: u64,
+        loc: BlockLoc,
+        crc: u32,
+        epoch: u64,
+    ) -> Result<(), Need> {
+        if !self.components.contains_key(&c) {
+            return Ok(());
+        }
+        let need = self.missing_pages(c, lba, lba + 1);
+        if !need.0.is_empty() {
+            return Err(need);
+        }
+        let page_no = lba / LBAS_PER_PAGE;
+        let key = (c, page_no);
+        if !self.cache.contains(&key) {
+            self.cache.insert(key, IndexPage::empty(c, page_no), true);
+            if let Some(comp) = self.components.get_mut(&c) {
+                comp.roots
+                    .entry(page_no)
+                    .or_insert(RootEntry { loc: None, slot: 0 });
+            }
+        }
+        let was_mapped = self.is_mapped(c, lba);
+        self.overlay.remove(&(c, lba));
+        self.add_ref(loc);
+        let slot = (lba % LBAS_PER_PAGE) as usize;
+        let old = match self.cache.get(&key) {
+            Some(p) => {
+                let old = p.page.entries[slot];
+                p.page.entries[slot] = IndexEntry::shared(loc, crc);
+                p.dirty = true;
+                old
+            }
+            None => return Ok(()),
+        };
+        if let Some(comp) = self.components.get_mut(&c) {
+            if !was_mapped {
+                comp.allocated += 1;
+            }
+            comp.highest_epoch = comp.highest_epoch.max(epoch);
+            comp.hold(loc, 1);
+            if let Some(old_loc) = old.block() {
+                comp.release(old_loc, 1);
+            }
+        }
+        if let Some(old_loc) = old.block() {
+            self.drop_ref(old_loc);
+        }
         Ok(())
     }
 
@@ -453,7 +672,7 @@ impl State {
             };
             out.push(match e.kind {
                 EntryKind::Unmapped => Source::Zero,
-                EntryKind::Plain => Source::Disk(e.loc, e.crc),
+                EntryKind::Plain | EntryKind::Shared => Source::Disk(e.loc, e.crc),
                 EntryKind::Lost => Source::Lost,
             });
         }

@@ -1,7 +1,9 @@
 //! Random operation sequences against an in-memory model, with power cuts
 //! and process crashes at random points: after every operation and every
 //! restart the store must agree with the model on data, on which blocks are
-//! allocated and on allocated space.
+//! allocated and on allocated space. Copies by reference (`clone_blocks`,
+//! within a component and between the two) share blocks: once settled, the
+//! disk group must hold exactly one block per distinct piece of data.
 //!
 //! Cases: `PROPTEST_CASES` (default 16 here, each up to 80 operations).
 
@@ -35,6 +37,13 @@ enum Op {
         blocks: u64,
         zero: bool,
     },
+    Clone {
+        from_big: bool,
+        from_slot: u64,
+        to_big: bool,
+        to_slot: u64,
+        blocks: u64,
+    },
     Fence,
     Settle,
     PowerCut(u64),
@@ -56,6 +65,8 @@ fn op() -> impl Strategy<Value = Op> {
         10 => (any::<bool>(), any::<u64>(), 1u64..6).prop_map(|(big, slot, blocks)| Op::Write { big, slot, blocks }),
         3 => (any::<bool>(), any::<u64>(), 1u64..6, any::<bool>())
             .prop_map(|(big, slot, blocks, zero)| Op::Unmap { big, slot, blocks, zero }),
+        3 => (any::<bool>(), any::<u64>(), any::<bool>(), any::<u64>(), 1u64..6)
+            .prop_map(|(from_big, from_slot, to_big, to_slot, blocks)| Op::Clone { from_big, from_slot, to_big, to_slot, blocks }),
         1 => Just(Op::Fence),
         1 => Just(Op::Settle),
         1 => any::<u64>().prop_map(Op::PowerCut),
@@ -63,8 +74,12 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Which payload an LBA holds: the (component, LBA, version) it was written
+/// as (a copy by reference keeps the original's).
+type Payload = (u64, u64, u64);
+
 struct Model {
-    blocks: BTreeMap<(u64, u64), u64>,
+    blocks: BTreeMap<(u64, u64), Payload>,
     epoch: u64,
 }
 
@@ -91,12 +106,12 @@ async fn verify(dg: &Arc<DiskGroup>, model: &Model) -> Result<(), TestCaseError>
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let got: Vec<u64> = runs.iter().flat_map(|(l, n)| l.0..l.0 + n).collect();
         prop_assert_eq!(&got, &want, "allocated runs of {}", c);
-        for (&(_, lba), &version) in model.blocks.range((c.0, 0)..(c.0, u64::MAX)) {
+        for (&(_, lba), &(pc, pl, version)) in model.blocks.range((c.0, 0)..(c.0, u64::MAX)) {
             let b = dg
                 .read(c, Lba(lba), 1)
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(&b[..], &payload(c.0, lba, version)[..], "{} {}", c, lba);
+            prop_assert_eq!(&b[..], &payload(pc, pl, version)[..], "{} {}", c, lba);
         }
     }
     let small = dg
@@ -106,7 +121,7 @@ async fn verify(dg: &Arc<DiskGroup>, model: &Model) -> Result<(), TestCaseError>
     for lba in 0..SMALL_BLOCKS {
         let b = &small[(lba * 4096) as usize..((lba + 1) * 4096) as usize];
         match model.blocks.get(&(SMALL.0, lba)) {
-            Some(v) => prop_assert_eq!(b, &payload(SMALL.0, lba, *v)[..]),
+            Some(&(pc, pl, v)) => prop_assert_eq!(b, &payload(pc, pl, v)[..]),
             None => prop_assert!(b.iter().all(|&x| x == 0), "LBA {} should read zeros", lba),
         }
     }
@@ -141,7 +156,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 for i in 0..blocks {
-                    model.blocks.insert((c.0, lba + i), version);
+                    model.blocks.insert((c.0, lba + i), (c.0, lba + i, version));
                 }
             }
             Op::Unmap {
@@ -161,6 +176,48 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 r.map_err(|e| TestCaseError::fail(e.to_string()))?;
                 for i in 0..blocks {
                     model.blocks.remove(&(c.0, lba + i));
+                }
+            }
+            Op::Clone {
+                from_big,
+                from_slot,
+                to_big,
+                to_slot,
+                blocks,
+            } => {
+                let (src, dst) = (
+                    if from_big { BIG } else { SMALL },
+                    if to_big { BIG } else { SMALL },
+                );
+                // Copy from where data is (most of the address space is
+                // holes), so blocks are shared and then overwritten, unmapped
+                // and shared again.
+                let written: Vec<u64> = model
+                    .blocks
+                    .range((src.0, 0)..(src.0, u64::MAX))
+                    .map(|(k, _)| k.1)
+                    .collect();
+                let from = match written.len() {
+                    0 => lba_of(from_big, from_slot),
+                    n => {
+                        let size = if from_big { BIG_BLOCKS } else { SMALL_BLOCKS };
+                        written[(from_slot % n as u64) as usize].min(size - blocks)
+                    }
+                };
+                let to = lba_of(to_big, to_slot);
+                let r = dg
+                    .clone_blocks(src, Lba(from), dst, Lba(to), blocks, Epoch(model.epoch))
+                    .await;
+                if src == dst && from < to + blocks && to < from + blocks {
+                    prop_assert!(r.is_err(), "an overlapping copy must be refused");
+                    continue;
+                }
+                r.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                for i in 0..blocks {
+                    match model.blocks.get(&(src.0, from + i)).copied() {
+                        Some(p) => model.blocks.insert((dst.0, to + i), p),
+                        None => model.blocks.remove(&(dst.0, to + i)),
+                    };
                 }
             }
             Op::Fence => {
@@ -197,6 +254,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     dg.settle()
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut total_pages = 0u64;
     for c in [BIG, SMALL] {
         let mapped: Vec<u64> = model
             .blocks
@@ -206,6 +264,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             .collect();
         let mut pages: Vec<u64> = mapped.iter().map(|l| l / 252).collect();
         pages.dedup();
+        total_pages += pages.len() as u64;
         let space = dg.component_space(c).unwrap();
         prop_assert_eq!(
             space.physical_bytes,
@@ -214,6 +273,14 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             c
         );
     }
+    // Shared blocks are stored once, and every block a settled store no
+    // longer references is free again.
+    let distinct: std::collections::BTreeSet<Payload> = model.blocks.values().copied().collect();
+    prop_assert_eq!(
+        dg.space().physical_bytes,
+        (distinct.len() as u64 + 2 * total_pages) * 4096,
+        "physical bytes of the disk group"
+    );
     Ok(())
 }
 
