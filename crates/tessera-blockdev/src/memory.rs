@@ -244,6 +244,14 @@ impl MemoryDevice {
         Ok(AllocationGuard::Exclusive { _held: guard })
     }
 
+    /// The same device with 4096-byte logical blocks ("4Kn") instead of
+    /// 512-byte ones over 4 KiB physical blocks ("512e"). The size must be
+    /// a multiple of 4096.
+    pub fn with_4k_logical_blocks(mut self) -> Self {
+        self.info.logical_block_bytes = 4096;
+        self
+    }
+
     /// The same device, refusing writes.
     pub fn read_only(mut self) -> Self {
         self.info.read_only = true;
