@@ -10,9 +10,9 @@ use crate::peers::Peers;
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::sync::Arc;
-use tessera_object::{ComponentError, ComponentIo, ComponentStatus, IoClass};
+use tessera_object::{BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass};
 use tessera_replica::ReplicaService;
-use tessera_transport::Transport;
+use tessera_transport::{Transport, TransportError};
 use tessera_types::layout::ComponentPlacement;
 use tessera_types::{Epoch, HostId, Lba, VolumeId};
 use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
@@ -216,6 +216,65 @@ impl ComponentIo for ClusterComponents {
             .await?
         {
             Response::Ranges(ranges) => Ok(ranges),
+            other => Err(unexpected(c, other)),
+        }
+    }
+
+    async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError> {
+        let c = &clone.target;
+        let request = Request::CloneBlocks {
+            source: ComponentRef {
+                volume: clone.source_volume.clone(),
+                id: clone.source.id,
+            },
+            source_lba: clone.source_lba,
+            target: self.reference(c),
+            target_lba: clone.target_lba,
+            blocks: clone.blocks,
+            epoch: clone.epoch,
+        };
+        let not_shared = |detail: String| ComponentError::NotShared {
+            component: c.id,
+            host: c.host.clone(),
+            detail,
+        };
+        let response = if c.host == self.host {
+            self.replica.handle(request).await
+        } else {
+            let Some(addr) = self.peers.transport_addr(&c.host) else {
+                return Err(ComponentError::Unreachable {
+                    component: c.id,
+                    host: c.host.clone(),
+                    detail: "no address known for the host".into(),
+                });
+            };
+            match self
+                .transport
+                .call(&c.host, addr, QueueClass::Guest, request)
+                .await
+            {
+                Ok(response) => response,
+                // The host runs a release older than sharing: nothing was
+                // sent, and the data can still be copied.
+                Err(e @ TransportError::Encode { .. }) => return Err(not_shared(e.to_string())),
+                Err(e) => {
+                    return Err(ComponentError::Unreachable {
+                        component: c.id,
+                        host: c.host.clone(),
+                        detail: e.to_string(),
+                    })
+                }
+            }
+        };
+        match response {
+            Response::Ok => Ok(()),
+            // Not co-located, or a request the replica refused as malformed
+            // (and so did not carry out): copying the data gives the same
+            // bytes, where failing the copy would fail a guest's clone.
+            Response::Error {
+                kind: WireErrorKind::NotColocated | WireErrorKind::Invalid,
+                message,
+            } => Err(not_shared(message)),
             other => Err(unexpected(c, other)),
         }
     }

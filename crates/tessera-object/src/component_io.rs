@@ -9,7 +9,12 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use tessera_types::layout::{ComponentPlacement, Layout};
-use tessera_types::{ComponentId, Epoch, HostId, Lba};
+use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId};
+
+/// Blocks one [`ComponentIo::clone_blocks`] call may share: the store's
+/// bound on one durable clone (`tessera_store::CLONE_BLOCKS_MAX`; the node
+/// checks at compile time that the two agree).
+pub const CLONE_BLOCKS_MAX: u64 = 4096;
 
 /// Which queue an operation travels on: resync traffic must never delay
 /// guest I/O.
@@ -30,6 +35,27 @@ pub struct ComponentStatus {
     pub allocated_bytes: u64,
     /// Bytes it occupies on its devices.
     pub physical_bytes: u64,
+}
+
+/// Blocks of one component to be shared into another on the same disk group
+/// of one host: what [`ComponentIo::clone_blocks`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockClone {
+    /// The volume `source` belongs to (this object's or another's).
+    pub source_volume: VolumeId,
+    /// The component whose blocks are shared.
+    pub source: ComponentPlacement,
+    /// First source block.
+    pub source_lba: Lba,
+    /// The component that receives them (of the calling coordinator's
+    /// object).
+    pub target: ComponentPlacement,
+    /// First target block.
+    pub target_lba: Lba,
+    /// Number of blocks, at most [`CLONE_BLOCKS_MAX`].
+    pub blocks: u64,
+    /// The target owner's epoch.
+    pub epoch: Epoch,
 }
 
 /// Why an operation on one component failed.
@@ -76,6 +102,18 @@ pub enum ComponentError {
         component: ComponentId,
         /// The host asked.
         host: HostId,
+    },
+    /// Blocks could not be shared into the component: the source is not on
+    /// its disk group, or its host runs a release that cannot share. Nothing
+    /// changed; the caller copies the data instead.
+    #[error("component {component} on host {host} cannot share the blocks: {detail}")]
+    NotShared {
+        /// The component that was to receive them.
+        component: ComponentId,
+        /// Its host.
+        host: HostId,
+        /// Why.
+        detail: String,
     },
     /// A device error.
     #[error("component {component}: I/O error: {detail}")]
@@ -127,6 +165,14 @@ pub trait ComponentIo: Send + Sync + 'static {
         from: Lba,
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ComponentError>;
+
+    /// Makes the target blocks of `clone` hold what its source blocks hold
+    /// by sharing the stored blocks: no data moves, holes stay holes, and a
+    /// later write to either side leaves the other as it was. Checked
+    /// against the target's epoch like a write. Durable when it returns
+    /// `Ok`; on an error nothing changed, and [`ComponentError::NotShared`]
+    /// says the blocks cannot be shared there.
+    async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError>;
 
     /// Installs `epoch` as the lowest the component accepts from now on.
     async fn fence(

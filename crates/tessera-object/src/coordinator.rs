@@ -2,7 +2,8 @@
 //!
 //! Owns: the owner's view of the layout (component states), the epoch it
 //! writes with, the dirty-region map of every copy that misses writes, the
-//! per-column range locks, and the round-robin read cursor.
+//! per-column range locks, and the round-robin read cursor; copies that
+//! share stored blocks instead of moving data live in `share`.
 //! Must not touch: the store, the transport or the directory directly; it
 //! reaches components through [`ComponentIo`] and records layout changes
 //! through [`LayoutRecorder`].
@@ -17,6 +18,10 @@
 //!   is served from another copy and rewritten on the bad one;
 //! - once a component reports a newer epoch the coordinator is superseded and
 //!   refuses all further I/O.
+
+mod share;
+
+pub use share::{CopyReport, SHARE_STEP_BYTES};
 
 use crate::component_io::{ComponentError, ComponentIo, IoClass, LayoutRecorder};
 use crate::dirty::DirtyRegions;
@@ -52,6 +57,9 @@ pub struct ObjectCounters {
     pub resynced_bytes: AtomicU64,
     /// Bytes written by clients while some copy was absent.
     pub degraded_write_bytes: AtomicU64,
+    /// Bytes copied into the volume by sharing stored blocks
+    /// ([`Coordinator::copy_shared`]): no data moved for them.
+    pub shared_copy_bytes: AtomicU64,
 }
 
 /// Progress of one resync, readable while it runs.
@@ -621,6 +629,18 @@ impl Coordinator {
     /// widened to whole blocks, in column order (so two requests never wait
     /// on each other in a cycle).
     async fn lock_span(&self, offset: u64, len: u64) -> Vec<RangeGuard> {
+        let spans = self.column_spans(offset, len);
+        let mut guards = Vec::with_capacity(spans.len());
+        for (column, s, e) in spans {
+            guards.push(self.columns[column].lock(s, e).await);
+        }
+        guards
+    }
+
+    /// The column block ranges `(column, first, end)` that volume bytes
+    /// `[offset, offset+len)` touch, widened to whole blocks, one per
+    /// column, in column order.
+    fn column_spans(&self, offset: u64, len: u64) -> Vec<(usize, u64, u64)> {
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         let pieces = self.state.lock().layout.map_range(start, end - start);
@@ -637,11 +657,7 @@ impl Coordinator {
             }
         }
         per_column.sort();
-        let mut guards = Vec::with_capacity(per_column.len());
-        for (column, s, e) in per_column {
-            guards.push(self.columns[column].lock(s, e).await);
-        }
-        guards
+        per_column
     }
 
     /// Reads whole blocks `[start, end)` of the volume (byte offsets aligned).

@@ -2,7 +2,8 @@
 //!
 //! Owns: [`Coordinator`] (mirrored writes, verified reads with repair,
 //! degraded I/O with dirty-region tracking, delta resync, component
-//! replacement, epoch fencing), [`DirtyRegions`] and [`RangeLock`].
+//! replacement, epoch fencing, copies that share stored blocks),
+//! [`DirtyRegions`] and [`RangeLock`].
 //! Must not touch: the store, the transport, the directory. Components are
 //! reached through [`ComponentIo`], layout changes are recorded through
 //! [`LayoutRecorder`]; the node implements both.
@@ -13,9 +14,13 @@ mod coordinator;
 mod dirty;
 mod range_lock;
 
-pub use component_io::{ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder};
+pub use component_io::{
+    BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder,
+    CLONE_BLOCKS_MAX,
+};
 pub use coordinator::{
-    Coordinator, ObjectCounters, ResyncError, ResyncProgress, ResyncReport, RESYNC_STEP_BLOCKS,
+    Coordinator, CopyReport, ObjectCounters, ResyncError, ResyncProgress, ResyncReport,
+    RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use range_lock::{RangeGuard, RangeLock};

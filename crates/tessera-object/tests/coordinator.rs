@@ -6,11 +6,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tessera_blockdev::{BlockDevice, BlockError, ExtentKind, WriteFlags, ZeroMode};
 use tessera_object::{
-    ComponentError, ComponentIo, ComponentStatus, Coordinator, IoClass, LayoutRecorder,
-    ResyncProgress,
+    BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, CopyReport, IoClass,
+    LayoutRecorder, ResyncProgress, CLONE_BLOCKS_MAX,
 };
 use tessera_types::layout::{
     ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror, STRIPE_UNIT_BYTES,
@@ -26,12 +27,20 @@ struct Replica {
     epoch: Epoch,
 }
 
-/// Components held in memory, keyed by component id.
+/// Components held in memory, keyed by component id (unique across the
+/// volumes of a test).
 #[derive(Default)]
 struct Components {
     replicas: Mutex<HashMap<ComponentId, Replica>>,
     down: Mutex<HashSet<HostId>>,
     written_blocks: Mutex<HashMap<ComponentId, u64>>,
+    /// Blocks each component received by sharing, and the calls that did it.
+    shared_blocks: Mutex<HashMap<ComponentId, u64>>,
+    clone_calls: Mutex<Vec<BlockClone>>,
+    /// Hosts whose release cannot share blocks.
+    cannot_share: Mutex<HashSet<HostId>>,
+    /// Hosts that take this long to share blocks.
+    slow_clones: Mutex<HashMap<HostId, std::time::Duration>>,
 }
 
 impl Components {
@@ -152,6 +161,50 @@ impl ComponentIo for Components {
             }
         }
         Ok(runs)
+    }
+    async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError> {
+        let (source, target) = (&clone.source, &clone.target);
+        self.check(target)?;
+        let refuse = |detail: &str| ComponentError::NotShared {
+            component: target.id,
+            host: target.host.clone(),
+            detail: detail.into(),
+        };
+        if self.cannot_share.lock().contains(&target.host) {
+            return Err(refuse("the host's release cannot share blocks"));
+        }
+        if source.host != target.host || source.disk_group != target.disk_group {
+            return Err(refuse("the source is on another disk group"));
+        }
+        let (s, t, n) = (clone.source_lba.0, clone.target_lba.0, clone.blocks);
+        // The store refuses these; a coordinator must never ask.
+        assert!(n <= CLONE_BLOCKS_MAX, "{n} blocks in one clone");
+        assert!(
+            source.id != target.id || s + n <= t || t + n <= s,
+            "overlapping ranges of one component"
+        );
+        let delay = self.slow_clones.lock().get(&target.host).copied();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+        let mut all = self.replicas.lock();
+        Self::check_epoch(all.entry(target.id).or_default(), target, clone.epoch)?;
+        let from: Vec<Option<Vec<u8>>> = {
+            let r = all.entry(source.id).or_default();
+            (s..s + n).map(|b| r.blocks.get(&b).cloned()).collect()
+        };
+        let r = all.get_mut(&target.id).unwrap();
+        for (i, block) in from.into_iter().enumerate() {
+            let b = t + i as u64;
+            r.corrupt.remove(&b);
+            match block {
+                Some(data) => r.blocks.insert(b, data),
+                None => r.blocks.remove(&b),
+            };
+        }
+        *self.shared_blocks.lock().entry(target.id).or_default() += n;
+        self.clone_calls.lock().push(clone.clone());
+        Ok(())
     }
     async fn fence(&self, c: &ComponentPlacement, epoch: Epoch) -> Result<(), ComponentError> {
         self.check(c)?;
@@ -590,4 +643,430 @@ async fn a_bad_block_met_under_a_range_lock_does_not_deadlock() {
     .expect("no deadlock")
     .unwrap();
     assert_eq!(coord.read(4096, 512).await.unwrap(), pattern(8, 512));
+}
+
+/// An FTT=1 volume `name` with data copies `(id, host, disk group)` and a
+/// witness `(id, host)`.
+fn mirrored(name: &str, copies: [(u64, &str, &str); 2], witness: (u64, &str)) -> Layout {
+    let data = |(id, host, dg): (u64, &str, &str)| ComponentPlacement {
+        disk_group: DiskGroupId(dg.into()),
+        ..component(id, ComponentRole::Data, host, SIZE)
+    };
+    Layout {
+        volume: VolumeId(name.into()),
+        size_bytes: SIZE,
+        stripe_unit_bytes: STRIPE_UNIT_BYTES,
+        columns: vec![Mirror {
+            copies: copies.map(data).to_vec(),
+        }],
+        witnesses: vec![component(witness.0, ComponentRole::Witness, witness.1, 0)],
+        generation: 1,
+    }
+}
+
+fn written(comps: &Components, id: u64) -> u64 {
+    comps
+        .written_blocks
+        .lock()
+        .get(&ComponentId(id))
+        .copied()
+        .unwrap_or(0)
+}
+
+fn shared(comps: &Components, id: u64) -> u64 {
+    comps
+        .shared_blocks
+        .lock()
+        .get(&ComponentId(id))
+        .copied()
+        .unwrap_or(0)
+}
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test]
+async fn a_copy_inside_a_volume_shares_blocks_moves_no_data_and_keeps_them_apart() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    let data = pattern(1, (20 * MIB) as usize);
+    coord
+        .write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    // A hole in the source, over data the target held before: the copy
+    // makes the target a hole too.
+    coord.unmap(8 * MIB, MIB).await.unwrap();
+    coord
+        .write(40 * MIB, pattern(2, MIB as usize), WriteFlags::default())
+        .await
+        .unwrap();
+    let written_before = (written(&comps, 1), written(&comps, 2));
+
+    let report = coord
+        .copy_shared(&coord, 0, 32 * MIB, 20 * MIB)
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        CopyReport {
+            shared_bytes: 20 * MIB,
+            copied_bytes: 0
+        }
+    );
+    assert_eq!(
+        (written(&comps, 1), written(&comps, 2)),
+        written_before,
+        "no data was written"
+    );
+    let blocks = 20 * MIB / BLOCK_BYTES;
+    assert_eq!((shared(&comps, 1), shared(&comps, 2)), (blocks, blocks));
+    // Each copy got the range in clones of at most the limit, concurrently.
+    assert_eq!(
+        comps.clone_calls.lock().len() as u64,
+        2 * blocks.div_ceil(CLONE_BLOCKS_MAX)
+    );
+    assert!(comps
+        .clone_calls
+        .lock()
+        .iter()
+        .all(|c| c.source.id == c.target.id && c.epoch == Epoch(1)));
+    assert_eq!(
+        coord.counters().shared_copy_bytes.load(Ordering::Relaxed),
+        20 * MIB
+    );
+
+    let mut expect = data.to_vec();
+    expect[(8 * MIB) as usize..(9 * MIB) as usize].fill(0);
+    assert_eq!(coord.read(32 * MIB, 20 * MIB).await.unwrap(), expect);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    let map = coord.block_status(40 * MIB, MIB).await.unwrap();
+    assert_eq!(map[0].kind, ExtentKind::Hole);
+
+    // Copy on write: new data on either side leaves the other as it was.
+    coord
+        .write(0, pattern(9, (4 * MIB) as usize), WriteFlags::default())
+        .await
+        .unwrap();
+    coord
+        .write(48 * MIB, pattern(7, MIB as usize), WriteFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        coord.read(32 * MIB, 4 * MIB).await.unwrap(),
+        data.slice(..(4 * MIB) as usize)
+    );
+    assert_eq!(
+        coord.read(16 * MIB, MIB).await.unwrap(),
+        data.slice((16 * MIB) as usize..(17 * MIB) as usize)
+    );
+}
+
+#[tokio::test]
+async fn unaligned_edges_are_copied_as_data_and_only_the_middle_is_shared() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    let data = pattern(3, (2 * MIB) as usize);
+    coord
+        .write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    // Both offsets 1000 bytes into a block: 3096 bytes of head, whole
+    // blocks, then what is left of the last block.
+    let len = MIB + 5000;
+    let report = coord
+        .copy_shared(&coord, 1000, 8 * MIB + 1000, len)
+        .await
+        .unwrap();
+    let middle = (len - 3096) / BLOCK_BYTES * BLOCK_BYTES;
+    assert_eq!(report.shared_bytes, middle);
+    assert_eq!(report.copied_bytes, len - middle);
+    assert_eq!(
+        coord.read(8 * MIB + 1000, len).await.unwrap(),
+        data.slice(1000..(1000 + len) as usize)
+    );
+    // Offsets that never line up with blocks on both sides: all data.
+    let calls = comps.clone_calls.lock().len();
+    let report = coord
+        .copy_shared(&coord, 0, 16 * MIB + 512, MIB)
+        .await
+        .unwrap();
+    assert_eq!(report.shared_bytes, 0);
+    assert_eq!(comps.clone_calls.lock().len(), calls);
+    assert_eq!(
+        coord.read(16 * MIB + 512, MIB).await.unwrap(),
+        data.slice(..MIB as usize)
+    );
+    // Overlapping ranges of one volume are never shared.
+    let report = coord.copy_shared(&coord, 0, 4096, 8192).await.unwrap();
+    assert_eq!(report.shared_bytes, 0);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+}
+
+#[tokio::test]
+async fn a_copy_counts_as_a_write_for_absent_copies_and_resync_catches_them_up() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    let data = pattern(4, (4 * MIB) as usize);
+    coord
+        .write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    // The host of one copy goes away without anyone noticing yet.
+    comps.down.lock().insert(HostId("h2".into()));
+    let report = coord
+        .copy_shared(&coord, 0, 32 * MIB, 2 * MIB)
+        .await
+        .unwrap();
+    assert_eq!(report.shared_bytes, 2 * MIB);
+    let layout = coord.layout();
+    assert_eq!(layout.columns[0].copies[1].state, ComponentState::Absent);
+    assert!(
+        rec.0
+            .lock()
+            .iter()
+            .any(|l| l.columns[0].copies[1].state == ComponentState::Absent),
+        "recorded before the copy was acknowledged"
+    );
+    assert_eq!(coord.dirty_bytes(), vec![(ComponentId(2), 2 * MIB)]);
+    // Now known absent: the next copy skips it and leaves its range dirty.
+    let report = coord
+        .copy_shared(&coord, 2 * MIB, 40 * MIB, 2 * MIB)
+        .await
+        .unwrap();
+    assert_eq!(report.shared_bytes, 2 * MIB);
+    assert_eq!(coord.dirty_bytes(), vec![(ComponentId(2), 4 * MIB)]);
+    assert_eq!(
+        coord
+            .counters()
+            .degraded_write_bytes
+            .load(Ordering::Relaxed),
+        2 * MIB
+    );
+    comps.down.lock().clear();
+    let resync = coord
+        .resync(ComponentId(2), &ResyncProgress::default())
+        .await
+        .unwrap();
+    assert_eq!(resync.copied_bytes, 4 * MIB);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    assert_eq!(
+        coord.read(40 * MIB, 2 * MIB).await.unwrap(),
+        data.slice((2 * MIB) as usize..)
+    );
+}
+
+#[tokio::test]
+async fn copies_between_volumes_share_only_where_every_copy_has_a_source_beside_it() {
+    let comps = Arc::new(Components::default());
+    let rec = Arc::new(Recorded::default());
+    let open = |layout: Layout| {
+        let (comps, rec) = (comps.clone(), rec.clone());
+        async move {
+            Coordinator::take_over(layout, Epoch(1), 7, comps, rec)
+                .await
+                .unwrap()
+        }
+    };
+    let gold = open(mirrored(
+        "gold",
+        [(1, "h1", "dg0"), (2, "h2", "dg0")],
+        (3, "h3"),
+    ))
+    .await;
+    // Same hosts and disk groups, in the other order.
+    let alike = open(mirrored(
+        "alike",
+        [(12, "h2", "dg0"), (11, "h1", "dg0")],
+        (13, "h3"),
+    ))
+    .await;
+    // One copy on a host without a copy of the source.
+    let elsewhere = open(mirrored(
+        "elsewhere",
+        [(21, "h1", "dg0"), (22, "h4", "dg0")],
+        (23, "h3"),
+    ))
+    .await;
+    // One copy on another disk group of the source's host.
+    let other_group = open(mirrored(
+        "other-group",
+        [(31, "h1", "dg0"), (32, "h2", "dg1")],
+        (33, "h3"),
+    ))
+    .await;
+    let data = pattern(5, (6 * MIB) as usize);
+    gold.write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+
+    let report = alike.copy_shared(&gold, 0, MIB, 6 * MIB).await.unwrap();
+    assert_eq!(report.shared_bytes, 6 * MIB);
+    assert!(comps
+        .clone_calls
+        .lock()
+        .iter()
+        .all(|c| { c.source_volume.as_str() == "gold" && c.source.host == c.target.host }));
+    assert_eq!(
+        (written(&comps, 11), written(&comps, 12)),
+        (0, 0),
+        "no data was written"
+    );
+    for target in [&elsewhere, &other_group] {
+        let calls = comps.clone_calls.lock().len();
+        let report = target.copy_shared(&gold, 0, MIB, 6 * MIB).await.unwrap();
+        assert_eq!(
+            report,
+            CopyReport {
+                shared_bytes: 0,
+                copied_bytes: 6 * MIB
+            }
+        );
+        assert_eq!(comps.clone_calls.lock().len(), calls, "nothing half shared");
+    }
+    for target in [&alike, &elsewhere, &other_group] {
+        assert_eq!(target.read(MIB, 6 * MIB).await.unwrap(), data);
+        let layout = target.layout();
+        let ids: Vec<ComponentId> = layout.columns[0].copies.iter().map(|c| c.id).collect();
+        assert_eq!(comps.contents(ids[0]), comps.contents(ids[1]));
+        assert!(layout
+            .components()
+            .all(|c| c.state == ComponentState::Active));
+    }
+}
+
+#[tokio::test]
+async fn a_host_that_cannot_share_gets_the_data_and_stays_active() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    let data = pattern(6, (3 * MIB) as usize);
+    coord
+        .write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    comps.cannot_share.lock().insert(HostId("h2".into()));
+    let report = coord
+        .copy_shared(&coord, 0, 16 * MIB, 3 * MIB)
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        CopyReport {
+            shared_bytes: 0,
+            copied_bytes: 3 * MIB
+        }
+    );
+    assert_eq!(coord.read(16 * MIB, 3 * MIB).await.unwrap(), data);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    assert!(coord.dirty_bytes().is_empty());
+    assert!(coord
+        .layout()
+        .components()
+        .all(|c| c.state == ComponentState::Active));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_to_the_source_during_a_copy_never_split_the_target_copies() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    coord
+        .write(0, pattern(1, MIB as usize), WriteFlags::default())
+        .await
+        .unwrap();
+    // One copy's host shares slowly: without the source locked, a write
+    // to the source would land between the two copies' clones.
+    comps
+        .slow_clones
+        .lock()
+        .insert(HostId("h2".into()), std::time::Duration::from_millis(30));
+    for round in 0..5u8 {
+        let copier = {
+            let coord = coord.clone();
+            tokio::spawn(async move { coord.copy_shared(&coord, 0, 32 * MIB, MIB).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        coord
+            .write(0, pattern(10 + round, MIB as usize), WriteFlags::default())
+            .await
+            .unwrap();
+        copier.await.unwrap().unwrap();
+        assert_eq!(
+            comps.contents(ComponentId(1)),
+            comps.contents(ComponentId(2)),
+            "round {round}: the target copies diverged"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_in_opposite_directions_between_two_volumes_do_not_wait_on_each_other() {
+    let comps = Arc::new(Components::default());
+    let rec = Arc::new(Recorded::default());
+    let a = Coordinator::take_over(
+        mirrored("a", [(1, "h1", "dg0"), (2, "h2", "dg0")], (3, "h3")),
+        Epoch(1),
+        7,
+        comps.clone(),
+        rec.clone(),
+    )
+    .await
+    .unwrap();
+    let b = Coordinator::take_over(
+        mirrored("b", [(11, "h1", "dg0"), (12, "h2", "dg0")], (13, "h3")),
+        Epoch(1),
+        8,
+        comps.clone(),
+        rec.clone(),
+    )
+    .await
+    .unwrap();
+    comps
+        .slow_clones
+        .lock()
+        .insert(HostId("h1".into()), std::time::Duration::from_millis(2));
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let (from, to) = if i % 2 == 0 {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        };
+        tasks.push(tokio::spawn(async move {
+            to.copy_shared(&from, (i % 4) * MIB, (i % 3) * MIB, 4 * MIB)
+                .await
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(std::time::Duration::from_secs(20), t)
+            .await
+            .expect("no deadlock")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_superseded_owner_cannot_copy() {
+    let layout = ftt1_layout();
+    let comps = Arc::new(Components::default());
+    let rec = Arc::new(Recorded::default());
+    let old = Coordinator::take_over(layout.clone(), Epoch(1), 7, comps.clone(), rec.clone())
+        .await
+        .unwrap();
+    old.write(0, pattern(1, MIB as usize), WriteFlags::default())
+        .await
+        .unwrap();
+    let _new = Coordinator::take_over(layout, Epoch(2), 7, comps.clone(), rec)
+        .await
+        .unwrap();
+    let err = old.copy_shared(&old, 0, 8 * MIB, MIB).await.unwrap_err();
+    assert!(matches!(err, BlockError::Unavailable { .. }), "{err}");
+    assert!(old.superseded().is_some());
+    assert!(comps.contents(ComponentId(1)).keys().all(|&b| b < 256));
 }
