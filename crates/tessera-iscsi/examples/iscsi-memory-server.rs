@@ -29,6 +29,10 @@ struct Args {
     /// Volume name; the target is iqn.2026-11.io.tessera:<name>.
     #[arg(long, default_value = "memory")]
     name: String,
+    /// Logical block size: 512 (4 KiB physical blocks, "512e") or 4096
+    /// ("4Kn").
+    #[arg(long, default_value_t = 512, value_parser = parse_block_size)]
+    block_size: u32,
     /// Runtime worker threads; 0 runs everything on one thread.
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -47,6 +51,16 @@ struct Args {
     /// The target's mutual CHAP secret.
     #[arg(long)]
     target_chap_secret: Option<String>,
+}
+
+fn parse_block_size(text: &str) -> Result<u32, String> {
+    match text {
+        "512" => Ok(512),
+        "4096" => Ok(4096),
+        other => Err(format!(
+            "{other} is not a block size this server serves: 512 or 4096"
+        )),
+    }
 }
 
 fn parse_size(text: &str) -> Result<u64> {
@@ -89,7 +103,12 @@ fn main() -> Result<()> {
             .await
             .with_context(|| format!("binding {}", args.listen))?;
         let address = listener.local_addr()?;
-        let device: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(args.name.clone(), size));
+        let device = MemoryDevice::new(args.name.clone(), size);
+        let device: Arc<dyn BlockDevice> = Arc::new(if args.block_size == 4096 {
+            device.with_4k_logical_blocks()
+        } else {
+            device
+        });
         let datastore = MemoryDatastore::new();
         datastore.add(device.clone());
         let environment = Arc::new(MemoryEnvironment::new(datastore));

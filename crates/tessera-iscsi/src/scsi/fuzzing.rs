@@ -22,7 +22,8 @@ use tessera_blockdev::MemoryDevice;
 /// Decodes `data` as a CDB.
 pub fn cdb(data: &[u8]) {
     if cdb::decode(data).is_ok() {
-        let _ = unit::expected_data_out(data);
+        let _ = unit::expected_data_out(data, 512);
+        let _ = unit::expected_data_out(data, 4096);
     }
 }
 

@@ -29,10 +29,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{BlockDevice, BlockError, ExtentKind, WriteFlags, ZeroMode};
 
-/// Logical block size every unit reports.
-pub const BLOCK_BYTES: u64 = 512;
+/// Logical block sizes a unit serves: 512 bytes over 4 KiB physical blocks
+/// ("512e", the default: every initiator takes it) and 4096 ("4Kn").
+pub const BLOCK_SIZES: [u32; 2] = [512, 4096];
 
-/// What a unit reports about itself and the limits it enforces.
+/// What a unit reports about itself and the limits it enforces. The limits
+/// counted in blocks are given for 512-byte logical blocks; a unit with
+/// larger blocks keeps their size in bytes (see
+/// [`UnitSettings::for_block_bytes`]).
 #[derive(Debug, Clone)]
 pub struct UnitSettings {
     /// T10 vendor identification (8 characters).
@@ -88,6 +92,31 @@ impl Default for UnitSettings {
             copy_limits: CopyLimits::default(),
             write_same_chunk_bytes: 1 << 20,
         }
+    }
+}
+
+impl UnitSettings {
+    /// These settings for a unit whose logical blocks are `block_bytes`
+    /// long: every limit keeps its size in bytes (at least one block), and
+    /// the physical block keeps its size (so 4 KiB physical blocks are one
+    /// logical block of a 4Kn unit).
+    pub fn for_block_bytes(mut self, block_bytes: u32) -> UnitSettings {
+        let factor = (block_bytes / 512).max(1);
+        if factor == 1 {
+            return self;
+        }
+        let scale = |n: u32| (n / factor).max(1);
+        self.max_transfer_blocks = scale(self.max_transfer_blocks);
+        self.optimal_transfer_blocks = scale(self.optimal_transfer_blocks);
+        self.max_compare_and_write_blocks =
+            (self.max_compare_and_write_blocks as u32 / factor).max(1) as u8;
+        self.max_atomic_blocks = scale(self.max_atomic_blocks);
+        self.max_write_same_blocks = (self.max_write_same_blocks / factor as u64).max(1);
+        self.max_unmap_blocks = scale(self.max_unmap_blocks);
+        self.physical_exponent = self
+            .physical_exponent
+            .saturating_sub(factor.trailing_zeros() as u8);
+        self
     }
 }
 
@@ -153,6 +182,8 @@ const RESERVATION_RETRIES: usize = 32;
 /// A logical unit.
 pub struct LogicalUnit {
     device: Arc<dyn BlockDevice>,
+    /// The device's logical block size (one of [`BLOCK_SIZES`]).
+    block_bytes: u64,
     environment: Arc<dyn UnitEnvironment>,
     settings: UnitSettings,
     mode: Mutex<ModeState>,
@@ -178,17 +209,31 @@ fn env_unavailable(e: EnvironmentError) -> Failure {
 }
 
 impl LogicalUnit {
-    /// A unit over `device` with `environment`.
+    /// A unit over `device` with `environment`, in the device's logical
+    /// block size (512 unless it reports 4096); `settings` are given for
+    /// 512-byte blocks and scaled to it.
     pub fn new(
         device: Arc<dyn BlockDevice>,
         environment: Arc<dyn UnitEnvironment>,
         settings: UnitSettings,
     ) -> Self {
-        let size = device.info().size_bytes;
+        let info = device.info();
+        let size = info.size_bytes;
+        let block_bytes = if BLOCK_SIZES.contains(&info.logical_block_bytes) {
+            info.logical_block_bytes
+        } else {
+            tracing::warn!(
+                volume = %info.name,
+                block_bytes = info.logical_block_bytes,
+                "unsupported logical block size; the unit serves 512-byte blocks"
+            );
+            512
+        };
         LogicalUnit {
             device,
+            block_bytes: block_bytes as u64,
+            settings: settings.for_block_bytes(block_bytes),
             environment,
-            settings,
             mode: Mutex::new(ModeState::default()),
             attentions: Mutex::new(HashMap::new()),
             copies: Mutex::new(HashMap::new()),
@@ -232,7 +277,7 @@ impl LogicalUnit {
     }
 
     fn blocks(&self) -> u64 {
-        self.device.info().size_bytes / BLOCK_BYTES
+        self.device.info().size_bytes / self.block_bytes
     }
 
     fn descriptor_sense(&self) -> bool {
@@ -335,7 +380,7 @@ impl LogicalUnit {
     }
 
     fn respond(&self, command: &Command, outcome: Outcome) -> Response {
-        let data_out_used = expected_data_out(&command.cdb);
+        let data_out_used = expected_data_out(&command.cdb, self.block_bytes);
         match outcome {
             Ok(mut data) => {
                 data.truncate(command.expected_data_in as usize);
@@ -417,7 +462,7 @@ impl LogicalUnit {
     }
 
     fn block_error(&self, e: &BlockError, writing: bool) -> Failure {
-        Failure::Check(Sense::from_block_error(e, BLOCK_BYTES, writing))
+        Failure::Check(Sense::from_block_error(e, self.block_bytes, writing))
     }
 
     fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Failure> {
@@ -489,13 +534,13 @@ impl LogicalUnit {
                 let last = self.blocks().saturating_sub(1).min(u32::MAX as u64) as u32;
                 let mut out = BytesMut::with_capacity(8);
                 out.put_u32(last);
-                out.put_u32(BLOCK_BYTES as u32);
+                out.put_u32(self.block_bytes as u32);
                 Ok(out.freeze())
             }
             Cdb::ReadCapacity16 { alloc } => {
                 let mut out = BytesMut::with_capacity(32);
                 out.put_u64(self.blocks().saturating_sub(1));
-                out.put_u32(BLOCK_BYTES as u32);
+                out.put_u32(self.block_bytes as u32);
                 out.put_u8(0);
                 out.put_u8(self.settings.physical_exponent & 0x0F);
                 out.put_u8(0x80 | 0x40); // LBPME, LBPRZ; lowest aligned LBA 0
@@ -505,12 +550,12 @@ impl LogicalUnit {
             }
             Cdb::Read(t) => {
                 self.check_transfer(&t)?;
-                let len = (t.blocks as u64 * BLOCK_BYTES).min(command.expected_data_in as u64);
+                let len = (t.blocks as u64 * self.block_bytes).min(command.expected_data_in as u64);
                 if len == 0 {
                     return Ok(Bytes::new());
                 }
                 self.device
-                    .read(t.lba * BLOCK_BYTES, len)
+                    .read(t.lba * self.block_bytes, len)
                     .await
                     .map_err(|e| self.block_error(&e, false))
             }
@@ -527,7 +572,7 @@ impl LogicalUnit {
                 if written > 0 {
                     let back = self
                         .device
-                        .read(t.lba * BLOCK_BYTES, written)
+                        .read(t.lba * self.block_bytes, written)
                         .await
                         .map_err(|e| self.block_error(&e, false))?;
                     if let Some(at) =
@@ -566,7 +611,7 @@ impl LogicalUnit {
                     blocks as u64
                 };
                 self.device
-                    .cache(lba * BLOCK_BYTES, blocks * BLOCK_BYTES)
+                    .cache(lba * self.block_bytes, blocks * self.block_bytes)
                     .await
                     .map_err(|e| self.block_error(&e, false))?;
                 Ok(Bytes::new())
@@ -591,8 +636,13 @@ impl LogicalUnit {
                     subpage,
                 };
                 let protected = info.read_only || state.software_write_protect;
-                let data =
-                    mode::mode_sense(&req, &state, self.blocks(), BLOCK_BYTES as u32, protected)?;
+                let data = mode::mode_sense(
+                    &req,
+                    &state,
+                    self.blocks(),
+                    self.block_bytes as u32,
+                    protected,
+                )?;
                 Ok(truncate(data, alloc))
             }
             Cdb::ModeSelect {
@@ -600,7 +650,7 @@ impl LogicalUnit {
             } => {
                 let current = *self.mode.lock();
                 let next =
-                    mode::mode_select(ten, save, length, data, &current, BLOCK_BYTES as u32)?;
+                    mode::mode_select(ten, save, length, data, &current, self.block_bytes as u32)?;
                 if next != current {
                     *self.mode.lock() = next;
                     self.raise_attention(asc::MODE_PARAMETERS_CHANGED, Some(nexus));
@@ -770,14 +820,14 @@ impl LogicalUnit {
     /// Writes the whole blocks the initiator sent (at most what the CDB
     /// asks for); returns the bytes written.
     async fn write_blocks(&self, t: &Transfer, data: &Bytes) -> Result<u64, Failure> {
-        let wanted = t.blocks as u64 * BLOCK_BYTES;
-        let len = wanted.min(data.len() as u64) / BLOCK_BYTES * BLOCK_BYTES;
+        let wanted = t.blocks as u64 * self.block_bytes;
+        let len = wanted.min(data.len() as u64) / self.block_bytes * self.block_bytes;
         if len == 0 {
             return Ok(0);
         }
         self.device
             .write(
-                t.lba * BLOCK_BYTES,
+                t.lba * self.block_bytes,
                 data.slice(..len as usize),
                 self.write_flags(t.fua),
             )
@@ -797,12 +847,12 @@ impl LogicalUnit {
         data: &Bytes,
         combine: impl Fn(&[u8], &[u8]) -> Vec<u8>,
     ) -> Result<(), Failure> {
-        let wanted = t.blocks as u64 * BLOCK_BYTES;
-        let len = wanted.min(data.len() as u64) / BLOCK_BYTES * BLOCK_BYTES;
+        let wanted = t.blocks as u64 * self.block_bytes;
+        let len = wanted.min(data.len() as u64) / self.block_bytes * self.block_bytes;
         if len == 0 {
             return Ok(());
         }
-        let offset = t.lba * BLOCK_BYTES;
+        let offset = t.lba * self.block_bytes;
         let sent = &data[..len as usize];
         for _ in 0..RESERVATION_RETRIES {
             let current = self
@@ -833,7 +883,7 @@ impl LogicalUnit {
         if range.blocks == 0 {
             return Ok(Bytes::new());
         }
-        let len = range.blocks as u64 * BLOCK_BYTES;
+        let len = range.blocks as u64 * self.block_bytes;
         let expected: Option<Bytes> = match bytchk {
             0 => None,
             1 => {
@@ -843,10 +893,10 @@ impl LogicalUnit {
                 Some(data.slice(..len as usize))
             }
             _ => {
-                if (data.len() as u64) < BLOCK_BYTES {
+                if (data.len() as u64) < self.block_bytes {
                     return Err(Sense::invalid_cdb_field(1, Some(2)).into());
                 }
-                let block = &data[..BLOCK_BYTES as usize];
+                let block = &data[..self.block_bytes as usize];
                 let mut all = BytesMut::with_capacity(len as usize);
                 for _ in 0..range.blocks {
                     all.put_slice(block);
@@ -856,7 +906,7 @@ impl LogicalUnit {
         };
         let medium = self
             .device
-            .read(range.lba * BLOCK_BYTES, len)
+            .read(range.lba * self.block_bytes, len)
             .await
             .map_err(|e| self.block_error(&e, false))?;
         if let Some(expected) = expected {
@@ -876,18 +926,18 @@ impl LogicalUnit {
         }
         // Bound the map asked of the device; the initiator asks again from
         // where the reply ends.
-        let span = (blocks - lba).min(1 << 21) * BLOCK_BYTES;
+        let span = (blocks - lba).min(1 << 21) * self.block_bytes;
         let extents = self
             .device
-            .block_status(lba * BLOCK_BYTES, span)
+            .block_status(lba * self.block_bytes, span)
             .await
             .map_err(|e| self.block_error(&e, false))?;
         let max_descriptors = ((alloc as usize).saturating_sub(8) / 16).clamp(1, 1024);
         let mut descriptors: Vec<(u64, u64, u8)> = Vec::new();
         for e in extents {
             let status = if e.kind == ExtentKind::Hole { 1 } else { 0 };
-            let first = e.offset / BLOCK_BYTES;
-            let end = (e.offset + e.len).div_ceil(BLOCK_BYTES);
+            let first = e.offset / self.block_bytes;
+            let end = (e.offset + e.len).div_ceil(self.block_bytes);
             let covered = descriptors
                 .last()
                 .map_or(first, |l: &(u64, u64, u8)| l.0 + l.1);
@@ -924,7 +974,7 @@ impl LogicalUnit {
         }
         self.check_writable()?;
         self.check_range(lba, blocks as u64)?;
-        let half = blocks as usize * BLOCK_BYTES as usize;
+        let half = blocks as usize * self.block_bytes as usize;
         if data.len() != 2 * half {
             return Err(Sense::invalid_cdb_field(13, None).into());
         }
@@ -934,7 +984,11 @@ impl LogicalUnit {
         bump(&self.counters.ats, 1);
         match self
             .device
-            .compare_and_write(lba * BLOCK_BYTES, data.slice(..half), data.slice(half..))
+            .compare_and_write(
+                lba * self.block_bytes,
+                data.slice(..half),
+                data.slice(half..),
+            )
             .await
         {
             Ok(()) => Ok(Bytes::new()),
@@ -972,9 +1026,9 @@ impl LogicalUnit {
             return Err(Sense::invalid_cdb_field(at, None).into());
         }
         let pattern = if ndob {
-            Bytes::from(vec![0u8; BLOCK_BYTES as usize])
+            Bytes::from(vec![0u8; self.block_bytes as usize])
         } else {
-            if data.len() != BLOCK_BYTES as usize {
+            if data.len() != self.block_bytes as usize {
                 return Err(Sense::invalid_cdb_field(
                     if opcode == cdb::op::WRITE_SAME_10 {
                         7
@@ -991,7 +1045,7 @@ impl LogicalUnit {
         if blocks == 0 {
             return Ok(Bytes::new());
         }
-        let (offset, len) = (lba * BLOCK_BYTES, blocks * BLOCK_BYTES);
+        let (offset, len) = (lba * self.block_bytes, blocks * self.block_bytes);
         // With UNMAP the range is deallocated whatever the block holds: the
         // unit reports LBPRZ, so it then reads as zeros, which is what
         // initiators that send UNMAP mean (and what LIO and tgt do).
@@ -1011,8 +1065,9 @@ impl LogicalUnit {
             }
             return Ok(Bytes::new());
         }
-        let chunk_blocks = (self.settings.write_same_chunk_bytes / BLOCK_BYTES).max(1);
-        let mut buffer = BytesMut::with_capacity((chunk_blocks.min(blocks) * BLOCK_BYTES) as usize);
+        let chunk_blocks = (self.settings.write_same_chunk_bytes / self.block_bytes).max(1);
+        let mut buffer =
+            BytesMut::with_capacity((chunk_blocks.min(blocks) * self.block_bytes) as usize);
         for _ in 0..chunk_blocks.min(blocks) {
             buffer.put_slice(&pattern);
         }
@@ -1023,8 +1078,8 @@ impl LogicalUnit {
             let step = (blocks - done).min(chunk_blocks);
             self.device
                 .write(
-                    offset + done * BLOCK_BYTES,
-                    buffer.slice(..(step * BLOCK_BYTES) as usize),
+                    offset + done * self.block_bytes,
+                    buffer.slice(..(step * self.block_bytes) as usize),
                     flags,
                 )
                 .await
@@ -1045,7 +1100,7 @@ impl LogicalUnit {
         self.check_writable()?;
         for (lba, blocks) in ranges {
             self.device
-                .unmap(lba * BLOCK_BYTES, blocks * BLOCK_BYTES)
+                .unmap(lba * self.block_bytes, blocks * self.block_bytes)
                 .await
                 .map_err(|e| self.block_error(&e, true))?;
             bump(&self.counters.delete_blocks, blocks);
@@ -1094,24 +1149,29 @@ impl LogicalUnit {
             };
             let (source_target, destination_target) =
                 (lookup(segment.source)?, lookup(segment.destination)?);
-            for t in [source_target, destination_target] {
-                if t.block_bytes != BLOCK_BYTES as u32 {
-                    return Err(copy::copy_aborted(
-                        asc::COPY_TARGET_DEVICE_NOT_REACHABLE,
-                        index,
-                    ));
-                }
-            }
             let source = self
                 .resolve(source_target)
                 .ok_or_else(|| copy::copy_aborted(asc::UNREACHABLE_COPY_TARGET, index))?;
             let destination = self
                 .resolve(destination_target)
                 .ok_or_else(|| copy::copy_aborted(asc::UNREACHABLE_COPY_TARGET, index))?;
+            // Both ends in one block size, the one each descriptor names: a
+            // segment counts blocks, and the two would disagree on bytes.
+            let block_bytes = source.info().logical_block_bytes;
+            if source_target.block_bytes != block_bytes
+                || destination_target.block_bytes != block_bytes
+                || destination.info().logical_block_bytes != block_bytes
+            {
+                return Err(copy::copy_aborted(
+                    asc::COPY_TARGET_DEVICE_NOT_REACHABLE,
+                    index,
+                ));
+            }
+            let block_bytes = block_bytes as u64;
             let blocks = segment.blocks as u64;
             let fits = |device: &Arc<dyn BlockDevice>, lba: u64| {
                 lba.checked_add(blocks)
-                    .and_then(|end| end.checked_mul(BLOCK_BYTES))
+                    .and_then(|end| end.checked_mul(block_bytes))
                     .is_some_and(|end| end <= device.info().size_bytes)
             };
             if !fits(&source, segment.source_lba) || !fits(&destination, segment.destination_lba) {
@@ -1127,13 +1187,13 @@ impl LogicalUnit {
                 destination
                     .copy_from(
                         source.as_ref(),
-                        segment.source_lba * BLOCK_BYTES,
-                        segment.destination_lba * BLOCK_BYTES,
-                        blocks * BLOCK_BYTES,
+                        segment.source_lba * block_bytes,
+                        segment.destination_lba * block_bytes,
+                        blocks * block_bytes,
                     )
                     .await
                     .map_err(|e| {
-                        let inner = Sense::from_block_error(&e, BLOCK_BYTES, true);
+                        let inner = Sense::from_block_error(&e, block_bytes, true);
                         copy::copy_aborted((inner.asc, inner.ascq), index)
                     })?;
             }
@@ -1144,7 +1204,7 @@ impl LogicalUnit {
                 bump(&self.counters.clone_write_blocks, blocks);
             }
             record.segments_processed += 1;
-            record.bytes += blocks * BLOCK_BYTES;
+            record.bytes += blocks * block_bytes;
         }
         Ok(())
     }
@@ -1277,19 +1337,19 @@ pub fn access_of(cdb: &Cdb) -> Access {
 
 /// Bytes of data-out a CDB asks for (what `Response::data_out_used`
 /// reports): the transport compares it with what the initiator sent.
-pub fn expected_data_out(raw: &[u8]) -> u32 {
+pub fn expected_data_out(raw: &[u8], block_bytes: u64) -> u32 {
     let Ok(cdb) = cdb::decode(raw) else {
         return 0;
     };
-    let blocks = |n: u64| (n * BLOCK_BYTES).min(u32::MAX as u64) as u32;
+    let blocks = |n: u64| (n * block_bytes).min(u32::MAX as u64) as u32;
     match cdb {
         Cdb::Write(t) | Cdb::WriteAndVerify(t) | Cdb::OrWrite(t) | Cdb::WriteAtomic(t) => {
             blocks(t.blocks as u64)
         }
         Cdb::Verify { range, bytchk: 1 } => blocks(range.blocks as u64),
-        Cdb::Verify { bytchk: 3, .. } => BLOCK_BYTES as u32,
+        Cdb::Verify { bytchk: 3, .. } => block_bytes as u32,
         Cdb::CompareAndWrite { blocks: n, .. } => blocks(2 * n as u64),
-        Cdb::WriteSame { ndob: false, .. } => BLOCK_BYTES as u32,
+        Cdb::WriteSame { ndob: false, .. } => block_bytes as u32,
         Cdb::ModeSelect { length, .. }
         | Cdb::PersistentReserveOut { length, .. }
         | Cdb::ExtendedCopy { length }
