@@ -8,13 +8,15 @@
 //! lower than the highest the component has seen is refused.
 //! Invariant: a component lives on exactly one disk group of this host; a
 //! create for a component that exists elsewhere on the host goes to that
-//! disk group (idempotent), never to a second one.
+//! disk group (idempotent), never to a second one. Blocks are shared
+//! (`CloneBlocks`) only between components of one disk group; any other
+//! pair is answered `NotColocated` and nothing changes.
 
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_store::{DiskGroup, StoreError};
-use tessera_types::{ComponentId, DiskGroupId};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
 use tessera_wire::{ComponentRef, Request, Response, WireErrorKind};
 
 /// A host's disk groups, serving component requests.
@@ -221,10 +223,77 @@ impl ReplicaService {
                 })
                 .await
             }
+            Request::CloneBlocks {
+                source,
+                source_lba,
+                target,
+                target_lba,
+                blocks,
+                epoch,
+            } => {
+                self.clone_blocks(&source, source_lba, &target, target_lba, blocks, epoch)
+                    .await
+            }
             other => Response::error(
                 WireErrorKind::Invalid,
                 format!("{} is not a component operation", other.kind().name()),
             ),
+        }
+    }
+
+    /// Shares `blocks` blocks of `source` into `target` (see
+    /// [`DiskGroup::clone_blocks`]). Blocks are shared only within one disk
+    /// group: two components on different ones, or a source this host does
+    /// not hold, are answered [`WireErrorKind::NotColocated`] and nothing
+    /// changes, so the owner copies the data instead.
+    pub async fn clone_blocks(
+        &self,
+        source: &ComponentRef,
+        source_lba: Lba,
+        target: &ComponentRef,
+        target_lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Response {
+        let (source_home, target_home) = {
+            let homes = self.homes.read();
+            (
+                homes.get(&source.id).copied(),
+                homes.get(&target.id).copied(),
+            )
+        };
+        let Some(target_home) = target_home else {
+            return Response::error(
+                WireErrorKind::NotFound,
+                format!("{target} does not exist on this host"),
+            );
+        };
+        let group = Arc::clone(&self.groups[target_home]);
+        match source_home {
+            Some(home) if home == target_home => {}
+            Some(home) => {
+                return Response::error(
+                    WireErrorKind::NotColocated,
+                    format!(
+                        "{target} is on disk group {} and {source} on disk group {} of this host: blocks are shared only within one disk group",
+                        group.id(),
+                        self.groups[home].id()
+                    ),
+                )
+            }
+            None => {
+                return Response::error(
+                    WireErrorKind::NotColocated,
+                    format!("{source} is not on this host, so it cannot share blocks with {target}"),
+                )
+            }
+        }
+        match group
+            .clone_blocks(source.id, source_lba, target.id, target_lba, blocks, epoch)
+            .await
+        {
+            Ok(()) => Response::Ok,
+            Err(e) => store_error(target, e),
         }
     }
 
