@@ -92,6 +92,14 @@ impl Component {
     }
 }
 
+/// What an operation would add to a component (see `State::growth`).
+#[derive(Default)]
+struct Growth {
+    new_blocks: u64,
+    first_new: Option<u64>,
+    new_pages: BTreeSet<u64>,
+}
+
 /// A block in the overlay: logged (or queued for the log), not yet destaged.
 #[derive(Clone)]
 pub(crate) struct Pending {
@@ -329,21 +337,40 @@ impl State {
         self.overlay.contains_key(&(c, lba)) || self.index_entry(c, lba).is_mapped()
     }
 
-    /// Fails with `NoSpace` (naming `first_new`) unless the component can
-    /// take `new_blocks` more allocated blocks and `new_pages` more index
-    /// pages. Blocks shared by reference count as allocated in every
-    /// component that references them, so an overwrite, which must then
-    /// store a block of its own, always finds room.
-    pub(crate) fn check_space(
+    /// What giving LBAs `lbas` of component `id` a block each would add:
+    /// the LBAs that hold none yet, and the index pages that do not exist.
+    fn growth(
         &self,
         id: ComponentId,
-        new_blocks: u64,
-        new_pages: u64,
-        first_new: u64,
-    ) -> Result<(), StoreError> {
+        lbas: impl Iterator<Item = u64>,
+    ) -> Result<Growth, StoreError> {
         let comp = self.component(id)?;
+        let mut g = Growth::default();
+        for l in lbas {
+            if !self.is_mapped(id.0, l) {
+                g.new_blocks += 1;
+                g.first_new.get_or_insert(l);
+            }
+            let page_no = l / LBAS_PER_PAGE;
+            if !comp.roots.contains_key(&page_no) {
+                g.new_pages.insert(page_no);
+            }
+        }
+        Ok(g)
+    }
+
+    /// Fails with `NoSpace` (naming the first new LBA) unless the component
+    /// can take `growth`. Blocks shared by reference count as allocated in
+    /// every component that references them, so an overwrite, which must
+    /// then store a block of its own, always finds room.
+    fn check_space(&self, id: ComponentId, growth: &Growth) -> Result<(), StoreError> {
+        let Some(first_new) = growth.first_new else {
+            return Ok(());
+        };
+        let comp = self.component(id)?;
+        let new_pages = growth.new_pages.len() as u64;
         let before = comp.committed_blocks();
-        let after = (comp.allocated + new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
+        let after = (comp.allocated + growth.new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
             + 2 * (comp.roots.len() as u64 + new_pages);
         let others = self.committed_blocks() - before;
         let roots_after = self.roots_total() + new_pages;
@@ -396,15 +423,12 @@ impl State {
                 return Ok(None);
             }
         }
-        let dst_comp = self.component(dst)?;
+        self.component(dst)?;
         let mut entries = Vec::new();
-        let mut new_blocks = 0u64;
-        let mut first_new = None;
-        let mut new_pages = BTreeSet::new();
+        let mut shared_lbas = Vec::new();
         for i in 0..blocks {
             let (sl, dl) = (src_lba.0 + i, dst_lba.0 + i);
             let e = self.index_entry(s, sl);
-            let page_no = dl / LBAS_PER_PAGE;
             match e.kind {
                 EntryKind::Unmapped => {
                     match entries.last_mut() {
@@ -434,13 +458,7 @@ impl State {
                 }
                 EntryKind::Plain | EntryKind::Shared => {}
             }
-            if !self.is_mapped(d, dl) {
-                new_blocks += 1;
-                first_new.get_or_insert(dl);
-            }
-            if !dst_comp.roots.contains_key(&page_no) {
-                new_pages.insert(page_no);
-            }
+            shared_lbas.push(dl);
             entries.push(crate::engine::op_entry(
                 LogOp::Share { crc: e.crc },
                 d,
@@ -451,14 +469,8 @@ impl State {
                 s,
             ));
         }
-        if new_blocks > 0 {
-            self.check_space(
-                dst,
-                new_blocks,
-                new_pages.len() as u64,
-                first_new.unwrap_or(dst_lba.0),
-            )?;
-        }
+        let growth = self.growth(dst, shared_lbas.into_iter())?;
+        self.check_space(dst, &growth)?;
         Ok(Some(entries))
     }
 
@@ -475,30 +487,9 @@ impl State {
     ) -> Result<Vec<u64>, StoreError> {
         let c = id.0;
         let n = blocks.len() as u64;
-        let mut new_blocks = 0u64;
-        let mut first_new = None;
-        let mut new_pages = BTreeSet::new();
-        {
-            let comp = self.component(id)?;
-            for i in 0..n {
-                let l = lba.0 + i;
-                if !self.is_mapped(c, l) {
-                    new_blocks += 1;
-                    first_new.get_or_insert(l);
-                }
-                let page_no = l / LBAS_PER_PAGE;
-                if !comp.roots.contains_key(&page_no) {
-                    new_pages.insert(page_no);
-                }
-            }
-            if check_space && new_blocks > 0 {
-                self.check_space(
-                    id,
-                    new_blocks,
-                    new_pages.len() as u64,
-                    first_new.unwrap_or(lba.0),
-                )?;
-            }
+        let growth = self.growth(id, lba.0..lba.0 + n)?;
+        if check_space {
+            self.check_space(id, &growth)?;
         }
         let mut ops = Vec::with_capacity(blocks.len());
         for (i, (data, crc, lost)) in blocks.iter().enumerate() {
@@ -516,9 +507,9 @@ impl State {
             ops.push(op);
         }
         if let Some(comp) = self.components.get_mut(&c) {
-            comp.allocated += new_blocks;
+            comp.allocated += growth.new_blocks;
             comp.highest_epoch = comp.highest_epoch.max(epoch.0);
-            for p in new_pages {
+            for p in growth.new_pages {
                 comp.roots.insert(p, RootEntry { loc: None, slot: 0 });
             }
         }

@@ -7,10 +7,8 @@
 mod common;
 
 use common::{bytes_of, payload, Rig};
-use tessera_store::{
-    check_devices, DeviceSpec, DiskGroup, DiskGroupConfig, StoreError, CLONE_BLOCKS_MAX,
-};
-use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
+use tessera_store::{check_devices, DiskGroup, StoreError, CLONE_BLOCKS_MAX};
+use tessera_types::{ComponentId, Epoch, Lba};
 
 const SRC: ComponentId = ComponentId(11);
 const DST: ComponentId = ComponentId(12);
@@ -208,19 +206,7 @@ async fn bad_copies_are_refused_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offline_check_accepts_shared_blocks_and_finds_damage_in_them() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DiskGroupConfig {
-        id: DiskGroupId::new("dg-clone").unwrap(),
-        cache: DeviceSpec {
-            path: dir.path().join("cache"),
-            size_bytes: 24 << 20,
-        },
-        capacity: vec![DeviceSpec {
-            path: dir.path().join("cap0"),
-            size_bytes: 32 << 20,
-        }],
-        index_cache_bytes: 1 << 20,
-        direct_io: false,
-    };
+    let config = common::file_config(dir.path(), "dg-clone");
     let dg = DiskGroup::create(config.clone()).await.unwrap();
     dg.create_component(SRC, 4 * MIB, 0).await.unwrap();
     dg.create_component(DST, 4 * MIB, 0).await.unwrap();

@@ -8,9 +8,7 @@ use common::{bytes_of, decode, payload, Rig};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use tessera_env::FaultDisk;
-use tessera_store::{
-    check_devices, DeviceSpec, DiskGroup, DiskGroupConfig, DiskGroupHealth, StoreError,
-};
+use tessera_store::{check_devices, DiskGroup, DiskGroupHealth, StoreError};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
 
 const C: ComponentId = ComponentId(5);
@@ -207,19 +205,7 @@ async fn a_flipped_block_in_the_write_log_is_reported_not_returned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offline_check_lists_every_damaged_block_with_its_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DiskGroupConfig {
-        id: DiskGroupId::new("dg-check").unwrap(),
-        cache: DeviceSpec {
-            path: dir.path().join("cache"),
-            size_bytes: 24 << 20,
-        },
-        capacity: vec![DeviceSpec {
-            path: dir.path().join("cap0"),
-            size_bytes: 32 << 20,
-        }],
-        index_cache_bytes: 1 << 20,
-        direct_io: false,
-    };
+    let config = common::file_config(dir.path(), "dg-check");
     let dg = DiskGroup::create(config.clone()).await.unwrap();
     dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
     for lba in 0..64 {

@@ -5,13 +5,31 @@
 use bytes::Bytes;
 use std::sync::Arc;
 use tessera_env::{Disk, FaultDisk};
-use tessera_store::{DiskGroup, GroupDevices};
+use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig, GroupDevices};
 use tessera_types::DiskGroupId;
 
 /// Cache device size used by tests.
 pub const CACHE_BYTES: u64 = 24 << 20;
 /// Capacity device size used by tests.
 pub const CAPACITY_BYTES: u64 = 32 << 20;
+
+/// A disk group `name` on files in `dir`: a test-size cache file and one
+/// capacity file, for tests that read the files themselves.
+pub fn file_config(dir: &std::path::Path, name: &str) -> DiskGroupConfig {
+    DiskGroupConfig {
+        id: DiskGroupId::new(name).unwrap(),
+        cache: DeviceSpec {
+            path: dir.join("cache"),
+            size_bytes: CACHE_BYTES,
+        },
+        capacity: vec![DeviceSpec {
+            path: dir.join("cap0"),
+            size_bytes: CAPACITY_BYTES,
+        }],
+        index_cache_bytes: 1 << 20,
+        direct_io: false,
+    }
+}
 
 /// The devices of one test disk group.
 pub struct Rig {
