@@ -263,3 +263,219 @@ async fn the_offline_check_accepts_shared_blocks_and_finds_damage_in_them() {
         })
     ));
 }
+
+/// What the power-cut test knows: per source LBA the versions issued and the
+/// last acknowledged; per destination LBA the oldest source version an
+/// acknowledged copy may have left there.
+#[derive(Default)]
+struct CopyLedger {
+    src_acked: std::collections::BTreeMap<u64, u64>,
+    src_issued: std::collections::BTreeMap<u64, Vec<u64>>,
+    dst_floor: std::collections::BTreeMap<u64, u64>,
+}
+
+const CUT_BLOCKS: u64 = 1024;
+const CUT_WRITERS: u64 = 2;
+const CUT_CHUNK: u64 = 64;
+
+async fn source_writer(
+    dg: std::sync::Arc<DiskGroup>,
+    w: u64,
+    seed: u64,
+    first_version: u64,
+    ledger: std::sync::Arc<parking_lot::Mutex<CopyLedger>>,
+) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ w);
+    let mut version = first_version + w;
+    loop {
+        let lba = rng.gen_range(0..CUT_BLOCKS / CUT_WRITERS) * CUT_WRITERS + w;
+        ledger
+            .lock()
+            .src_issued
+            .entry(lba)
+            .or_default()
+            .push(version);
+        let data = bytes_of(&[payload(SRC.0, lba, version)]);
+        if dg.write(SRC, Lba(lba), data, Epoch(1)).await.is_err() {
+            return;
+        }
+        ledger.lock().src_acked.insert(lba, version);
+        version += CUT_WRITERS;
+    }
+}
+
+async fn copier(
+    dg: std::sync::Arc<DiskGroup>,
+    seed: u64,
+    ledger: std::sync::Arc<parking_lot::Mutex<CopyLedger>>,
+    copies: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    loop {
+        let start = rng.gen_range(0..CUT_BLOCKS / CUT_CHUNK) * CUT_CHUNK;
+        // Every source write acknowledged before the copy began is in it.
+        let floor: Vec<u64> = {
+            let l = ledger.lock();
+            (start..start + CUT_CHUNK)
+                .map(|x| l.src_acked.get(&x).copied().unwrap_or(0))
+                .collect()
+        };
+        if dg
+            .clone_blocks(SRC, Lba(start), DST, Lba(start), CUT_CHUNK, Epoch(1))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut l = ledger.lock();
+        for (i, f) in floor.into_iter().enumerate() {
+            l.dst_floor.insert(start + i as u64, f);
+        }
+        copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Checks one block against the ledger: it must be a source block of this
+/// LBA, of a version issued, not older than `floor`; zeros only if nothing
+/// was acknowledged there. Returns the version found (0 for zeros).
+fn judge(
+    ledger: &CopyLedger,
+    what: &str,
+    lba: u64,
+    block: &[u8],
+    floor: u64,
+) -> Result<u64, String> {
+    if block.iter().all(|&b| b == 0) {
+        return if floor == 0 {
+            Ok(0)
+        } else {
+            Err(format!(
+                "{what} LBA {lba}: lost (zeros, version {floor} acknowledged)"
+            ))
+        };
+    }
+    match common::decode(block) {
+        Ok(Some((c, l, v))) if c == SRC.0 && l == lba => {
+            if !ledger
+                .src_issued
+                .get(&lba)
+                .is_some_and(|vs| vs.contains(&v))
+            {
+                Err(format!("{what} LBA {lba}: version {v} was never written"))
+            } else if v < floor {
+                Err(format!(
+                    "{what} LBA {lba}: version {v} older than acknowledged {floor}"
+                ))
+            } else {
+                Ok(v)
+            }
+        }
+        other => Err(format!("{what} LBA {lba}: torn or foreign block {other:?}")),
+    }
+}
+
+/// Power cuts at random moments while source writes and copies by reference
+/// run together: afterwards every acknowledged write and copy is there, every
+/// block is whole and is a version that was written, and once settled the
+/// disk group holds no block that nothing references.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_during_copies_lose_no_acknowledged_copy() {
+    use rand::{Rng, SeedableRng};
+    let cycles: u64 = std::env::var("TESSERA_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_c0b1);
+    let mut rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(SRC, CUT_BLOCKS * 4096, 0)
+        .await
+        .unwrap();
+    dg.create_component(DST, CUT_BLOCKS * 4096, 0)
+        .await
+        .unwrap();
+    drop(dg);
+    let mut ledger = CopyLedger::default();
+    let (mut copies_acked, mut problems) = (0u64, Vec::new());
+    for cycle in 0..cycles {
+        let dg = rig.open().await;
+        let shared = std::sync::Arc::new(parking_lot::Mutex::new(std::mem::take(&mut ledger)));
+        let copies = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for w in 0..CUT_WRITERS {
+            tasks.push(tokio::spawn(source_writer(
+                dg.clone(),
+                w,
+                rng.gen(),
+                (cycle + 1) * 1_000_000,
+                shared.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(copier(
+            dg.clone(),
+            rng.gen(),
+            shared.clone(),
+            copies.clone(),
+        )));
+        tokio::time::sleep(std::time::Duration::from_millis(rng.gen_range(20..120))).await;
+        let next = rig.power_cut(rng.gen());
+        for t in tasks {
+            let _ = t.await;
+        }
+        drop(dg);
+        rig = next;
+        ledger = std::sync::Arc::try_unwrap(shared)
+            .ok()
+            .map(|m| m.into_inner())
+            .unwrap_or_default();
+        copies_acked += copies.load(std::sync::atomic::Ordering::Relaxed);
+        let dg = rig.open().await;
+        let src = dg.read(SRC, Lba(0), CUT_BLOCKS as u32).await.unwrap();
+        let dst = dg.read(DST, Lba(0), CUT_BLOCKS as u32).await.unwrap();
+        for lba in 0..CUT_BLOCKS {
+            let at = (lba * 4096) as usize..((lba + 1) * 4096) as usize;
+            let floor = ledger.src_acked.get(&lba).copied().unwrap_or(0);
+            match judge(&ledger, "source", lba, &src[at.clone()], floor) {
+                Ok(v) if v > 0 => {
+                    ledger.src_acked.insert(lba, v);
+                }
+                Ok(_) => {}
+                Err(p) => problems.push(format!("cycle {cycle}: {p}")),
+            }
+            let floor = ledger.dst_floor.get(&lba).copied().unwrap_or(0);
+            match judge(&ledger, "copy", lba, &dst[at], floor) {
+                Ok(v) if v > 0 => {
+                    ledger.dst_floor.insert(lba, v);
+                }
+                Ok(_) => {}
+                Err(p) => problems.push(format!("cycle {cycle}: {p}")),
+            }
+        }
+        if cycle + 1 == cycles {
+            // Settled: one block per distinct (LBA, version) still held.
+            dg.settle().await.unwrap();
+            let (mut held, mut pages) = (std::collections::BTreeSet::new(), 0);
+            for table in [&ledger.src_acked, &ledger.dst_floor] {
+                let mut mapped_pages = std::collections::BTreeSet::new();
+                for (lba, v) in table.iter().filter(|(_, v)| **v > 0) {
+                    held.insert((*lba, *v));
+                    mapped_pages.insert(lba / 252);
+                }
+                pages += 2 * mapped_pages.len() as u64;
+            }
+            let physical = dg.space().physical_bytes / 4096;
+            if physical != held.len() as u64 + pages {
+                problems.push(format!(
+                    "{physical} blocks in use, {} data blocks and {pages} page slots expected",
+                    held.len()
+                ));
+            }
+        }
+        drop(dg);
+    }
+    eprintln!("{cycles} power cuts, {copies_acked} copies of {CUT_CHUNK} blocks acknowledged");
+    assert!(copies_acked > 0, "no copy was acknowledged");
+    assert!(problems.is_empty(), "{problems:#?}");
+}
