@@ -17,6 +17,9 @@ use tessera_types::layout::ComponentPlacement;
 use tessera_types::{Epoch, HostId, Lba, VolumeId};
 use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
 
+// The coordinator cuts sharing copies into pieces the store accepts whole.
+const _: () = assert!(tessera_object::CLONE_BLOCKS_MAX == tessera_store::CLONE_BLOCKS_MAX);
+
 /// Components as seen from one host.
 pub struct ClusterComponents {
     host: HostId,

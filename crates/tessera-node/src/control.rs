@@ -50,6 +50,12 @@ pub struct DiskGroupView {
     pub capacity: CapacityView,
     /// Components stored on it.
     pub components: u64,
+    /// Bytes its capacity devices hold: a block shared by several copies
+    /// (EXTENDED COPY inside the datastore) counts once, where `used_bytes`
+    /// counts it per copy (each may be overwritten and then needs a block
+    /// of its own). Known for the hosts this control plane runs.
+    #[serde(default)]
+    pub physical_bytes: Option<u64>,
 }
 
 /// One host as the API shows it.
@@ -243,6 +249,10 @@ pub struct OffloadView {
     pub clone_read_blocks: u64,
     /// Blocks written by EXTENDED COPY with this volume the destination.
     pub clone_write_blocks: u64,
+    /// Bytes written into the volume by sharing stored blocks (EXTENDED
+    /// COPY inside the datastore): no data moved for them.
+    #[serde(default)]
+    pub clone_shared_bytes: u64,
     /// Blocks zeroed by WRITE SAME (ZERO).
     pub zero_blocks: u64,
     /// Blocks deallocated by UNMAP or WRITE SAME with UNMAP (DELETE).

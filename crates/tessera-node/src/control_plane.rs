@@ -17,6 +17,7 @@ use crate::resync_board::ResyncBoard;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tessera_directory::keys::{self, VolumeRecord, VolumeState};
 use tessera_directory::{Directory, Keyspace};
@@ -301,6 +302,14 @@ impl ControlPlane {
                             .saturating_sub(g.value.used_bytes.max(g.value.reserved_bytes)),
                     },
                     components: 0,
+                    physical_bytes: self.hosts.slot(h.id.as_str()).and_then(|slot| {
+                        let host = slot.host.lock().clone()?;
+                        host.replica()
+                            .disk_groups()
+                            .iter()
+                            .find(|d| d.id() == &g.value.id)
+                            .map(|d| d.space().physical_bytes)
+                    }),
                 })
                 .collect();
             let mut owned_volumes: Vec<String> = owners
@@ -731,6 +740,32 @@ impl ClusterControl for ControlPlane {
                 dirty_bytes: dirty.get(&c.id).copied().unwrap_or(0),
             });
         }
+        let mut offloads = self
+            .hosts
+            .running()
+            .iter()
+            .filter_map(|h| h.offload_counters(&record.name))
+            .fold(OffloadView::default(), |sum, c| OffloadView {
+                ats: sum.ats + c.ats,
+                ats_miscompare: sum.ats_miscompare + c.ats_miscompare,
+                clone_commands: sum.clone_commands + c.clone_commands,
+                clone_read_blocks: sum.clone_read_blocks + c.clone_read_blocks,
+                clone_write_blocks: sum.clone_write_blocks + c.clone_write_blocks,
+                clone_shared_bytes: 0,
+                zero_blocks: sum.zero_blocks + c.zero_blocks,
+                delete_blocks: sum.delete_blocks + c.delete_blocks,
+                out_of_space: sum.out_of_space + c.out_of_space,
+            });
+        // Sharing happens on the owner's coordinator, whichever host's
+        // portal the EXTENDED COPY came through.
+        offloads.clone_shared_bytes = self
+            .hosts
+            .running()
+            .iter()
+            .flat_map(|h| h.owned())
+            .filter(|(v, _)| v == &record.name)
+            .map(|(_, c)| c.counters().shared_copy_bytes.load(Ordering::Relaxed))
+            .sum();
         Ok(ObjectView {
             volume: record.name.to_string(),
             size_bytes: record.size_bytes,
@@ -740,21 +775,7 @@ impl ClusterControl for ControlPlane {
             epoch: owner.map(|o| o.epoch),
             generation: layout.generation,
             components: views,
-            offloads: self
-                .hosts
-                .running()
-                .iter()
-                .filter_map(|h| h.offload_counters(&record.name))
-                .fold(OffloadView::default(), |sum, c| OffloadView {
-                    ats: sum.ats + c.ats,
-                    ats_miscompare: sum.ats_miscompare + c.ats_miscompare,
-                    clone_commands: sum.clone_commands + c.clone_commands,
-                    clone_read_blocks: sum.clone_read_blocks + c.clone_read_blocks,
-                    clone_write_blocks: sum.clone_write_blocks + c.clone_write_blocks,
-                    zero_blocks: sum.zero_blocks + c.zero_blocks,
-                    delete_blocks: sum.delete_blocks + c.delete_blocks,
-                    out_of_space: sum.out_of_space + c.out_of_space,
-                }),
+            offloads,
         })
     }
 

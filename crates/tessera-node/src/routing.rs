@@ -4,7 +4,9 @@
 //! Owns: [`HostCatalog`] (the exports a host offers: every ready volume) and
 //! [`VolumeHandle`] (a `BlockDevice` that runs I/O on the local coordinator
 //! when this host owns the volume, and forwards it over the transport to the
-//! owner otherwise), and the mapping between `BlockError` and wire errors.
+//! owner otherwise; an EXTENDED COPY between two volumes this host owns
+//! shares stored blocks on the owner's coordinator), and the mapping
+//! between `BlockError` and wire errors.
 //! Invariant: while ownership moves, requests wait (bounded by
 //! [`ROUTE_WAIT`]) rather than fail, so a client sees a pause, not an error.
 
@@ -16,7 +18,8 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_blockdev::{
-    BlockDevice, BlockError, DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
+    copy_by_data, BlockDevice, BlockError, DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags,
+    ZeroMode,
 };
 use tessera_nbd::ExportCatalog;
 use tessera_object::Coordinator;
@@ -200,6 +203,26 @@ impl VolumeHandle {
     }
 }
 
+impl VolumeHandle {
+    /// The coordinators of `source` and of this volume, when `source` is a
+    /// volume of the same datastore (a handle of this host) and this host
+    /// owns both.
+    fn local_pair(&self, source: &dyn BlockDevice) -> Option<(Arc<Coordinator>, Arc<Coordinator>)> {
+        let source = source.as_any().downcast_ref::<VolumeHandle>()?;
+        if !Arc::ptr_eq(&source.owned, &self.owned) {
+            return None;
+        }
+        let owned = self.owned.read();
+        let usable = |volume: &VolumeId| {
+            owned
+                .get(volume)
+                .filter(|c| c.superseded().is_none())
+                .cloned()
+        };
+        Some((usable(&source.volume)?, usable(&self.volume)?))
+    }
+}
+
 fn is_unavailable(response: &Response) -> bool {
     matches!(
         response,
@@ -303,6 +326,34 @@ impl BlockDevice for VolumeHandle {
             new,
         };
         expect_ok(self.run(request, false).await?)
+    }
+
+    /// EXTENDED COPY. When `source` is a volume of this datastore and this
+    /// host owns both volumes, the owner's coordinator shares the stored
+    /// blocks where the two layouts allow it (moving no data) and copies the
+    /// rest; otherwise, or when ownership moved during the copy, the data
+    /// is copied through the owners.
+    async fn copy_from(
+        &self,
+        source: &dyn BlockDevice,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), BlockError> {
+        tessera_blockdev::check_range(&source.info(), "copy (source)", src_offset, len)?;
+        tessera_blockdev::check_range(&self.info, "copy (destination)", dst_offset, len)?;
+        if let Some((from, to)) = self.local_pair(source) {
+            match to.copy_shared(&from, src_offset, dst_offset, len).await {
+                Ok(_) => return Ok(()),
+                // Ownership moved or a copy failed mid-way: the data copy
+                // below goes to whichever host owns the volumes now.
+                Err(e @ (BlockError::Unavailable { .. } | BlockError::Io { .. })) => {
+                    tracing::warn!(volume = %self.volume, error = %e, "copy by sharing blocks failed; copying the data");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        copy_by_data(source, self, src_offset, dst_offset, len).await
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {

@@ -5,44 +5,12 @@
 
 mod fixture;
 
-use fixture::{have, Cluster};
+use fixture::{have, run, wait_for_target, Cluster};
 use std::path::Path;
 use std::process::Command;
 use tessera_node::control::{
     ChapCredential, ClusterControl, ControlError, IscsiAccess, ObjectView,
 };
-
-/// Runs `tool args`, failing the test with its output unless it succeeded.
-fn run(tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool).args(args).output().expect("tool starts");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed:\n{text}");
-    text
-}
-
-/// Waits until `url`'s target answers INQUIRY: a host learns of a new volume
-/// on its next look at the directory.
-async fn wait_for_target(url: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let ok = Command::new("iscsi-inq")
-            .arg(url)
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{url} never became reachable"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
 
 /// Runs `iscsi-test-cu` (verbose, so every test's outcome is printed) and
 /// returns its log, also kept at `log`.

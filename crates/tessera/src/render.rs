@@ -126,6 +126,7 @@ pub fn hosts(hosts: &[HostView]) -> String {
         "HEALTH",
         "COMPONENTS",
         "USED",
+        "PHYSICAL",
         "RESERVED",
         "FREE",
         "TOTAL",
@@ -138,6 +139,7 @@ pub fn hosts(hosts: &[HostView]) -> String {
                 d.health.clone(),
                 d.components.to_string(),
                 format_size(d.capacity.used_bytes),
+                d.physical_bytes.map_or("-".to_string(), format_size),
                 format_size(d.capacity.reserved_bytes),
                 format_size(d.capacity.free_bytes),
                 format_size(d.capacity.total_bytes),
@@ -301,13 +303,14 @@ pub fn object(o: &ObjectView) -> String {
     out.push_str(&t.render());
     let f = &o.offloads;
     out.push_str(&format!(
-        "\noffloads: ATS {} ({} miscompared), CLONE {} commands ({} blocks read, {} written), \
-         ZERO {} blocks, DELETE {} blocks, out of space {}\n",
+        "\noffloads: ATS {} ({} miscompared), CLONE {} commands ({} blocks read, {} written, \
+         {} shared), ZERO {} blocks, DELETE {} blocks, out of space {}\n",
         f.ats,
         f.ats_miscompare,
         f.clone_commands,
         f.clone_read_blocks,
         f.clone_write_blocks,
+        format_size(f.clone_shared_bytes),
         f.zero_blocks,
         f.delete_blocks,
         f.out_of_space
@@ -655,6 +658,7 @@ mod tests {
                     free_bytes: 7 << 30,
                 },
                 components: 4,
+                physical_bytes: Some(512 << 20),
             }],
             owned_volumes: vec!["vol1".to_string()],
         };
@@ -665,7 +669,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "host-1  dg-1        healthy  4           1.0 GiB  0 B       7.0 GiB  8.0 GiB"
+                "host-1  dg-1        healthy  4           1.0 GiB  512.0 MiB  0 B       7.0 GiB  8.0 GiB"
             ),
             "{text}"
         );

@@ -154,6 +154,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
                     free_bytes: HOST_CAPACITY_BYTES,
                 },
                 components: 0,
+                physical_bytes: Some(0),
             }],
             owned_volumes: if i == usize::from(r.stopped[0]) {
                 r.volumes.keys().cloned().collect()
