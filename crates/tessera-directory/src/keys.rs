@@ -736,6 +736,16 @@ pub struct VolumeRecord {
     /// copies); 0 for a thin volume.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// Logical block size the frontends present: 512 (over 4 KiB physical
+    /// blocks, "512e") or 4096 ("4Kn"). Records written before the choice
+    /// existed are 512e.
+    #[serde(default = "default_block_bytes")]
+    pub block_bytes: u32,
+}
+
+/// Logical block size of a volume that does not name one (512e).
+pub fn default_block_bytes() -> u32 {
+    512
 }
 
 /// Progress of bringing a component up to date.
@@ -850,6 +860,7 @@ mod tests {
             state: VolumeState::Ready,
             created_ms: 5,
             reserved_bytes: 0,
+            block_bytes: 512,
         };
         let text = String::from_utf8(encode("k", &record).unwrap()).unwrap();
         assert!(text.contains(r#""state":"ready""#), "{text}");

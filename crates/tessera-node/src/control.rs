@@ -109,6 +109,10 @@ pub struct CreateVolume {
     /// Policy name; `default` when absent.
     #[serde(default)]
     pub policy: Option<String>,
+    /// Logical block size the frontends present: 512 ("512e", the default)
+    /// or 4096 ("4Kn").
+    #[serde(default)]
+    pub block_bytes: Option<u32>,
 }
 
 /// A request to resize a volume.
@@ -176,6 +180,9 @@ pub struct VolumeView {
     pub size_bytes: u64,
     /// Policy name.
     pub policy: String,
+    /// Logical block size the frontends present (512 or 4096).
+    #[serde(default = "tessera_directory::keys::default_block_bytes")]
+    pub block_bytes: u32,
     /// Health.
     pub state: Health,
     /// Bytes of the volume's address space holding data (one copy).

@@ -28,6 +28,9 @@ use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, L
 use tessera_types::policy::Policy;
 use tessera_types::{format_size, ComponentId, HostId, PolicyName, VolumeId, BLOCK_BYTES};
 
+/// Logical block sizes a volume may present: 512e and 4Kn.
+const VOLUME_BLOCK_SIZES: [u32; 2] = [512, 4096];
+
 /// Bytes compared per read by `object verify`.
 const VERIFY_STEP_BLOCKS: u64 = 256;
 /// Divergences listed before `object verify` stops listing.
@@ -248,6 +251,7 @@ impl ControlPlane {
             name: record.name.to_string(),
             size_bytes: record.size_bytes,
             policy: record.policy.to_string(),
+            block_bytes: record.block_bytes,
             state,
             used_bytes: used,
             owner: owner.as_ref().map(|o| o.host.to_string()),
@@ -429,6 +433,14 @@ impl ClusterControl for ControlPlane {
                 request.size_bytes
             )));
         }
+        let block_bytes = request
+            .block_bytes
+            .unwrap_or(tessera_directory::keys::default_block_bytes());
+        if !VOLUME_BLOCK_SIZES.contains(&block_bytes) {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: block size must be 512 (512e) or 4096 (4Kn), not {block_bytes}"
+            )));
+        }
         let policy_name = PolicyName::new(request.policy.as_deref().unwrap_or("default"))
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
         let _guard = self.changes.lock().await;
@@ -495,6 +507,7 @@ impl ClusterControl for ControlPlane {
             state: VolumeState::Ready,
             created_ms: self.clock.wall_ms(),
             reserved_bytes: reserved,
+            block_bytes,
         };
         let txn = tessera_directory::Txn::new()
             .when([self.keys.volume(&name).absent()])

@@ -88,7 +88,7 @@ impl ExportCatalog for HostCatalog {
             info: DeviceInfo {
                 name: name.to_string(),
                 size_bytes: record.size_bytes,
-                logical_block_bytes: 512,
+                logical_block_bytes: record.block_bytes,
                 preferred_block_bytes: 4096,
                 read_only: false,
                 serial: crate::host::serial_of(&record),

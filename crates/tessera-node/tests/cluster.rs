@@ -124,6 +124,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             name: "a".into(),
             size_bytes: 1 << 20,
             policy: Some("gold".into()),
+            block_bytes: None,
         })
         .await
         .unwrap_err();
@@ -145,6 +146,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             name: "b".into(),
             size_bytes: 1 << 20,
             policy: Some("ftt2".into()),
+            block_bytes: None,
         })
         .await
         .unwrap_err();
@@ -168,6 +170,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             name: "c".into(),
             size_bytes: 8 << 30,
             policy: Some("thick".into()),
+            block_bytes: None,
         })
         .await
         .unwrap_err();
@@ -177,6 +180,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             name: "d".into(),
             size_bytes: 1 << 20,
             policy: None,
+            block_bytes: None,
         })
         .await
         .unwrap();
@@ -185,6 +189,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             name: "d".into(),
             size_bytes: 1 << 20,
             policy: None,
+            block_bytes: None,
         })
         .await
         .unwrap_err();

@@ -353,3 +353,89 @@ async fn chap_and_initiator_lists_decide_who_logs_in_on_every_host() {
     }
     cluster.stop().await;
 }
+
+/// A volume created with 4096-byte blocks (4Kn) presents them through every
+/// host and both frontends; data round trips through qemu-img, and GET LBA
+/// STATUS passes libiscsi's whole suite (its single-block test needs one
+/// logical block per physical block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_4kn_volume_presents_4096_byte_blocks_through_every_host_and_frontend() {
+    if !have("qemu-img") || !have("iscsi-readcapacity16") || !have("iscsi-test-cu") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let view = cluster
+        .create_with_blocks("fourk", 64 << 20, Some(4096))
+        .await;
+    assert_eq!(
+        cluster.control.volumes().await.unwrap()[0].block_bytes,
+        4096
+    );
+    let (owner, other) = owner_and_other(&view);
+    for host in [&owner, &other] {
+        let url = cluster.iscsi_url(host, "fourk");
+        wait_for_target(&url).await;
+        let capacity = run("iscsi-readcapacity16", &[&url]);
+        for line in [
+            "LOGICAL BLOCK LENGTH IN BYTES:4096",
+            "LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT:0",
+            "LBPME:1 LBPRZ:1",
+        ] {
+            assert!(
+                capacity.contains(line),
+                "{line} through {host}:\n{capacity}"
+            );
+        }
+    }
+    if have("nbdinfo") {
+        let info = run("nbdinfo", &["--json", &cluster.nbd_uri(&other, "fourk")]);
+        assert!(info.contains("\"block_size_minimum\": 4096"), "{info}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source.raw");
+    let data: Vec<u8> = (0..(16u64 << 20))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(&source, &data).unwrap();
+    let source = source.to_str().unwrap().to_string();
+    let (write_url, read_url) = (
+        cluster.iscsi_url(&other, "fourk"),
+        cluster.iscsi_url(&owner, "fourk"),
+    );
+    tokio::task::spawn_blocking(move || {
+        run(
+            "qemu-img",
+            &[
+                "convert", "-n", "-f", "raw", "-O", "raw", &source, &write_url,
+            ],
+        );
+        let text = run(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", &source, &read_url],
+        );
+        assert!(text.contains("Images are identical"), "{text}");
+    })
+    .await
+    .unwrap();
+    let log_path = dir.path().join("lbastatus.log");
+    let url = cluster.iscsi_url(&owner, "fourk");
+    let log = conformance("SCSI.GetLBAStatus", &[url], &log_path).await;
+    assert_eq!(suite_counts(&log, "GetLBAStatus"), (3, 0, 0), "{log}");
+    // A block size no frontend can present is refused, and nothing is made.
+    let refused = cluster
+        .control
+        .create_volume(tessera_node::control::CreateVolume {
+            name: "odd".into(),
+            size_bytes: 64 << 20,
+            policy: None,
+            block_bytes: Some(1024),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ControlError::Invalid(m) if m.contains("512 (512e) or 4096 (4Kn)")),
+        "{refused}"
+    );
+    assert_eq!(cluster.control.volumes().await.unwrap().len(), 1);
+    cluster.stop().await;
+}

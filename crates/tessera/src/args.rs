@@ -112,8 +112,12 @@ pub enum VolumeCommand {
         /// Policy name (default: the policy `default`).
         #[arg(long)]
         policy: Option<String>,
+        /// Logical block size the volume presents: 512 (over 4 KiB physical
+        /// blocks, "512e", the default) or 4096 ("4Kn").
+        #[arg(long, value_parser = parse_block_size_arg)]
+        block_size: Option<u32>,
     },
-    /// All volumes with size, policy, state, used bytes and owner.
+    /// All volumes with size, policy, block size, state, used bytes and owner.
     List,
     /// Grow a volume.
     Resize {
@@ -188,6 +192,17 @@ pub enum StoreCommand {
     },
 }
 
+/// Parses a logical block size for clap: 512 or 4096.
+pub fn parse_block_size_arg(text: &str) -> Result<u32, String> {
+    match text {
+        "512" => Ok(512),
+        "4096" => Ok(4096),
+        other => Err(format!(
+            "{other} is not a block size a volume can present: 512 (512e) or 4096 (4Kn)"
+        )),
+    }
+}
+
 /// Parses a human size for clap, naming the accepted forms when it fails.
 pub fn parse_size_arg(text: &str) -> Result<u64, String> {
     tessera_types::parse_size(text).map_err(|e| e.to_string())
@@ -214,13 +229,47 @@ mod tests {
         ])
         .expect("parses");
         match cli.command {
-            Command::Volume(VolumeCommand::Create { name, size, policy }) => {
+            Command::Volume(VolumeCommand::Create {
+                name, size, policy, ..
+            }) => {
                 assert_eq!(name, "vol1");
                 assert_eq!(size, 10 << 30);
                 assert_eq!(policy.as_deref(), Some("gold"));
             }
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn volume_create_takes_a_block_size_of_512_or_4096_only() {
+        let cli = parse(&[
+            "volume",
+            "create",
+            "vol1",
+            "--size",
+            "1G",
+            "--block-size",
+            "4096",
+        ])
+        .expect("parses");
+        match cli.command {
+            Command::Volume(VolumeCommand::Create { block_size, .. }) => {
+                assert_eq!(block_size, Some(4096));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let e = parse(&[
+            "volume",
+            "create",
+            "vol1",
+            "--size",
+            "1G",
+            "--block-size",
+            "1024",
+        ])
+        .expect_err("refused");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("512 (512e) or 4096 (4Kn)"), "{e}");
     }
 
     #[test]

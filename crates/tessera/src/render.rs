@@ -195,13 +195,16 @@ pub fn policy_created(p: &Policy) -> String {
 
 /// `tessera volume list`.
 pub fn volumes(volumes: &[VolumeView]) -> String {
-    let mut t = Table::new(&["NAME", "SIZE", "POLICY", "STATE", "USED", "OWNER", "EPOCH"]);
+    let mut t = Table::new(&[
+        "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH",
+    ]);
     for v in volumes {
         let (owner, epoch) = owner(&v.owner, v.epoch);
         t.row(vec![
             v.name.clone(),
             format_size(v.size_bytes),
             v.policy.clone(),
+            block_format(v.block_bytes).to_string(),
             health(v.state).to_string(),
             format_size(v.used_bytes),
             owner,
@@ -211,14 +214,25 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
     t.render()
 }
 
+/// How a volume presents its blocks: "512e" (512-byte logical blocks over
+/// 4 KiB physical ones) or "4Kn".
+fn block_format(block_bytes: u32) -> &'static str {
+    if block_bytes == 4096 {
+        "4Kn"
+    } else {
+        "512e"
+    }
+}
+
 /// The line printed after `volume create` or `volume resize`.
 pub fn volume_changed(verb: &str, v: &VolumeView) -> String {
     let (owner, epoch) = owner(&v.owner, v.epoch);
     format!(
-        "{verb} volume {}: {}, policy {}, {}, owner {owner} (epoch {epoch})\n",
+        "{verb} volume {}: {}, policy {}, {}, {}, owner {owner} (epoch {epoch})\n",
         v.name,
         format_size(v.size_bytes),
         v.policy,
+        block_format(v.block_bytes),
         health(v.state)
     )
 }
@@ -611,6 +625,7 @@ mod tests {
             name: "vol1".to_string(),
             size_bytes: 10 << 30,
             policy: "default".to_string(),
+            block_bytes: 512,
             state: Health::Healthy,
             used_bytes: 3 << 20,
             owner: None,
@@ -618,8 +633,8 @@ mod tests {
         };
         assert_eq!(
             volumes(&[v]),
-            "NAME  SIZE      POLICY   STATE    USED     OWNER  EPOCH\n\
-             vol1  10.0 GiB  default  healthy  3.0 MiB  -      -\n"
+            "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH\n\
+             vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -\n"
         );
     }
 

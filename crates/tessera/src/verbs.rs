@@ -114,10 +114,20 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             let v = client.get("/v1/policies")?;
             output.view::<Vec<Policy>>("/v1/policies", v, |p| render::policies(p))?;
         }
-        Command::Volume(VolumeCommand::Create { name, size, policy }) => {
+        Command::Volume(VolumeCommand::Create {
+            name,
+            size,
+            policy,
+            block_size,
+        }) => {
             let v = client.post_json(
                 "/v1/volumes",
-                &json!({ "name": name, "size_bytes": size, "policy": policy }),
+                &json!({
+                    "name": name,
+                    "size_bytes": size,
+                    "policy": policy,
+                    "block_bytes": block_size,
+                }),
             )?;
             let created = output
                 .view::<VolumeView>("/v1/volumes", v, |v| render::volume_changed("created", v))?;

@@ -147,7 +147,7 @@ fn policies_and_volumes_are_created_listed_resized_and_deleted() {
     let text = stdout(&vol);
     assert!(
         text.starts_with(
-            "created volume vol1: 10.0 GiB, policy gold, healthy, owner host-1 (epoch 1)\n"
+            "created volume vol1: 10.0 GiB, policy gold, 512e, healthy, owner host-1 (epoch 1)\n"
         ),
         "{text}"
     );
@@ -160,8 +160,8 @@ fn policies_and_volumes_are_created_listed_resized_and_deleted() {
     let list = tessera(&api, &["volume", "list"]);
     assert_eq!(
         stdout(&list),
-        "NAME  SIZE      POLICY  STATE    USED     OWNER   EPOCH\n\
-         vol1  10.0 GiB  gold    healthy  3.0 MiB  host-1  1\n"
+        "NAME  SIZE      POLICY  BLOCK  STATE    USED     OWNER   EPOCH\n\
+         vol1  10.0 GiB  gold    512e   healthy  3.0 MiB  host-1  1\n"
     );
     let listed = json(&tessera(&api, &["volume", "list", "--json"]));
     assert_eq!(listed[0]["size_bytes"], 10_u64 << 30);

@@ -578,6 +578,7 @@ pub async fn typed_records(env: Env) -> Result<()> {
         state: VolumeState::Creating,
         created_ms: 1_700_000_000_000,
         reserved_bytes: 0,
+        block_bytes: 512,
     };
     let outcome = keys::cas(d, &ks.volume(&volume), None, &record, None).await?;
     ensure!(outcome.succeeded);
@@ -838,6 +839,7 @@ pub async fn typed_watch(env: Env) -> Result<()> {
         state: VolumeState::Ready,
         created_ms: 7,
         reserved_bytes: 0,
+        block_bytes: 512,
     };
     let put = keys::put(d, &ks.volume(&volume), &record, None).await?;
     let broken = ks.volume(&VolumeId::new("broken")?);

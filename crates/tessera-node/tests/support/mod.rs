@@ -29,6 +29,7 @@ pub const HOSTS: usize = 4;
 struct VolumeRecord {
     size_bytes: u64,
     policy: String,
+    block_bytes: u32,
     used_bytes: u64,
     divergent: bool,
     first_component: u64,
@@ -124,6 +125,7 @@ fn volume_view(name: &str, v: &VolumeRecord, stopped: &[bool]) -> VolumeView {
         name: name.to_string(),
         size_bytes: v.size_bytes,
         policy: v.policy.clone(),
+        block_bytes: v.block_bytes,
         state: if degraded {
             Health::Degraded
         } else {
@@ -273,6 +275,7 @@ impl ClusterControl for MemoryControl {
         let record = VolumeRecord {
             size_bytes: request.size_bytes,
             policy: policy_name,
+            block_bytes: request.block_bytes.unwrap_or(512),
             used_bytes: 0,
             divergent: false,
             first_component,
