@@ -227,7 +227,6 @@ struct PlannedRecord {
 /// tell a record that was synced and damaged later (a record written after
 /// it names a later sequence) from the torn tail of commits in flight.
 pub(crate) fn run_log_writer(shared: Arc<Shared>) {
-    let log_blocks = shared.geo.log_blocks;
     loop {
         let mut st = shared.state.lock();
         loop {
@@ -242,7 +241,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
                 shared.log_work.wait_for(&mut st, IDLE_WAIT);
                 continue;
             }
-            if st.queue.is_empty() {
+            if st.queue.is_empty() || st.log_writing {
                 shared.log_work.wait_for(&mut st, IDLE_WAIT);
             } else if st.destage_blocks > st.overlay_cap_blocks {
                 shared.destage_work.notify_all();
@@ -265,103 +264,164 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
                 reqs.push(r);
             }
         }
-        // Lay the records out; wait for log space if the tail is too close.
-        let records = loop {
-            // Every sequence from the durable head on may still be lost.
-            let not_durable = st.head_seq;
-            let records = plan_records(
-                &mut reqs,
-                st.written_vhead,
-                st.written_seq,
-                not_durable,
-                log_blocks,
-            );
-            let vend = records
-                .last()
-                .map(|r| r.vstart + r.header.record_blocks() as u64)
-                .unwrap_or(st.written_vhead);
-            if vend - st.vtail <= log_blocks {
-                break Some((records, vend));
+        st.log_writing = true;
+        let (_st, written) = write_batch(&shared, st, reqs);
+        if written.is_some() {
+            shared.sync_work.notify_one();
+        }
+    }
+}
+
+/// True when a request can be committed on the caller's own thread
+/// ([`commit_inline`]): nothing else is being written, waiting to be
+/// written or being synced, so the caller would otherwise only wake the log
+/// writer and a syncer and wait for both. The caller then sets
+/// `log_writing` under the same lock.
+pub(crate) fn can_commit_inline(shared: &Shared, st: &State) -> bool {
+    !st.log_writing
+        && st.queue.is_empty()
+        && st.unsynced.is_empty()
+        && st.syncs_running == 0
+        && st.failed.is_none()
+        && st.destage_blocks <= st.overlay_cap_blocks
+        // Never wait for log space on a caller's thread.
+        && (st.written_vhead - st.vtail) * 2 < shared.geo.log_blocks
+        && !shared.ack_before_durable.load(Ordering::Relaxed)
+        && !shared.stop.load(Ordering::Acquire)
+}
+
+/// Writes and syncs one request as its own group commit on the calling
+/// thread, exactly as the log writer and a syncer would (same layout, same
+/// records, acknowledgement after the sync): at queue depth 1 this saves
+/// the two thread hand-offs, each of which costs about as much as the
+/// write itself on a fast device. Requests that arrive meanwhile queue for
+/// the log writer, which writes them while this sync runs. The caller set
+/// `log_writing` (see [`can_commit_inline`]).
+pub(crate) fn commit_inline(shared: &Shared, req: Request) {
+    let st = shared.state.lock();
+    let (mut st, written) = write_batch(shared, st, vec![req]);
+    let Some(first_seq) = written else {
+        return;
+    };
+    if st.sync_uncovered_seq <= first_seq {
+        let target = st.unsynced.back().map_or(first_seq, |b| b.first_seq);
+        st = sync_and_acknowledge(shared, st, target);
+    }
+    drop(st);
+}
+
+/// Lays out `reqs` as the next group commit and writes it; the batch then
+/// waits for a sync ([`sync_and_acknowledge`]). The caller set
+/// `log_writing`; this clears it once the batch is written (or failed).
+/// Returns the lock and the batch's first sequence if it was written.
+fn write_batch<'a>(
+    shared: &'a Shared,
+    mut st: parking_lot::MutexGuard<'a, State>,
+    mut reqs: Vec<Request>,
+) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
+    let log_blocks = shared.geo.log_blocks;
+    // Lay the records out; wait for log space if the tail is too close.
+    let records = loop {
+        // Every sequence from the durable head on may still be lost.
+        let not_durable = st.head_seq;
+        let records = plan_records(
+            &mut reqs,
+            st.written_vhead,
+            st.written_seq,
+            not_durable,
+            log_blocks,
+        );
+        let vend = records
+            .last()
+            .map(|r| r.vstart + r.header.record_blocks() as u64)
+            .unwrap_or(st.written_vhead);
+        if vend - st.vtail <= log_blocks {
+            break Some((records, vend));
+        }
+        if st.failed.is_some() || shared.stop.load(Ordering::Acquire) {
+            break None;
+        }
+        st.checkpoint_wanted = true;
+        shared.destage_work.notify_all();
+        shared.log_space.wait_for(&mut st, IDLE_WAIT);
+    };
+    let Some((records, vend)) = records else {
+        let reason = st
+            .failed
+            .clone()
+            .unwrap_or_else(|| "disk group closed".into());
+        st.log_writing = false;
+        drop(st);
+        fail_requests(reqs, &reason);
+        return (shared.state.lock(), None);
+    };
+    let first_seq = st.written_seq;
+    let end_seq = records
+        .last()
+        .map(|r| r.header.seq + 1)
+        .unwrap_or(first_seq);
+    let batch_blocks = vend - st.written_vhead;
+    st.written_vhead = vend;
+    st.written_seq = end_seq;
+    let overlapped = !st.unsynced.is_empty() || st.syncs_running > 0;
+    drop(st);
+    if shared.ack_before_durable.load(Ordering::Relaxed) {
+        for r in reqs.iter_mut() {
+            if let Some(done) = r.done.take() {
+                let _ = done.send(Ok(()));
             }
-            if st.failed.is_some() || shared.stop.load(Ordering::Acquire) {
-                break None;
+        }
+    }
+    let result = write_records(shared, &records);
+    let mut st = shared.state.lock();
+    st.log_writing = false;
+    // Requests that queued while this batch was written are the writer's.
+    shared.log_work.notify_one();
+    match result {
+        Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {
+            let mut tokens = Vec::new();
+            let mut logged = Vec::with_capacity(records.len());
+            for r in records {
+                for t in &r.tokens {
+                    tokens.push((*t, r.header.seq, r.vstart));
+                }
+                logged.push(LoggedRecord {
+                    seq: r.header.seq,
+                    vstart: r.vstart,
+                    writes: r.writes,
+                });
             }
-            st.checkpoint_wanted = true;
-            shared.destage_work.notify_all();
-            shared.log_space.wait_for(&mut st, IDLE_WAIT);
-        };
-        let Some((records, vend)) = records else {
+            st.unsynced_blocks += batch_blocks;
+            st.unsynced.push_back(WrittenBatch {
+                first_seq,
+                records: logged,
+                tokens,
+                blocks: batch_blocks,
+                end: (vend, end_seq),
+                reqs,
+            });
+            st.log_stats.group_commits += 1;
+            if overlapped {
+                st.log_stats.overlapped_commits += 1;
+            }
+            (st, Some(first_seq))
+        }
+        Ok(()) => {
+            // The syncer may have stopped: nothing will acknowledge it.
             let reason = st
                 .failed
                 .clone()
                 .unwrap_or_else(|| "disk group closed".into());
             drop(st);
             fail_requests(reqs, &reason);
-            continue;
-        };
-        let first_seq = st.written_seq;
-        let end_seq = records
-            .last()
-            .map(|r| r.header.seq + 1)
-            .unwrap_or(first_seq);
-        let batch_blocks = vend - st.written_vhead;
-        st.written_vhead = vend;
-        st.written_seq = end_seq;
-        let overlapped = !st.unsynced.is_empty() || st.syncs_running > 0;
-        drop(st);
-        if shared.ack_before_durable.load(Ordering::Relaxed) {
-            for r in reqs.iter_mut() {
-                if let Some(done) = r.done.take() {
-                    let _ = done.send(Ok(()));
-                }
-            }
+            (shared.state.lock(), None)
         }
-        let result = write_records(&shared, &records);
-        let mut st = shared.state.lock();
-        match result {
-            Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {
-                let mut tokens = Vec::new();
-                let mut logged = Vec::with_capacity(records.len());
-                for r in records {
-                    for t in &r.tokens {
-                        tokens.push((*t, r.header.seq, r.vstart));
-                    }
-                    logged.push(LoggedRecord {
-                        seq: r.header.seq,
-                        vstart: r.vstart,
-                        writes: r.writes,
-                    });
-                }
-                st.unsynced_blocks += batch_blocks;
-                st.unsynced.push_back(WrittenBatch {
-                    first_seq,
-                    records: logged,
-                    tokens,
-                    blocks: batch_blocks,
-                    end: (vend, end_seq),
-                    reqs,
-                });
-                st.log_stats.group_commits += 1;
-                if overlapped {
-                    st.log_stats.overlapped_commits += 1;
-                }
-                shared.sync_work.notify_one();
-            }
-            Ok(()) => {
-                // The syncer may have stopped: nothing will acknowledge it.
-                let reason = st
-                    .failed
-                    .clone()
-                    .unwrap_or_else(|| "disk group closed".into());
-                drop(st);
-                fail_requests(reqs, &reason);
-            }
-            Err(e) => {
-                let reason = format!("cache device: {e}");
-                st.fail_group(reason.clone());
-                drop(st);
-                fail_requests(reqs, &reason);
-            }
+        Err(e) => {
+            let reason = format!("cache device: {e}");
+            st.fail_group(reason.clone());
+            drop(st);
+            fail_requests(reqs, &reason);
+            (shared.state.lock(), None)
         }
     }
 }
@@ -392,47 +452,59 @@ pub(crate) fn run_log_syncer(shared: Arc<Shared>) {
             }
             shared.sync_work.wait_for(&mut st, IDLE_WAIT);
         };
-        st.sync_uncovered_seq = target + 1;
-        st.syncs_running += 1;
-        drop(st);
-        let result = shared.cache_disk().sync();
-        let mut st = shared.state.lock();
-        st.syncs_running -= 1;
-        st.log_stats.syncs += 1;
-        if let Err(e) = result {
-            st.fail_group(format!("cache device: {e}"));
-            shared.log_space.notify_all();
-            continue;
+        drop(sync_and_acknowledge(&shared, st, target));
+    }
+}
+
+/// Runs one `fdatasync` covering every batch up to the one that starts at
+/// `target` (all written before it begins), then hands their records to
+/// the destager and acknowledges their requests in log order.
+fn sync_and_acknowledge<'a>(
+    shared: &'a Shared,
+    mut st: parking_lot::MutexGuard<'a, State>,
+    target: u64,
+) -> parking_lot::MutexGuard<'a, State> {
+    st.sync_uncovered_seq = target + 1;
+    st.syncs_running += 1;
+    drop(st);
+    let result = shared.cache_disk().sync();
+    let mut st = shared.state.lock();
+    st.syncs_running -= 1;
+    st.log_stats.syncs += 1;
+    if let Err(e) = result {
+        st.fail_group(format!("cache device: {e}"));
+        shared.log_space.notify_all();
+        return st;
+    }
+    let mut done: Vec<Request> = Vec::new();
+    while st.unsynced.front().is_some_and(|b| b.first_seq <= target) {
+        let Some(batch) = st.unsynced.pop_front() else {
+            break;
+        };
+        st.unsynced_blocks = st.unsynced_blocks.saturating_sub(batch.blocks);
+        (st.vhead, st.head_seq) = batch.end;
+        for (token, seq, vstart) in batch.tokens {
+            st.unapplied.insert(token, (seq, vstart));
         }
-        let mut done: Vec<Request> = Vec::new();
-        while st.unsynced.front().is_some_and(|b| b.first_seq <= target) {
-            let Some(batch) = st.unsynced.pop_front() else {
-                break;
-            };
-            st.unsynced_blocks = st.unsynced_blocks.saturating_sub(batch.blocks);
-            (st.vhead, st.head_seq) = batch.end;
-            for (token, seq, vstart) in batch.tokens {
-                st.unapplied.insert(token, (seq, vstart));
-            }
-            for r in batch.records {
-                st.destage_blocks += r.writes.len() as u64;
-                st.destage.push_back(r);
-            }
-            done.extend(batch.reqs);
+        for r in batch.records {
+            st.destage_blocks += r.writes.len() as u64;
+            st.destage.push_back(r);
         }
-        if !done.is_empty() {
-            shared.destage_work.notify_all();
-            shared.log_space.notify_all();
-        }
-        // Batches written during this sync may wait for a free syncer.
-        shared.sync_work.notify_one();
-        drop(st);
-        for mut r in done {
-            if let Some(done) = r.done.take() {
-                let _ = done.send(Ok(()));
-            }
+        done.extend(batch.reqs);
+    }
+    if !done.is_empty() {
+        shared.destage_work.notify_all();
+        shared.log_space.notify_all();
+    }
+    // Batches written during this sync may wait for a free syncer.
+    shared.sync_work.notify_one();
+    drop(st);
+    for mut r in done {
+        if let Some(done) = r.done.take() {
+            let _ = done.send(Ok(()));
         }
     }
+    shared.state.lock()
 }
 
 fn fail_requests(reqs: Vec<Request>, reason: &str) {

@@ -541,14 +541,26 @@ impl DiskGroup {
                         token: None,
                         done: Some(tx),
                     };
-                    Self::enqueue(&mut st, &self.shared, req);
-                    Ok(rx)
+                    // A lone write is committed on this thread (as a lone
+                    // read is read on it): see `engine::commit_inline`.
+                    if engine::can_commit_inline(&self.shared, &st) {
+                        st.log_writing = true;
+                        Ok((rx, Some(req)))
+                    } else {
+                        Self::enqueue(&mut st, &self.shared, req);
+                        Ok((rx, None))
+                    }
                 } else {
                     Err(need)
                 }
             };
             match step {
-                Ok(rx) => return Self::wait(rx).await,
+                Ok((rx, inline)) => {
+                    if let Some(req) = inline {
+                        engine::commit_inline(&self.shared, req);
+                    }
+                    return Self::wait(rx).await;
+                }
                 Err(need) => self.load(need).await?,
             }
         }

@@ -321,6 +321,7 @@ pub(crate) fn load_state(
         alloc,
         pending_free: Vec::new(),
         shares: std::collections::HashMap::new(),
+        log_writing: false,
         queue: VecDeque::new(),
         destage: VecDeque::new(),
         destage_blocks: 0,

@@ -183,6 +183,9 @@ pub(crate) struct State {
     /// head by the batches written and waiting for their sync.
     pub(crate) written_vhead: u64,
     pub(crate) written_seq: u64,
+    /// A group commit is being laid out and written (by the log writer, or
+    /// inline by a lone request's caller): no one else may write the log.
+    pub(crate) log_writing: bool,
     /// Group commits written and not yet synced, in log order.
     pub(crate) unsynced: VecDeque<WrittenBatch>,
     /// Log blocks those batches take.

@@ -180,7 +180,7 @@ async fn writer(
 
 /// Runs power-cut cycles; returns violations summed.
 async fn power_cut_cycles(cycles: u64, ack_before_durable: bool, seed: u64) -> (Violations, u64) {
-    let (v, acked, _) = power_cut_cycles_on(cycles, ack_before_durable, seed, None).await;
+    let (v, acked, _) = power_cut_cycles_on(cycles, ack_before_durable, seed, None, WRITERS).await;
     (v, acked)
 }
 
@@ -192,6 +192,7 @@ async fn power_cut_cycles_on(
     ack_before_durable: bool,
     seed: u64,
     cache_delay: Option<Duration>,
+    writers: u64,
 ) -> (Violations, u64, tessera_store::LogStats) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut log = tessera_store::LogStats::default();
@@ -211,7 +212,7 @@ async fn power_cut_cycles_on(
         let shared = Arc::new(parking_lot::Mutex::new(std::mem::take(&mut ledger)));
         let acks = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut tasks = Vec::new();
-        for w in 0..WRITERS {
+        for w in 0..writers {
             tasks.push(tokio::spawn(writer(
                 dg.clone(),
                 w,
@@ -256,6 +257,18 @@ async fn power_cuts_lose_no_acknowledged_write() {
     assert_eq!(v.total(), 0, "{v:?}");
 }
 
+/// One writer, one write at a time: every write is committed on the
+/// writer's own thread (nothing else is in flight), and the power goes at
+/// random moments of that path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
+    let n = cycles();
+    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1).await;
+    println!("power cut, one writer: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}");
+    assert!(acked > 0, "nothing was acknowledged");
+    assert_eq!(v.total(), 0, "{v:?}");
+}
+
 /// The log writer writes the next group commit while earlier ones wait for
 /// their sync. A slow cache device keeps several commits in flight at once,
 /// so power cuts land with more than one commit written and not synced (the
@@ -266,8 +279,14 @@ async fn power_cuts_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_with_commits_in_flight_together_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) =
-        power_cut_cycles_on(n, false, 0x00f1_19b7, Some(Duration::from_micros(400))).await;
+    let (v, acked, log) = power_cut_cycles_on(
+        n,
+        false,
+        0x00f1_19b7,
+        Some(Duration::from_micros(400)),
+        WRITERS,
+    )
+    .await;
     println!(
         "power cut, slow cache device: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
     );
