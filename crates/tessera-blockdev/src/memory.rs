@@ -13,10 +13,16 @@
 //! buffer once across the devices holding it. An optional allocation limit
 //! stands in for a datastore running out of space: a command that would
 //! allocate blocks past it fails with [`BlockError::NoSpace`] and changes
-//! nothing, while writes to blocks already allocated go on.
+//! nothing, while writes to blocks already allocated go on. A write keeps
+//! the pieces of its data that cover whole chunks as they are (`Bytes` never
+//! change, so no copy is needed) when the write is at most
+//! `KEEP_MAX_BYTES`; a kept piece holds its whole write buffer in memory
+//! until every piece of it is overwritten. Large reads fill buffers that
+//! come back to the device once the reader drops them.
 //! Invariants: bytes of a chunk's buffer that belong to blocks not holding
 //! data are zero, so a read copies a chunk without looking at its blocks; a
-//! buffer is written only while this chunk is its sole holder.
+//! buffer is written only while this chunk is its sole holder and owns it
+//! (a kept piece is copied into an owned buffer first).
 
 use crate::{
     check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
@@ -39,6 +45,10 @@ const CHUNK_BLOCKS: u64 = 16;
 const CHUNK: u64 = BLOCK * CHUNK_BLOCKS;
 /// Shards of the chunk map; a power of two well above the worker count.
 const SHARDS: usize = 64;
+/// Largest write whose whole-chunk pieces are kept by reference rather than
+/// copied: a kept piece holds its whole write buffer in memory, so this
+/// bounds that buffer to sixteen chunks.
+const KEEP_MAX_BYTES: u64 = 16 * CHUNK;
 
 /// Hashes chunk numbers with the splitmix64 finaliser: they are trusted
 /// integers, so the DoS resistance of the default SipHash buys nothing.
@@ -64,12 +74,41 @@ impl Hasher for ChunkHasher {
     }
 }
 
+/// The `CHUNK` bytes of a chunk that holds data.
+enum ChunkBytes {
+    /// A buffer of the device's own, written in place.
+    Owned(Box<[u8]>),
+    /// A whole-chunk piece of a write's data, kept as the writer handed it
+    /// over instead of copied (`Bytes` never change); the first write to
+    /// part of the chunk copies it into an owned buffer.
+    Kept(Bytes),
+}
+
+impl ChunkBytes {
+    fn zeroed() -> Arc<ChunkBytes> {
+        Arc::new(ChunkBytes::Owned(
+            vec![0u8; CHUNK as usize].into_boxed_slice(),
+        ))
+    }
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Owned(bytes) => bytes,
+            ChunkBytes::Kept(bytes) => bytes,
+        }
+    }
+}
+
 /// Sixteen blocks: which hold data, which are allocated zeros.
 #[derive(Default, Clone)]
 struct Chunk {
     /// `CHUNK` bytes while some block holds data; shared between chunks
     /// (of this or another device) after a copy, until one of them writes.
-    data: Option<Arc<[u8]>>,
+    data: Option<Arc<ChunkBytes>>,
     data_mask: u16,
     zero_mask: u16,
 }
@@ -90,19 +129,34 @@ impl Chunk {
         (self.data_mask | self.zero_mask).count_ones() as u64
     }
 
+    /// The chunk's bytes, writable: a buffer shared with another chunk or
+    /// kept from a write is first copied into one of the chunk's own.
     fn buffer(&mut self) -> &mut [u8] {
-        Arc::make_mut(
-            self.data
-                .get_or_insert_with(|| Arc::from(vec![0u8; CHUNK as usize])),
-        )
+        let data = self.data.get_or_insert_with(ChunkBytes::zeroed);
+        if !matches!(Arc::get_mut(data), Some(ChunkBytes::Owned(_))) {
+            *data = Arc::new(ChunkBytes::Owned(Box::from(&data[..])));
+        }
+        match Arc::get_mut(data) {
+            Some(ChunkBytes::Owned(bytes)) => bytes,
+            _ => unreachable!("the chunk's buffer was just made its own"),
+        }
     }
 
     /// Zeros the bytes of a block that stops holding data.
     fn clear_block(&mut self, index: u64) {
-        if let Some(data) = self.data.as_mut() {
+        if self.data.is_some() {
             let at = (index * BLOCK) as usize;
-            Arc::make_mut(data)[at..at + BLOCK as usize].fill(0);
+            self.buffer()[at..at + BLOCK as usize].fill(0);
         }
+    }
+
+    /// Makes every block hold data, taken from `data` (`CHUNK` bytes)
+    /// without a copy; returns the buffer the chunk held before, to be
+    /// dropped outside the shard lock.
+    fn keep(&mut self, data: Bytes) -> Option<Arc<ChunkBytes>> {
+        self.data_mask = u16::MAX;
+        self.zero_mask = 0;
+        self.data.replace(Arc::new(ChunkBytes::Kept(data)))
     }
 }
 
@@ -118,10 +172,66 @@ enum AllocationGuard<'a> {
     },
 }
 
+/// Buffers of large reads, given back when every `Bytes` cut from them is
+/// dropped (a frontend drops a reply once it is sent) and reused by later
+/// reads: such a buffer is still mapped, and usually still in cache, where a
+/// new allocation of that size goes back and forth to the kernel through
+/// the allocator and is faulted in page by page.
+#[derive(Default)]
+struct ReadBuffers {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Reads of at least this many bytes get a reused buffer; smaller ones are
+/// cheap to allocate.
+const REUSED_READ_MIN_BYTES: usize = CHUNK as usize;
+/// Most bytes of free read buffers a device keeps, and the largest buffer
+/// it keeps.
+const REUSED_READ_MAX_BYTES: usize = 8 << 20;
+
+impl ReadBuffers {
+    /// An empty buffer with room for exactly `len` bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock();
+        match free.iter().rposition(|b| b.capacity() == len) {
+            Some(at) => free.remove(at),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    fn give_back(&self, mut buffer: Vec<u8>) {
+        let mut free = self.free.lock();
+        let held: usize = free.iter().map(Vec::capacity).sum();
+        if held + buffer.capacity() <= REUSED_READ_MAX_BYTES {
+            buffer.clear();
+            free.push(buffer);
+        }
+    }
+}
+
+/// A read's buffer while `Bytes` point into it.
+struct ReadBuffer {
+    bytes: Vec<u8>,
+    home: Arc<ReadBuffers>,
+}
+
+impl AsRef<[u8]> for ReadBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for ReadBuffer {
+    fn drop(&mut self) {
+        self.home.give_back(std::mem::take(&mut self.bytes));
+    }
+}
+
 /// A thin device held in memory.
 pub struct MemoryDevice {
     info: DeviceInfo,
     shards: Vec<Mutex<ChunkMap>>,
+    read_buffers: Arc<ReadBuffers>,
     allocated_blocks: AtomicU64,
     /// Writers take it shared; COMPARE AND WRITE takes it exclusively, and
     /// so does every allocating command while an allocation limit is set
@@ -166,6 +276,7 @@ impl MemoryDevice {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(ChunkMap::default()))
                 .collect(),
+            read_buffers: Arc::default(),
             allocated_blocks: AtomicU64::new(0),
             atomicity: RwLock::new(()),
             allocation_limit: None,
@@ -277,34 +388,56 @@ impl MemoryDevice {
 
     /// Each output byte is written once (copied or zero-filled).
     fn read_now(&self, offset: u64, len: u64) -> Bytes {
-        let mut out = BytesMut::with_capacity(len as usize);
+        let len = len as usize;
+        if !(REUSED_READ_MIN_BYTES..=REUSED_READ_MAX_BYTES).contains(&len) {
+            let mut out = BytesMut::with_capacity(len);
+            self.read_into(offset, len as u64, &mut out);
+            return out.freeze();
+        }
+        let mut out = self.read_buffers.take(len);
+        self.read_into(offset, len as u64, &mut out);
+        Bytes::from_owner(ReadBuffer {
+            bytes: out,
+            home: self.read_buffers.clone(),
+        })
+    }
+
+    /// Appends the `len` bytes at `offset` to `out`.
+    fn read_into(&self, offset: u64, len: u64, out: &mut impl BufMut) {
         for (chunk, within, step) in chunk_pieces(offset, offset + len) {
             let shard = self.shard(chunk).lock();
             match shard.get(&chunk).and_then(|c| c.data.as_deref()) {
-                Some(data) => {
-                    out.extend_from_slice(&data[within as usize..(within + step) as usize])
-                }
+                Some(data) => out.put_slice(&data[within as usize..(within + step) as usize]),
                 None => out.put_bytes(0, step as usize),
             }
         }
-        out.freeze()
     }
 
-    fn write_now(&self, offset: u64, data: &[u8]) {
+    /// Pieces of `data` that cover a whole chunk are kept by reference when
+    /// `data` is at most [`KEEP_MAX_BYTES`]; the rest is copied.
+    fn write_now(&self, offset: u64, data: &Bytes) {
+        let keep = data.len() as u64 <= KEEP_MAX_BYTES;
         let mut added = 0u64;
         for (chunk, within, step) in chunk_pieces(offset, offset + data.len() as u64) {
             let src_at = (chunk * CHUNK + within - offset) as usize;
             let src = &data[src_at..src_at + step as usize];
             let mut shard = self.shard(chunk).lock();
             let entry = shard.entry(chunk).or_default();
-            entry.buffer()[within as usize..(within + step) as usize].copy_from_slice(src);
             let before = entry.allocated();
-            for index in within / BLOCK..(within + step).div_ceil(BLOCK) {
-                let bit = 1u16 << index;
-                entry.zero_mask &= !bit;
-                entry.data_mask |= bit;
-            }
+            let replaced = if keep && step == CHUNK {
+                entry.keep(data.slice(src_at..src_at + CHUNK as usize))
+            } else {
+                entry.buffer()[within as usize..(within + step) as usize].copy_from_slice(src);
+                for index in within / BLOCK..(within + step).div_ceil(BLOCK) {
+                    let bit = 1u16 << index;
+                    entry.zero_mask &= !bit;
+                    entry.data_mask |= bit;
+                }
+                None
+            };
             added += entry.allocated() - before;
+            drop(shard);
+            drop(replaced);
         }
         self.allocated_blocks.fetch_add(added, Ordering::Relaxed);
     }
@@ -653,6 +786,54 @@ mod tests {
             );
             dev.unmap(0, 8192).await.unwrap();
             assert_eq!(dev.space().allocated_bytes, 0);
+        });
+    }
+
+    #[test]
+    fn whole_chunks_of_a_write_are_kept_and_later_writes_leave_the_writer_buffer_alone() {
+        let dev = MemoryDevice::new("t", 8 * CHUNK);
+        block_on(async {
+            // Ragged at both ends: two whole chunks in the middle are kept.
+            let payload = Bytes::from(vec![3u8; (3 * CHUNK) as usize]);
+            let at = CHUNK / 2;
+            dev.write(at, payload.clone(), WriteFlags::default())
+                .await
+                .unwrap();
+            assert_eq!(dev.space().allocated_bytes, 3 * CHUNK);
+            assert_eq!(dev.physical_bytes(), 3 * CHUNK);
+            // A partial write, a zeroed block and an unmapped block inside
+            // kept chunks change the device, not the caller's buffer.
+            dev.write(
+                CHUNK + 100,
+                Bytes::from(vec![9u8; 50]),
+                WriteFlags::default(),
+            )
+            .await
+            .unwrap();
+            dev.write_zeroes(2 * CHUNK, BLOCK, ZeroMode::KeepAllocated)
+                .await
+                .unwrap();
+            dev.unmap(2 * CHUNK + BLOCK, BLOCK).await.unwrap();
+            assert!(payload.iter().all(|&b| b == 3));
+            let mut model = vec![0u8; (8 * CHUNK) as usize];
+            model[at as usize..(at + 3 * CHUNK) as usize].fill(3);
+            model[(CHUNK + 100) as usize..(CHUNK + 150) as usize].fill(9);
+            model[(2 * CHUNK) as usize..(2 * CHUNK + 2 * BLOCK) as usize].fill(0);
+            assert_eq!(&dev.read(0, 8 * CHUNK).await.unwrap()[..], &model[..]);
+            assert_eq!(dev.space().allocated_bytes, 3 * CHUNK - BLOCK);
+            let map = dev.block_status(2 * CHUNK, 3 * BLOCK).await.unwrap();
+            let kinds: Vec<ExtentKind> = map.iter().map(|e| e.kind).collect();
+            assert_eq!(
+                kinds,
+                vec![ExtentKind::Zero, ExtentKind::Hole, ExtentKind::Data]
+            );
+            // A copy shares a kept chunk like any other.
+            let other = MemoryDevice::new("o", 8 * CHUNK);
+            other.copy_from(&dev, CHUNK, 0, CHUNK).await.unwrap();
+            assert_eq!(
+                other.read(0, CHUNK).await.unwrap(),
+                dev.read(CHUNK, CHUNK).await.unwrap()
+            );
         });
     }
 

@@ -19,6 +19,7 @@
 pub mod catalog;
 pub mod fuzzing;
 pub mod negotiate;
+pub mod payload;
 pub mod proto;
 pub mod request;
 pub mod server;

@@ -10,14 +10,21 @@
 //!   device future completes at once is answered without any hand-off, and
 //!   slower ones run concurrently on the same task (at most
 //!   [`MAX_IN_FLIGHT`]), so replies go out in completion order;
-//! - replies are written by that task alone, batched into one vectored write
-//!   per wake-up, so chunks of different replies never interleave;
+//! - replies are written by that task alone, in vectored writes, so chunks
+//!   of different replies never interleave; while the socket still holds
+//!   requests, replies wait (up to `MAX_HELD_REPLIES`) and go out together
+//!   once it runs dry, so a busy connection answers in batches and an idle
+//!   one at once;
+//! - a WRITE payload of at least `OWN_BUFFER_PAYLOAD_BYTES` is read from
+//!   the socket straight into a buffer of its own (from [`crate::payload`]),
+//!   handed to the device without a copy; the device may keep it;
 //! - every read from the peer is bounded: option payloads by
 //!   `MAX_OPTION_DATA_BYTES`, write payloads by `MAX_PAYLOAD_BYTES`, the
 //!   handshake by [`HANDSHAKE_TIMEOUT`].
 
 use crate::catalog::ExportCatalog;
 use crate::negotiate::{Negotiation, Session, Step};
+use crate::payload;
 use crate::proto::{
     self, decode_client_flags, decode_option_header, decode_request_header,
     encode_block_status_chunk, encode_data_chunk_header, encode_done_chunk, encode_error_chunk,
@@ -57,9 +64,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// does not spin.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Read buffer growth step, in bytes.
-const READ_BUFFER_BYTES: usize = 512 * 1024;
-/// Smallest free space kept in the read buffer before a read, in bytes.
-const READ_SPARE_BYTES: usize = 64 * 1024;
+const READ_BUFFER_BYTES: usize = 128 * 1024;
+/// Most bytes one read takes into the read buffer: room for several small
+/// requests, while little of a large payload that follows a header lands
+/// there (it is moved to the payload's own buffer).
+const READ_AHEAD_BYTES: usize = 32 * 1024;
+/// WRITE payloads of at least this many bytes are read into a buffer of
+/// their own, exactly their size, which the device receives as is (a
+/// memory device keeps its whole-chunk pieces without a copy); smaller
+/// ones are split off the shared read buffer.
+const OWN_BUFFER_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Growth step of the reply header buffer, in bytes.
 const HEADER_BUFFER_BYTES: usize = 64 * 1024;
 /// Reply bytes queued before the connection stops starting requests and
@@ -67,6 +81,10 @@ const HEADER_BUFFER_BYTES: usize = 64 * 1024;
 const MAX_QUEUED_REPLY_BYTES: usize = 1024 * 1024;
 /// Buffers handed to one vectored write.
 const MAX_IOVECS: usize = 64;
+/// Replies held back while the socket still has requests to read: they go
+/// out together once it has none (or this many are waiting), in one write
+/// instead of one each.
+const MAX_HELD_REPLIES: usize = 32;
 
 /// Why a connection or the server ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -280,6 +298,8 @@ struct OutQueue {
     chunks: VecDeque<Bytes>,
     /// Bytes in `chunks`.
     chunk_bytes: usize,
+    /// Replies queued since the last write.
+    held: usize,
 }
 
 impl OutQueue {
@@ -288,10 +308,13 @@ impl OutQueue {
             head: BytesMut::with_capacity(HEADER_BUFFER_BYTES),
             chunks: VecDeque::new(),
             chunk_bytes: 0,
+            held: 0,
         }
     }
 
+    /// Where the next reply's header goes; called once per reply.
     fn header(&mut self) -> &mut BytesMut {
+        self.held += 1;
         if self.head.capacity() - self.head.len() < 4096 {
             self.head.reserve(HEADER_BUFFER_BYTES);
         }
@@ -325,6 +348,7 @@ impl OutQueue {
     /// Writes as much as the socket takes without waiting; `Ok(false)` when
     /// the socket is full.
     fn write_now(&mut self, stream: &TcpStream) -> io::Result<bool> {
+        self.held = 0;
         self.seal();
         while !self.chunks.is_empty() {
             let slices: Vec<IoSlice<'_>> = self
@@ -368,6 +392,9 @@ struct Connection<'a> {
     rbuf: BytesMut,
     /// A WRITE header whose payload has not fully arrived.
     pending: Option<RequestHeader>,
+    /// The pending WRITE's own payload buffer, when it is large enough to
+    /// get one: the socket is read straight into it.
+    payload: Option<Vec<u8>>,
     out: OutQueue,
     inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
     shutting_down: bool,
@@ -386,6 +413,7 @@ impl<'a> Connection<'a> {
             device: session.device,
             rbuf: BytesMut::with_capacity(READ_BUFFER_BYTES),
             pending: None,
+            payload: None,
             out: OutQueue::new(),
             inflight: FuturesUnordered::new(),
             shutting_down: false,
@@ -395,30 +423,40 @@ impl<'a> Connection<'a> {
     async fn run(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), Failure> {
         tokio::pin!(shutdown);
         let mut closing = false;
+        // The last read found the socket empty.
+        let mut drained = true;
         loop {
             closing |= self.start_requests().await?;
-            if !self.out.is_empty() {
+            let want_read = !closing && self.inflight.len() < MAX_IN_FLIGHT;
+            // While requests keep arriving, replies wait for the socket to
+            // run dry: a loaded server answers in batches (fewer writes and
+            // fewer wake-ups of the client), an idle one at once.
+            let send = drained || !want_read || self.out.held >= MAX_HELD_REPLIES;
+            if send && !self.out.is_empty() {
                 self.out.write_now(self.stream)?;
             }
             if closing && self.inflight.is_empty() && self.out.is_empty() {
                 return Ok(());
             }
-            let want_read = !closing && self.inflight.len() < MAX_IN_FLIGHT;
             // The rest of the current frame's payload.
             let missing = self
                 .pending
-                .map(|h| (h.payload_bytes() as usize).saturating_sub(self.rbuf.len()))
+                .map(|h| {
+                    let have = self.payload.as_ref().map_or(self.rbuf.len(), |p| p.len());
+                    (h.payload_bytes() as usize).saturating_sub(have)
+                })
                 .unwrap_or(0);
-            if want_read {
-                // Room for the rest of the current frame. Once the payloads
-                // handed to the device are dropped the buffer is unique
-                // again and `reserve` reuses it instead of allocating.
-                let wanted = missing.max(READ_SPARE_BYTES);
+            if want_read && self.payload.is_none() {
+                // Room for the rest of a small frame, or a read ahead. Once
+                // the payloads handed to the device are dropped the buffer
+                // is unique again and `reserve` reuses it instead of
+                // allocating.
+                let wanted = missing.max(READ_AHEAD_BYTES);
                 if self.rbuf.capacity() - self.rbuf.len() < wanted {
                     self.rbuf.reserve(wanted.max(READ_BUFFER_BYTES));
                 }
             }
-            let has_output = !self.out.is_empty();
+            let has_output = send && !self.out.is_empty();
             tokio::select! {
                 biased;
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
@@ -430,20 +468,20 @@ impl<'a> Connection<'a> {
                 }
                 ready = self.stream.readable(), if want_read => {
                     ready?;
-                    // A large payload is read up to its end and no further,
-                    // so the buffer empties at a frame boundary: the next
-                    // `reserve` moves nothing and the buffer stays small
-                    // enough to stay in cache between the socket copy and
-                    // the device copy.
-                    let read = if missing > READ_SPARE_BYTES {
-                        self.stream.try_read_buf(&mut (&mut self.rbuf).limit(missing))
-                    } else {
-                        self.stream.try_read_buf(&mut self.rbuf)
+                    // A large payload is read into its own buffer up to its
+                    // end and no further; otherwise a bounded read ahead,
+                    // so little of a large payload lands in the shared
+                    // buffer and has to be moved out.
+                    let read = match self.payload.as_mut() {
+                        Some(payload) => self.stream.try_read_buf(&mut payload.limit(missing)),
+                        None => self.stream.try_read_buf(
+                            &mut (&mut self.rbuf).limit(missing.max(READ_AHEAD_BYTES)),
+                        ),
                     };
                     match read {
                         Ok(0) => closing = true,
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Ok(_) => drained = false,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => drained = true,
                         Err(e) => return Err(e.into()),
                     }
                 }
@@ -518,12 +556,24 @@ impl<'a> Connection<'a> {
             }
         };
         let need = header.payload_bytes() as usize;
-        if self.rbuf.len() < need {
-            self.pending = Some(header);
-            return Ok(None);
+        if let Some(payload) = self.payload.take() {
+            if payload.len() == need {
+                return Ok(Some((header, payload::freeze(payload))));
+            }
+            self.payload = Some(payload);
+        } else if self.rbuf.len() >= need {
+            let payload = self.rbuf.split_to(need).freeze();
+            return Ok(Some((header, payload)));
+        } else if need >= OWN_BUFFER_PAYLOAD_BYTES {
+            // Everything buffered belongs to this payload: at most a read
+            // ahead, moved once.
+            let mut payload = payload::buffer(need);
+            payload.extend_from_slice(&self.rbuf);
+            self.rbuf.clear();
+            self.payload = Some(payload);
         }
-        let payload = self.rbuf.split_to(need).freeze();
-        Ok(Some((header, payload)))
+        self.pending = Some(header);
+        Ok(None)
     }
 
     fn reject(&mut self, header: &RequestHeader, rejection: Rejection) {

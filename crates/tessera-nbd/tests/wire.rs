@@ -302,6 +302,87 @@ fn replies_come_back_in_completion_order() {
 }
 
 #[test]
+fn pipelined_and_trickled_writes_of_every_size_are_answered_and_read_back() {
+    count_panics();
+    let device = Arc::new(MemoryDevice::new("vol", 16 * MIB));
+    let server = TestServer::start(Arc::new(StaticCatalog::single("vol", device)));
+    let mut s = session(server.addr, false);
+    // Sizes on both sides of the payload size that gets its own buffer and
+    // of the device's whole chunks; offsets aligned and not.
+    let writes: Vec<(u64, usize)> = vec![
+        (0, 4096),
+        (8192, 65535),
+        (MIB, 65536),
+        (2 * MIB + 512, 65537),
+        (3 * MIB, 256 * 1024),
+        (4 * MIB + 4096, MIB as usize + 4096),
+        (6 * MIB, 512),
+        (7 * MIB, 2 * MIB as usize),
+    ];
+    let data: Vec<Vec<u8>> = (0..writes.len())
+        .map(|i| common::random_bytes(i as u64, writes[i].1))
+        .collect();
+    // All at once: the server reads them back to back.
+    let mut burst = Vec::new();
+    for (i, &(offset, len)) in writes.iter().enumerate() {
+        let mut out = BytesMut::new();
+        encode_request_header(
+            &mut out,
+            &RequestHeader {
+                flags: 0,
+                command: cmd::WRITE,
+                cookie: i as u64,
+                offset,
+                len: len as u32,
+            },
+        );
+        burst.extend_from_slice(&out);
+        burst.extend_from_slice(&data[i]);
+    }
+    s.write_all(&burst).expect("send burst");
+    let mut answered: Vec<u64> = (0..writes.len())
+        .map(|_| simple_reply(&mut s))
+        .map(|(e, c)| {
+            assert_eq!(e, 0, "write {c} failed");
+            c
+        })
+        .collect();
+    answered.sort_unstable();
+    assert_eq!(answered, (0..writes.len() as u64).collect::<Vec<_>>());
+    // One large write in small pieces with pauses: the payload arrives over
+    // many reads, some of them ending inside the header.
+    let trickled = common::random_bytes(99, 300_000);
+    let mut out = BytesMut::new();
+    encode_request_header(
+        &mut out,
+        &RequestHeader {
+            flags: 0,
+            command: cmd::WRITE,
+            cookie: 100,
+            offset: 10 * MIB + 100,
+            len: trickled.len() as u32,
+        },
+    );
+    out.put_slice(&trickled);
+    for piece in out.chunks(7000) {
+        s.write_all(piece).expect("send piece");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(simple_reply(&mut s), (0, 100));
+    for (i, &(offset, len)) in writes
+        .iter()
+        .chain(std::iter::once(&(10 * MIB + 100, trickled.len())))
+        .enumerate()
+    {
+        request(&mut s, cmd::READ, 1000 + i as u64, offset, len as u32, &[]);
+        assert_eq!(simple_reply(&mut s), (0, 1000 + i as u64));
+        let expected = data.get(i).unwrap_or(&trickled);
+        assert!(read_exact(&mut s, len) == *expected, "read back {i}");
+    }
+    still_serving(server.addr);
+}
+
+#[test]
 fn export_name_option_enters_transmission_without_zero_padding() {
     count_panics();
     let catalog = Arc::new(StaticCatalog::single(
