@@ -309,15 +309,30 @@ fn pipelined_and_trickled_writes_of_every_size_are_answered_and_read_back() {
     let mut s = session(server.addr, false);
     // Sizes on both sides of the payload size that gets its own buffer and
     // of the device's whole chunks; offsets aligned and not.
+    // Runs of one size, broken by other sizes, test the server's guess that
+    // the next payload has the size of the last ones.
+    let q = 256 * 1024;
     let writes: Vec<(u64, usize)> = vec![
         (0, 4096),
         (8192, 65535),
         (MIB, 65536),
         (2 * MIB + 512, 65537),
-        (3 * MIB, 256 * 1024),
+        (3 * MIB, q),
         (4 * MIB + 4096, MIB as usize + 4096),
         (6 * MIB, 512),
         (7 * MIB, 2 * MIB as usize),
+        (9 * MIB, q),
+        (9 * MIB + q as u64, q),
+        (9 * MIB + 2 * q as u64, q),
+        (9 * MIB + 3 * q as u64, q / 2),
+        (11 * MIB, q),
+        (11 * MIB + q as u64, q),
+        (11 * MIB + 2 * q as u64, q),
+        (12 * MIB, 4096),
+        (12 * MIB + 8192, q),
+        (12 * MIB + 8192 + q as u64, q),
+        (12 * MIB + 8192 + 2 * q as u64, q),
+        (13 * MIB, 2 * q),
     ];
     let data: Vec<Vec<u8>> = (0..writes.len())
         .map(|i| common::random_bytes(i as u64, writes[i].1))
@@ -349,35 +364,49 @@ fn pipelined_and_trickled_writes_of_every_size_are_answered_and_read_back() {
         .collect();
     answered.sort_unstable();
     assert_eq!(answered, (0..writes.len() as u64).collect::<Vec<_>>());
-    // One large write in small pieces with pauses: the payload arrives over
-    // many reads, some of them ending inside the header.
-    let trickled = common::random_bytes(99, 300_000);
-    let mut out = BytesMut::new();
-    encode_request_header(
-        &mut out,
-        &RequestHeader {
-            flags: 0,
-            command: cmd::WRITE,
-            cookie: 100,
-            offset: 10 * MIB + 100,
-            len: trickled.len() as u32,
-        },
-    );
-    out.put_slice(&trickled);
-    for piece in out.chunks(7000) {
+    // Large writes (a run of one size, then another size) sent in small
+    // pieces with pauses: payloads arrive over many reads, some of them
+    // ending inside a header.
+    let trickled: Vec<(u64, Vec<u8>)> = [100_000usize, 100_000, 100_000, 70_000]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let offset = 10 * MIB + 100 + 100_000 * i as u64;
+            (offset, common::random_bytes(100 + i as u64, len))
+        })
+        .collect();
+    let mut stream = BytesMut::new();
+    for (i, (offset, bytes)) in trickled.iter().enumerate() {
+        encode_request_header(
+            &mut stream,
+            &RequestHeader {
+                flags: 0,
+                command: cmd::WRITE,
+                cookie: 100 + i as u64,
+                offset: *offset,
+                len: bytes.len() as u32,
+            },
+        );
+        stream.put_slice(bytes);
+    }
+    for piece in stream.chunks(7000) {
         s.write_all(piece).expect("send piece");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(simple_reply(&mut s), (0, 100));
-    for (i, &(offset, len)) in writes
+    for i in 0..trickled.len() as u64 {
+        assert_eq!(simple_reply(&mut s), (0, 100 + i));
+    }
+    let expected: Vec<(u64, &[u8])> = writes
         .iter()
-        .chain(std::iter::once(&(10 * MIB + 100, trickled.len())))
-        .enumerate()
-    {
-        request(&mut s, cmd::READ, 1000 + i as u64, offset, len as u32, &[]);
-        assert_eq!(simple_reply(&mut s), (0, 1000 + i as u64));
-        let expected = data.get(i).unwrap_or(&trickled);
-        assert!(read_exact(&mut s, len) == *expected, "read back {i}");
+        .zip(&data)
+        .map(|(&(offset, _), bytes)| (offset, &bytes[..]))
+        .chain(trickled.iter().map(|(offset, bytes)| (*offset, &bytes[..])))
+        .collect();
+    for (i, (offset, bytes)) in expected.into_iter().enumerate() {
+        let cookie = 1000 + i as u64;
+        request(&mut s, cmd::READ, cookie, offset, bytes.len() as u32, &[]);
+        assert_eq!(simple_reply(&mut s), (0, cookie));
+        assert!(read_exact(&mut s, bytes.len()) == bytes, "read back {i}");
     }
     still_serving(server.addr);
 }
