@@ -74,31 +74,34 @@ impl Hasher for ChunkHasher {
     }
 }
 
-/// The `CHUNK` bytes of a chunk that holds data.
+/// The `CHUNK` bytes of a chunk that holds data. Either kind is shared
+/// between chunks (of this or another device) after a copy, until one of
+/// them writes.
+#[derive(Clone)]
 enum ChunkBytes {
-    /// A buffer of the device's own, written in place.
-    Owned(Box<[u8]>),
+    /// A buffer of the device's own, written in place while unshared; the
+    /// bytes sit right behind the reference count, one hop from the map
+    /// (small random reads mostly miss the cache here).
+    Owned(Arc<[u8]>),
     /// A whole-chunk piece of a write's data, kept as the writer handed it
     /// over instead of copied (`Bytes` never change); the first write to
     /// part of the chunk copies it into an owned buffer.
-    Kept(Bytes),
+    Kept(Arc<Bytes>),
 }
 
 impl ChunkBytes {
-    fn zeroed() -> Arc<ChunkBytes> {
-        Arc::new(ChunkBytes::Owned(
-            vec![0u8; CHUNK as usize].into_boxed_slice(),
-        ))
-    }
-}
-
-impl std::ops::Deref for ChunkBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
+    fn bytes(&self) -> &[u8] {
         match self {
             ChunkBytes::Owned(bytes) => bytes,
             ChunkBytes::Kept(bytes) => bytes,
+        }
+    }
+
+    /// Chunks holding this buffer.
+    fn holders(&self) -> usize {
+        match self {
+            ChunkBytes::Owned(bytes) => Arc::strong_count(bytes),
+            ChunkBytes::Kept(bytes) => Arc::strong_count(bytes),
         }
     }
 }
@@ -106,9 +109,8 @@ impl std::ops::Deref for ChunkBytes {
 /// Sixteen blocks: which hold data, which are allocated zeros.
 #[derive(Default, Clone)]
 struct Chunk {
-    /// `CHUNK` bytes while some block holds data; shared between chunks
-    /// (of this or another device) after a copy, until one of them writes.
-    data: Option<Arc<ChunkBytes>>,
+    /// `CHUNK` bytes while some block holds data.
+    data: Option<ChunkBytes>,
     data_mask: u16,
     zero_mask: u16,
 }
@@ -132,13 +134,15 @@ impl Chunk {
     /// The chunk's bytes, writable: a buffer shared with another chunk or
     /// kept from a write is first copied into one of the chunk's own.
     fn buffer(&mut self) -> &mut [u8] {
-        let data = self.data.get_or_insert_with(ChunkBytes::zeroed);
-        if !matches!(Arc::get_mut(data), Some(ChunkBytes::Owned(_))) {
-            *data = Arc::new(ChunkBytes::Owned(Box::from(&data[..])));
+        let data = self
+            .data
+            .get_or_insert_with(|| ChunkBytes::Owned(Arc::from(vec![0u8; CHUNK as usize])));
+        if let ChunkBytes::Kept(kept) = data {
+            *data = ChunkBytes::Owned(Arc::from(&kept[..]));
         }
-        match Arc::get_mut(data) {
-            Some(ChunkBytes::Owned(bytes)) => bytes,
-            _ => unreachable!("the chunk's buffer was just made its own"),
+        match data {
+            ChunkBytes::Owned(bytes) => Arc::make_mut(bytes),
+            ChunkBytes::Kept(_) => unreachable!("a kept piece was just copied"),
         }
     }
 
@@ -153,10 +157,10 @@ impl Chunk {
     /// Makes every block hold data, taken from `data` (`CHUNK` bytes)
     /// without a copy; returns the buffer the chunk held before, to be
     /// dropped outside the shard lock.
-    fn keep(&mut self, data: Bytes) -> Option<Arc<ChunkBytes>> {
+    fn keep(&mut self, data: Bytes) -> Option<ChunkBytes> {
         self.data_mask = u16::MAX;
         self.zero_mask = 0;
-        self.data.replace(Arc::new(ChunkBytes::Kept(data)))
+        self.data.replace(ChunkBytes::Kept(Arc::new(data)))
     }
 }
 
@@ -406,8 +410,10 @@ impl MemoryDevice {
     fn read_into(&self, offset: u64, len: u64, out: &mut impl BufMut) {
         for (chunk, within, step) in chunk_pieces(offset, offset + len) {
             let shard = self.shard(chunk).lock();
-            match shard.get(&chunk).and_then(|c| c.data.as_deref()) {
-                Some(data) => out.put_slice(&data[within as usize..(within + step) as usize]),
+            match shard.get(&chunk).and_then(|c| c.data.as_ref()) {
+                Some(data) => {
+                    out.put_slice(&data.bytes()[within as usize..(within + step) as usize])
+                }
                 None => out.put_bytes(0, step as usize),
             }
         }
@@ -500,7 +506,7 @@ impl MemoryDevice {
             for chunk in shard.lock().values() {
                 if let Some(data) = &chunk.data {
                     let blocks = chunk.data_mask.count_ones() as u64;
-                    total += blocks * BLOCK / Arc::strong_count(data) as u64;
+                    total += blocks * BLOCK / data.holders() as u64;
                 }
             }
         }
