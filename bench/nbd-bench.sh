@@ -2,7 +2,9 @@
 # NBD frontend benchmark: Tessera's NBD server on an in-memory device versus
 # `nbdkit memory` in the same run, both over loopback TCP, driven by fio's
 # nbd engine. Prints each figure and the ratio Tessera / nbdkit (target
-# >= 1.0x: the protocol layer must not be the bottleneck).
+# >= 1.0x: the protocol layer must not be the bottleneck), with the CPU each
+# server and the fio client spent per I/O (client and server share the two
+# cores, so what one server makes the client spend counts too).
 #
 # Profiles:
 #   mixed    "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8
@@ -106,15 +108,19 @@ cpu_ticks() {
 }
 
 # Runs a profile against a URI served by process $3; prints
-# "IOPS MiB/s server-CPU-us-per-IO" (reads + writes).
+# "IOPS MiB/s server-CPU-us-per-IO client-CPU-us-per-IO" (reads + writes).
+# The client's CPU is fio's own figure (user + system, averaged over its
+# jobs), which includes the kernel's work on the client side of loopback.
 measure() {
-  local profile=$1 uri=$2 pid=$3 before after
+  local profile=$1 uri=$2 pid=$3 before after jobs=4
+  [ "$profile" = mixed ] && jobs=8
   before=$(cpu_ticks "$pid")
   NBD_URI=$uri fio --output-format=terse --terse-version=3 "$(job "$profile")" 2>/dev/null >"$work/fio.out"
   after=$(cpu_ticks "$pid")
-  awk -F';' -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v secs="$RUNTIME" '
-    /^3;/ { iops = $8 + $49
-            printf "%.0f %.1f %.1f\n", iops, ($7 + $48) / 1024, ticks / hz * 1e6 / (iops * secs) }' "$work/fio.out"
+  awk -F';' -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v secs="$RUNTIME" -v jobs=$jobs '
+    /^3;/ { iops = $8 + $49; usr = $88; sys = $89; sub("%", "", usr); sub("%", "", sys)
+            printf "%.0f %.1f %.1f %.1f\n", iops, ($7 + $48) / 1024, ticks / hz * 1e6 / (iops * secs),
+                   (usr + sys) / 100 * jobs * 1e6 / iops }' "$work/fio.out"
 }
 
 declare -A result
@@ -131,17 +137,18 @@ for profile in $PROFILES; do
     for side in $order; do
       if [ "$side" = tessera ]; then port=$tessera_port pid=$tessera_pid; else port=$nbdkit_port pid=$nbdkit_pid; fi
       run=$(measure "$profile" "nbd://127.0.0.1:$port/" "$pid")
-      echo "  $profile $side: $run (IOPS MiB/s server-CPU-us/IO), load average $(cut -d' ' -f1 /proc/loadavg)" >&2
+      echo "  $profile $side: $run (IOPS MiB/s server-CPU-us/IO client-CPU-us/IO), load average $(cut -d' ' -f1 /proc/loadavg)" >&2
       result[$profile.$side]=$(best "${result[$profile.$side]:-}" "$run")
     done
   done
 done
 
-printf '%-9s %28s %28s %7s %9s\n' profile "tessera IOPS MiB/s CPU-us/IO" "nbdkit IOPS MiB/s CPU-us/IO" ratio "CPU/IO"
+printf '%-9s %37s %37s %7s %9s\n' profile "tessera IOPS MiB/s CPU-us/IO fio-us/IO" "nbdkit IOPS MiB/s CPU-us/IO fio-us/IO" ratio "CPU/IO"
 for profile in $PROFILES; do
-  read -r t_iops t_bw t_cpu <<<"${result[$profile.tessera]}"
-  read -r k_iops k_bw k_cpu <<<"${result[$profile.nbdkit]}"
+  read -r t_iops t_bw t_cpu t_client <<<"${result[$profile.tessera]}"
+  read -r k_iops k_bw k_cpu k_client <<<"${result[$profile.nbdkit]}"
   ratio=$(awk -v a="$t_iops" -v b="$k_iops" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
   cpu=$(awk -v a="$t_cpu" -v b="$k_cpu" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "n/a" }')
-  printf '%-9s %9s %9s %8s %9s %9s %8s %6sx %8sx\n' "$profile" "$t_iops" "$t_bw" "$t_cpu" "$k_iops" "$k_bw" "$k_cpu" "$ratio" "$cpu"
+  printf '%-9s %9s %9s %8s %8s %9s %9s %8s %8s %6sx %8sx\n' "$profile" "$t_iops" "$t_bw" "$t_cpu" "$t_client" \
+    "$k_iops" "$k_bw" "$k_cpu" "$k_client" "$ratio" "$cpu"
 done
