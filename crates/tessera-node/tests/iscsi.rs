@@ -5,12 +5,10 @@
 
 mod fixture;
 
-use fixture::{have, run, wait_for_target, Cluster};
+use fixture::{have, owner_and_other, run, wait_for_target, Cluster};
 use std::path::Path;
 use std::process::Command;
-use tessera_node::control::{
-    ChapCredential, ClusterControl, ControlError, IscsiAccess, ObjectView,
-};
+use tessera_node::control::{ChapCredential, ClusterControl, ControlError, IscsiAccess};
 
 /// Runs `iscsi-test-cu` (verbose, so every test's outcome is printed) and
 /// returns its log, also kept at `log`.
@@ -81,16 +79,6 @@ fn suite_counts(log: &str, suite: &str) -> (u32, u32, u32) {
         close(&mut state, &mut counts);
     }
     counts
-}
-
-/// The volume's owner and another host.
-fn owner_and_other(view: &ObjectView) -> (String, String) {
-    let owner = view.owner.clone().expect("an owner");
-    let other = (1..=4)
-        .map(|k| format!("host-{k}"))
-        .find(|h| *h != owner)
-        .unwrap();
-    (owner, other)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,7 +9,7 @@
 
 mod fixture;
 
-use fixture::{have, run, wait_for_target, Cluster};
+use fixture::{have, owner_and_other, run, wait_for_target, Cluster};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tessera_node::control::{ClusterControl, ObjectView};
@@ -149,16 +149,6 @@ async fn physical_bytes(cluster: &Cluster) -> u64 {
         .flat_map(|h| &h.disk_groups)
         .map(|g| g.physical_bytes.expect("a host of this process"))
         .sum()
-}
-
-/// The volume's owner and a host that does not own it.
-fn owner_and_other(view: &ObjectView) -> (String, String) {
-    let owner = view.owner.clone().expect("an owner");
-    let other = (1..=4)
-        .map(|k| format!("host-{k}"))
-        .find(|h| *h != owner)
-        .unwrap();
-    (owner, other)
 }
 
 fn data_hosts(view: &ObjectView) -> Vec<(String, String)> {
