@@ -49,6 +49,7 @@ struct FaultState {
     misdirect: Option<(u64, u64)>,
     full: bool,
     delay: Duration,
+    slow_writes: Option<(Range<u64>, Duration)>,
     dead: bool,
     writes: u64,
     syncs: u64,
@@ -93,6 +94,13 @@ impl FaultDisk {
     /// Delays every operation by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.state.lock().delay = delay;
+    }
+
+    /// Delays writes that touch `range` by `delay` before they land (a slow
+    /// region of the device, or a write stuck in a deep device queue);
+    /// other operations, syncs included, go on meanwhile.
+    pub fn slow_writes_in(&self, range: Range<u64>, delay: Duration) {
+        self.state.lock().slow_writes = Some((range, delay));
     }
 
     /// The next write aimed at byte `intended` lands at byte `actual`.
@@ -235,6 +243,12 @@ impl Disk for FaultDisk {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.delay();
+        let slow = self.state.lock().slow_writes.clone();
+        if let Some((range, delay)) = slow {
+            if range.start < offset + buf.len() as u64 && offset < range.end {
+                std::thread::sleep(delay);
+            }
+        }
         let mut s = self.state.lock();
         self.check(&s, "write", offset, buf.len() as u64)?;
         let mut target = offset;

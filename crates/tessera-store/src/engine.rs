@@ -58,6 +58,9 @@ const DESTAGE_WRITERS: usize = 8;
 /// Blocks the destager moves per pass (one allocation, one set of writes).
 pub(crate) const DESTAGE_BATCH_BLOCKS: usize = 512;
 
+/// Longest logged blocks wait for the destager to gather a full pass.
+pub(crate) const DESTAGE_GATHER: Duration = Duration::from_millis(20);
+
 /// Longest a change waits in the index cache before a checkpoint, in time.
 pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(1000);
 
@@ -112,7 +115,10 @@ pub(crate) struct Shared {
     /// (see `DiskGroup::fetch`).
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
     /// Threads that read the capacity devices for clients.
-    pub(crate) readers: crate::readers::ReaderPool,
+    pub(crate) readers: crate::device_threads::DeviceThreads,
+    /// Threads that write capacity blocks with the destager and the
+    /// checkpoint.
+    pub(crate) writers: crate::device_threads::DeviceThreads,
     pub(crate) scrub: ScrubCounters,
 }
 
@@ -477,6 +483,7 @@ fn sync_and_acknowledge<'a>(
         return st;
     }
     let mut done: Vec<Request> = Vec::new();
+    let destage_was_empty = st.destage.is_empty();
     while st.unsynced.front().is_some_and(|b| b.first_seq <= target) {
         let Some(batch) = st.unsynced.pop_front() else {
             break;
@@ -487,13 +494,22 @@ fn sync_and_acknowledge<'a>(
             st.unapplied.insert(token, (seq, vstart));
         }
         for r in batch.records {
+            st.durable_op = r.writes.iter().map(|w| w.2).fold(st.durable_op, u64::max);
             st.destage_blocks += r.writes.len() as u64;
             st.destage.push_back(r);
         }
         done.extend(batch.reqs);
     }
     if !done.is_empty() {
-        shared.destage_work.notify_all();
+        // The destager wakes once to start gathering, then when a pass is
+        // due; not on every sync.
+        let started = destage_was_empty && !st.destage.is_empty();
+        if started {
+            st.destage_since = Some(Instant::now());
+        }
+        if started || destage_due(shared, &st) {
+            shared.destage_work.notify_all();
+        }
         shared.log_space.notify_all();
     }
     // Batches written during this sync may wait for a free syncer.
@@ -631,6 +647,10 @@ struct DestageItem {
     c: u64,
     lba: u64,
     op: u64,
+    /// (virtual block, sequence) of the log record that holds it.
+    record: (u64, u64),
+    /// Its data is read back from the log: see `destage_pass`.
+    from_log: bool,
     data: Option<bytes::Bytes>,
     crc: u32,
     lost: bool,
@@ -646,13 +666,19 @@ pub(crate) fn run_destager(shared: Arc<Shared>) {
             if shared.stop.load(Ordering::Acquire) || st.failed.is_some() {
                 return;
             }
-            if !st.destage.is_empty() || st.checkpoint_wanted {
+            if st.checkpoint_wanted || destage_due(&shared, &st) {
                 break;
             }
             if last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL && checkpoint_useful(&st) {
                 break;
             }
-            shared.destage_work.wait_for(&mut st, IDLE_WAIT);
+            let wait = match st.destage_since {
+                Some(since) if !st.destage.is_empty() => DESTAGE_GATHER
+                    .saturating_sub(since.elapsed())
+                    .min(IDLE_WAIT),
+                _ => IDLE_WAIT,
+            };
+            shared.destage_work.wait_for(&mut st, wait);
         }
         drop(st);
         if let Err(e) = destage_pass(&shared) {
@@ -677,6 +703,23 @@ pub(crate) fn run_destager(shared: Arc<Shared>) {
     }
 }
 
+/// True when the logged blocks waiting for the destager should move now: a
+/// full pass is waiting, they have waited [`DESTAGE_GATHER`], or something
+/// waits for them (memory, log space). Gathering keeps a trickle of writes
+/// from costing a destage pass (a capacity write, an index update, a wake-up)
+/// each, and gives the allocator runs of adjacent blocks to fill.
+fn destage_due(shared: &Shared, st: &State) -> bool {
+    if st.destage.is_empty() {
+        return false;
+    }
+    st.destage_blocks >= DESTAGE_BATCH_BLOCKS as u64
+        || st
+            .destage_since
+            .is_none_or(|since| since.elapsed() >= DESTAGE_GATHER)
+        || st.destage_blocks * 2 > st.overlay_cap_blocks
+        || (st.written_vhead - st.vtail) * 4 > shared.geo.log_blocks
+}
+
 fn checkpoint_useful(st: &State) -> bool {
     st.cache.dirty_count() > 0 || st.applied_tail().1 != st.tail_seq || !st.pending_free.is_empty()
 }
@@ -696,6 +739,8 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 c,
                 lba,
                 op,
+                record: (r.vstart, r.seq),
+                from_log: false,
                 data: None,
                 crc: 0,
                 lost: false,
@@ -706,8 +751,13 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     if taken == 0 {
         return Ok(());
     }
-    // Keep only blocks the overlay still holds for this operation.
-    let mut live = 0usize;
+    // Keep the blocks the overlay still holds for this operation, and the
+    // ones a later write replaced in memory before that write was durable:
+    // if the later write is lost in a crash, this block is what the LBA
+    // holds, so the index must get it before the log tail passes its
+    // record. Skipping it (as a block replaced by a durable write is
+    // skipped) lost acknowledged writes in the power-cut test. Its data now
+    // lives only in the log.
     for it in items.iter_mut() {
         let ok = st
             .components
@@ -720,11 +770,18 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                     it.lost = true;
                 } else {
                     it.data = Some(p.data.clone());
-                    live += 1;
                 }
+            } else if p.op > st.durable_op {
+                it.from_log = true;
             }
         }
     }
+    if items.iter().any(|it| it.from_log) {
+        drop(st);
+        read_back_from_log(shared, &mut items)?;
+        st = shared.state.lock();
+    }
+    let live = items.iter().filter(|it| it.data.is_some()).count();
     let locs = if live > 0 {
         match st.alloc.allocate(live) {
             Some(l) => l,
@@ -777,7 +834,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
         runs.push((first, buf));
         k += n;
     }
-    let failed_devices = write_parallel(shared, &runs, DESTAGE_WRITERS);
+    let failed_devices = write_parallel(shared, runs, DESTAGE_WRITERS);
 
     // Index pages, then the index update under the lock.
     let mut attempts = 0;
@@ -804,6 +861,9 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                                 st.destage_blocks.saturating_sub(r.writes.len() as u64);
                         }
                     }
+                    if st.destage.is_empty() {
+                        st.destage_since = None;
+                    }
                 }
                 shared.log_space.notify_all();
                 return Ok(());
@@ -816,15 +876,67 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     }
 }
 
+/// Fills the items marked `from_log` with their data as their log record
+/// holds it (the record's last write to that LBA, which is what replaying
+/// the record would leave). A block whose CRC fails is destaged as lost.
+fn read_back_from_log(shared: &Shared, items: &mut [DestageItem]) -> Result<(), String> {
+    let mut records: Vec<(u64, u64)> = items
+        .iter()
+        .filter(|it| it.from_log)
+        .map(|it| it.record)
+        .collect();
+    records.dedup();
+    for (vstart, seq) in records {
+        let rec = crate::recovery::read_record(shared.cache_disk(), &shared.geo, vstart, seq)
+            .ok_or_else(|| {
+                format!(
+                    "cache device: write log record {seq} at log block {} cannot be read back for destaging",
+                    vstart % shared.geo.log_blocks
+                )
+            })?;
+        for it in items
+            .iter_mut()
+            .filter(|it| it.from_log && it.record == (vstart, seq))
+        {
+            let writes = rec
+                .header
+                .entries
+                .iter()
+                .filter_map(|e| match e.op {
+                    LogOp::Write { crc } => Some((e.component, e.lba, crc)),
+                    _ => None,
+                })
+                .enumerate();
+            let Some((k, (_, _, crc))) =
+                writes.filter(|(_, w)| (w.0, w.1) == (it.c, it.lba)).last()
+            else {
+                continue;
+            };
+            it.crc = crc;
+            match (rec.data.get(k), rec.sound.get(k)) {
+                (Some(block), Some(true)) => it.data = Some(block.clone()),
+                _ => it.lost = true,
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Applies destaged blocks to the index. Returns false if some block had to
 /// stay in the log because its index page was not cached.
 fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
     let mut complete = true;
     for it in items {
-        let current = st.overlay.get(&(it.c, it.lba)).map(|p| p.op) == Some(it.op);
+        let pending = st.overlay.get(&(it.c, it.lba)).map(|p| p.op);
+        let current = pending == Some(it.op);
+        // Replaced in memory by a write that is not durable yet: the index
+        // takes this block all the same (see `destage_pass`), and the
+        // overlay keeps the newer one.
+        let under_unsynced = pending.is_some_and(|op| op != it.op && op > st.durable_op);
+        let keep = current || under_unsynced;
         let usable = st.components.get(&it.c).is_some_and(|c| c.failed.is_none());
-        let lost = current && it.lost;
-        if !current || !usable || (it.loc.is_none() && !lost) {
+        let lost = keep && it.lost;
+        if !keep || !usable || (it.loc.is_none() && !lost) {
             if let Some(loc) = it.loc {
                 st.alloc.free(loc);
             }
@@ -884,51 +996,78 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
         if let Some(old_loc) = old.block() {
             st.drop_ref(old_loc);
         }
-        st.overlay.remove(&(it.c, it.lba));
+        if current {
+            st.overlay.remove(&(it.c, it.lba));
+        }
     }
     complete
 }
 
-/// Writes runs of blocks to the capacity devices from up to `threads`
-/// threads at once, so scattered writes reach the device together instead of
-/// one round trip each. Returns the devices that failed, with the error.
+/// Writes runs of blocks to the capacity devices with up to `threads`
+/// writes in flight (the calling thread and the capacity writer threads), so
+/// scattered writes reach the device together instead of one round trip
+/// each. Returns the devices that failed, with the error.
 fn write_parallel(
     shared: &Shared,
-    runs: &[(BlockLoc, AlignedBuf)],
+    runs: Vec<(BlockLoc, AlignedBuf)>,
     threads: usize,
 ) -> Vec<(u8, String)> {
-    let write = |(loc, buf): &(BlockLoc, AlignedBuf)| -> Option<(u8, String)> {
-        let disk = shared.disk(loc.device)?;
-        disk.write_at(buf.as_slice(), loc.block * BLOCK as u64)
-            .err()
-            .map(|e| (loc.device, e.to_string()))
-    };
     let threads = threads.min(runs.len());
-    if threads <= 1 {
-        return runs.iter().filter_map(write).collect();
+    let work = Arc::new(CapacityWrites {
+        devices: shared.devices.clone(),
+        runs,
+        next: AtomicUsize::new(0),
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 1..threads {
+        let (work, tx) = (work.clone(), tx.clone());
+        shared.writers.submit(Box::new(move || {
+            let _ = tx.send(work.write_remaining());
+        }));
     }
-    let next = AtomicUsize::new(0);
-    let work = || {
+    // A job that dies without answering then ends `recv` instead of hanging.
+    drop(tx);
+    let mut failed = work.write_remaining();
+    for _ in 1..threads {
+        match rx.recv() {
+            Ok(f) => failed.extend(f),
+            Err(_) => failed.push((0, "a capacity writer thread stopped".into())),
+        }
+    }
+    failed
+}
+
+/// One set of capacity writes shared by the threads that carry it out.
+struct CapacityWrites {
+    devices: Vec<Arc<dyn Disk>>,
+    runs: Vec<(BlockLoc, AlignedBuf)>,
+    next: AtomicUsize,
+}
+
+impl CapacityWrites {
+    /// Takes runs not yet started until none is left; returns the devices
+    /// that failed.
+    fn write_remaining(&self) -> Vec<(u8, String)> {
         let mut failed = Vec::new();
         loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(run) = runs.get(i) else {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some((loc, buf)) = self.runs.get(i) else {
                 return failed;
             };
-            failed.extend(write(run));
-        }
-    };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-        let mut failed = work();
-        for h in handles {
-            match h.join() {
-                Ok(f) => failed.extend(f),
-                Err(_) => failed.push((0, "capacity writer panicked".into())),
+            // Device 0 is the cache device: never a capacity write.
+            let disk = match loc.device {
+                0 => None,
+                d => self.devices.get(d as usize),
+            };
+            let result = match disk {
+                Some(disk) => disk.write_at(buf.as_slice(), loc.block * BLOCK as u64),
+                None => continue,
+            };
+            if let Err(e) = result {
+                failed.push((loc.device, e.to_string()));
             }
         }
-        failed
-    })
+    }
 }
 
 /// Writes a checkpoint; see the module doc for the order of writes.
@@ -1079,7 +1218,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
         })
         .collect();
     runs.sort_by_key(|r| r.0);
-    let mut failed_devices = write_parallel(shared, &runs, CHECKPOINT_WRITERS);
+    let mut failed_devices = write_parallel(shared, runs, CHECKPOINT_WRITERS);
     for (d, _, _) in &shared.geo.areas {
         if let Some(disk) = shared.disk(*d) {
             if let Err(e) = disk.sync() {

@@ -8,9 +8,9 @@
 //! blocks and index pages), never on the caller's executor thread.
 //! Must be called from within a tokio runtime.
 
+use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
-use crate::readers::{ReaderPool, READER_THREADS};
 use crate::recovery;
 use crate::state::{Component, Request, Source, State};
 use crate::{StoreError, WRITE_BYTES_MAX};
@@ -1095,6 +1095,7 @@ impl Drop for DiskGroup {
             let _ = t.join();
         }
         self.shared.readers.stop();
+        self.shared.writers.stop();
     }
 }
 
@@ -1215,8 +1216,10 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         stop: AtomicBool::new(false),
         ack_before_durable: AtomicBool::new(false),
         reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
-        readers: ReaderPool::start(READER_THREADS)
+        readers: DeviceThreads::start("store-read", READER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,
+        writers: DeviceThreads::start("store-write", WRITER_THREADS)
+            .map_err(|e| StoreError::Config(format!("cannot start the writer threads: {e}")))?,
         scrub: ScrubCounters::default(),
     });
     let replayed = recovery::replay(&shared)?;

@@ -29,11 +29,11 @@
 
 mod alloc;
 mod check;
+mod device_threads;
 mod engine;
 mod error;
 mod group;
 mod index;
-mod readers;
 mod recovery;
 mod scrub;
 mod state;

@@ -325,6 +325,7 @@ pub(crate) fn load_state(
         queue: VecDeque::new(),
         destage: VecDeque::new(),
         destage_blocks: 0,
+        destage_since: None,
         overlay_cap_blocks: (crate::engine::OVERLAY_BYTES_MAX / BLOCK_BYTES)
             .min(geo.log_blocks / 4),
         unapplied: BTreeMap::new(),
@@ -345,6 +346,7 @@ pub(crate) fn load_state(
         failed: None,
         failed_devices: BTreeMap::new(),
         next_op: 1,
+        durable_op: 0,
         next_token: 1,
         usable_blocks: capacity_blocks.saturating_sub(headroom),
         roots_max: roots_max(geo),
@@ -606,6 +608,8 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
         {
             let mut st = shared.state.lock();
             let writes = std::mem::take(&mut st.replay_writes);
+            // What replay reads back from the log is durable.
+            st.durable_op = st.next_op.saturating_sub(1);
             st.destage_blocks += writes.len() as u64;
             st.destage.push_back(LoggedRecord {
                 seq: rec.header.seq,
@@ -652,6 +656,8 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     st.head_seq = seq;
     st.written_vhead = v;
     st.written_seq = seq;
+    // Everything replayed is durable: it was read back from the log.
+    st.durable_op = st.next_op.saturating_sub(1);
     Ok(replayed)
 }
 

@@ -169,6 +169,9 @@ pub(crate) struct State {
     pub(crate) destage: VecDeque<LoggedRecord>,
     /// Write blocks in `destage` (logged, not yet on the capacity tier).
     pub(crate) destage_blocks: u64,
+    /// When `destage` last became non-empty: the destager gathers records
+    /// for a full pass until [`crate::engine::DESTAGE_GATHER`] past this.
+    pub(crate) destage_since: Option<std::time::Instant>,
     /// Most such blocks held in memory before the log writer (or replay)
     /// waits for the destager.
     pub(crate) overlay_cap_blocks: u64,
@@ -205,6 +208,10 @@ pub(crate) struct State {
     pub(crate) failed: Option<String>,
     pub(crate) failed_devices: BTreeMap<u8, String>,
     pub(crate) next_op: u64,
+    /// Every write operation numbered up to this has its log record
+    /// durable. Operations are numbered in log order (staged and queued
+    /// under one lock), so one number says it for all of them.
+    pub(crate) durable_op: u64,
     pub(crate) next_token: u64,
     /// Capacity blocks usable by components (the rest is headroom for
     /// copy-on-write destaging).

@@ -1,12 +1,15 @@
-//! The store's reader threads: a fixed set of threads that run client reads
-//! of the capacity devices.
+//! The store's device threads: fixed sets of threads that run blocking
+//! device I/O, one set for client reads of the capacity devices and one for
+//! the destager's and the checkpoint's capacity writes.
 //!
-//! Owns: the queue of reads waiting for a thread. Must not touch: the state
-//! (reads are planned under the state lock before they get here; a job only
-//! reads devices and checks CRCs). A thread that finishes a read takes the
-//! next queued one without going to sleep, and the number of threads bounds
-//! the queue depth client reads put on the devices (the runtime's blocking
-//! pool would grow a thread per concurrent read instead).
+//! Owns: the queue of jobs waiting for a thread. Must not touch: the state
+//! (I/O is planned under the state lock before it gets here; a job only
+//! reads or writes devices and checks CRCs). A thread that finishes a job
+//! takes the next queued one without going to sleep, and the number of
+//! threads bounds the queue depth the set puts on the devices (the runtime's
+//! blocking pool would grow a thread per concurrent read instead, and
+//! spawning threads for each destage pass cost a thread creation every few
+//! client writes).
 //!
 //! Invariant: every job submitted before `stop` runs; `stop` returns once the
 //! threads have exited.
@@ -26,16 +29,20 @@ struct Queue {
     stopping: bool,
 }
 
-/// A fixed pool of reader threads.
-pub(crate) struct ReaderPool {
+/// Threads writing capacity blocks for the destager and the checkpoint,
+/// besides the worker thread that asks (see `engine::write_parallel`).
+pub(crate) const WRITER_THREADS: usize = 7;
+
+/// A fixed set of device threads.
+pub(crate) struct DeviceThreads {
     queue: Arc<(Mutex<Queue>, Condvar)>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-impl ReaderPool {
-    /// Starts `threads` reader threads.
-    pub(crate) fn start(threads: usize) -> std::io::Result<ReaderPool> {
-        let pool = ReaderPool {
+impl DeviceThreads {
+    /// Starts `threads` threads called `name`.
+    pub(crate) fn start(name: &str, threads: usize) -> std::io::Result<DeviceThreads> {
+        let pool = DeviceThreads {
             queue: Arc::new((
                 Mutex::new(Queue {
                     jobs: VecDeque::new(),
@@ -48,8 +55,8 @@ impl ReaderPool {
         for _ in 0..threads.max(1) {
             let q = pool.queue.clone();
             let started = std::thread::Builder::new()
-                .name("store-read".into())
-                .spawn(move || run_reader(&q));
+                .name(name.into())
+                .spawn(move || run_jobs(&q));
             match started {
                 Ok(handle) => pool.threads.lock().push(handle),
                 Err(e) => {
@@ -61,7 +68,7 @@ impl ReaderPool {
         Ok(pool)
     }
 
-    /// Queues a read; a sleeping thread is woken only if none is free.
+    /// Queues a job; a sleeping thread is woken only if none is free.
     pub(crate) fn submit(&self, job: Job) {
         let (lock, work) = &*self.queue;
         lock.lock().jobs.push_back(job);
@@ -79,7 +86,7 @@ impl ReaderPool {
     }
 }
 
-fn run_reader(queue: &(Mutex<Queue>, Condvar)) {
+fn run_jobs(queue: &(Mutex<Queue>, Condvar)) {
     let (lock, work) = queue;
     loop {
         let job = {
