@@ -12,6 +12,7 @@
 #
 # Environment: BENCH_DIR (default /work/bench-store, must be on the disk to
 # measure), SIZE_GIB (data set, default 2), SECONDS_PER_CASE (default 10),
+# ROUNDS (fio and store runs alternated per case, median kept; default 3),
 # MEM_GIB (default 4; 0 skips), CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ BENCH_DIR=${BENCH_DIR:-/work/bench-store}
 SIZE_GIB=${SIZE_GIB:-2}
 SECS=${SECONDS_PER_CASE:-10}
 MEM_GIB=${MEM_GIB:-4}
+ROUNDS=${ROUNDS:-3}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-tessera-store}
 
 command -v fio >/dev/null || { echo "fio is required (apt-get install fio)"; exit 1; }
@@ -61,16 +63,29 @@ store_iops() { # mode qd
 # fdatasync after every QD writes, the best a client that needs durable
 # writes gets from the raw file, since the device has a volatile write cache
 # and every durable write needs a flush (see bench/RESULTS.md).
+median() { python3 -c 'import statistics, sys; print(int(statistics.median(int(x) for x in sys.argv[1:])))' "$@"; }
+
+# Each case alternates fio and the store ROUNDS times and prints the median
+# of each side: the disk of a shared machine moves by 2x within minutes, and
+# alternating spreads that over both sides.
 printf '%-6s %4s %12s %12s %7s %14s %7s\n' case qd store_iops fio_iops ratio fio_durable ratio
 for mode in write read; do
   rw=rand$mode
   for qd in 1 8 32; do
-    ref=$(fio_iops "$rw" "$qd")
-    got=$(store_iops "$mode" "$qd")
+    refs=() gots=() drefs=()
+    for _ in $(seq "$ROUNDS"); do
+      refs+=("$(fio_iops "$rw" "$qd")")
+      gots+=("$(store_iops "$mode" "$qd")")
+      if [ "$mode" = write ] && [ "$qd" -gt 1 ]; then
+        drefs+=("$(fio_iops "$rw" "$qd" durable)")
+      fi
+    done
+    ref=$(median "${refs[@]}")
+    got=$(median "${gots[@]}")
     ratio=$(python3 -c "print(f'{$got/$ref:.2f}')")
     dref='-' dratio='-'
-    if [ "$mode" = write ] && [ "$qd" -gt 1 ]; then
-      dref=$(fio_iops "$rw" "$qd" durable)
+    if [ "${#drefs[@]}" -gt 0 ]; then
+      dref=$(median "${drefs[@]}")
       dratio=$(python3 -c "print(f'{$got/$dref:.2f}')")
     fi
     printf '%-6s %4s %12s %12s %7s %14s %7s\n' "$mode" "$qd" "$got" "$ref" "$ratio" "$dref" "$dratio"
