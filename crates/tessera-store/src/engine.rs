@@ -108,6 +108,15 @@ pub(crate) struct ScrubCounters {
     pub(crate) errors: AtomicU64,
 }
 
+/// Capacity device `device` of a group's devices (device 0 is the cache
+/// device, never a capacity device).
+fn capacity_disk(devices: &[Arc<dyn Disk>], device: u8) -> Option<&Arc<dyn Disk>> {
+    match device {
+        0 => None,
+        d => devices.get(d as usize),
+    }
+}
+
 /// What the API and the workers share.
 pub(crate) struct Shared {
     pub(crate) devices: Vec<Arc<dyn Disk>>,
@@ -137,10 +146,7 @@ impl Shared {
     }
 
     pub(crate) fn disk(&self, device: u8) -> Option<&Arc<dyn Disk>> {
-        if device == 0 {
-            return None;
-        }
-        self.devices.get(device as usize)
+        capacity_disk(&self.devices, device)
     }
 
     /// Reads one index page's committed copy.
@@ -919,7 +925,12 @@ fn read_back_from_log(shared: &Shared, items: &mut [DestageItem]) -> Result<(), 
             let Some((k, (_, _, crc))) =
                 writes.filter(|(_, w)| (w.0, w.1) == (it.c, it.lba)).last()
             else {
-                continue;
+                // The record passed its CRC but lacks the write memory says
+                // it holds: destaging on would drop an acknowledged block.
+                return Err(format!(
+                    "cache device: write log record {seq} does not hold the write of component {} LBA {} it was logged with",
+                    it.c, it.lba
+                ));
             };
             it.crc = crc;
             match (rec.data.get(k), rec.sound.get(k)) {
@@ -1063,12 +1074,7 @@ impl CapacityWrites {
             let Some((loc, buf)) = self.runs.get(i) else {
                 return failed;
             };
-            // Device 0 is the cache device: never a capacity write.
-            let disk = match loc.device {
-                0 => None,
-                d => self.devices.get(d as usize),
-            };
-            let result = match disk {
+            let result = match capacity_disk(&self.devices, loc.device) {
                 Some(disk) => disk.write_at(buf.as_slice(), loc.block * BLOCK as u64),
                 None => continue,
             };
