@@ -223,8 +223,21 @@ impl FaultDisk {
         Ok(())
     }
 
-    fn delay(&self) {
-        let d = self.state.lock().delay;
+    /// Sleeps for the device's delay, plus the slow-write delay when `write`
+    /// (offset, length) touches the slow range.
+    fn delay(&self, write: Option<(u64, u64)>) {
+        let d = {
+            let s = self.state.lock();
+            let slow = match (&s.slow_writes, write) {
+                (Some((range, slow)), Some((offset, len)))
+                    if range.start < offset + len && offset < range.end =>
+                {
+                    *slow
+                }
+                _ => Duration::ZERO,
+            };
+            s.delay + slow
+        };
         if !d.is_zero() {
             std::thread::sleep(d);
         }
@@ -233,7 +246,7 @@ impl FaultDisk {
 
 impl Disk for FaultDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        self.delay();
+        self.delay(None);
         let s = self.state.lock();
         self.check(&s, "read", offset, buf.len() as u64)?;
         let start = offset as usize;
@@ -242,13 +255,7 @@ impl Disk for FaultDisk {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
-        self.delay();
-        let slow = self.state.lock().slow_writes.clone();
-        if let Some((range, delay)) = slow {
-            if range.start < offset + buf.len() as u64 && offset < range.end {
-                std::thread::sleep(delay);
-            }
-        }
+        self.delay(Some((offset, buf.len() as u64)));
         let mut s = self.state.lock();
         self.check(&s, "write", offset, buf.len() as u64)?;
         let mut target = offset;
@@ -266,7 +273,7 @@ impl Disk for FaultDisk {
     }
 
     fn sync(&self) -> Result<(), DiskError> {
-        self.delay();
+        self.delay(None);
         let mut s = self.state.lock();
         self.check(&s, "sync", 0, 0)?;
         let unsynced = std::mem::take(&mut s.unsynced);

@@ -656,8 +656,6 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     st.head_seq = seq;
     st.written_vhead = v;
     st.written_seq = seq;
-    // Everything replayed is durable: it was read back from the log.
-    st.durable_op = st.next_op.saturating_sub(1);
     Ok(replayed)
 }
 
