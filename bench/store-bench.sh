@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Component store benchmark: 4 KiB random write and read IOPS at queue depths
-# 1, 8 and 32 through the store (durable acknowledgements, O_DIRECT devices)
-# against fio on a raw file on the same disk, in the same run, and the
-# store's resident memory after writing MEM_GIB sequentially.
+# 1, 8 and 32 and 256 KiB sequential writes at QD8 through the store
+# (durable acknowledgements, O_DIRECT devices) against fio on a raw file on
+# the same disk, in the same run, and the store's resident memory after
+# writing MEM_GIB sequentially.
 #
 # Reference (fio, O_DIRECT): writes at QD1 with fdatasync after each write
 # (psync); writes and reads at QD 8/32 with libaio and no sync; reads at QD1
@@ -37,8 +38,8 @@ echo "preparing: store with ${SIZE_GIB} GiB written, raw file of ${SIZE_GIB} GiB
 fio --name=layout --filename="$BENCH_DIR/raw.img" --size="${SIZE_GIB}G" --rw=write --bs=1M \
     --direct=1 --ioengine=psync --end_fsync=1 --output=/dev/null
 
-fio_iops() { # rw qd [durable]
-  local rw=$1 qd=$2 durable=${3:-} extra=()
+fio_iops() { # rw qd [durable] [block size]
+  local rw=$1 qd=$2 durable=${3:-} bs=${4:-4k} extra=()
   if [ "$qd" -eq 1 ]; then
     extra=(--ioengine=psync)
     [ "$rw" = randwrite ] && extra+=(--fdatasync=1)
@@ -46,7 +47,7 @@ fio_iops() { # rw qd [durable]
     extra=(--ioengine=libaio --iodepth="$qd")
     [ -n "$durable" ] && extra+=(--fdatasync="$qd")
   fi
-  fio --name=ref --filename="$BENCH_DIR/raw.img" --size="${SIZE_GIB}G" --rw="$rw" --bs=4k \
+  fio --name=ref --filename="$BENCH_DIR/raw.img" --size="${SIZE_GIB}G" --rw="$rw" --bs="$bs" \
       --direct=1 --time_based --runtime="$SECS" --randrepeat=0 "${extra[@]}" \
       --output-format=json | python3 -c '
 import json, sys
@@ -54,7 +55,7 @@ j = json.load(sys.stdin)["jobs"][0]
 print(int(j["write"]["iops"] + j["read"]["iops"]))'
 }
 
-store_iops() { # mode qd
+store_iops() { # mode qd (mode seqwrite: 256 KiB sequential writes)
   "$BIN" "$1" "$BENCH_DIR" "$SIZE_GIB" "$2" "$SECS" | sed -n 's/^iops=\([0-9]*\).*/\1/p'
 }
 
@@ -68,31 +69,33 @@ median() { python3 -c 'import statistics, sys; print(int(statistics.median(int(x
 # Each case alternates fio and the store ROUNDS times and prints the median
 # of each side: the disk of a shared machine moves by 2x within minutes, and
 # alternating spreads that over both sides.
-printf '%-6s %4s %12s %12s %7s %14s %7s\n' case qd store_iops fio_iops ratio fio_durable ratio
-for mode in write read; do
-  rw=rand$mode
-  for qd in 1 8 32; do
-    refs=() gots=() drefs=()
-    for _ in $(seq "$ROUNDS"); do
-      refs+=("$(fio_iops "$rw" "$qd")")
-      gots+=("$(store_iops "$mode" "$qd")")
-      if [ "$mode" = write ] && [ "$qd" -gt 1 ]; then
-        drefs+=("$(fio_iops "$rw" "$qd" durable)")
-      fi
-    done
-    ref=$(median "${refs[@]}")
-    got=$(median "${gots[@]}")
-    ratio=$(python3 -c "print(f'{$got/$ref:.2f}')")
-    dref='-' dratio='-'
-    if [ "${#drefs[@]}" -gt 0 ]; then
-      dref=$(median "${drefs[@]}")
-      dratio=$(python3 -c "print(f'{$got/$dref:.2f}')")
+printf '%-8s %4s %12s %12s %7s %14s %7s\n' case qd store_iops fio_iops ratio fio_durable ratio
+# The last case, 256 KiB sequential writes at QD8 (a file copy or a
+# restore), counts 256 KiB operations on both sides.
+for case in write:1 write:8 write:32 read:1 read:8 read:32 seqwrite:8; do
+  mode=${case%:*} qd=${case#*:}
+  rw=rand$mode bs=4k
+  [ "$mode" = seqwrite ] && rw=write bs=256k
+  refs=() gots=() drefs=()
+  for _ in $(seq "$ROUNDS"); do
+    refs+=("$(fio_iops "$rw" "$qd" "" "$bs")")
+    gots+=("$(store_iops "$mode" "$qd")")
+    if [ "$mode" != read ] && [ "$qd" -gt 1 ]; then
+      drefs+=("$(fio_iops "$rw" "$qd" durable "$bs")")
     fi
-    printf '%-6s %4s %12s %12s %7s %14s %7s\n' "$mode" "$qd" "$got" "$ref" "$ratio" "$dref" "$dratio"
   done
+  ref=$(median "${refs[@]}")
+  got=$(median "${gots[@]}")
+  ratio=$(python3 -c "print(f'{$got/$ref:.2f}')")
+  dref='-' dratio='-'
+  if [ "${#drefs[@]}" -gt 0 ]; then
+    dref=$(median "${drefs[@]}")
+    dratio=$(python3 -c "print(f'{$got/$dref:.2f}')")
+  fi
+  printf '%-8s %4s %12s %12s %7s %14s %7s\n' "$mode" "$qd" "$got" "$ref" "$ratio" "$dref" "$dratio"
 done
 
 if [ "$MEM_GIB" -gt 0 ]; then
-  rm -f "$BENCH_DIR"/store-*.img
-  echo "memory: $("$BIN" memory "$BENCH_DIR" "$MEM_GIB")"
+rm -f "$BENCH_DIR"/store-*.img
+echo "memory: $("$BIN" memory "$BENCH_DIR" "$MEM_GIB")"
 fi

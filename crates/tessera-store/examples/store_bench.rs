@@ -5,6 +5,8 @@
 //!   store_bench prepare DIR SIZE_GIB          create the group, fill SIZE_GIB
 //!   store_bench write DIR SIZE_GIB QD SECONDS random writes, durable acks
 //!   store_bench read DIR SIZE_GIB QD SECONDS  random reads
+//!   store_bench seqwrite DIR SIZE_GIB QD SECONDS  256 KiB sequential writes,
+//!                                             each task on its own stretch
 //!   store_bench memory DIR GIB                write GIB sequentially, print RSS
 //!
 //! Output: one line `iops=<n> ops=<n> seconds=<s> rss_kib=<n>` (write and
@@ -76,7 +78,20 @@ async fn fill(dg: &DiskGroup, blocks: u64) -> Result<()> {
     Ok(())
 }
 
-async fn run(dg: Arc<DiskGroup>, blocks: u64, qd: u64, seconds: f64, write: bool) -> Result<u64> {
+/// What each task of a case does.
+#[derive(Clone, Copy, PartialEq)]
+enum Pattern {
+    RandomWrite,
+    RandomRead,
+    /// 256 KiB writes; task t writes its own 1/QD of the data set in order,
+    /// wrapping around, so the stream looks like a file copy at depth QD.
+    SequentialWrite,
+}
+
+/// Blocks per sequential write (256 KiB).
+const SEQ_BLOCKS: u64 = 64;
+
+async fn run(dg: Arc<DiskGroup>, blocks: u64, qd: u64, seconds: f64, pattern: Pattern) -> Result<u64> {
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -85,12 +100,23 @@ async fn run(dg: Arc<DiskGroup>, blocks: u64, qd: u64, seconds: f64, write: bool
         tasks.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(t);
             let data = Bytes::from(vec![t as u8; 4096]);
+            let big = Bytes::from(vec![t as u8; (SEQ_BLOCKS * 4096) as usize]);
+            let stretch = (blocks / qd / SEQ_BLOCKS).max(1) * SEQ_BLOCKS;
+            let mut next = 0;
             while !stop.load(Ordering::Relaxed) {
-                let lba = Lba(rng.gen_range(0..blocks));
-                if write {
-                    dg.write(C, lba, data.clone(), Epoch(1)).await?;
-                } else {
-                    dg.read(C, lba, 1).await?;
+                match pattern {
+                    Pattern::RandomWrite => {
+                        let lba = Lba(rng.gen_range(0..blocks));
+                        dg.write(C, lba, data.clone(), Epoch(1)).await?;
+                    }
+                    Pattern::RandomRead => {
+                        dg.read(C, Lba(rng.gen_range(0..blocks)), 1).await?;
+                    }
+                    Pattern::SequentialWrite => {
+                        let lba = Lba((t * stretch + next) % (blocks - SEQ_BLOCKS + 1));
+                        dg.write(C, lba, big.clone(), Epoch(1)).await?;
+                        next = (next + SEQ_BLOCKS) % stretch;
+                    }
                 }
                 ops.fetch_add(1, Ordering::Relaxed);
             }
@@ -122,19 +148,28 @@ async fn main() -> Result<()> {
             dg.settle().await?;
             println!("prepared {gib} GiB");
         }
-        "write" | "read" => {
+        "write" | "read" | "seqwrite" => {
+            let pattern = match args[1].as_str() {
+                "write" => Pattern::RandomWrite,
+                "read" => Pattern::RandomRead,
+                _ => Pattern::SequentialWrite,
+            };
             let qd: u64 = args.get(4).context("queue depth")?.parse()?;
             let seconds: f64 = args.get(5).context("seconds")?.parse()?;
             let dg = DiskGroup::open(config(dir, gib + gib / 4 + 1)).await?;
             let started = Instant::now();
-            let ops = run(dg.clone(), blocks, qd, seconds, args[1] == "write").await?;
+            let ops = run(dg.clone(), blocks, qd, seconds, pattern).await?;
             let elapsed = started.elapsed().as_secs_f64();
             let log = dg.log_stats();
             // Leave the log empty (not timed), so the next case measures the
             // store alone rather than the destaging of this one's writes.
             dg.settle().await?;
+            let mib_s = match pattern {
+                Pattern::SequentialWrite => ops as f64 * (SEQ_BLOCKS * 4096) as f64 / elapsed / (1 << 20) as f64,
+                _ => ops as f64 * 4096.0 / elapsed / (1 << 20) as f64,
+            };
             println!(
-                "iops={:.0} ops={ops} seconds={elapsed:.2} rss_kib={} group_commits={} overlapped={} syncs={}",
+                "iops={:.0} mib_s={mib_s:.1} ops={ops} seconds={elapsed:.2} rss_kib={} group_commits={} overlapped={} syncs={}",
                 ops as f64 / elapsed,
                 rss_kib(),
                 log.group_commits,
