@@ -91,7 +91,13 @@ enum Pattern {
 /// Blocks per sequential write (256 KiB).
 const SEQ_BLOCKS: u64 = 64;
 
-async fn run(dg: Arc<DiskGroup>, blocks: u64, qd: u64, seconds: f64, pattern: Pattern) -> Result<u64> {
+async fn run(
+    dg: Arc<DiskGroup>,
+    blocks: u64,
+    qd: u64,
+    seconds: f64,
+    pattern: Pattern,
+) -> Result<u64> {
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -165,7 +171,9 @@ async fn main() -> Result<()> {
             // store alone rather than the destaging of this one's writes.
             dg.settle().await?;
             let mib_s = match pattern {
-                Pattern::SequentialWrite => ops as f64 * (SEQ_BLOCKS * 4096) as f64 / elapsed / (1 << 20) as f64,
+                Pattern::SequentialWrite => {
+                    ops as f64 * (SEQ_BLOCKS * 4096) as f64 / elapsed / (1 << 20) as f64
+                }
                 _ => ops as f64 * 4096.0 / elapsed / (1 << 20) as f64,
             };
             println!(
