@@ -9,7 +9,7 @@
 //!                                             each task on its own stretch
 //!   store_bench memory DIR GIB                write GIB sequentially, print RSS
 //!
-//! Output: one line `iops=<n> ops=<n> seconds=<s> rss_kib=<n>` (write and
+//! Output: one line `iops=<n> mib_s=<n> ops=<n> seconds=<s> rss_kib=<n>` (writes and
 //! read also print the write log's group commit counters). Each case ends by
 //! settling the disk group (destage and checkpoint, not timed), so a case
 //! never measures the destaging of the previous case's writes.
