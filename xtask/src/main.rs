@@ -35,6 +35,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
     ("tessera-testkit", None),
     ("tessera-sim", None),
     ("xtask", None),
+    ("vendored-protoc", None),
 ];
 
 /// Crates that hold pure logic: no runtime, no file system, no clock, so they
