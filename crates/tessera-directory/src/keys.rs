@@ -513,6 +513,76 @@ impl Keyspace {
     pub fn iscsi_accesses(&self) -> Prefix<IscsiAccessRecord> {
         self.prefix(&["iscsi-access"])
     }
+
+    /// The cluster's settings (one record; absent means every default).
+    pub fn settings(&self) -> Key<ClusterSettings> {
+        self.key(&["settings"])
+    }
+
+    /// The volumes a host's clients have open, held under the host's lease.
+    pub fn attachments(&self, host: &HostId) -> Key<AttachmentRecord> {
+        self.key(&["attachments", host.as_str()])
+    }
+
+    /// Every host's open volumes.
+    pub fn attachments_all(&self) -> Prefix<AttachmentRecord> {
+        self.prefix(&["attachments"])
+    }
+}
+
+/// Cluster-wide settings a user may change. Every field has a default, so
+/// a record written before a field existed still reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// The largest ratio of provisioned bytes (every copy of every volume at
+    /// its full size) to the datastore's capacity that a new volume or a
+    /// resize may bring the cluster to; beyond it the request is refused.
+    #[serde(default = "default_max_overcommit_ratio")]
+    pub max_overcommit_ratio: f64,
+    /// Percent of the datastore's capacity in use at which the health
+    /// check `DATASTORE_NEARLY_FULL` warns.
+    #[serde(default = "default_nearly_full_pct")]
+    pub nearly_full_pct: u8,
+    /// Percent in use at which `DATASTORE_FULL` is raised as an error
+    /// (thin volumes may soon fail writes).
+    #[serde(default = "default_full_pct")]
+    pub full_pct: u8,
+}
+
+/// Default [`ClusterSettings::max_overcommit_ratio`].
+pub fn default_max_overcommit_ratio() -> f64 {
+    4.0
+}
+
+/// Default [`ClusterSettings::nearly_full_pct`].
+pub fn default_nearly_full_pct() -> u8 {
+    80
+}
+
+/// Default [`ClusterSettings::full_pct`].
+pub fn default_full_pct() -> u8 {
+    95
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            max_overcommit_ratio: default_max_overcommit_ratio(),
+            nearly_full_pct: default_nearly_full_pct(),
+            full_pct: default_full_pct(),
+        }
+    }
+}
+
+/// The volumes that clients of one host have open (NBD connections and
+/// iSCSI sessions), kept under the host's lease so it vanishes with the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRecord {
+    /// The host.
+    pub host: HostId,
+    /// Open volumes and how many clients have each open.
+    pub volumes: std::collections::BTreeMap<VolumeId, u32>,
 }
 
 /// A CHAP user name and secret.

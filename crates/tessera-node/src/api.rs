@@ -15,27 +15,38 @@
 //! | method | path | answer |
 //! |---|---|---|
 //! | GET | `/status` | 200 `StatusView` |
+//! | GET | `/health` | 200 `HealthReport` |
+//! | GET | `/settings` | 200 `ClusterSettings` |
+//! | PATCH | `/settings` (`UpdateSettings`) | 200 `ClusterSettings` |
 //! | GET | `/hosts` | 200 `[HostView]` |
+//! | GET | `/hosts/{id}` | 200 `HostView` |
 //! | POST | `/hosts/{id}/stop` | 204 |
 //! | POST | `/hosts/{id}/start` | 204 |
 //! | GET | `/policies` | 200 `[Policy]` |
 //! | POST | `/policies` (`CreatePolicy`) | 201 `Policy` |
+//! | GET | `/policies/{name}` | 200 `Policy` |
+//! | PATCH | `/policies/{name}` (`UpdatePolicy`) | 200 `Policy` |
+//! | DELETE | `/policies/{name}` | 204 |
 //! | GET | `/volumes` | 200 `[VolumeView]` |
 //! | POST | `/volumes` (`CreateVolume`) | 201 `VolumeView` |
+//! | GET | `/volumes/{name}` | 200 `VolumeView` |
 //! | POST | `/volumes/{name}/resize` (`ResizeVolume`) | 200 `VolumeView` |
-//! | DELETE | `/volumes/{name}` | 204 |
+//! | DELETE | `/volumes/{name}[?force=true]` | 204 |
+//! | GET | `/volumes/{name}/iscsi-access` | 200 `IscsiAccessView` |
+//! | PUT | `/volumes/{name}/iscsi-access` (`IscsiAccess`) | 200 `IscsiAccessView` |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 
 use crate::control::{
     ClusterControl, ControlError, CreatePolicy, CreateVolume, IscsiAccess, ResizeVolume,
+    UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -47,12 +58,19 @@ type Control = Arc<dyn ClusterControl>;
 pub fn router(control: Control) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/health", get(health))
+        .route("/v1/settings", get(settings).patch(update_settings))
         .route("/v1/hosts", get(hosts))
+        .route("/v1/hosts/{id}", get(host))
         .route("/v1/hosts/{id}/stop", post(stop_host))
         .route("/v1/hosts/{id}/start", post(start_host))
         .route("/v1/policies", get(policies).post(create_policy))
+        .route(
+            "/v1/policies/{name}",
+            get(policy).patch(update_policy).delete(delete_policy),
+        )
         .route("/v1/volumes", get(volumes).post(create_volume))
-        .route("/v1/volumes/{name}", delete(delete_volume))
+        .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
         .route(
             "/v1/volumes/{name}/iscsi-access",
@@ -148,8 +166,71 @@ async fn set_iscsi_access(
     }
 }
 
-async fn delete_volume(State(control): State<Control>, Path(name): Path<String>) -> Response {
-    respond_empty(control.delete_volume(&name).await)
+/// Query of `DELETE /v1/volumes/{name}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn delete_volume(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    uri: Uri,
+) -> Response {
+    let query: DeleteQuery = match serde_urlencoded::from_str(uri.query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => {
+            return error_response(ControlError::Invalid(format!(
+                "bad query on DELETE {}: {e} (the only parameter is force=true)",
+                uri.path()
+            )))
+        }
+    };
+    respond_empty(control.delete_volume(&name, query.force).await)
+}
+
+async fn volume(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.volume(&name).await)
+}
+
+async fn health(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.health().await)
+}
+
+async fn settings(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.settings().await)
+}
+
+async fn update_settings(State(control): State<Control>, body: Bytes) -> Response {
+    match parse_body::<UpdateSettings>(&body) {
+        Ok(change) => respond(StatusCode::OK, control.update_settings(change).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn host(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond(StatusCode::OK, control.host(&id).await)
+}
+
+async fn policy(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.policy(&name).await)
+}
+
+async fn update_policy(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<UpdatePolicy>(&body) {
+        Ok(change) => respond(StatusCode::OK, control.update_policy(&name, change).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn delete_policy(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond_empty(control.delete_policy(&name).await)
 }
 
 async fn object(State(control): State<Control>, Path(name): Path<String>) -> Response {

@@ -10,6 +10,7 @@
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+pub use tessera_directory::keys::ClusterSettings;
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
 use tessera_types::{ComponentId, Epoch};
@@ -26,8 +27,8 @@ pub enum Health {
     Unavailable,
 }
 
-/// Capacity of the datastore or of one disk group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Capacity of the datastore, of one host or of one disk group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapacityView {
     /// Bytes the devices can hold.
     pub total_bytes: u64,
@@ -37,10 +38,105 @@ pub struct CapacityView {
     pub reserved_bytes: u64,
     /// Bytes a new write can still use.
     pub free_bytes: u64,
+    /// Bytes promised to volumes: every data copy at its full size (thin
+    /// volumes included), whatever has been written.
+    #[serde(default)]
+    pub provisioned_bytes: u64,
+    /// `provisioned_bytes / total_bytes`: above 1.0 the volumes could
+    /// together outgrow the devices (thin provisioning's overcommit).
+    #[serde(default)]
+    pub overcommit_ratio: f64,
+}
+
+impl CapacityView {
+    /// Adds `other` to this sum and recomputes the ratio.
+    pub fn add(&mut self, other: &CapacityView) {
+        self.total_bytes += other.total_bytes;
+        self.used_bytes += other.used_bytes;
+        self.reserved_bytes += other.reserved_bytes;
+        self.free_bytes += other.free_bytes;
+        self.provisioned_bytes += other.provisioned_bytes;
+        self.overcommit_ratio = overcommit_ratio(self.provisioned_bytes, self.total_bytes);
+    }
+
+    /// Percent of the capacity in use (data and reservations), 0-100.
+    pub fn used_pct(&self) -> f64 {
+        if self.total_bytes == 0 {
+            return 0.0;
+        }
+        100.0 * (self.total_bytes - self.free_bytes.min(self.total_bytes)) as f64
+            / self.total_bytes as f64
+    }
+}
+
+/// Provisioned bytes over capacity, rounded to two decimals (0 with no
+/// capacity).
+pub fn overcommit_ratio(provisioned_bytes: u64, total_bytes: u64) -> f64 {
+    if total_bytes == 0 {
+        return 0.0;
+    }
+    (provisioned_bytes as f64 / total_bytes as f64 * 100.0).round() / 100.0
+}
+
+/// Component ids travel as the hex text the tables print (`c0123...`), not
+/// as integers, so JSON and tables name a component the same way.
+pub mod component_id_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tessera_types::ComponentId;
+
+    /// Writes `c` followed by 16 hex digits.
+    pub fn serialize<S: Serializer>(id: &ComponentId, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(id)
+    }
+
+    /// Reads the form [`serialize`] writes (an integer is accepted too).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ComponentId, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Text(String),
+            Number(u64),
+        }
+        match Form::deserialize(d)? {
+            Form::Number(n) => Ok(ComponentId(n)),
+            Form::Text(t) => {
+                let digits = t.strip_prefix('c').unwrap_or(&t);
+                u64::from_str_radix(digits, 16)
+                    .map(ComponentId)
+                    .map_err(|_| serde::de::Error::custom(format!("{t:?} is not a component id")))
+            }
+        }
+    }
+
+    /// The same for a list of ids.
+    pub mod list {
+        use serde::ser::SerializeSeq;
+        use serde::{Deserialize, Deserializer, Serializer};
+        use tessera_types::ComponentId;
+
+        /// Writes each id as text.
+        pub fn serialize<S: Serializer>(ids: &[ComponentId], s: S) -> Result<S::Ok, S::Error> {
+            let mut seq = s.serialize_seq(Some(ids.len()))?;
+            for id in ids {
+                seq.serialize_element(&id.to_string())?;
+            }
+            seq.end()
+        }
+
+        /// Reads ids written by [`serialize`].
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ComponentId>, D::Error> {
+            #[derive(Deserialize)]
+            struct One(#[serde(with = "super")] ComponentId);
+            Ok(Vec::<One>::deserialize(d)?
+                .into_iter()
+                .map(|o| o.0)
+                .collect())
+        }
+    }
 }
 
 /// One disk group as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DiskGroupView {
     /// Its id.
     pub id: String,
@@ -48,7 +144,8 @@ pub struct DiskGroupView {
     pub health: String,
     /// Its space.
     pub capacity: CapacityView,
-    /// Components stored on it.
+    /// Components placed on it (data copies and witnesses), from the
+    /// volumes' layouts.
     pub components: u64,
     /// Bytes its capacity devices hold: a block shared by several copies
     /// (EXTENDED COPY inside the datastore) counts once, where `used_bytes`
@@ -59,7 +156,7 @@ pub struct DiskGroupView {
 }
 
 /// One host as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostView {
     /// Host id.
     pub id: String,
@@ -78,10 +175,14 @@ pub struct HostView {
     pub disk_groups: Vec<DiskGroupView>,
     /// Volumes this host owns (coordinates).
     pub owned_volumes: Vec<String>,
+    /// The sum of its disk groups' space.
+    #[serde(default)]
+    pub capacity: CapacityView,
 }
 
 /// A request to create a policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreatePolicy {
     /// Policy name.
     pub name: String,
@@ -101,6 +202,7 @@ fn one() -> u8 {
 
 /// A request to create a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     /// Volume name (also its NBD export name).
     pub name: String,
@@ -117,13 +219,46 @@ pub struct CreateVolume {
 
 /// A request to resize a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResizeVolume {
     /// New size in bytes (growing only).
     pub size_bytes: u64,
 }
 
+/// A change to a policy: the fields given replace the current ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdatePolicy {
+    /// Failures to tolerate (0-3).
+    #[serde(default)]
+    pub failures_to_tolerate: Option<u8>,
+    /// Stripe width (1-12).
+    #[serde(default)]
+    pub stripe_width: Option<u8>,
+    /// Object space reservation in percent (0-100).
+    #[serde(default)]
+    pub space_reservation_pct: Option<u8>,
+}
+
+/// The cluster settings as the API takes a change to them: the fields
+/// given replace the current ones.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSettings {
+    /// See [`tessera_directory::keys::ClusterSettings::max_overcommit_ratio`].
+    #[serde(default)]
+    pub max_overcommit_ratio: Option<f64>,
+    /// See [`tessera_directory::keys::ClusterSettings::nearly_full_pct`].
+    #[serde(default)]
+    pub nearly_full_pct: Option<u8>,
+    /// See [`tessera_directory::keys::ClusterSettings::full_pct`].
+    #[serde(default)]
+    pub full_pct: Option<u8>,
+}
+
 /// A CHAP user name and secret, as the API takes them.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChapCredential {
     /// User name (CHAP_N).
     pub user: String,
@@ -143,6 +278,7 @@ impl std::fmt::Debug for ChapCredential {
 /// Who may log in to a volume's iSCSI target (on every host). Replaces the
 /// previous settings as a whole.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct IscsiAccess {
     /// Initiator names allowed in; empty admits every initiator.
     #[serde(default)]
@@ -191,12 +327,20 @@ pub struct VolumeView {
     pub owner: Option<String>,
     /// The owner's epoch.
     pub epoch: Option<Epoch>,
+    /// Clients (NBD connections, iSCSI sessions) that have it open now.
+    #[serde(default)]
+    pub open_by: u32,
+    /// What the request that returned this view should make the user
+    /// think about (e.g. the datastore is now overcommitted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One component as `object show` prints it (like RVC's object info).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentView {
     /// Component id.
+    #[serde(with = "component_id_text")]
     pub id: ComponentId,
     /// Data copy or witness.
     pub role: ComponentRole,
@@ -278,6 +422,7 @@ pub struct Divergence {
     /// Length of the differing block run.
     pub len: u64,
     /// Components that were compared.
+    #[serde(with = "component_id_text::list")]
     pub components: Vec<ComponentId>,
 }
 
@@ -296,31 +441,148 @@ pub struct VerifyReport {
     pub divergences: Vec<Divergence>,
 }
 
-/// A running or finished resync or rebuild.
+/// Where a resync or rebuild stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResyncState {
+    /// Copying now.
+    Running,
+    /// The last attempt failed and the owner will try again: it waits for
+    /// the copy's host to return, or a lease before retrying.
+    Waiting,
+    /// Finished: the copy is up to date.
+    Done,
+    /// The last attempt failed and no retry is pending.
+    Failed,
+}
+
+impl ResyncState {
+    /// The word the tables print (the JSON's too).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncState::Running => "running",
+            ResyncState::Waiting => "waiting",
+            ResyncState::Done => "done",
+            ResyncState::Failed => "failed",
+        }
+    }
+}
+
+/// One resync or rebuild of one component: the current attempt's progress
+/// (a retry replaces the attempt before it, so a component appears once).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResyncView {
     /// Volume.
     pub volume: String,
-    /// Component being brought up to date.
+    /// Component being brought up to date, as the tables print it
+    /// (`c` and 16 hex digits).
+    #[serde(with = "component_id_text")]
     pub component: ComponentId,
     /// Its host.
     pub host: String,
     /// "resync" (delta after a host returned) or "rebuild" (new copy).
     pub kind: String,
-    /// "running", "done" or "failed: <reason>".
-    pub state: String,
-    /// Bytes of dirty address space examined so far.
+    /// Where it stands.
+    pub state: ResyncState,
+    /// Why the last attempt failed; kept while a retry waits or runs,
+    /// null once one succeeds.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Attempts made, the current one included.
+    #[serde(default = "one_attempt")]
+    pub attempts: u32,
+    /// Bytes of dirty address space the current attempt examined.
     pub done_bytes: u64,
     /// Bytes still to examine.
     pub left_bytes: u64,
-    /// Bytes of data actually copied.
+    /// Bytes of data the current attempt copied (holes are not copied),
+    /// counted as they are copied.
     pub copied_bytes: u64,
-    /// Examination rate in bytes per second.
+    /// Examination rate of the current attempt in bytes per second, from
+    /// its start.
     pub rate_bytes_per_s: u64,
+    /// Seconds left at that rate while running; null when unknown (not
+    /// running, or nothing examined yet).
+    #[serde(default)]
+    pub eta_s: Option<u64>,
+}
+
+fn one_attempt() -> u32 {
+    1
+}
+
+/// How bad a health check is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Severity {
+    /// Worth knowing; nothing is at risk yet.
+    Info,
+    /// Less protection or less room than asked for.
+    Warning,
+    /// Data is unreachable or soon will be.
+    Error,
+}
+
+/// The stable codes of health checks, like `ceph health detail`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthCode {
+    /// A host's lease lapsed or it was stopped: its components miss writes.
+    HostDown,
+    /// A disk group failed: its components must be rebuilt elsewhere.
+    DiskGroupFailed,
+    /// Components of volumes are absent: the volumes run with less protection.
+    ComponentAbsent,
+    /// Absent components will be rebuilt elsewhere when the repair delay ends.
+    RepairDelayPending,
+    /// Copies are being brought up to date.
+    ResyncRunning,
+    /// Volumes cannot serve I/O.
+    VolumeUnavailable,
+    /// Datastore use crossed the nearly-full threshold.
+    DatastoreNearlyFull,
+    /// Datastore use crossed the full threshold: thin volumes may fail writes.
+    DatastoreFull,
+    /// More bytes are provisioned than the devices hold.
+    Overcommitted,
+}
+
+/// One problem the cluster has: what, how bad, what it affects, what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    /// Stable code, for scripts and alerts.
+    pub code: HealthCode,
+    /// How bad it is.
+    pub severity: Severity,
+    /// One line saying what is wrong, with numbers.
+    pub summary: String,
+    /// The hosts, disk groups, volumes or components it concerns.
+    pub affects: Vec<String>,
+    /// What the user can do about it (or what the cluster will do).
+    pub remedy: String,
+    /// For `REPAIR_DELAY_PENDING`: seconds until the rebuild starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_left: Option<u64>,
+}
+
+/// Overall health with the checks that explain it (`tessera health`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// Overall health: the worst of the volumes' and hosts'.
+    pub health: Health,
+    /// Every problem found, worst first; empty when healthy.
+    pub checks: Vec<HealthCheck>,
+}
+
+impl ResyncView {
+    /// True while the resync or rebuild is still moving data.
+    pub fn is_running(&self) -> bool {
+        self.state == ResyncState::Running
+    }
 }
 
 /// Everything `tessera status` shows.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatusView {
     /// Cluster name.
     pub cluster: String,
@@ -334,6 +596,9 @@ pub struct StatusView {
     pub volumes: Vec<VolumeView>,
     /// Resyncs and rebuilds (running ones first, then recent ones).
     pub resyncs: Vec<ResyncView>,
+    /// What is wrong and what to do, worst first.
+    #[serde(default)]
+    pub checks: Vec<HealthCheck>,
 }
 
 /// Why a control operation was refused.
@@ -367,22 +632,71 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn status(&self) -> Result<StatusView, ControlError>;
     /// Hosts with their disk groups.
     async fn hosts(&self) -> Result<Vec<HostView>, ControlError>;
+    /// One host.
+    async fn host(&self, id: &str) -> Result<HostView, ControlError> {
+        self.hosts()
+            .await?
+            .into_iter()
+            .find(|h| h.id == id)
+            .ok_or_else(|| ControlError::NotFound(format!("no host named {id}")))
+    }
+    /// Overall health and the checks that explain it.
+    async fn health(&self) -> Result<HealthReport, ControlError> {
+        let status = self.status().await?;
+        Ok(HealthReport {
+            health: status.health,
+            checks: status.checks,
+        })
+    }
+    /// The cluster settings.
+    async fn settings(&self) -> Result<ClusterSettings, ControlError>;
+    /// Changes the cluster settings; refuses values out of range.
+    async fn update_settings(
+        &self,
+        change: UpdateSettings,
+    ) -> Result<ClusterSettings, ControlError>;
     /// Creates a policy; refuses a duplicate name or out-of-range values.
     async fn create_policy(&self, request: CreatePolicy) -> Result<Policy, ControlError>;
     /// All policies.
     async fn policies(&self) -> Result<Vec<Policy>, ControlError>;
+    /// One policy.
+    async fn policy(&self, name: &str) -> Result<Policy, ControlError> {
+        self.policies()
+            .await?
+            .into_iter()
+            .find(|p| p.name.as_str() == name)
+            .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))
+    }
+    /// Changes a policy. A change that keeps every volume's layout (the
+    /// space reservation) applies to the volumes at once; one that would
+    /// move data (failures to tolerate, stripe width) is refused while
+    /// volumes use the policy.
+    async fn update_policy(&self, name: &str, change: UpdatePolicy)
+        -> Result<Policy, ControlError>;
+    /// Deletes a policy no volume uses.
+    async fn delete_policy(&self, name: &str) -> Result<(), ControlError>;
     /// Creates a volume: placement, components on their hosts, an owner.
     async fn create_volume(&self, request: CreateVolume) -> Result<VolumeView, ControlError>;
     /// All volumes.
     async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError>;
+    /// One volume.
+    async fn volume(&self, name: &str) -> Result<VolumeView, ControlError> {
+        self.volumes()
+            .await?
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))
+    }
     /// Grows a volume.
     async fn resize_volume(
         &self,
         name: &str,
         request: ResizeVolume,
     ) -> Result<VolumeView, ControlError>;
-    /// Deletes a volume and its components.
-    async fn delete_volume(&self, name: &str) -> Result<(), ControlError>;
+    /// Deletes a volume and its components. A volume that clients have
+    /// open is refused unless `force`; with `force` their next request
+    /// fails at once.
+    async fn delete_volume(&self, name: &str, force: bool) -> Result<(), ControlError>;
     /// Sets who may log in to a volume's iSCSI target.
     async fn set_iscsi_access(
         &self,
@@ -448,5 +762,64 @@ impl IscsiAccess {
             }
             _ => Ok(()),
         }
+    }
+}
+
+impl UpdateSettings {
+    /// `current` with this change applied, or why the change is refused
+    /// (nothing is changed then).
+    pub fn apply(&self, current: &ClusterSettings) -> Result<ClusterSettings, ControlError> {
+        let mut next = current.clone();
+        if let Some(r) = self.max_overcommit_ratio {
+            if !r.is_finite() || !(0.1..=100.0).contains(&r) {
+                return Err(ControlError::Invalid(format!(
+                    "max_overcommit_ratio must be between 0.1 and 100, not {r}"
+                )));
+            }
+            next.max_overcommit_ratio = r;
+        }
+        if let Some(p) = self.nearly_full_pct {
+            next.nearly_full_pct = p;
+        }
+        if let Some(p) = self.full_pct {
+            next.full_pct = p;
+        }
+        if !(1..=100).contains(&next.nearly_full_pct)
+            || !(1..=100).contains(&next.full_pct)
+            || next.nearly_full_pct >= next.full_pct
+        {
+            return Err(ControlError::Invalid(format!(
+                "thresholds must satisfy 1 <= nearly_full_pct < full_pct <= 100, not {} and {}",
+                next.nearly_full_pct, next.full_pct
+            )));
+        }
+        Ok(next)
+    }
+}
+
+impl UpdatePolicy {
+    /// `current` with this change applied and validated.
+    pub fn apply(&self, current: &Policy) -> Result<Policy, ControlError> {
+        let mut next = current.clone();
+        if let Some(f) = self.failures_to_tolerate {
+            next.failures_to_tolerate = f;
+        }
+        if let Some(w) = self.stripe_width {
+            next.stripe_width = w;
+        }
+        if let Some(r) = self.space_reservation_pct {
+            next.space_reservation_pct = r;
+        }
+        next.validate()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        Ok(next)
+    }
+
+    /// True when the change would give volumes a different layout (more or
+    /// fewer copies or columns), which moves data.
+    pub fn changes_layout(&self, current: &Policy) -> bool {
+        self.failures_to_tolerate
+            .is_some_and(|f| f != current.failures_to_tolerate)
+            || self.stripe_width.is_some_and(|w| w != current.stripe_width)
     }
 }

@@ -11,12 +11,13 @@
 //! has the created ones deleted again.
 
 use crate::control::*;
+use crate::health::{volume_health, worse, HealthInputs, MissingComponent, VolumeHealthInput};
 use crate::host::Host;
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tessera_directory::keys::{self, VolumeRecord, VolumeState};
@@ -26,7 +27,9 @@ use tessera_object::ComponentIo;
 use tessera_placement::{ClusterMap, DiskGroupHealth, HostLiveness};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::policy::Policy;
-use tessera_types::{format_size, ComponentId, HostId, PolicyName, VolumeId, BLOCK_BYTES};
+use tessera_types::{
+    format_size, ComponentId, DiskGroupId, HostId, PolicyName, VolumeId, BLOCK_BYTES,
+};
 
 /// Logical block sizes a volume may present: 512e and 4Kn.
 const VOLUME_BLOCK_SIZES: [u32; 2] = [512, 4096];
@@ -35,6 +38,9 @@ const VOLUME_BLOCK_SIZES: [u32; 2] = [512, 4096];
 const VERIFY_STEP_BLOCKS: u64 = 256;
 /// Divergences listed before `object verify` stops listing.
 const DIVERGENCES_SHOWN_MAX: usize = 32;
+
+/// How long a create or resize waits for the volume to get an owner.
+const OWNER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How a host slot in this process is started again after `host stop`.
 pub type HostStarter =
@@ -217,20 +223,97 @@ impl ControlPlane {
         Ok((record.value, layout.value))
     }
 
+    /// Reads everything the views are made of, once, so that every view of
+    /// one answer (and `volume list`, `object show` and `status`) agrees.
+    async fn read_state(&self) -> Result<ClusterState, ControlError> {
+        let d = self.directory.as_ref();
+        let hosts = keys::list(d, &self.keys.hosts()).await.map_err(internal)?;
+        let live = tessera_directory::live_hosts(d, &self.keys)
+            .await
+            .map_err(internal)?;
+        let groups = keys::list(d, &self.keys.disk_groups())
+            .await
+            .map_err(internal)?;
+        let owners = keys::list(d, &self.keys.owners()).await.map_err(internal)?;
+        let volumes = keys::list(d, &self.keys.volumes())
+            .await
+            .map_err(internal)?;
+        let layouts = keys::list(d, &self.keys.layouts())
+            .await
+            .map_err(internal)?;
+        let attachments = keys::list(d, &self.keys.attachments_all())
+            .await
+            .map_err(internal)?;
+        let settings = keys::get(d, &self.keys.settings())
+            .await
+            .map_err(internal)?
+            .map(|r| r.value)
+            .unwrap_or_default();
+        let stopped_here: HashSet<HostId> = self
+            .hosts
+            .slots
+            .iter()
+            .filter(|s| s.host.lock().is_none())
+            .map(|s| s.id.clone())
+            .collect();
+        Ok(ClusterState {
+            hosts: hosts.records.into_iter().map(|r| r.value).collect(),
+            live: live.into_iter().collect(),
+            stopped_here,
+            groups: groups.records.into_iter().map(|r| r.value).collect(),
+            owners: owners
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect(),
+            volumes: volumes.records.into_iter().map(|r| r.value).collect(),
+            layouts: layouts
+                .records
+                .into_iter()
+                .map(|r| (r.value.volume.clone(), r.value))
+                .collect(),
+            attachments: attachments.records.into_iter().map(|r| r.value).collect(),
+            settings,
+        })
+    }
+
+    /// Clients that have `volume` open: counted live on the hosts of this
+    /// process, from the directory for the others.
+    fn open_by(&self, state: &ClusterState, volume: &VolumeId) -> (u32, Vec<String>) {
+        let mut count = 0;
+        let mut hosts = Vec::new();
+        let running = self.hosts.running();
+        for h in &running {
+            let n = h.attachments().count(volume);
+            if n > 0 {
+                count += n;
+                hosts.push(h.id().to_string());
+            }
+        }
+        for record in &state.attachments {
+            if running.iter().any(|h| h.id() == &record.host) || !state.host_up(&record.host) {
+                continue;
+            }
+            if let Some(&n) = record.volumes.get(volume) {
+                count += n;
+                hosts.push(record.host.to_string());
+            }
+        }
+        (count, hosts)
+    }
+
     /// The view of one volume; `via` reaches its components (None when no
     /// host runs here: used bytes are then unknown and shown as 0).
     async fn volume_view(
         &self,
+        state: &ClusterState,
         via: Option<&Arc<Host>>,
         record: &VolumeRecord,
         layout: &Layout,
     ) -> VolumeView {
-        let owner =
-            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
-                .await
-                .ok()
-                .flatten();
-        let state = layout_health(layout, owner.is_some());
+        let owner = state.owners.get(&record.name);
+        let (health, shown_owner) =
+            volume_health(layout, owner.map(|o| &o.host), |h| state.host_up(h));
         let mut used = 0;
         if let Some(host) = via {
             let components = host.components(&record.name);
@@ -238,7 +321,7 @@ impl ControlPlane {
                 for c in mirror
                     .copies
                     .iter()
-                    .filter(|c| c.state == ComponentState::Active)
+                    .filter(|c| c.state == ComponentState::Active && state.host_up(&c.host))
                 {
                     if let Ok(s) = components.status(c).await {
                         used += s.allocated_bytes;
@@ -252,137 +335,421 @@ impl ControlPlane {
             size_bytes: record.size_bytes,
             policy: record.policy.to_string(),
             block_bytes: record.block_bytes,
-            state,
+            state: health,
             used_bytes: used,
-            owner: owner.as_ref().map(|o| o.host.to_string()),
-            epoch: owner.map(|o| o.epoch),
+            owner: shown_owner.map(|h| h.to_string()),
+            epoch: shown_owner.and(owner).map(|o| o.epoch),
+            open_by: self.open_by(state, &record.name).0,
+            warnings: Vec::new(),
         }
     }
 
-    async fn host_views(&self) -> Result<Vec<HostView>, ControlError> {
-        let hosts = keys::list(self.directory.as_ref(), &self.keys.hosts())
-            .await
-            .map_err(internal)?;
-        let live = tessera_directory::live_hosts(self.directory.as_ref(), &self.keys)
-            .await
-            .map_err(internal)?;
-        let groups = keys::list(self.directory.as_ref(), &self.keys.disk_groups())
-            .await
-            .map_err(internal)?;
-        let owners = keys::list(self.directory.as_ref(), &self.keys.owners())
-            .await
-            .map_err(internal)?;
+    /// Every volume's view, sorted by name.
+    async fn volume_views(&self, state: &ClusterState) -> Vec<VolumeView> {
+        // One fresh view of the hosts serves every volume of the listing.
+        let via = self.via().await.ok();
         let mut out = Vec::new();
-        for r in hosts.records {
-            let h = r.value;
-            let stopped = self
+        for r in &state.volumes {
+            if let Some(layout) = state.layouts.get(&r.name) {
+                out.push(self.volume_view(state, via.as_ref(), r, layout).await);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Every host's view with its disk groups: space read live from the
+    /// hosts of this process, from their last report for the others;
+    /// components and provisioned bytes from the volumes' layouts.
+    fn host_views(&self, state: &ClusterState) -> Vec<HostView> {
+        let mut placed: HashMap<(HostId, DiskGroupId), (u64, u64)> = HashMap::new();
+        for layout in state.layouts.values() {
+            for c in layout.components() {
+                let e = placed
+                    .entry((c.host.clone(), c.disk_group.clone()))
+                    .or_default();
+                e.0 += 1;
+                if c.role == ComponentRole::Data {
+                    e.1 += c.size_bytes;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for h in &state.hosts {
+            let running = self
                 .hosts
                 .slot(h.id.as_str())
-                .is_some_and(|s| s.host.lock().is_none());
-            let state = if stopped {
+                .and_then(|slot| slot.host.lock().clone());
+            let host_state = if state.stopped_here.contains(&h.id) {
                 "stopped"
-            } else if live.contains(&h.id) {
+            } else if state.live.contains(&h.id) {
                 "present"
             } else {
                 "absent"
             };
-            let disk_groups = groups
-                .records
+            let mut capacity = CapacityView::default();
+            let disk_groups: Vec<DiskGroupView> = state
+                .groups
                 .iter()
-                .filter(|g| g.value.host == h.id)
-                .map(|g| DiskGroupView {
-                    id: g.value.id.to_string(),
-                    health: match g.value.state {
-                        keys::DiskGroupState::Failed => "failed".into(),
-                        _ => "healthy".into(),
-                    },
-                    capacity: CapacityView {
-                        total_bytes: g.value.capacity_bytes,
-                        used_bytes: g.value.used_bytes,
-                        reserved_bytes: g.value.reserved_bytes,
-                        free_bytes: g
-                            .value
-                            .capacity_bytes
-                            .saturating_sub(g.value.used_bytes.max(g.value.reserved_bytes)),
-                    },
-                    components: 0,
-                    physical_bytes: self.hosts.slot(h.id.as_str()).and_then(|slot| {
-                        let host = slot.host.lock().clone()?;
+                .filter(|g| g.host == h.id)
+                .map(|g| {
+                    let live = running.as_ref().and_then(|host| {
                         host.replica()
                             .disk_groups()
                             .iter()
-                            .find(|d| d.id() == &g.value.id)
-                            .map(|d| d.space().physical_bytes)
-                    }),
+                            .find(|d| d.id() == &g.id)
+                            .map(|d| (d.space(), d.health()))
+                    });
+                    let (components, provisioned) = placed
+                        .get(&(h.id.clone(), g.id.clone()))
+                        .copied()
+                        .unwrap_or_default();
+                    let (total, used, reserved, failed) = match &live {
+                        Some((space, health)) => (
+                            space.capacity_bytes,
+                            space.used_bytes,
+                            space.reserved_bytes,
+                            matches!(health, tessera_store::DiskGroupHealth::Failed { .. }),
+                        ),
+                        None => (
+                            g.capacity_bytes,
+                            g.used_bytes,
+                            g.reserved_bytes,
+                            g.state == keys::DiskGroupState::Failed,
+                        ),
+                    };
+                    let view = DiskGroupView {
+                        id: g.id.to_string(),
+                        health: match (&live, failed) {
+                            (Some((_, tessera_store::DiskGroupHealth::Failed { reason })), _) => {
+                                format!("failed: {reason}")
+                            }
+                            (_, true) => "failed".into(),
+                            _ => "healthy".into(),
+                        },
+                        capacity: CapacityView {
+                            total_bytes: total,
+                            used_bytes: used,
+                            reserved_bytes: reserved,
+                            free_bytes: total.saturating_sub(used + reserved),
+                            provisioned_bytes: provisioned,
+                            overcommit_ratio: overcommit_ratio(provisioned, total),
+                        },
+                        components,
+                        physical_bytes: live.as_ref().map(|(space, _)| space.physical_bytes),
+                    };
+                    capacity.add(&view.capacity);
+                    view
                 })
                 .collect();
-            let mut owned_volumes: Vec<String> = owners
-                .records
-                .iter()
-                .filter(|o| o.value.host == h.id)
-                .map(|o| o.value.volume.to_string())
+            let mut owned_volumes: Vec<String> = state
+                .owners
+                .values()
+                .filter(|o| o.host == h.id && state.host_up(&h.id))
+                .map(|o| o.volume.to_string())
                 .collect();
             owned_volumes.sort();
             out.push(HostView {
                 id: h.id.to_string(),
                 fault_domain: h.fault_domain.to_string(),
-                state: state.into(),
+                state: host_state.into(),
                 transport_addr: h.addresses.transport.to_string(),
                 nbd_addr: h.addresses.nbd.to_string(),
                 iscsi_addr: h.addresses.iscsi.to_string(),
                 disk_groups,
                 owned_volumes,
+                capacity,
             });
         }
-        Ok(out)
+        out
+    }
+
+    /// The datastore's capacity: every disk group that has not failed.
+    fn datastore_capacity(hosts: &[HostView]) -> CapacityView {
+        let mut capacity = CapacityView::default();
+        for g in hosts.iter().flat_map(|h| h.disk_groups.iter()) {
+            if !g.health.starts_with("failed") {
+                capacity.add(&g.capacity);
+            }
+        }
+        capacity
+    }
+
+    /// What the health rules need of each volume.
+    fn volume_health_inputs(&self, state: &ClusterState) -> Vec<VolumeHealthInput> {
+        let running = self.hosts.running();
+        let mut out = Vec::new();
+        for r in &state.volumes {
+            let Some(layout) = state.layouts.get(&r.name) else {
+                continue;
+            };
+            let owner = state.owners.get(&r.name);
+            let (health, _) = volume_health(layout, owner.map(|o| &o.host), |h| state.host_up(h));
+            let owner_here = owner.and_then(|o| running.iter().find(|h| h.id() == &o.host));
+            let missing = layout
+                .components()
+                .filter(|c| c.state != ComponentState::Active || !state.host_up(&c.host))
+                .map(|c| MissingComponent {
+                    id: c.id,
+                    host: c.host.clone(),
+                    resyncing: c.state == ComponentState::Resyncing && state.host_up(&c.host),
+                    repair_in_s: owner_here
+                        .and_then(|h| h.repair_in(&r.name, c.id))
+                        .map(|d| d.as_secs()),
+                })
+                .collect();
+            out.push(VolumeHealthInput {
+                name: r.name.to_string(),
+                health,
+                missing,
+            });
+        }
+        out
+    }
+
+    /// Provisioned bytes after adding `extra`, against the datastore's
+    /// capacity: refused beyond the setting's ratio, warned beyond 1.0.
+    fn check_provisioning(
+        state: &ClusterState,
+        hosts: &[HostView],
+        volume: &VolumeId,
+        extra: u64,
+    ) -> Result<Vec<String>, ControlError> {
+        let capacity = Self::datastore_capacity(hosts);
+        let after = capacity.provisioned_bytes + extra;
+        let ratio = overcommit_ratio(after, capacity.total_bytes);
+        let max = state.settings.max_overcommit_ratio;
+        if capacity.total_bytes == 0 || after as f64 > max * capacity.total_bytes as f64 {
+            return Err(ControlError::Unsatisfiable(format!(
+                "volume {volume}: {} more would provision {} on a datastore of {} ({ratio:.2}x), beyond the largest overcommit allowed ({max:.2}x); add capacity, or raise it with `tessera settings set max_overcommit_ratio N`",
+                format_size(extra),
+                format_size(after),
+                format_size(capacity.total_bytes),
+            )));
+        }
+        let mut warnings = Vec::new();
+        if after > capacity.total_bytes {
+            warnings.push(format!(
+                "the datastore is overcommitted: {} provisioned on {} ({ratio:.2}x); thin volumes can together outgrow it",
+                format_size(after),
+                format_size(capacity.total_bytes)
+            ));
+        }
+        if capacity.used_pct() >= f64::from(state.settings.nearly_full_pct) {
+            warnings.push(format!(
+                "the datastore is {:.1}% full ({} free)",
+                capacity.used_pct(),
+                format_size(capacity.free_bytes)
+            ));
+        }
+        Ok(warnings)
+    }
+
+    /// Waits (bounded) until a host that is up owns `volume`, so the view
+    /// a create or resize returns shows the volume as it will serve I/O.
+    async fn await_owner(&self, volume: &VolumeId) {
+        let deadline = tokio::time::Instant::now() + OWNER_WAIT;
+        loop {
+            for h in self.hosts.running() {
+                h.refresh_view().await;
+            }
+            if let Ok(state) = self.read_state().await {
+                if state
+                    .owners
+                    .get(volume)
+                    .is_some_and(|o| state.host_up(&o.host))
+                {
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Names of the volumes that follow `policy`.
+    async fn volumes_using(&self, policy: &PolicyName) -> Result<Vec<String>, ControlError> {
+        Ok(self
+            .read_state()
+            .await?
+            .volumes
+            .iter()
+            .filter(|v| &v.policy == policy)
+            .map(|v| v.name.to_string())
+            .collect())
+    }
+
+    /// The view of one volume as it is now.
+    async fn fresh_volume_view(&self, name: &VolumeId) -> Result<VolumeView, ControlError> {
+        let state = self.read_state().await?;
+        let record = state
+            .volumes
+            .iter()
+            .find(|r| &r.name == name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
+        let layout = state
+            .layouts
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(format!("volume {name} has no layout")))?;
+        let via = self.via().await.ok();
+        Ok(self.volume_view(&state, via.as_ref(), record, layout).await)
     }
 }
 
-fn layout_health(layout: &Layout, has_owner: bool) -> Health {
-    if !has_owner || !layout.has_quorum(|c| c.state == ComponentState::Active) {
-        Health::Unavailable
-    } else if layout
-        .components()
-        .all(|c| c.state == ComponentState::Active)
-    {
-        Health::Healthy
-    } else {
-        Health::Degraded
+/// What the control plane read of the cluster for one answer.
+struct ClusterState {
+    hosts: Vec<keys::HostRecord>,
+    live: HashSet<HostId>,
+    stopped_here: HashSet<HostId>,
+    groups: Vec<keys::DiskGroupRecord>,
+    owners: BTreeMap<VolumeId, keys::OwnerRecord>,
+    volumes: Vec<VolumeRecord>,
+    layouts: BTreeMap<VolumeId, Layout>,
+    attachments: Vec<keys::AttachmentRecord>,
+    settings: ClusterSettings,
+}
+
+impl ClusterState {
+    /// A host is up while its lease is alive and it was not stopped here.
+    fn host_up(&self, id: &HostId) -> bool {
+        !self.stopped_here.contains(id) && self.live.contains(id)
     }
 }
 
 #[async_trait]
 impl ClusterControl for ControlPlane {
     async fn status(&self) -> Result<StatusView, ControlError> {
-        let hosts = self.host_views().await?;
-        let volumes = self.volumes().await?;
-        let mut capacity = CapacityView::default();
-        for h in hosts.iter().filter(|h| h.state == "present") {
-            for g in &h.disk_groups {
-                capacity.total_bytes += g.capacity.total_bytes;
-                capacity.used_bytes += g.capacity.used_bytes;
-                capacity.reserved_bytes += g.capacity.reserved_bytes;
-                capacity.free_bytes += g.capacity.free_bytes;
-            }
-        }
+        let state = self.read_state().await?;
+        let hosts = self.host_views(&state);
+        let volumes = self.volume_views(&state).await;
+        let capacity = Self::datastore_capacity(&hosts);
         let worst_volume = volumes.iter().map(|v| v.state).fold(Health::Healthy, worse);
         let host_health = if hosts.iter().all(|h| h.state == "present") {
             Health::Healthy
         } else {
             Health::Degraded
         };
+        let resyncs = self.board.views();
+        let volume_inputs = self.volume_health_inputs(&state);
+        let checks = crate::health::checks(&HealthInputs {
+            hosts: &hosts,
+            volumes: &volume_inputs,
+            resyncs: &resyncs,
+            capacity: &capacity,
+            settings: &state.settings,
+        });
         Ok(StatusView {
             cluster: self.cluster.clone(),
             health: worse(worst_volume, host_health),
             capacity,
             hosts,
             volumes,
-            resyncs: self.board.views(),
+            resyncs,
+            checks,
         })
     }
 
     async fn hosts(&self) -> Result<Vec<HostView>, ControlError> {
-        self.host_views().await
+        let state = self.read_state().await?;
+        Ok(self.host_views(&state))
+    }
+
+    async fn settings(&self) -> Result<ClusterSettings, ControlError> {
+        Ok(self.read_state().await?.settings)
+    }
+
+    async fn update_settings(
+        &self,
+        change: UpdateSettings,
+    ) -> Result<ClusterSettings, ControlError> {
+        let _guard = self.changes.lock().await;
+        let current = self.read_state().await?.settings;
+        let next = change.apply(&current)?;
+        keys::put(self.directory.as_ref(), &self.keys.settings(), &next, None)
+            .await
+            .map_err(internal)?;
+        tracing::info!(?next, "cluster settings changed");
+        Ok(next)
+    }
+
+    async fn update_policy(
+        &self,
+        name: &str,
+        change: UpdatePolicy,
+    ) -> Result<Policy, ControlError> {
+        let policy_name =
+            PolicyName::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let current = keys::get(self.directory.as_ref(), &self.keys.policy(&policy_name))
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))?;
+        let next = change.apply(&current.value)?;
+        if next == current.value {
+            return Ok(next);
+        }
+        let users = self.volumes_using(&policy_name).await?;
+        if !users.is_empty() {
+            let what = if change.changes_layout(&current.value) {
+                "failures to tolerate and stripe width set how many copies and columns their data has"
+            } else {
+                "the space reservation was made when their components were created"
+            };
+            return Err(ControlError::Conflict(format!(
+                "policy {name} is used by volume(s) {}: {what}; create a new policy for new volumes instead",
+                users.join(", ")
+            )));
+        }
+        let outcome = keys::cas(
+            self.directory.as_ref(),
+            &self.keys.policy(&policy_name),
+            Some(current.mod_revision),
+            &next,
+            None,
+        )
+        .await
+        .map_err(internal)?;
+        if !outcome.succeeded {
+            return Err(ControlError::Conflict(format!(
+                "policy {name} changed meanwhile; try again"
+            )));
+        }
+        Ok(next)
+    }
+
+    async fn delete_policy(&self, name: &str) -> Result<(), ControlError> {
+        let policy_name =
+            PolicyName::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        if name == "default" {
+            return Err(ControlError::Conflict(
+                "the policy default serves volumes created without --policy: it can be changed but not deleted".into(),
+            ));
+        }
+        let _guard = self.changes.lock().await;
+        if keys::get(self.directory.as_ref(), &self.keys.policy(&policy_name))
+            .await
+            .map_err(internal)?
+            .is_none()
+        {
+            return Err(ControlError::NotFound(format!("no policy named {name}")));
+        }
+        let users = self.volumes_using(&policy_name).await?;
+        if !users.is_empty() {
+            return Err(ControlError::Conflict(format!(
+                "policy {name} is used by volume(s) {}: delete them first",
+                users.join(", ")
+            )));
+        }
+        self.directory
+            .txn(
+                tessera_directory::Txn::new()
+                    .and_then([self.keys.policy(&policy_name).delete_op()]),
+            )
+            .await
+            .map_err(internal)?;
+        Ok(())
     }
 
     async fn create_policy(&self, request: CreatePolicy) -> Result<Policy, ControlError> {
@@ -467,6 +834,15 @@ impl ClusterControl for ControlPlane {
         let layout =
             tessera_placement::place(&policy, &name, request.size_bytes, &map, &mut next_id)
                 .map_err(|e| ControlError::Unsatisfiable(e.to_string()))?;
+        let state = self.read_state().await?;
+        let provisioned: u64 = layout
+            .columns
+            .iter()
+            .flat_map(|m| m.copies.iter())
+            .map(|c| c.size_bytes)
+            .sum();
+        let warnings =
+            Self::check_provisioning(&state, &self.host_views(&state), &name, provisioned)?;
         let components = host.components(&name);
         let mut created = Vec::new();
         for c in layout.components() {
@@ -537,31 +913,23 @@ impl ClusterControl for ControlPlane {
         for h in self.hosts.running() {
             h.refresh_view().await;
         }
-        Ok(self.volume_view(Some(&host), &record, &layout).await)
+        self.await_owner(&name).await;
+        for w in &warnings {
+            tracing::warn!(volume = %name, "{w}");
+        }
+        let mut view = self.fresh_volume_view(&name).await?;
+        view.warnings = warnings;
+        Ok(view)
     }
 
     async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError> {
-        let list = keys::list(self.directory.as_ref(), &self.keys.volumes())
-            .await
-            .map_err(internal)?;
-        let layouts: BTreeMap<VolumeId, Layout> =
-            keys::list(self.directory.as_ref(), &self.keys.layouts())
-                .await
-                .map_err(internal)?
-                .records
-                .into_iter()
-                .map(|r| (r.value.volume.clone(), r.value))
-                .collect();
-        // One fresh view of the hosts serves every volume of the listing.
-        let via = self.via().await.ok();
-        let mut out = Vec::new();
-        for r in list.records {
-            if let Some(layout) = layouts.get(&r.value.name) {
-                out.push(self.volume_view(via.as_ref(), &r.value, layout).await);
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        let state = self.read_state().await?;
+        Ok(self.volume_views(&state).await)
+    }
+
+    async fn volume(&self, name: &str) -> Result<VolumeView, ControlError> {
+        let volume = VolumeId::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        self.fresh_volume_view(&volume).await
     }
 
     async fn resize_volume(
@@ -577,6 +945,10 @@ impl ClusterControl for ControlPlane {
                 format_size(record.size_bytes),
                 format_size(request.size_bytes)
             )));
+        }
+        if request.size_bytes == record.size_bytes {
+            // Nothing to change: the owner keeps serving at its epoch.
+            return self.fresh_volume_view(&record.name).await;
         }
         if !request.size_bytes.is_multiple_of(BLOCK_BYTES) {
             return Err(ControlError::Invalid(format!(
@@ -595,6 +967,20 @@ impl ClusterControl for ControlPlane {
         let new_layout =
             tessera_placement::resize_layout(&policy, &layout, request.size_bytes, &map)
                 .map_err(|e| ControlError::Unsatisfiable(e.to_string()))?;
+        let data_bytes = |l: &Layout| -> u64 {
+            l.columns
+                .iter()
+                .flat_map(|m| m.copies.iter())
+                .map(|c| c.size_bytes)
+                .sum()
+        };
+        let state = self.read_state().await?;
+        let warnings = Self::check_provisioning(
+            &state,
+            &self.host_views(&state),
+            &record.name,
+            data_bytes(&new_layout).saturating_sub(data_bytes(&layout)),
+        )?;
         let components = host.components(&record.name);
         for c in new_layout.columns.iter().flat_map(|m| m.copies.iter()) {
             components
@@ -626,12 +1012,26 @@ impl ClusterControl for ControlPlane {
             .txn(tessera_directory::Txn::new().and_then(ops))
             .await
             .map_err(internal)?;
-        Ok(self.volume_view(Some(&host), &record, &new_layout).await)
+        self.await_owner(&record.name).await;
+        let mut view = self.fresh_volume_view(&record.name).await?;
+        view.warnings = warnings;
+        Ok(view)
     }
 
-    async fn delete_volume(&self, name: &str) -> Result<(), ControlError> {
+    async fn delete_volume(&self, name: &str, force: bool) -> Result<(), ControlError> {
         let _guard = self.changes.lock().await;
         let (mut record, layout) = self.volume_record(name).await?;
+        let state = self.read_state().await?;
+        let (open, on) = self.open_by(&state, &record.name);
+        if open > 0 && !force {
+            return Err(ControlError::Conflict(format!(
+                "volume {name} is open by {open} client(s) (NBD connections or iSCSI sessions) through {}: disconnect them first, or delete with --force (their next request then fails)",
+                on.join(", ")
+            )));
+        }
+        if open > 0 {
+            tracing::warn!(volume = %name, clients = open, "deleting a volume that clients have open (forced)");
+        }
         record.state = VolumeState::Deleting;
         keys::put(
             self.directory.as_ref(),
@@ -663,6 +1063,11 @@ impl ClusterControl for ControlPlane {
             .map_err(internal)?;
         if !missed.is_empty() {
             tracing::warn!(volume = %name, "components left on absent hosts: {}", missed.join("; "));
+        }
+        // Hosts of this process fail the volume's clients at once; others
+        // at their next look at the directory.
+        for h in self.hosts.running() {
+            h.refresh_view().await;
         }
         Ok(())
     }
@@ -713,10 +1118,11 @@ impl ClusterControl for ControlPlane {
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
         let (record, layout) = self.volume_record(name).await?;
-        let owner =
-            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
-                .await
-                .map_err(internal)?;
+        let state = self.read_state().await?;
+        let owner = state.owners.get(&record.name).cloned();
+        let (health, shown_owner) = volume_health(&layout, owner.as_ref().map(|o| &o.host), |h| {
+            state.host_up(h)
+        });
         let dirty: BTreeMap<ComponentId, u64> = self
             .hosts
             .running()
@@ -783,9 +1189,9 @@ impl ClusterControl for ControlPlane {
             volume: record.name.to_string(),
             size_bytes: record.size_bytes,
             policy: record.policy.to_string(),
-            state: layout_health(&layout, owner.is_some()),
-            owner: owner.as_ref().map(|o| o.host.to_string()),
-            epoch: owner.map(|o| o.epoch),
+            state: health,
+            owner: shown_owner.map(|h| h.to_string()),
+            epoch: shown_owner.and(owner.as_ref()).map(|o| o.epoch),
             generation: layout.generation,
             components: views,
             offloads,
@@ -929,15 +1335,6 @@ impl ClusterControl for ControlPlane {
         let started = starter().await.map_err(ControlError::Unavailable)?;
         *slot.host.lock() = Some(started);
         Ok(())
-    }
-}
-
-fn worse(a: Health, b: Health) -> Health {
-    use Health::*;
-    match (a, b) {
-        (Unavailable, _) | (_, Unavailable) => Unavailable,
-        (Degraded, _) | (_, Degraded) => Degraded,
-        _ => Healthy,
     }
 }
 

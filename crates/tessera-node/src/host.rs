@@ -12,6 +12,7 @@
 //! is held and the directory names it owner at the coordinator's epoch; a
 //! host that loses its lease drops every coordinator at once.
 
+use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
 use crate::config::{DirectoryConfig, HostConfig};
 use crate::error::NodeError;
@@ -99,6 +100,10 @@ pub struct Host {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The iSCSI targets this host serves.
     targets: Arc<HostTargets>,
+    /// Volumes its clients have open.
+    attachments: Arc<Attachments>,
+    /// The attachments generation last written to the directory.
+    attachments_published: std::sync::atomic::AtomicU64,
 }
 
 /// Opens the directory a configuration names.
@@ -317,12 +322,14 @@ impl Host {
         let (stop, _) = watch::channel(false);
         let view = Arc::new(VolumeView::default());
         let peers = Arc::new(Peers::default());
+        let attachments = Arc::new(Attachments::default());
         let catalog = Arc::new(HostCatalog::new(
             id.clone(),
             Arc::clone(&owned),
             Arc::clone(&view),
             Arc::clone(&peers),
             Arc::clone(&transport),
+            Arc::clone(&attachments),
         ));
         let reservations = Arc::new(ReservationTable::new(Arc::clone(&directory), keys.clone()));
         let targets = Arc::new(HostTargets::new(
@@ -354,6 +361,8 @@ impl Host {
             stop,
             tasks: Mutex::new(Vec::new()),
             targets: Arc::clone(&targets),
+            attachments,
+            attachments_published: std::sync::atomic::AtomicU64::new(u64::MAX),
             config,
         });
         host.publish_usage().await;
@@ -471,6 +480,46 @@ impl Host {
         tracing::info!(host = %self.id, clean, "host stopped");
     }
 
+    /// How long until the repair delay of an absent component of a volume
+    /// this host owns ends (and a rebuild elsewhere starts); None when this
+    /// host is not counting for it.
+    pub fn repair_in(&self, volume: &VolumeId, component: ComponentId) -> Option<Duration> {
+        let since = *self.absent_since.lock().get(&(volume.clone(), component))?;
+        let elapsed = self.clock.monotonic().saturating_sub(since);
+        Some(Duration::from_secs(self.config.repair_delay_s).saturating_sub(elapsed))
+    }
+
+    /// Volumes this host's clients (NBD connections, iSCSI sessions) have open.
+    pub fn attachments(&self) -> &Arc<Attachments> {
+        &self.attachments
+    }
+
+    /// Writes the volumes this host's clients have open to the directory,
+    /// under the host's lease, when they changed since the last write.
+    async fn publish_attachments(&self) {
+        use std::sync::atomic::Ordering;
+        let generation = self.attachments.generation();
+        if self.attachments_published.load(Ordering::Relaxed) == generation {
+            return;
+        }
+        let Some(lease) = self.session.lock().as_ref().map(|s| s.lease()) else {
+            return;
+        };
+        let record = keys::AttachmentRecord {
+            host: self.id.clone(),
+            volumes: self.attachments.snapshot(),
+        };
+        let key = self.keys.attachments(&self.id);
+        match keys::put(self.directory.as_ref(), &key, &record, Some(lease)).await {
+            Ok(_) => self
+                .attachments_published
+                .store(generation, Ordering::Relaxed),
+            Err(e) => {
+                tracing::debug!(host = %self.id, error = %e, "could not publish open volumes")
+            }
+        }
+    }
+
     /// Reads host addresses and liveness from the directory now.
     pub async fn refresh_peers(&self) {
         let directory = self.directory.as_ref();
@@ -567,6 +616,7 @@ impl Host {
         if tick.is_multiple_of(USAGE_TICKS) {
             self.publish_usage().await;
         }
+        self.publish_attachments().await;
         if !self.lease_held() {
             if !self.owned.read().is_empty() {
                 tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
@@ -585,6 +635,9 @@ impl Host {
                 Ok(session) => {
                     tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
                     *self.session.lock() = Some(session);
+                    // The old lease took the open-volume record with it.
+                    self.attachments_published
+                        .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(e) => tracing::warn!(host = %self.id, error = %e, "cannot rejoin yet"),
             }
@@ -739,6 +792,8 @@ impl Host {
                     self.spawn_resync(volume, coordinator, c.id, &c.host, "resync");
                 }
                 (ComponentState::Absent, false) => {
+                    // A failed resync of it is tried again when its host returns.
+                    self.board.retry_pending(volume, c.id);
                     let since = *self.absent_since.lock().entry(key.clone()).or_insert(now);
                     if now.saturating_sub(since) >= repair_delay {
                         self.rebuild(volume, coordinator, c.id).await;
@@ -772,6 +827,7 @@ impl Host {
             .get(&key)
             .is_some_and(|&t| now < t)
         {
+            self.board.retry_pending(volume, component);
             return;
         }
         if !self.resyncing.lock().insert(key.clone()) {
@@ -782,13 +838,12 @@ impl Host {
         let backoff = Duration::from_millis(self.config.lease_ttl_ms);
         let not_before = Arc::clone(&self.resync_not_before);
         let clock = Arc::clone(&self.clock);
-        let progress = self.board.start(volume, component, host, kind);
+        let attempt = self.board.start(volume, component, host, kind);
         let coordinator = Arc::clone(coordinator);
-        let board = Arc::clone(&self.board);
         let resyncing = Arc::clone(&self.resyncing);
         let volume = volume.clone();
         let task = tokio::spawn(async move {
-            let result = coordinator.resync(component, &progress).await;
+            let result = coordinator.resync(component, attempt.progress()).await;
             match &result {
                 Ok(report) => {
                     tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
@@ -802,7 +857,7 @@ impl Host {
             } else {
                 not_before.lock().remove(&key);
             }
-            board.finish(&volume, component, result);
+            attempt.finish(&result);
             resyncing.lock().remove(&key);
         });
         self.tasks.lock().push(task);

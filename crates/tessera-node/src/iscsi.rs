@@ -28,6 +28,7 @@
 //!   cache follows the directory's watch, so another host's change is seen
 //!   within the watch's delay, and a lost swap re-reads the key at once.
 
+use crate::attachments::AttachedTarget;
 use crate::host::{serial_of, VolumeView};
 use crate::peers::Peers;
 use crate::routing::HostCatalog;
@@ -382,7 +383,9 @@ impl UnitEnvironment for VolumeEnvironment {
                 v.state == VolumeState::Ready && naa_designator(serial_of(v))[..] == *designator
             })
             .map(|v| v.name.to_string())?;
-        self.exports.open(&name)
+        self.exports
+            .open_handle(&name, false)
+            .map(|h| h as Arc<dyn BlockDevice>)
     }
 
     fn datastore_space(&self) -> Option<DatastoreSpace> {
@@ -467,7 +470,7 @@ impl HostTargets {
             }
             s.target.remove_unit(0);
         }
-        let device = self.exports.open(volume.as_str())?;
+        let device: Arc<dyn BlockDevice> = self.exports.open_handle(volume.as_str(), false)?;
         let environment = Arc::new(VolumeEnvironment {
             volume: volume.clone(),
             host: self.host.clone(),
@@ -531,7 +534,12 @@ impl TargetCatalog for HostTargets {
         Some(TargetEntry {
             name: target_name_for_volume(volume.as_str()),
             alias: Some(volume.to_string()),
-            device: target,
+            // Each login holds its own view of the shared target, which
+            // counts the session among the volume's clients while it lasts.
+            device: Arc::new(AttachedTarget {
+                inner: target,
+                guard: self.exports.attach(&volume),
+            }),
             portals,
             portal_group_tag: own,
             relative_port: own,

@@ -10,11 +10,13 @@
 //! ownership, when to resync, when to rebuild.
 
 pub mod api;
+pub mod attachments;
 pub mod components;
 pub mod config;
 pub mod control;
 pub mod control_plane;
 pub mod error;
+pub mod health;
 pub mod host;
 pub mod iscsi;
 pub mod peers;

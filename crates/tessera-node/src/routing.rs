@@ -10,6 +10,7 @@
 //! Invariant: while ownership moves, requests wait (bounded by
 //! [`ROUTE_WAIT`]) rather than fail, so a client sees a pause, not an error.
 
+use crate::attachments::{AttachGuard, Attachments};
 use crate::host::{Owned, VolumeView};
 use crate::peers::Peers;
 use async_trait::async_trait;
@@ -42,6 +43,7 @@ pub struct HostCatalog {
     view: Arc<VolumeView>,
     peers: Arc<Peers>,
     transport: Arc<Transport>,
+    attachments: Arc<Attachments>,
 }
 
 impl HostCatalog {
@@ -52,6 +54,7 @@ impl HostCatalog {
         view: Arc<VolumeView>,
         peers: Arc<Peers>,
         transport: Arc<Transport>,
+        attachments: Arc<Attachments>,
     ) -> HostCatalog {
         HostCatalog {
             host,
@@ -59,7 +62,41 @@ impl HostCatalog {
             view,
             peers,
             transport,
+            attachments,
         }
+    }
+
+    /// A handle on a ready volume. `attached` counts it as one client's
+    /// open volume for as long as the handle lives (an NBD connection);
+    /// the iSCSI target's shared handle counts sessions instead.
+    pub fn open_handle(&self, name: &str, attached: bool) -> Option<Arc<VolumeHandle>> {
+        let volume = VolumeId::new(name).ok()?;
+        let record = self.view.volumes.read().get(&volume).cloned()?;
+        if record.state != tessera_directory::keys::VolumeState::Ready {
+            return None;
+        }
+        Some(Arc::new(VolumeHandle {
+            host: self.host.clone(),
+            info: DeviceInfo {
+                name: name.to_string(),
+                size_bytes: record.size_bytes,
+                logical_block_bytes: record.block_bytes,
+                preferred_block_bytes: 4096,
+                read_only: false,
+                serial: crate::host::serial_of(&record),
+            },
+            _attached: attached.then(|| self.attachments.attach(&volume)),
+            volume,
+            owned: Arc::clone(&self.owned),
+            view: Arc::clone(&self.view),
+            peers: Arc::clone(&self.peers),
+            transport: Arc::clone(&self.transport),
+        }))
+    }
+
+    /// Counts one iSCSI session of `volume` while the guard lives.
+    pub fn attach(&self, volume: &VolumeId) -> AttachGuard {
+        self.attachments.attach(volume)
     }
 }
 
@@ -78,27 +115,8 @@ impl ExportCatalog for HostCatalog {
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
-        let volume = VolumeId::new(name).ok()?;
-        let record = self.view.volumes.read().get(&volume).cloned()?;
-        if record.state != tessera_directory::keys::VolumeState::Ready {
-            return None;
-        }
-        Some(Arc::new(VolumeHandle {
-            host: self.host.clone(),
-            info: DeviceInfo {
-                name: name.to_string(),
-                size_bytes: record.size_bytes,
-                logical_block_bytes: record.block_bytes,
-                preferred_block_bytes: 4096,
-                read_only: false,
-                serial: crate::host::serial_of(&record),
-            },
-            volume,
-            owned: Arc::clone(&self.owned),
-            view: Arc::clone(&self.view),
-            peers: Arc::clone(&self.peers),
-            transport: Arc::clone(&self.transport),
-        }))
+        self.open_handle(name, true)
+            .map(|h| h as Arc<dyn BlockDevice>)
     }
 
     fn description(&self, name: &str) -> Option<String> {
@@ -118,6 +136,8 @@ pub struct VolumeHandle {
     host: HostId,
     volume: VolumeId,
     info: DeviceInfo,
+    /// Counts the client holding this handle among the volume's users.
+    _attached: Option<AttachGuard>,
     owned: Owned,
     view: Arc<VolumeView>,
     peers: Arc<Peers>,
@@ -125,6 +145,22 @@ pub struct VolumeHandle {
 }
 
 impl VolumeHandle {
+    /// Set when the volume this handle serves was deleted (or deleted and
+    /// created again under its name): its clients get an error at once
+    /// instead of waiting for an owner that will never come.
+    fn gone(&self) -> Option<BlockError> {
+        let view = self.view.volumes.read();
+        let current = view
+            .get(&self.volume)
+            .filter(|r| r.state == tessera_directory::keys::VolumeState::Ready);
+        match current {
+            Some(r) if crate::host::serial_of(r) == self.info.serial => None,
+            _ => Some(BlockError::Unavailable {
+                reason: format!("volume {} was deleted", self.volume),
+            }),
+        }
+    }
+
     fn route_now(&self) -> Option<Route> {
         if let Some(c) = self.owned.read().get(&self.volume) {
             if c.superseded().is_none() {
@@ -148,6 +184,9 @@ impl VolumeHandle {
         let deadline = tokio::time::Instant::now() + ROUTE_WAIT;
         let mut last = String::from("no owner");
         loop {
+            if let Some(gone) = self.gone() {
+                return Err(gone);
+            }
             match self.route_now() {
                 Some(Route::Local(c)) => {
                     let response = execute(&c, request.clone()).await;

@@ -10,8 +10,9 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ComponentView, Health, HostView, IscsiAccessView, ObjectView, ResyncView,
-    StatusView, VerifyReport, VolumeView,
+    CapacityView, ClusterSettings, ComponentView, Health, HealthCheck, HealthCode, HealthReport,
+    HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, Severity, StatusView,
+    VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -51,12 +52,105 @@ fn owner(owner: &Option<String>, epoch: Option<Epoch>) -> (String, String) {
 
 fn capacity_line(c: &CapacityView) -> String {
     format!(
-        "{} total, {} used, {} reserved, {} free",
+        "{} total, {} used, {} reserved, {} free; {} provisioned ({:.2}x overcommit)",
         format_size(c.total_bytes),
         format_size(c.used_bytes),
         format_size(c.reserved_bytes),
-        format_size(c.free_bytes)
+        format_size(c.free_bytes),
+        format_size(c.provisioned_bytes),
+        c.overcommit_ratio
     )
+}
+
+fn severity(s: Severity) -> &'static str {
+    match s {
+        Severity::Info => "INFO",
+        Severity::Warning => "WARN",
+        Severity::Error => "ERROR",
+    }
+}
+
+fn code(c: HealthCode) -> String {
+    serde_json::to_value(c)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{c:?}"))
+}
+
+/// One line per check: severity, code, summary.
+fn check_lines(checks: &[HealthCheck]) -> String {
+    checks
+        .iter()
+        .map(|c| {
+            format!(
+                "  [{}] {}: {}\n",
+                severity(c.severity),
+                code(c.code),
+                c.summary
+            )
+        })
+        .collect()
+}
+
+/// `tessera health`: overall health, then each check with what it affects
+/// and what to do.
+pub fn health_report(r: &HealthReport) -> String {
+    let mut out = format!("health: {}\n", health(r.health));
+    if r.checks.is_empty() {
+        out.push_str("no problems found\n");
+    }
+    for c in &r.checks {
+        out.push_str(&format!(
+            "\n[{}] {}: {}\n",
+            severity(c.severity),
+            code(c.code),
+            c.summary
+        ));
+        if let Some(s) = c.seconds_left {
+            out.push_str(&format!("    time left: {}\n", eta_text(s)));
+        }
+        if !c.affects.is_empty() {
+            out.push_str(&format!("    affects: {}\n", c.affects.join(", ")));
+        }
+        out.push_str(&format!("    remedy: {}\n", c.remedy));
+    }
+    out
+}
+
+fn eta_text(seconds: u64) -> String {
+    let (h, m, s) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    if h > 0 {
+        format!("{h}h{m:02}m{s:02}s")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// `tessera settings show`.
+pub fn settings(s: &ClusterSettings) -> String {
+    let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
+    let d = ClusterSettings::default();
+    t.row(vec![
+        "max_overcommit_ratio".into(),
+        format!("{:.2}", s.max_overcommit_ratio),
+        format!("{:.2}", d.max_overcommit_ratio),
+        "largest provisioned/capacity ratio a create or resize may reach".into(),
+    ]);
+    t.row(vec![
+        "nearly_full_pct".into(),
+        format!("{}%", s.nearly_full_pct),
+        format!("{}%", d.nearly_full_pct),
+        "use at which DATASTORE_NEARLY_FULL warns".into(),
+    ]);
+    t.row(vec![
+        "full_pct".into(),
+        format!("{}%", s.full_pct),
+        format!("{}%", d.full_pct),
+        "use at which DATASTORE_FULL is an error".into(),
+    ]);
+    t.render()
 }
 
 /// `tessera status`.
@@ -67,11 +161,18 @@ pub fn status(s: &StatusView) -> String {
         health(s.health),
         capacity_line(&s.capacity)
     );
+    if !s.checks.is_empty() {
+        out.push_str(&format!(
+            "checks ({}; `tessera health` says what to do):\n",
+            s.checks.len()
+        ));
+        out.push_str(&check_lines(&s.checks));
+    }
     out.push_str(&format!("\nHOSTS ({})\n", s.hosts.len()));
     out.push_str(&host_table(&s.hosts));
     out.push_str(&format!("\nVOLUMES ({})\n", s.volumes.len()));
     out.push_str(&or_none(volumes(&s.volumes), s.volumes.is_empty()));
-    let running = s.resyncs.iter().filter(|r| r.state == "running").count();
+    let running = s.resyncs.iter().filter(|r| r.is_running()).count();
     out.push_str(&format!("\nRESYNCS ({running} running)\n"));
     out.push_str(&or_none(resyncs(&s.resyncs), s.resyncs.is_empty()));
     out
@@ -95,12 +196,20 @@ fn host_table(hosts: &[HostView]) -> String {
         "ISCSI",
         "DISK GROUPS",
         "USED",
+        "FREE",
+        "PROVISIONED",
         "TOTAL",
         "OWNED VOLUMES",
     ]);
     for h in hosts {
         let used: u64 = h.disk_groups.iter().map(|d| d.capacity.used_bytes).sum();
         let total: u64 = h.disk_groups.iter().map(|d| d.capacity.total_bytes).sum();
+        let free: u64 = h.disk_groups.iter().map(|d| d.capacity.free_bytes).sum();
+        let provisioned: u64 = h
+            .disk_groups
+            .iter()
+            .map(|d| d.capacity.provisioned_bytes)
+            .sum();
         t.row(vec![
             h.id.clone(),
             h.fault_domain.clone(),
@@ -110,6 +219,8 @@ fn host_table(hosts: &[HostView]) -> String {
             h.iscsi_addr.clone(),
             h.disk_groups.len().to_string(),
             format_size(used),
+            format_size(free),
+            format_size(provisioned),
             format_size(total),
             h.owned_volumes.len().to_string(),
         ]);
@@ -129,6 +240,8 @@ pub fn hosts(hosts: &[HostView]) -> String {
         "PHYSICAL",
         "RESERVED",
         "FREE",
+        "PROVISIONED",
+        "OVERCOMMIT",
         "TOTAL",
     ]);
     for h in hosts {
@@ -142,6 +255,8 @@ pub fn hosts(hosts: &[HostView]) -> String {
                 d.physical_bytes.map_or("-".to_string(), format_size),
                 format_size(d.capacity.reserved_bytes),
                 format_size(d.capacity.free_bytes),
+                format_size(d.capacity.provisioned_bytes),
+                format!("{:.2}x", d.capacity.overcommit_ratio),
                 format_size(d.capacity.total_bytes),
             ]);
         }
@@ -196,7 +311,7 @@ pub fn policy_created(p: &Policy) -> String {
 /// `tessera volume list`.
 pub fn volumes(volumes: &[VolumeView]) -> String {
     let mut t = Table::new(&[
-        "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH",
+        "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH", "CLIENTS",
     ]);
     for v in volumes {
         let (owner, epoch) = owner(&v.owner, v.epoch);
@@ -209,6 +324,7 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
             format_size(v.used_bytes),
             owner,
             epoch,
+            v.open_by.to_string(),
         ]);
     }
     t.render()
@@ -227,14 +343,18 @@ fn block_format(block_bytes: u32) -> &'static str {
 /// The line printed after `volume create` or `volume resize`.
 pub fn volume_changed(verb: &str, v: &VolumeView) -> String {
     let (owner, epoch) = owner(&v.owner, v.epoch);
-    format!(
+    let mut out = format!(
         "{verb} volume {}: {}, policy {}, {}, {}, owner {owner} (epoch {epoch})\n",
         v.name,
         format_size(v.size_bytes),
         v.policy,
         block_format(v.block_bytes),
         health(v.state)
-    )
+    );
+    for w in &v.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
 }
 
 fn component_row(prefix: &str, c: &ComponentView) -> Vec<String> {
@@ -394,28 +514,20 @@ pub fn percent_done(done_bytes: u64, left_bytes: u64) -> u64 {
     (u128::from(done_bytes) * 100 / total) as u64
 }
 
-/// Time left at the current rate, as `1h02m`, `3m05s` or `12s`; `-` when
-/// the rate is zero.
-pub fn eta(left_bytes: u64, rate_bytes_per_s: u64) -> String {
-    if left_bytes == 0 {
-        return "0s".to_string();
-    }
-    if rate_bytes_per_s == 0 {
-        return "-".to_string();
-    }
-    let s = left_bytes.div_ceil(rate_bytes_per_s);
-    if s >= 3600 {
-        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
-    } else if s >= 60 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
+/// Time left, as `1h02m`, `3m05s` or `12s`; `-` when unknown.
+pub fn eta(seconds: Option<u64>) -> String {
+    match seconds {
+        None => "-".to_string(),
+        Some(s) if s >= 3600 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        Some(s) if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        Some(s) => format!("{s}s"),
     }
 }
 
-/// `tessera resync list`: progress of every resync and rebuild. A failed
-/// one shows `failed` in its row and its reason on a line under the table,
-/// so one long reason does not stretch every column.
+/// `tessera resync list`: one row per resync or rebuild of a component,
+/// with the current attempt's progress. The last failure's reason is
+/// printed on a line under the table, so one long reason does not stretch
+/// every column.
 pub fn resyncs(resyncs: &[ResyncView]) -> String {
     let mut t = Table::new(&[
         "VOLUME",
@@ -432,25 +544,28 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
     ]);
     let mut reasons = String::new();
     for r in resyncs {
-        let (state, reason) = match r.state.split_once(':') {
-            Some((state, reason)) => (state.trim(), Some(reason.trim())),
-            None => (r.state.trim(), None),
-        };
-        if let Some(reason) = reason {
-            reasons.push_str(&format!(
-                "{} {} on {}: {state}: {reason}\n",
-                r.volume, r.component, r.host
-            ));
+        let ended_badly = matches!(r.state, ResyncState::Failed | ResyncState::Waiting);
+        if let Some(error) = &r.error {
+            // While a retry runs, the error is the attempt before it's.
+            let failed_attempt = if r.is_running() {
+                r.attempts.saturating_sub(1)
+            } else {
+                r.attempts
+            };
+            if r.state != ResyncState::Done {
+                reasons.push_str(&format!(
+                    "{} {} on {}: attempt {failed_attempt} failed: {error}\n",
+                    r.volume, r.component, r.host
+                ));
+            }
         }
-        let running = state == "running";
-        let failed = state == "failed";
         t.row(vec![
             r.volume.clone(),
             r.component.to_string(),
             r.host.clone(),
             r.kind.clone(),
-            state.to_string(),
-            if failed {
+            r.state.as_str().to_string(),
+            if ended_badly {
                 "-".to_string()
             } else {
                 format!("{}%", percent_done(r.done_bytes, r.left_bytes))
@@ -458,12 +573,12 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
             format_size(r.done_bytes),
             format_size(r.left_bytes),
             format_size(r.copied_bytes),
-            format!("{}/s", format_size(r.rate_bytes_per_s)),
-            if running {
-                eta(r.left_bytes, r.rate_bytes_per_s)
-            } else {
+            if ended_badly {
                 "-".to_string()
+            } else {
+                format!("{}/s", format_size(r.rate_bytes_per_s))
             },
+            eta(r.eta_s),
         ]);
     }
     let mut out = t.render();
@@ -630,11 +745,13 @@ mod tests {
             used_bytes: 3 << 20,
             owner: None,
             epoch: None,
+            open_by: 1,
+            warnings: Vec::new(),
         };
         assert_eq!(
             volumes(&[v]),
-            "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH\n\
-             vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -\n"
+            "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH  CLIENTS\n\
+             vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -      1\n"
         );
     }
 
@@ -671,57 +788,69 @@ mod tests {
                     used_bytes: 1 << 30,
                     reserved_bytes: 0,
                     free_bytes: 7 << 30,
+                    provisioned_bytes: 12 << 30,
+                    overcommit_ratio: 1.5,
                 },
                 components: 4,
                 physical_bytes: Some(512 << 20),
             }],
             owned_volumes: vec!["vol1".to_string()],
+            capacity: CapacityView::default(),
         };
         let text = hosts(&[h]);
         assert!(
-            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  127.0.0.1:3260  1            1.0 GiB  8.0 GiB  1"),
+            text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  127.0.0.1:3260  1            1.0 GiB  7.0 GiB  12.0 GiB     8.0 GiB  1"),
             "{text}"
         );
         assert!(
             text.contains(
-                "host-1  dg-1        healthy  4           1.0 GiB  512.0 MiB  0 B       7.0 GiB  8.0 GiB"
+                "host-1  dg-1        healthy  4           1.0 GiB  512.0 MiB  0 B       7.0 GiB  12.0 GiB     1.50x       8.0 GiB"
             ),
             "{text}"
         );
     }
 
-    #[test]
-    fn resync_progress_has_done_left_rate_and_time_left() {
-        let r = ResyncView {
+    fn resync(state: ResyncState) -> ResyncView {
+        ResyncView {
             volume: "vol1".to_string(),
             component: ComponentId(2),
             host: "host-2".to_string(),
             kind: "resync".to_string(),
-            state: "running".to_string(),
+            state,
+            error: None,
+            attempts: 1,
             done_bytes: 3 << 20,
             left_bytes: 1 << 20,
             copied_bytes: 512 << 10,
             rate_bytes_per_s: 1 << 19,
-        };
-        let text = resyncs(&[r]);
+            eta_s: Some(2),
+        }
+    }
+
+    #[test]
+    fn resync_progress_has_done_left_copied_rate_and_time_left() {
+        let text = resyncs(&[resync(ResyncState::Running)]);
         assert_eq!(
             text.lines().nth(1),
             Some("vol1    c0000000000000002  host-2  resync  running  75%       3.0 MiB  1.0 MiB  512.0 KiB  512.0 KiB/s  2s")
         );
+        let unknown = ResyncView {
+            eta_s: None,
+            ..resync(ResyncState::Running)
+        };
+        assert!(resyncs(&[unknown])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with("512.0 KiB/s  -"));
     }
 
     #[test]
     fn a_failed_resync_keeps_its_reason_out_of_the_table() {
         let r = ResyncView {
-            volume: "vol1".to_string(),
-            component: ComponentId(2),
-            host: "host-2".to_string(),
-            kind: "resync".to_string(),
-            state: "failed: host-2 is unreachable: connection refused".to_string(),
-            done_bytes: 0,
-            left_bytes: 0,
-            copied_bytes: 0,
-            rate_bytes_per_s: 0,
+            error: Some("host-2 is unreachable: connection refused".to_string()),
+            eta_s: None,
+            ..resync(ResyncState::Failed)
         };
         let text = resyncs(&[r]);
         let lines: Vec<&str> = text.lines().collect();
@@ -729,17 +858,46 @@ mod tests {
         assert!(!lines[1].contains("unreachable"), "{text}");
         assert_eq!(
             lines[3],
-            "vol1 c0000000000000002 on host-2: failed: host-2 is unreachable: connection refused"
+            "vol1 c0000000000000002 on host-2: attempt 1 failed: host-2 is unreachable: connection refused"
         );
     }
 
     #[test]
+    fn a_retry_names_the_attempt_that_failed_and_success_prints_no_reason() {
+        let retry = ResyncView {
+            attempts: 3,
+            error: Some("connection refused".to_string()),
+            ..resync(ResyncState::Running)
+        };
+        let text = resyncs(&[retry]);
+        assert!(
+            text.lines().nth(1).unwrap().contains("  running  75%"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("host-2: attempt 2 failed: connection refused\n"),
+            "{text}"
+        );
+        let waiting = ResyncView {
+            attempts: 3,
+            error: Some("connection refused".to_string()),
+            ..resync(ResyncState::Waiting)
+        };
+        assert!(resyncs(&[waiting]).contains("  waiting  -  "));
+        let done = ResyncView {
+            attempts: 3,
+            ..resync(ResyncState::Done)
+        };
+        assert_eq!(resyncs(&[done]).lines().count(), 2);
+    }
+
+    #[test]
     fn eta_reads_in_hours_minutes_seconds() {
-        assert_eq!(eta(0, 0), "0s");
-        assert_eq!(eta(10, 0), "-");
-        assert_eq!(eta(10, 3), "4s");
-        assert_eq!(eta(185, 1), "3m05s");
-        assert_eq!(eta(3720, 1), "1h02m");
+        assert_eq!(eta(Some(0)), "0s");
+        assert_eq!(eta(None), "-");
+        assert_eq!(eta(Some(4)), "4s");
+        assert_eq!(eta(Some(185)), "3m05s");
+        assert_eq!(eta(Some(3720)), "1h02m");
     }
 
     proptest! {
@@ -756,5 +914,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn health_names_each_problem_with_its_code_what_it_affects_and_a_remedy() {
+        let report = HealthReport {
+            health: Health::Degraded,
+            checks: vec![HealthCheck {
+                code: HealthCode::RepairDelayPending,
+                severity: Severity::Info,
+                summary: "the first rebuild starts in 3599s".to_string(),
+                affects: vec!["c0000000000000002".to_string()],
+                remedy: "start the host".to_string(),
+                seconds_left: Some(3599),
+            }],
+        };
+        let text = health_report(&report);
+        assert!(text.starts_with("health: degraded\n"), "{text}");
+        assert!(
+            text.contains("[INFO] REPAIR_DELAY_PENDING: the first rebuild starts in 3599s"),
+            "{text}"
+        );
+        assert!(text.contains("time left: 59m59s"), "{text}");
+        assert!(text.contains("affects: c0000000000000002"), "{text}");
+        assert!(text.contains("remedy: start the host"), "{text}");
     }
 }

@@ -12,9 +12,10 @@ use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::control::{
-    CapacityView, ClusterControl, ComponentView, ControlError, CreatePolicy, CreateVolume,
-    DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView, ObjectView,
-    ResizeVolume, ResyncView, StatusView, VerifyReport, VolumeView,
+    CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
+    CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView,
+    ObjectView, ResizeVolume, ResyncView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport,
+    VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -42,6 +43,7 @@ struct Records {
     next_component: u64,
     resyncs: Vec<ResyncView>,
     iscsi_access: BTreeMap<String, IscsiAccess>,
+    settings: ClusterSettings,
 }
 
 /// The in-memory control plane.
@@ -67,6 +69,7 @@ impl MemoryControl {
                 next_component: 1,
                 resyncs: Vec::new(),
                 iscsi_access: BTreeMap::new(),
+                settings: ClusterSettings::default(),
             }),
         }
     }
@@ -94,6 +97,11 @@ impl MemoryControl {
             .expect("records lock")
             .resyncs
             .push(resync);
+    }
+
+    /// Replaces the list `resyncs` answers.
+    pub fn set_resyncs(&self, resyncs: Vec<ResyncView>) {
+        self.records.lock().expect("records lock").resyncs = resyncs;
     }
 
     fn host_index(&self, host: &str) -> Result<usize, ControlError> {
@@ -134,6 +142,8 @@ fn volume_view(name: &str, v: &VolumeRecord, stopped: &[bool]) -> VolumeView {
         used_bytes: v.used_bytes,
         owner: Some(host_name(if stopped[0] { 1 } else { 0 })),
         epoch: Some(Epoch(if stopped[0] { 2 } else { 1 })),
+        open_by: 0,
+        warnings: Vec::new(),
     }
 }
 
@@ -154,6 +164,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
                     used_bytes: 0,
                     reserved_bytes: 0,
                     free_bytes: HOST_CAPACITY_BYTES,
+                    ..CapacityView::default()
                 },
                 components: 0,
                 physical_bytes: Some(0),
@@ -162,6 +173,11 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 r.volumes.keys().cloned().collect()
             } else {
                 Vec::new()
+            },
+            capacity: CapacityView {
+                total_bytes: HOST_CAPACITY_BYTES,
+                free_bytes: HOST_CAPACITY_BYTES,
+                ..CapacityView::default()
             },
         })
         .collect()
@@ -192,10 +208,12 @@ impl ClusterControl for MemoryControl {
                 used_bytes: used,
                 reserved_bytes: reserved,
                 free_bytes: total.saturating_sub(used + reserved),
+                ..CapacityView::default()
             },
             hosts: host_views(&r),
             volumes,
             resyncs: r.resyncs.clone(),
+            checks: Vec::new(),
         })
     }
 
@@ -236,6 +254,54 @@ impl ClusterControl for MemoryControl {
     async fn policies(&self) -> Result<Vec<Policy>, ControlError> {
         let r = self.records.lock().expect("records lock");
         Ok(r.policies.values().cloned().collect())
+    }
+
+    async fn update_policy(
+        &self,
+        name: &str,
+        change: UpdatePolicy,
+    ) -> Result<Policy, ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let in_use = r.volumes.values().any(|v| v.policy == name);
+        let current = r
+            .policies
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))?;
+        let next = change.apply(&current)?;
+        if in_use && next != current {
+            return Err(ControlError::Conflict(format!(
+                "policy {name} is used by volumes"
+            )));
+        }
+        r.policies.insert(name.to_string(), next.clone());
+        Ok(next)
+    }
+
+    async fn delete_policy(&self, name: &str) -> Result<(), ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        if r.volumes.values().any(|v| v.policy == name) {
+            return Err(ControlError::Conflict(format!(
+                "policy {name} is used by volumes"
+            )));
+        }
+        r.policies
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))
+    }
+
+    async fn settings(&self) -> Result<ClusterSettings, ControlError> {
+        Ok(self.records.lock().expect("records lock").settings.clone())
+    }
+
+    async fn update_settings(
+        &self,
+        change: UpdateSettings,
+    ) -> Result<ClusterSettings, ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        r.settings = change.apply(&r.settings)?;
+        Ok(r.settings.clone())
     }
 
     async fn create_volume(&self, request: CreateVolume) -> Result<VolumeView, ControlError> {
@@ -314,7 +380,7 @@ impl ClusterControl for MemoryControl {
         Ok(volume_view(name, v, &stopped))
     }
 
-    async fn delete_volume(&self, name: &str) -> Result<(), ControlError> {
+    async fn delete_volume(&self, name: &str, _force: bool) -> Result<(), ControlError> {
         let mut r = self.records.lock().expect("records lock");
         r.volumes
             .remove(name)
