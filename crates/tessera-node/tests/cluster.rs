@@ -5,11 +5,19 @@
 
 mod fixture;
 
+use bytes::Bytes;
 use fixture::{have, Cluster};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
-use tessera_node::control::{ClusterControl, CreatePolicy, CreateVolume, Health};
+use tessera_blockdev::{BlockDevice, WriteFlags};
+use tessera_node::control::{
+    ClusterControl, CreatePolicy, CreateVolume, Health, ObjectView, ResyncState, ResyncView,
+};
+use tessera_node::host::Host;
+use tessera_object::Coordinator;
 use tessera_types::layout::ComponentRole;
+use tessera_types::{ComponentId, HostId};
 
 /// Waits for fio and fails the test with its output unless it passed.
 async fn expect_success(fio: std::process::Child) {
@@ -96,7 +104,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
     let resyncs = cluster.control.resyncs().await.unwrap();
     let resynced: u64 = resyncs
         .iter()
-        .filter(|r| r.volume == "vm" && r.state == "done")
+        .filter(|r| r.volume == "vm" && r.state == ResyncState::Done)
         .map(|r| r.copied_bytes)
         .sum();
     eprintln!(
@@ -111,6 +119,188 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
     let report = cluster.control.verify_object("vm").await.unwrap();
     assert!(report.identical, "copies differ: {report:?}");
     assert!(report.compared_bytes > 0);
+    cluster.stop().await;
+}
+
+/// The owner of `volume`, its coordinator, and the host of its other
+/// data copy.
+fn owner_coordinator_and_replica(
+    cluster: &Cluster,
+    view: &ObjectView,
+) -> (Arc<Host>, Arc<Coordinator>, String, ComponentId) {
+    let owner = view.owner.clone().unwrap();
+    let replica = view
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && c.host != owner)
+        .expect("a second copy on another host");
+    let host = cluster
+        .control
+        .hosts()
+        .running()
+        .into_iter()
+        .find(|h| h.id().as_str() == owner)
+        .expect("the owner runs");
+    let coordinator = host
+        .owned()
+        .into_iter()
+        .find(|(v, _)| v.as_str() == view.volume)
+        .map(|(_, c)| c)
+        .expect("the owner coordinates the volume");
+    (host, coordinator, replica.host.clone(), replica.id)
+}
+
+/// Writes `count` MiB of data at the start of the volume, 1 MiB at a time.
+async fn write_mib(coordinator: &Coordinator, count: u64, seed: u8) {
+    for i in 0..count {
+        let data = Bytes::from(vec![seed.wrapping_add(i as u8) | 1; 1 << 20]);
+        coordinator
+            .write(i << 20, data, WriteFlags::default())
+            .await
+            .expect("a degraded write succeeds");
+    }
+}
+
+/// The rows of `volume`'s resyncs, once `ok` holds for them.
+async fn wait_for_resyncs(
+    cluster: &Cluster,
+    volume: &str,
+    what: &str,
+    ok: impl Fn(&[ResyncView]) -> bool,
+) -> Vec<ResyncView> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows: Vec<ResyncView> = cluster
+            .control
+            .resyncs()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.volume == volume)
+            .collect();
+        if ok(&rows) {
+            return rows;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {rows:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A host stopped on purpose makes the owner's first resync attempt fail
+/// (the host still looks live until its lease lapses); the row then waits
+/// for the host, and once the host is back and the retry succeeded the
+/// component has one row saying done, with no stale failure beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retried_resync_is_one_row_that_ends_done_without_the_old_failure() {
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("rs", 64 << 20).await;
+    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    cluster.control.stop_host(&replica_host).await.unwrap();
+    write_mib(&coordinator, 4, 1).await;
+    let waiting = wait_for_resyncs(
+        &cluster,
+        "rs",
+        "a failed attempt waiting for its host",
+        |rows| {
+            rows.iter()
+                .any(|r| r.component == replica && r.state == ResyncState::Waiting)
+        },
+    )
+    .await;
+    let row = waiting.iter().find(|r| r.component == replica).unwrap();
+    assert!(row.error.is_some(), "the failure's reason is kept: {row:?}");
+    assert_eq!(row.eta_s, None);
+    let json = serde_json::to_value(row).unwrap();
+    assert_eq!(json["state"], "waiting");
+    assert_eq!(json["component"], replica.to_string());
+    assert!(json["attempts"].as_u64().is_some_and(|a| a >= 1), "{json}");
+
+    cluster.control.start_host(&replica_host).await.unwrap();
+    cluster
+        .wait_for("rs", "the copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    let rows = wait_for_resyncs(&cluster, "rs", "the retry to finish", |rows| {
+        rows.iter().all(|r| !r.is_running())
+    })
+    .await;
+    let of_replica: Vec<&ResyncView> = rows.iter().filter(|r| r.component == replica).collect();
+    assert_eq!(of_replica.len(), 1, "one row per component: {rows:#?}");
+    let done = of_replica[0];
+    assert_eq!(done.state, ResyncState::Done, "{done:?}");
+    assert_eq!(done.error, None, "{done:?}");
+    assert!(
+        done.attempts >= 2,
+        "the failed attempt is counted: {done:?}"
+    );
+    assert!(done.copied_bytes >= 4 << 20, "{done:?}");
+    assert!(
+        rows.iter().all(|r| r.state != ResyncState::Failed),
+        "no stale failure: {rows:#?}"
+    );
+    cluster.stop().await;
+}
+
+/// While a resync runs (slowed by a delay on the link to the returning
+/// host), its row shows bytes copied so far, bytes left, a rate and the
+/// time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_resync_shows_copied_bytes_rate_and_time_left_as_it_goes() {
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("live", 64 << 20).await;
+    let (owner, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view);
+    cluster.control.stop_host(&replica_host).await.unwrap();
+    write_mib(&coordinator, 32, 7).await;
+    let to = HostId(replica_host.clone());
+    owner.transport().faults().set_delay(
+        owner.id(),
+        &to,
+        Duration::from_millis(100),
+        Duration::ZERO,
+    );
+    cluster.control.start_host(&replica_host).await.unwrap();
+    let live = wait_for_resyncs(
+        &cluster,
+        "live",
+        "a running resync with bytes copied",
+        |rows| {
+            rows.iter().any(|r| {
+                r.component == replica
+                    && r.is_running()
+                    && r.copied_bytes > 0
+                    && r.left_bytes > 0
+                    && r.eta_s.is_some()
+            })
+        },
+    )
+    .await;
+    let sample = live
+        .iter()
+        .find(|r| r.component == replica)
+        .unwrap()
+        .clone();
+    eprintln!("while running: {sample:?}");
+    assert!(sample.rate_bytes_per_s > 0, "{sample:?}");
+    owner.transport().faults().clear();
+    cluster
+        .wait_for("live", "the copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    let rows = wait_for_resyncs(&cluster, "live", "the resync to finish", |rows| {
+        rows.iter().all(|r| !r.is_running())
+    })
+    .await;
+    let done = rows.iter().find(|r| r.component == replica).unwrap();
+    assert_eq!(done.state, ResyncState::Done, "{rows:#?}");
+    assert_eq!(done.copied_bytes, 32 << 20, "{done:?}");
+    assert!(done.copied_bytes >= sample.copied_bytes);
+    assert_eq!((done.left_bytes, done.eta_s), (0, None), "{done:?}");
     cluster.stop().await;
 }
 

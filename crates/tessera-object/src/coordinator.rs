@@ -62,13 +62,17 @@ pub struct ObjectCounters {
     pub shared_copy_bytes: AtomicU64,
 }
 
-/// Progress of one resync, readable while it runs.
+/// Progress of one resync, readable while it runs: every counter moves
+/// after each step, not only at the end.
 #[derive(Debug, Default)]
 pub struct ResyncProgress {
-    /// Bytes copied so far.
+    /// Bytes of dirty address space examined so far.
     pub done_bytes: AtomicU64,
     /// Bytes still dirty.
     pub left_bytes: AtomicU64,
+    /// Bytes of data copied so far (holes in the source are unmapped, not
+    /// copied): [`ResyncReport::copied_bytes`] while the resync runs.
+    pub copied_bytes: AtomicU64,
 }
 
 /// What a finished resync did.
@@ -426,7 +430,10 @@ impl Coordinator {
                     component: id,
                 });
             };
-            state.dirty.entry(id).or_default();
+            let dirty_blocks = state.dirty.entry(id).or_default().blocks();
+            progress
+                .left_bytes
+                .store(dirty_blocks * BLOCK_BYTES, Ordering::Relaxed);
             set_state(&mut state.layout, id, ComponentState::Resyncing);
             (target, column)
         };
@@ -465,6 +472,7 @@ impl Coordinator {
             match step {
                 Ok(bytes) => {
                     copied += bytes;
+                    progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
                     self.counters
                         .resynced_bytes
                         .fetch_add(bytes, Ordering::Relaxed);

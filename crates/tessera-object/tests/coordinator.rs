@@ -358,6 +358,19 @@ async fn absent_copy_gets_delta_resync_of_only_changed_blocks() {
     let progress = ResyncProgress::default();
     let report = coord.resync(ComponentId(2), &progress).await.unwrap();
     assert_eq!(report.copied_bytes, written_while_away);
+    // The live counters end where the report does.
+    assert_eq!(
+        progress
+            .copied_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        report.copied_bytes
+    );
+    assert_eq!(
+        progress
+            .left_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
     assert_eq!(
         coord.layout().columns[0].copies[1].state,
         ComponentState::Active
