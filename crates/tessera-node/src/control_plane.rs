@@ -512,7 +512,7 @@ impl ControlPlane {
     fn check_provisioning(
         state: &ClusterState,
         hosts: &[HostView],
-        volume: &VolumeId,
+        what: &str,
         extra: u64,
     ) -> Result<Vec<String>, ControlError> {
         let capacity = Self::datastore_capacity(hosts);
@@ -521,7 +521,7 @@ impl ControlPlane {
         let max = state.settings.max_overcommit_ratio;
         if capacity.total_bytes == 0 || after as f64 > max * capacity.total_bytes as f64 {
             return Err(ControlError::Unsatisfiable(format!(
-                "volume {volume}: {} more would provision {} on a datastore of {} ({ratio:.2}x), beyond the largest overcommit allowed ({max:.2}x); add capacity, or raise it with `tessera settings set max_overcommit_ratio N`",
+                "{what}: {} more would provision {} on a datastore of {} ({ratio:.2}x), beyond the largest overcommit allowed ({max:.2}x); add capacity, or raise it with `tessera settings set max_overcommit_ratio N`",
                 format_size(extra),
                 format_size(after),
                 format_size(capacity.total_bytes),
@@ -841,8 +841,12 @@ impl ClusterControl for ControlPlane {
             .flat_map(|m| m.copies.iter())
             .map(|c| c.size_bytes)
             .sum();
-        let warnings =
-            Self::check_provisioning(&state, &self.host_views(&state), &name, provisioned)?;
+        let warnings = Self::check_provisioning(
+            &state,
+            &self.host_views(&state),
+            &format!("volume {name} (policy {})", policy.name),
+            provisioned,
+        )?;
         let components = host.components(&name);
         let mut created = Vec::new();
         for c in layout.components() {
@@ -978,7 +982,7 @@ impl ClusterControl for ControlPlane {
         let warnings = Self::check_provisioning(
             &state,
             &self.host_views(&state),
-            &record.name,
+            &format!("volume {}", record.name),
             data_bytes(&new_layout).saturating_sub(data_bytes(&layout)),
         )?;
         let components = host.components(&record.name);

@@ -195,6 +195,82 @@ async fn malformed_bodies_are_refused_with_400_in_the_error_shape() {
 }
 
 #[tokio::test]
+async fn unknown_fields_are_refused_by_name_and_change_nothing() {
+    let control = Arc::new(MemoryControl::new());
+    let cases = [
+        (
+            Method::POST,
+            "/v1/volumes",
+            r#"{"name":"x3","size_bytes":4096,"polcy":"gold"}"#,
+            "polcy",
+        ),
+        (
+            Method::POST,
+            "/v1/policies",
+            r#"{"name":"p","failures_to_tolerate":1,"stripe":2}"#,
+            "stripe",
+        ),
+        (
+            Method::PUT,
+            "/v1/volumes/x3/iscsi-access",
+            r#"{"allowed_initiator":["iqn.2026-01.x:y"]}"#,
+            "allowed_initiator",
+        ),
+        (
+            Method::PATCH,
+            "/v1/settings",
+            r#"{"max_overcommit":2}"#,
+            "max_overcommit",
+        ),
+        (Method::PATCH, "/v1/policies/default", r#"{"ftt":2}"#, "ftt"),
+    ];
+    for (method, path, body, field) in cases {
+        let answer = call(&control, method.clone(), path, Some(body)).await;
+        assert_error(
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            &format!("unknown field `{field}`"),
+        );
+    }
+    let bad_query = call(&control, Method::DELETE, "/v1/volumes/x3?forse=true", None).await;
+    assert_error(&bad_query, StatusCode::BAD_REQUEST, "invalid", "forse");
+    let volumes = call(&control, Method::GET, "/v1/volumes", None).await;
+    assert_eq!(volumes.body, json!([]), "nothing was created");
+    let settings = call(&control, Method::GET, "/v1/settings", None).await;
+    assert_eq!(settings.body["max_overcommit_ratio"], json!(4.0));
+}
+
+#[tokio::test]
+async fn every_listed_resource_answers_get_on_its_own() {
+    let control = Arc::new(MemoryControl::new());
+    let created = call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name":"vm1","size_bytes":1048576}"#),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    for (path, key, value) in [
+        ("/v1/volumes/vm1", "name", "vm1"),
+        ("/v1/policies/default", "name", "default"),
+        ("/v1/hosts/host-2", "id", "host-2"),
+    ] {
+        let answer = call(&control, Method::GET, path, None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+        assert_eq!(answer.body[key], value, "{path}");
+    }
+    let health = call(&control, Method::GET, "/v1/health", None).await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.body["health"], "healthy");
+    for path in ["/v1/volumes/nope", "/v1/policies/nope", "/v1/hosts/nope"] {
+        let answer = call(&control, Method::GET, path, None).await;
+        assert_error(&answer, StatusCode::NOT_FOUND, "not-found", "nope");
+    }
+}
+
+#[tokio::test]
 async fn volumes_are_created_resized_deleted_and_refused() {
     let control = Arc::new(MemoryControl::new());
     let created = call(

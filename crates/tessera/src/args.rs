@@ -4,8 +4,9 @@
 //! sizes into bytes. Must not touch: the network or the engine; a parsed
 //! [`Cli`] is plain data.
 //! Invariant: a size the user typed is turned into bytes here, once, with
-//! [`tessera_types::parse_size`]; a bad size is a usage error (exit 2) and
-//! no request is sent.
+//! [`tessera_types::parse_size`] (exact, no rounding), and must be a
+//! positive multiple of 4 KiB; a bad size is a usage error (exit 2) and no
+//! request is sent.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ use std::path::PathBuf;
 pub const DEFAULT_API_URL: &str = "http://127.0.0.1:9480";
 
 /// Tessera: hyperconverged block storage. Hosts pool their disks into one
-/// datastore of mirrored, checksummed, thin block volumes served over NBD.
+/// datastore of mirrored, checksummed, thin block volumes served over NBD
+/// and iSCSI.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version)]
 pub struct Cli {
@@ -36,7 +38,23 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Health, capacity, hosts, volumes and resyncs of the cluster.
-    Status,
+    Status {
+        /// Print the status again every SECONDS (default 2); Ctrl-C stops.
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            num_args = 0..=1,
+            default_missing_value = "2",
+            value_parser = clap::value_parser!(u64).range(1..=3600)
+        )]
+        watch: Option<u64>,
+    },
+    /// Each problem of the cluster with a stable code, what it affects and
+    /// what to do (exits 1 when any is an error).
+    Health,
+    /// Cluster settings: thin-provisioning limits and thresholds.
+    #[command(subcommand)]
+    Settings(SettingsCommand),
     /// Hosts: list them, or stop and start one (in `tessera up`).
     #[command(subcommand)]
     Host(HostCommand),
@@ -66,6 +84,11 @@ pub enum Command {
 pub enum HostCommand {
     /// Hosts with their state, addresses and disk groups.
     List,
+    /// One host with its disk groups.
+    Show {
+        /// Host id, e.g. host-2.
+        host: String,
+    },
     /// Stop one host's services, as a failure would (only in `tessera up`).
     Stop {
         /// Host id, e.g. host-2.
@@ -97,17 +120,44 @@ pub enum PolicyCommand {
     },
     /// All policies.
     List,
+    /// One policy.
+    Show {
+        /// Policy name.
+        name: String,
+    },
+    /// Change a policy no volume uses (the options given replace the
+    /// current values).
+    Set {
+        /// Policy name.
+        name: String,
+        /// Failures to tolerate (0-3).
+        #[arg(long)]
+        ftt: Option<u8>,
+        /// Columns each copy is striped across (1-12).
+        #[arg(long)]
+        stripe_width: Option<u8>,
+        /// Percent of a volume's size reserved up front.
+        #[arg(long)]
+        space_reservation: Option<u8>,
+    },
+    /// Delete a policy no volume uses.
+    Delete {
+        /// Policy name.
+        name: String,
+    },
 }
 
 /// `tessera volume ...`
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
-    /// Create a volume (also its NBD export name).
+    /// Create a volume: its name is its NBD export name and the suffix of
+    /// its iSCSI target, iqn.2026-11.io.tessera:NAME.
     Create {
         /// Volume name.
         name: String,
-        /// Size, e.g. 10G, 512M, 1.5T (binary units).
-        #[arg(long, value_parser = parse_size_arg)]
+        /// Size, e.g. 10G, 512M, 1.5T (binary units, K = 1024): a positive
+        /// multiple of 4 KiB.
+        #[arg(long, value_parser = parse_size_arg, allow_hyphen_values = true)]
         size: u64,
         /// Policy name (default: the policy `default`).
         #[arg(long)]
@@ -123,14 +173,24 @@ pub enum VolumeCommand {
     Resize {
         /// Volume name.
         name: String,
-        /// New size, e.g. 20G.
-        #[arg(long, value_parser = parse_size_arg)]
+        /// New size, e.g. 20G (a positive multiple of 4 KiB).
+        #[arg(long, value_parser = parse_size_arg, allow_hyphen_values = true)]
         size: u64,
     },
-    /// Delete a volume and its components.
+    /// One volume: size, policy, state, used bytes, owner, clients.
+    Show {
+        /// Volume name.
+        name: String,
+    },
+    /// Delete a volume and its components. Refused while clients (NBD
+    /// connections, iSCSI sessions) have it open, unless --force.
     Delete {
         /// Volume name.
         name: String,
+        /// Delete even though clients have it open: their next request
+        /// fails at once.
+        #[arg(long)]
+        force: bool,
     },
     /// Show or set who may log in to a volume's iSCSI target (every host):
     /// with no option, shows the settings; with any, replaces them.
@@ -173,11 +233,37 @@ pub enum ObjectCommand {
     },
 }
 
+/// `tessera settings ...`
+#[derive(Debug, Subcommand)]
+pub enum SettingsCommand {
+    /// Every setting with its value, default and meaning.
+    Show,
+    /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct.
+    Set {
+        /// Setting name.
+        name: String,
+        /// New value.
+        value: String,
+    },
+}
+
 /// `tessera resync ...`
 #[derive(Debug, Subcommand)]
 pub enum ResyncCommand {
-    /// Running and recent resyncs and rebuilds with bytes done, bytes left and rate.
-    List,
+    /// Running and recent resyncs and rebuilds with bytes done, bytes left,
+    /// bytes copied, rate and time left; one row per component.
+    List {
+        /// Print the list again every SECONDS (default 2) until no resync
+        /// is running or waiting to retry; Ctrl-C stops.
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            num_args = 0..=1,
+            default_missing_value = "2",
+            value_parser = clap::value_parser!(u64).range(1..=3600)
+        )]
+        watch: Option<u64>,
+    },
 }
 
 /// `tessera store ...`
@@ -203,9 +289,30 @@ pub fn parse_block_size_arg(text: &str) -> Result<u32, String> {
     }
 }
 
-/// Parses a human size for clap, naming the accepted forms when it fails.
+/// Parses a size for clap: a human size ([`tessera_types::parse_size`])
+/// that is a positive multiple of 4 KiB, since volumes and devices are
+/// stored in 4 KiB blocks. Each refusal names what was typed.
 pub fn parse_size_arg(text: &str) -> Result<u64, String> {
-    tessera_types::parse_size(text).map_err(|e| e.to_string())
+    let bytes = tessera_types::parse_size(text).map_err(|e| e.to_string())?;
+    let block = tessera_types::BLOCK_BYTES;
+    if bytes == 0 {
+        return Err(format!(
+            "{text:?} is zero bytes: a size must be at least 4K ({block} bytes)"
+        ));
+    }
+    let below = bytes - bytes % block;
+    if below != bytes {
+        let nearest = match below.checked_add(block) {
+            Some(above) if below > 0 => format!("{below} or {above} bytes"),
+            Some(above) => format!("{above} bytes"),
+            None => format!("{below} bytes"),
+        };
+        return Err(format!(
+            "{text:?} is {bytes} bytes, not a multiple of 4K ({block} bytes), the block size \
+             Tessera stores; the nearest that are: {nearest}"
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -279,6 +386,44 @@ mod tests {
         assert!(e.to_string().contains("10G"), "{e}");
     }
 
+    /// The message clap prints for `volume create v --size SIZE`.
+    fn size_refusal(size: &str) -> String {
+        let e = parse(&["volume", "create", "v", "--size", size]).expect_err(size);
+        assert_eq!(e.exit_code(), 2, "{size}: {e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn sizes_are_exact_and_refusals_say_what_is_wrong() {
+        for (text, bytes) in [("1.5G", 1_610_612_736), ("4096", 4096), ("0.5M", 512 << 10)] {
+            match parse(&["volume", "resize", "v", "--size", text]).map(|c| c.command) {
+                Ok(Command::Volume(VolumeCommand::Resize { size, .. })) => {
+                    assert_eq!(size, bytes, "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        for (text, message) in [
+            ("1.5", "is 1.5 bytes, not a whole number of bytes"),
+            ("0.1K", "is 102.4 bytes, not a whole number of bytes"),
+            ("-5G", "a size cannot be negative"),
+            ("99999999T", "is too large: the largest size is 18446744073709551615 bytes"),
+            ("18446744073709551616", "is too large"),
+            ("0", "\"0\" is zero bytes: a size must be at least 4K (4096 bytes)"),
+            ("0G", "is zero bytes"),
+            ("1000", "\"1000\" is 1000 bytes, not a multiple of 4K (4096 bytes), the block size Tessera stores; the nearest that are: 4096 bytes"),
+            ("1.5K", "\"1.5K\" is 1536 bytes, not a multiple of 4K"),
+            ("10001", "the nearest that are: 8192 or 12288 bytes"),
+            ("18446744073709551615", "the nearest that are: 18446744073709547520 bytes"),
+        ] {
+            let e = size_refusal(text);
+            assert!(e.contains(message), "{text}: {e}");
+            assert!(e.contains(&format!("invalid value '{text}' for '--size <SIZE>'")), "{e}");
+        }
+        let e = parse(&["up", "--host-capacity", "-1G"]).expect_err("negative");
+        assert!(e.to_string().contains("cannot be negative"), "{e}");
+    }
+
     #[test]
     fn policy_create_has_defaults_for_width_and_reservation() {
         let cli = parse(&["policy", "create", "gold", "--ftt", "2"]).expect("parses");
@@ -306,6 +451,20 @@ mod tests {
             parse(&["volume", "list", "--json", "--api", "http://10.0.0.1:1"]).expect("parses");
         assert!(cli.json);
         assert_eq!(cli.api, "http://10.0.0.1:1");
+    }
+
+    #[test]
+    fn resync_list_watches_every_two_seconds_unless_told() {
+        let watch = |args: &[&str]| match parse(args).map(|c| c.command) {
+            Ok(Command::Resync(ResyncCommand::List { watch })) => Ok(watch),
+            Ok(other) => panic!("parsed as {other:?}"),
+            Err(e) => Err(e.exit_code()),
+        };
+        assert_eq!(watch(&["resync", "list"]), Ok(None));
+        assert_eq!(watch(&["resync", "list", "--watch"]), Ok(Some(2)));
+        assert_eq!(watch(&["resync", "list", "--watch", "5"]), Ok(Some(5)));
+        assert_eq!(watch(&["resync", "list", "--watch", "0"]), Err(2));
+        assert_eq!(watch(&["resync", "list", "--watch", "--json"]), Ok(Some(2)));
     }
 
     #[test]

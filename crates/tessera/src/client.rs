@@ -157,6 +157,18 @@ impl ApiClient {
         )
     }
 
+    /// PATCH `path` with `body` (a partial change).
+    pub fn patch_json(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        let url = self.url(path);
+        self.finish(
+            &url,
+            self.agent
+                .request("PATCH", &url)
+                .timeout(REQUEST_TIMEOUT)
+                .send_json(body),
+        )
+    }
+
     /// DELETE `path`.
     pub fn delete(&self, path: &str) -> Result<Value, CliError> {
         let url = self.url(path);

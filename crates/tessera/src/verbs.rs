@@ -9,15 +9,17 @@
 //! (stop, start, delete) print nothing with `--json`.
 
 use crate::args::{
-    Command, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand, StoreCommand, VolumeCommand,
+    Command, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand, SettingsCommand,
+    StoreCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
 use serde_json::{json, Value};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    HostView, IscsiAccessView, ObjectView, ResyncView, StatusView, VerifyReport, VolumeView,
+    ClusterSettings, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, Severity,
+    StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -73,9 +75,77 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
         _ => ApiClient::new(api)?,
     };
     match command {
-        Command::Status => {
-            let v = client.get("/v1/status")?;
-            output.view::<StatusView>("/v1/status", v, render::status)?;
+        Command::Status { watch } => status(&client, *watch, output)?,
+        Command::Health => {
+            let v = client.get("/v1/health")?;
+            let report = output.view::<HealthReport>("/v1/health", v, render::health_report)?;
+            if report.checks.iter().any(|c| c.severity == Severity::Error) {
+                return Err(CliError::Found(format!(
+                    "the cluster is {}: {} error(s)",
+                    render::health(report.health),
+                    report
+                        .checks
+                        .iter()
+                        .filter(|c| c.severity == Severity::Error)
+                        .count()
+                )));
+            }
+        }
+        Command::Settings(SettingsCommand::Show) => {
+            let v = client.get("/v1/settings")?;
+            output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
+        }
+        Command::Settings(SettingsCommand::Set { name, value }) => {
+            let body = setting_change(name, value)?;
+            let v = client.patch_json("/v1/settings", &body)?;
+            output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
+        }
+        Command::Host(HostCommand::Show { host }) => {
+            let path = format!("/v1/hosts/{}", segment(host));
+            let v = client.get(&path)?;
+            output.view::<HostView>(&path, v, |h| render::hosts(std::slice::from_ref(h)))?;
+        }
+        Command::Policy(PolicyCommand::Show { name }) => {
+            let path = format!("/v1/policies/{}", segment(name));
+            let v = client.get(&path)?;
+            output.view::<Policy>(&path, v, |p| render::policies(std::slice::from_ref(p)))?;
+        }
+        Command::Policy(PolicyCommand::Set {
+            name,
+            ftt,
+            stripe_width,
+            space_reservation,
+        }) => {
+            if ftt.is_none() && stripe_width.is_none() && space_reservation.is_none() {
+                return Err(CliError::Usage(
+                    "policy set needs at least one of --ftt, --stripe-width, --space-reservation"
+                        .to_string(),
+                ));
+            }
+            let path = format!("/v1/policies/{}", segment(name));
+            let mut body = serde_json::Map::new();
+            if let Some(f) = ftt {
+                body.insert("failures_to_tolerate".into(), json!(f));
+            }
+            if let Some(w) = stripe_width {
+                body.insert("stripe_width".into(), json!(w));
+            }
+            if let Some(r) = space_reservation {
+                body.insert("space_reservation_pct".into(), json!(r));
+            }
+            let v = client.patch_json(&path, &Value::Object(body))?;
+            output.view::<Policy>(&path, v, |p| render::policies(std::slice::from_ref(p)))?;
+        }
+        Command::Policy(PolicyCommand::Delete { name }) => {
+            client.delete(&format!("/v1/policies/{}", segment(name)))?;
+            if !output.json {
+                output.text(&format!("deleted policy {name}\n"))?;
+            }
+        }
+        Command::Volume(VolumeCommand::Show { name }) => {
+            let path = format!("/v1/volumes/{}", segment(name));
+            let v = client.get(&path)?;
+            output.view::<VolumeView>(&path, v, |v| render::volumes(std::slice::from_ref(v)))?;
         }
         Command::Host(HostCommand::List) => {
             let v = client.get("/v1/hosts")?;
@@ -174,8 +244,9 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             };
             output.view::<IscsiAccessView>(&path, v, render::iscsi_access)?;
         }
-        Command::Volume(VolumeCommand::Delete { name }) => {
-            client.delete(&format!("/v1/volumes/{}", segment(name)))?;
+        Command::Volume(VolumeCommand::Delete { name, force }) => {
+            let query = if *force { "?force=true" } else { "" };
+            client.delete(&format!("/v1/volumes/{}{query}", segment(name)))?;
             if !output.json {
                 output.text(&format!("deleted volume {name}\n"))?;
             }
@@ -197,20 +268,98 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 )));
             }
         }
-        Command::Resync(ResyncCommand::List) => {
-            let v = client.get("/v1/resyncs")?;
-            output.view::<Vec<ResyncView>>("/v1/resyncs", v, |r| {
-                if r.is_empty() {
-                    "no resyncs or rebuilds\n".to_string()
-                } else {
-                    render::resyncs(r)
-                }
-            })?;
-        }
+        Command::Resync(ResyncCommand::List { watch }) => resync_list(&client, *watch, output)?,
         // Answered above, without the API.
         Command::Store(_) | Command::Up(_) | Command::Node(_) => {}
     }
     Ok(())
+}
+
+/// The body of `PATCH /v1/settings` for one setting typed on the command
+/// line; an unknown name or a value of the wrong type is a usage error.
+fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
+    let bad = |what: &str| CliError::Usage(format!("setting {name}: {value:?} is not {what}"));
+    match name {
+        "max_overcommit_ratio" => {
+            let ratio: f64 = value.parse().map_err(|_| bad("a number, e.g. 2.5"))?;
+            Ok(json!({ "max_overcommit_ratio": ratio }))
+        }
+        "nearly_full_pct" | "full_pct" => {
+            let pct: u8 = value
+                .trim_end_matches('%')
+                .parse()
+                .map_err(|_| bad("a percentage from 1 to 100"))?;
+            Ok(json!({ name: pct }))
+        }
+        other => Err(CliError::Usage(format!(
+            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct"
+        ))),
+    }
+}
+
+/// `tessera status`, once, or with `--watch` every `watch` seconds until
+/// Ctrl-C (on a terminal each listing replaces the one before).
+fn status(client: &ApiClient, watch: Option<u64>, output: &mut Output<'_>) -> Result<(), CliError> {
+    let terminal = watch.is_some() && std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        let v = client.get("/v1/status")?;
+        if terminal {
+            output.text(CLEAR_SCREEN)?;
+        } else if !first {
+            output.text("\n")?;
+        }
+        first = false;
+        output.view::<StatusView>("/v1/status", v, render::status)?;
+        let _ = output.out.flush();
+        let Some(seconds) = watch else {
+            return Ok(());
+        };
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+    }
+}
+
+/// Clears a terminal and puts the cursor top left.
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+/// `tessera resync list`, once, or with `--watch` every `watch` seconds
+/// until no resync is running or waiting to retry (the last listing shows
+/// how they ended). On a terminal each listing replaces the one before;
+/// elsewhere (a file, a pipe) they follow each other a blank line apart.
+fn resync_list(
+    client: &ApiClient,
+    watch: Option<u64>,
+    output: &mut Output<'_>,
+) -> Result<(), CliError> {
+    let terminal = watch.is_some() && std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        let v = client.get("/v1/resyncs")?;
+        if terminal {
+            output.text(CLEAR_SCREEN)?;
+        } else if !first {
+            output.text("\n")?;
+        }
+        first = false;
+        let listed = output.view::<Vec<ResyncView>>("/v1/resyncs", v, |r| {
+            if r.is_empty() {
+                "no resyncs or rebuilds\n".to_string()
+            } else {
+                render::resyncs(r)
+            }
+        })?;
+        let _ = output.out.flush();
+        let Some(seconds) = watch else {
+            return Ok(());
+        };
+        let unfinished = |r: &ResyncView| {
+            r.is_running() || r.state == tessera_node::control::ResyncState::Waiting
+        };
+        if !listed.iter().any(unfinished) {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+    }
 }
 
 /// Where a client attaches the new volume: the owner's NBD address (every
@@ -237,7 +386,10 @@ fn nbd_hint(client: &ApiClient, volume: &VolumeView) -> String {
 /// `tessera store check`: an offline, read-only walk over one disk group's
 /// devices.
 fn store_check(paths: &[PathBuf], output: &mut Output<'_>) -> Result<(), CliError> {
-    let report = tessera_store::check_devices(paths);
+    // Refused, reading nothing, while a host has the devices open: their
+    // contents are changing and a report would be false.
+    let report = tessera_store::check_devices(paths)
+        .map_err(|e| CliError::Local(format!("cannot check: {e}")))?;
     if output.json {
         let problems: Vec<Value> = report
             .problems
