@@ -793,7 +793,8 @@ impl Host {
                 }
                 (ComponentState::Absent, false) => {
                     // A failed resync of it is tried again when its host returns.
-                    self.board.retry_pending(volume, c.id);
+                    self.board
+                        .retry_pending(volume, c.id, dirty_bytes_of(coordinator, c.id));
                     let since = *self.absent_since.lock().entry(key.clone()).or_insert(now);
                     if now.saturating_sub(since) >= repair_delay {
                         self.rebuild(volume, coordinator, c.id).await;
@@ -827,7 +828,8 @@ impl Host {
             .get(&key)
             .is_some_and(|&t| now < t)
         {
-            self.board.retry_pending(volume, component);
+            self.board
+                .retry_pending(volume, component, dirty_bytes_of(coordinator, component));
             return;
         }
         if !self.resyncing.lock().insert(key.clone()) {
@@ -911,6 +913,15 @@ impl Host {
             self.spawn_resync(volume, coordinator, new_id, &new_host, "rebuild");
         }
     }
+}
+
+/// Bytes of `component` still to copy from its column's other copies.
+fn dirty_bytes_of(coordinator: &Coordinator, component: ComponentId) -> u64 {
+    coordinator
+        .dirty_bytes()
+        .into_iter()
+        .find(|(id, _)| *id == component)
+        .map_or(0, |(_, bytes)| bytes)
 }
 
 /// A stable serial for a volume's SCSI/NBD identity: the same on every host

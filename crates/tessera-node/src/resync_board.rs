@@ -216,14 +216,16 @@ impl ResyncBoard {
     }
 
     /// Says that the failed resync of `component` will be tried again (its
-    /// host is away, or the retry waits out a lease): the row shows
+    /// host is away, or the retry waits out a lease) and that `left_bytes`
+    /// now wait for it (writes go on while it waits): the row shows
     /// `waiting` for [`WAITING_FRESH`].
-    pub fn retry_pending(&self, volume: &VolumeId, component: ComponentId) {
+    pub fn retry_pending(&self, volume: &VolumeId, component: ComponentId, left_bytes: u64) {
         let mut rows = self.rows.lock();
         if let Some(r) = rows.iter_mut().find(|r| {
             &r.volume == volume && r.component == component && r.outcome == Outcome::Failed
         }) {
             r.retry_pending = Some(Instant::now());
+            r.progress.left_bytes.store(left_bytes, Ordering::Relaxed);
         }
     }
 
@@ -360,8 +362,10 @@ mod tests {
         board
             .start(&volume(), ComponentId(7), &host(), "resync")
             .finish(&Err(refused()));
-        board.retry_pending(&volume(), ComponentId(7));
-        assert_eq!(board.views()[0].state, ResyncState::Waiting);
+        board.retry_pending(&volume(), ComponentId(7), 5 << 20);
+        let v = &board.views()[0];
+        assert_eq!(v.state, ResyncState::Waiting);
+        assert_eq!(v.left_bytes, 5 << 20, "what waits grows with the writes");
         board.rows.lock()[0].retry_pending = Some(Instant::now() - WAITING_FRESH);
         assert_eq!(board.views()[0].state, ResyncState::Failed);
     }
@@ -375,7 +379,7 @@ mod tests {
         board
             .start(&volume(), ComponentId(2), &host(), "resync")
             .finish(&Err(refused()));
-        board.retry_pending(&volume(), ComponentId(2));
+        board.retry_pending(&volume(), ComponentId(2), 0);
         let _running = board.start(&volume(), ComponentId(3), &host(), "resync");
         let order: Vec<ResyncState> = board.views().iter().map(|v| v.state).collect();
         assert_eq!(

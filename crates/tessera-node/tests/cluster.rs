@@ -212,6 +212,11 @@ async fn a_retried_resync_is_one_row_that_ends_done_without_the_old_failure() {
     .await;
     let row = waiting.iter().find(|r| r.component == replica).unwrap();
     assert!(row.error.is_some(), "the failure's reason is kept: {row:?}");
+    assert_eq!(
+        row.left_bytes,
+        4 << 20,
+        "what waits: the writes made meanwhile"
+    );
     assert_eq!(row.eta_s, None);
     let json = serde_json::to_value(row).unwrap();
     assert_eq!(json["state"], "waiting");
