@@ -531,6 +531,8 @@ pub enum HealthCode {
     HostDown,
     /// A disk group failed: its components must be rebuilt elsewhere.
     DiskGroupFailed,
+    /// Devices or components of a disk group failed; the rest serves.
+    DiskGroupDegraded,
     /// Components of volumes are absent: the volumes run with less protection.
     ComponentAbsent,
     /// Absent components will be rebuilt elsewhere when the repair delay ends.

@@ -425,6 +425,20 @@ impl ControlPlane {
                                 format!("failed: {reason}")
                             }
                             (_, true) => "failed".into(),
+                            (
+                                Some((
+                                    _,
+                                    tessera_store::DiskGroupHealth::Degraded {
+                                        failed_devices,
+                                        failed_components,
+                                    },
+                                )),
+                                _,
+                            ) => format!(
+                                "degraded: {} device(s), {} component(s) failed",
+                                failed_devices.len(),
+                                failed_components.len()
+                            ),
                             _ => "healthy".into(),
                         },
                         capacity: CapacityView {

@@ -134,6 +134,32 @@ pub fn checks(inputs: &HealthInputs<'_>) -> Vec<HealthCheck> {
             seconds_left: None,
         });
     }
+    let degraded: Vec<String> = inputs
+        .hosts
+        .iter()
+        .flat_map(|h| {
+            h.disk_groups
+                .iter()
+                .filter(|g| g.health.starts_with("degraded"))
+                .map(move |g| format!("{}/{} ({})", h.id, g.id, g.health))
+        })
+        .collect();
+    if !degraded.is_empty() {
+        out.push(HealthCheck {
+            code: HealthCode::DiskGroupDegraded,
+            severity: Severity::Warning,
+            summary: format!(
+                "{} disk group(s) degraded: {}",
+                degraded.len(),
+                degraded.join(", ")
+            ),
+            affects: degraded,
+            remedy:
+                "replace the failed device; components on it are rebuilt from their other copies"
+                    .into(),
+            seconds_left: None,
+        });
+    }
     let unavailable: Vec<String> = inputs
         .volumes
         .iter()
@@ -287,4 +313,298 @@ fn distinct(items: impl Iterator<Item = String>) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{DiskGroupView, ResyncState};
+    use tessera_types::layout::{ComponentPlacement, ComponentRole};
+
+    fn host(id: &str, state: &str, group_health: &str) -> HostView {
+        HostView {
+            id: id.into(),
+            fault_domain: id.into(),
+            state: state.into(),
+            transport_addr: String::new(),
+            nbd_addr: String::new(),
+            iscsi_addr: String::new(),
+            disk_groups: vec![DiskGroupView {
+                id: "dg0".into(),
+                health: group_health.into(),
+                capacity: CapacityView::default(),
+                components: 0,
+                physical_bytes: None,
+            }],
+            owned_volumes: Vec::new(),
+            capacity: CapacityView::default(),
+        }
+    }
+
+    fn capacity(total: u64, used: u64, provisioned: u64) -> CapacityView {
+        CapacityView {
+            total_bytes: total,
+            used_bytes: used,
+            reserved_bytes: 0,
+            free_bytes: total - used,
+            provisioned_bytes: provisioned,
+            overcommit_ratio: crate::control::overcommit_ratio(provisioned, total),
+        }
+    }
+
+    fn run(
+        hosts: &[HostView],
+        volumes: &[VolumeHealthInput],
+        resyncs: &[ResyncView],
+        cap: CapacityView,
+    ) -> Vec<HealthCode> {
+        checks(&HealthInputs {
+            hosts,
+            volumes,
+            resyncs,
+            capacity: &cap,
+            settings: &ClusterSettings::default(),
+        })
+        .into_iter()
+        .map(|c| c.code)
+        .collect()
+    }
+
+    fn volume(health: Health, missing: Vec<MissingComponent>) -> VolumeHealthInput {
+        VolumeHealthInput {
+            name: "vm1".into(),
+            health,
+            missing,
+        }
+    }
+
+    fn missing(resyncing: bool, repair_in_s: Option<u64>) -> MissingComponent {
+        MissingComponent {
+            id: ComponentId(7),
+            host: HostId::new("host-2").expect("id"),
+            resyncing,
+            repair_in_s,
+        }
+    }
+
+    #[test]
+    fn a_healthy_cluster_has_no_checks() {
+        let hosts = [host("host-1", "present", "healthy")];
+        let vols = [volume(Health::Healthy, vec![])];
+        assert!(run(&hosts, &vols, &[], capacity(100, 10, 50)).is_empty());
+    }
+
+    #[test]
+    fn each_cause_raises_its_code_and_only_while_it_holds() {
+        let ok = [host("host-1", "present", "healthy")];
+        let cap = capacity(1000, 10, 100);
+        let cases: Vec<(
+            Vec<HostView>,
+            Vec<VolumeHealthInput>,
+            CapacityView,
+            HealthCode,
+        )> = vec![
+            (
+                vec![host("host-2", "stopped", "healthy")],
+                vec![],
+                cap,
+                HealthCode::HostDown,
+            ),
+            (
+                vec![host("host-2", "absent", "healthy")],
+                vec![],
+                cap,
+                HealthCode::HostDown,
+            ),
+            (
+                vec![host("host-1", "present", "failed: log damaged")],
+                vec![],
+                cap,
+                HealthCode::DiskGroupFailed,
+            ),
+            (
+                vec![host(
+                    "host-1",
+                    "present",
+                    "degraded: 1 device(s), 0 component(s) failed",
+                )],
+                vec![],
+                cap,
+                HealthCode::DiskGroupDegraded,
+            ),
+            (
+                ok.to_vec(),
+                vec![volume(Health::Unavailable, vec![])],
+                cap,
+                HealthCode::VolumeUnavailable,
+            ),
+            (
+                ok.to_vec(),
+                vec![volume(Health::Degraded, vec![missing(false, Some(30))])],
+                cap,
+                HealthCode::ComponentAbsent,
+            ),
+            (
+                ok.to_vec(),
+                vec![volume(Health::Degraded, vec![missing(false, Some(30))])],
+                cap,
+                HealthCode::RepairDelayPending,
+            ),
+            (
+                ok.to_vec(),
+                vec![volume(Health::Degraded, vec![missing(true, None)])],
+                cap,
+                HealthCode::ResyncRunning,
+            ),
+            (
+                ok.to_vec(),
+                vec![],
+                capacity(1000, 850, 100),
+                HealthCode::DatastoreNearlyFull,
+            ),
+            (
+                ok.to_vec(),
+                vec![],
+                capacity(1000, 960, 100),
+                HealthCode::DatastoreFull,
+            ),
+            (
+                ok.to_vec(),
+                vec![],
+                capacity(1000, 10, 1500),
+                HealthCode::Overcommitted,
+            ),
+        ];
+        for (hosts, vols, cap, code) in cases {
+            let raised = run(&hosts, &vols, &[], cap);
+            assert!(raised.contains(&code), "{code:?} not raised: {raised:?}");
+            let cleared = run(
+                &ok,
+                &[volume(Health::Healthy, vec![])],
+                &[],
+                capacity(1000, 10, 100),
+            );
+            assert!(!cleared.contains(&code), "{code:?} stays: {cleared:?}");
+        }
+    }
+
+    #[test]
+    fn full_replaces_nearly_full_and_errors_come_first() {
+        let hosts = [host("host-2", "stopped", "healthy")];
+        let vols = [volume(Health::Unavailable, vec![])];
+        let codes = run(&hosts, &vols, &[], capacity(1000, 990, 100));
+        assert!(codes.contains(&HealthCode::DatastoreFull));
+        assert!(!codes.contains(&HealthCode::DatastoreNearlyFull));
+        assert_eq!(codes[0], HealthCode::VolumeUnavailable, "{codes:?}");
+    }
+
+    #[test]
+    fn the_repair_countdown_names_the_soonest_rebuild() {
+        let vols = [volume(
+            Health::Degraded,
+            vec![missing(false, Some(90)), missing(false, Some(30))],
+        )];
+        let all = checks(&HealthInputs {
+            hosts: &[],
+            volumes: &vols,
+            resyncs: &[],
+            capacity: &CapacityView::default(),
+            settings: &ClusterSettings::default(),
+        });
+        let pending = all
+            .iter()
+            .find(|c| c.code == HealthCode::RepairDelayPending)
+            .expect("raised");
+        assert_eq!(pending.seconds_left, Some(30));
+        assert!(pending.summary.contains("in 30s"), "{}", pending.summary);
+    }
+
+    #[test]
+    fn a_running_resync_raises_resync_running_with_what_is_left() {
+        let resync = ResyncView {
+            volume: "vm1".into(),
+            component: ComponentId(7),
+            host: "host-2".into(),
+            kind: "resync".into(),
+            state: ResyncState::Running,
+            error: None,
+            attempts: 1,
+            done_bytes: 0,
+            left_bytes: 4 << 20,
+            copied_bytes: 0,
+            rate_bytes_per_s: 0,
+            eta_s: None,
+        };
+        let all = checks(&HealthInputs {
+            hosts: &[],
+            volumes: &[],
+            resyncs: std::slice::from_ref(&resync),
+            capacity: &CapacityView::default(),
+            settings: &ClusterSettings::default(),
+        });
+        let running = all
+            .iter()
+            .find(|c| c.code == HealthCode::ResyncRunning)
+            .expect("raised");
+        assert!(running.summary.contains("4.0 MiB"), "{}", running.summary);
+        assert_eq!(running.affects, vec!["vm1".to_string()]);
+    }
+
+    fn placement(id: u64, host: &str, role: ComponentRole) -> ComponentPlacement {
+        ComponentPlacement {
+            id: ComponentId(id),
+            role,
+            host: HostId::new(host).expect("id"),
+            disk_group: tessera_types::DiskGroupId::new("dg0").expect("id"),
+            fault_domain: tessera_types::FaultDomainId::new(host).expect("id"),
+            votes: 1,
+            size_bytes: 1 << 20,
+            state: ComponentState::Active,
+        }
+    }
+
+    fn mirror_with_witness() -> Layout {
+        Layout {
+            volume: tessera_types::VolumeId::new("vm1").expect("name"),
+            size_bytes: 1 << 20,
+            stripe_unit_bytes: 1 << 20,
+            columns: vec![tessera_types::layout::Mirror {
+                copies: vec![
+                    placement(1, "host-1", ComponentRole::Data),
+                    placement(2, "host-2", ComponentRole::Data),
+                ],
+            }],
+            witnesses: vec![placement(3, "host-3", ComponentRole::Witness)],
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn a_component_on_a_host_that_is_down_is_absent_whatever_the_layout_says() {
+        let layout = mirror_with_witness();
+        let owner = HostId::new("host-1").expect("id");
+        let all_up = |_: &HostId| true;
+        assert_eq!(
+            volume_health(&layout, Some(&owner), all_up),
+            (Health::Healthy, Some(&owner))
+        );
+        let host2_down = |h: &HostId| h.as_str() != "host-2";
+        assert_eq!(
+            volume_health(&layout, Some(&owner), host2_down),
+            (Health::Degraded, Some(&owner))
+        );
+        // The owner's host down: no owner is shown and I/O waits for a new one.
+        let host1_down = |h: &HostId| h.as_str() != "host-1";
+        assert_eq!(
+            volume_health(&layout, Some(&owner), host1_down),
+            (Health::Unavailable, None)
+        );
+        // Two of three votes gone: no quorum even with an owner.
+        let two_down = |h: &HostId| h.as_str() == "host-1";
+        assert_eq!(
+            volume_health(&layout, Some(&owner), two_down).0,
+            Health::Unavailable
+        );
+        assert_eq!(volume_health(&layout, None, all_up).0, Health::Unavailable);
+    }
 }
