@@ -5,7 +5,13 @@
 //! what the bytes mean. Invariants: every offset and length the store passes
 //! is a multiple of [`DISK_ALIGN`], so the same calls work with `O_DIRECT`;
 //! an I/O error is returned as a [`DiskError`] naming the device, operation
-//! and range, never as a panic.
+//! and range, never as a panic. A [`FileDisk`] holds an advisory lock on its
+//! file for as long as it is open (`flock`: exclusive when opened writable,
+//! shared when read-only), so two openers that could harm each other (a host
+//! serving the devices and another host or an offline check) cannot both
+//! have them: the second is refused with an error for which
+//! [`DiskError::is_in_use`] is true. Flock locks belong to the open file, not
+//! the process, so a second open in the same process conflicts too.
 //!
 //! The trait is blocking on purpose: a positional read or write on a file is
 //! one system call, and the caller decides which thread pays for it (the
@@ -13,7 +19,7 @@
 //! runtime's blocking pool), so no extra thread handoff is hidden here.
 
 use bytes::Bytes;
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -59,9 +65,28 @@ impl DiskError {
         }
     }
 
+    /// The error of an open refused because another opener holds a
+    /// conflicting lock on the device.
+    pub fn in_use(device: &str) -> Self {
+        DiskError {
+            device: device.to_string(),
+            op: "lock",
+            offset: 0,
+            len: 0,
+            kind: std::io::ErrorKind::WouldBlock,
+            message: "the device is in use: another opener holds its lock".to_string(),
+        }
+    }
+
     /// True when the device ran out of space (ENOSPC).
     pub fn is_no_space(&self) -> bool {
         self.kind == std::io::ErrorKind::StorageFull
+    }
+
+    /// True when an open was refused because another opener (in this
+    /// process or another) holds a conflicting lock on the device.
+    pub fn is_in_use(&self) -> bool {
+        self.op == "lock" && self.kind == std::io::ErrorKind::WouldBlock
     }
 }
 
@@ -131,11 +156,14 @@ pub struct FileDiskOptions {
     pub create_bytes: Option<u64>,
     /// Open with `O_DIRECT`: bypass the page cache.
     pub direct_io: bool,
-    /// Open read-only (offline checks).
+    /// Open read-only (offline checks). A read-only open takes a shared
+    /// lock, which other read-only opens may share; a writable open takes an
+    /// exclusive one.
     pub read_only: bool,
 }
 
-/// A file or block device.
+/// A file or block device, locked (see the module's documentation) until it
+/// is dropped.
 pub struct FileDisk {
     file: File,
     path: PathBuf,
@@ -143,7 +171,9 @@ pub struct FileDisk {
 }
 
 impl FileDisk {
-    /// Opens (and, if asked, creates) `path`.
+    /// Opens (and, if asked, creates) `path` and locks it: exclusively, or
+    /// shared when `read_only`. A conflicting lock held by another opener
+    /// fails the open at once with [`DiskError::in_use`]; nothing waits.
     pub fn open(path: &Path, options: FileDiskOptions) -> Result<FileDisk, DiskError> {
         let name = path.display().to_string();
         let err = |e: std::io::Error| DiskError::from_io(&name, "open", 0, 0, &e);
@@ -167,6 +197,16 @@ impl FileDisk {
             oo.custom_flags(libc::O_DIRECT);
         }
         let mut file = oo.open(path).map_err(err)?;
+        let locked = if options.read_only {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match locked {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(DiskError::in_use(&name)),
+            Err(TryLockError::Error(e)) => return Err(DiskError::from_io(&name, "lock", 0, 0, &e)),
+        }
         let size = file.seek(SeekFrom::End(0)).map_err(err)?;
         let _ = created;
         Ok(FileDisk {
@@ -241,5 +281,40 @@ mod tests {
         assert_eq!(back.as_slice(), data.as_slice());
         let err = disk.read_at(back.as_mut_slice(), 1 << 20).unwrap_err();
         assert!(err.to_string().contains("dev0"), "{err}");
+    }
+
+    #[test]
+    fn an_open_device_is_locked_until_it_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev0");
+        let writable = FileDiskOptions {
+            create_bytes: Some(1 << 20),
+            ..Default::default()
+        };
+        let read_only = FileDiskOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        let first = FileDisk::open(&path, writable).unwrap();
+        // A second open in the same process is another open file: refused,
+        // writable or read-only, naming the device.
+        for options in [writable, read_only] {
+            let err = FileDisk::open(&path, options).err().expect("refused");
+            assert!(err.is_in_use(), "{err}");
+            assert!(err.to_string().contains("dev0"), "{err}");
+            assert!(err.to_string().contains("in use"), "{err}");
+        }
+        drop(first);
+        // Read-only opens share their lock, and keep writers out.
+        let reader = FileDisk::open(&path, read_only).unwrap();
+        let second_reader = FileDisk::open(&path, read_only).unwrap();
+        let err = FileDisk::open(&path, writable).err().expect("refused");
+        assert!(err.is_in_use(), "{err}");
+        drop(reader);
+        assert!(FileDisk::open(&path, writable).err().unwrap().is_in_use());
+        drop(second_reader);
+        let again = FileDisk::open(&path, writable).unwrap();
+        assert_eq!(again.size(), 1 << 20);
+        assert!(!DiskError::from_io("x", "read", 0, 0, &std::io::Error::other("x")).is_in_use());
     }
 }

@@ -329,6 +329,7 @@ pub fn store_error(component: &ComponentRef, e: StoreError) -> Response {
         StoreError::ComponentFailed { .. }
         | StoreError::DiskGroupFailed { .. }
         | StoreError::Device(_)
+        | StoreError::DeviceInUse { .. }
         | StoreError::BadDevice { .. } => WireErrorKind::Io,
     };
     if kind == WireErrorKind::Io {

@@ -4,15 +4,18 @@
 //! copies, both checkpoint slots, every index page the checkpoint lists,
 //! every data block those pages map (against its CRC32C, and against being
 //! mapped twice) and the write log from the checkpoint's tail. Each problem
-//! is listed with the device and byte offset where it is. Must not be run
-//! while the disk group is open: it reads without locks.
+//! is listed with the device and byte offset where it is. It holds a shared
+//! lock on every device while it runs, so it is refused while a host has the
+//! disk group open (the store locks the devices exclusively from open to
+//! drop) and no host can open them while it reads.
 
 use crate::alloc::{Allocator, Reference, ReferenceCount};
 use crate::recovery::{self, damage_was_synced, find_record, later_group_exists};
+use crate::StoreError;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions};
+use tessera_env::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions};
 use tessera_format::{block_crc, BlockLoc, EntryKind, IndexPage, Superblock, BLOCK};
 use tessera_types::BLOCK_BYTES;
 
@@ -77,20 +80,42 @@ impl fmt::Display for CheckReport {
 }
 
 /// Checks the devices of one disk group (in any order), read-only.
-pub fn check_devices<P: AsRef<Path>>(paths: &[P]) -> CheckReport {
-    let mut report = CheckReport::default();
-    let mut found: Vec<(u8, Arc<dyn Disk>)> = Vec::new();
+///
+/// Every device is opened, and so locked shared, before any is read, and
+/// stays locked until the check ends: if one is in use by a running host (a
+/// disk group open on it, in this process or another), the check is refused
+/// with [`StoreError::DeviceInUse`] and reads nothing; meanwhile no host can
+/// open them. A device that cannot be opened for another reason is a
+/// problem in the report.
+pub fn check_devices<P: AsRef<Path>>(paths: &[P]) -> Result<CheckReport, StoreError> {
+    let mut opened: Vec<Opened> = Vec::new();
     for p in paths {
         let path = p.as_ref();
         let name = path.display().to_string();
-        let disk: Arc<dyn Disk> = match FileDisk::open(
-            path,
-            FileDiskOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        ) {
-            Ok(d) => Arc::new(d),
+        let options = FileDiskOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        match FileDisk::open(path, options) {
+            Ok(d) => opened.push((name, Ok(Arc::new(d)))),
+            Err(e) if e.is_in_use() => return Err(StoreError::DeviceInUse { device: name }),
+            Err(e) => opened.push((name, Err(e))),
+        }
+    }
+    // `opened` holds the locks until the walk is done.
+    Ok(check_opened(&opened))
+}
+
+/// A device named as the caller wrote it, opened (and locked) or not.
+type Opened = (String, Result<Arc<dyn Disk>, DiskError>);
+
+fn check_opened(opened: &[Opened]) -> CheckReport {
+    let mut report = CheckReport::default();
+    let mut found: Vec<(u8, Arc<dyn Disk>)> = Vec::new();
+    for (name, disk) in opened {
+        let name = name.clone();
+        let disk: Arc<dyn Disk> = match disk {
+            Ok(d) => d.clone(),
             Err(e) => {
                 report.problems.push(CheckProblem {
                     device: name,

@@ -108,6 +108,18 @@ pub enum StoreError {
         /// What is wrong.
         problem: String,
     },
+    /// A device is held open by another opener: a running host serving the
+    /// disk group (in this process or another) or a `tessera store check`
+    /// reading it. A disk group's devices are locked while it is open and
+    /// unlocked when it is dropped.
+    #[error(
+        "{device} is in use by a running host (a disk group's devices are locked while it is \
+         open): stop that host first"
+    )]
+    DeviceInUse {
+        /// The device (its path).
+        device: String,
+    },
     /// The configuration cannot work.
     #[error("bad disk group configuration: {0}")]
     Config(String),

@@ -6,7 +6,9 @@
 //! operation is async and its future is `Send`; device work runs on the
 //! worker threads (writes) or on the runtime's blocking pool (reads of
 //! blocks and index pages), never on the caller's executor thread.
-//! Must be called from within a tokio runtime.
+//! Must be called from within a tokio runtime. Invariant: devices opened by
+//! path are locked from open to drop, so no second opener (another host,
+//! `tessera store check`) can use them while the disk group is in service.
 
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
@@ -158,6 +160,8 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
                 })?;
             }
         }
+        // Locks the device exclusively until the disk group is dropped (see
+        // `FileDisk`): a second host, or a check, cannot open it meanwhile.
         let disk = FileDisk::open(
             &spec.path,
             FileDiskOptions {
@@ -165,7 +169,16 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
                 direct_io: config.direct_io,
                 read_only: false,
             },
-        )?;
+        )
+        .map_err(|e| {
+            if e.is_in_use() {
+                StoreError::DeviceInUse {
+                    device: spec.path.display().to_string(),
+                }
+            } else {
+                StoreError::Device(e)
+            }
+        })?;
         Ok(Arc::new(disk))
     };
     Ok(GroupDevices {
@@ -181,13 +194,18 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
 impl DiskGroup {
     /// Formats new devices (files are created with the configured sizes if
     /// missing) and opens the empty disk group. Refuses devices that already
-    /// hold a disk group.
+    /// hold a disk group. Each device is locked exclusively until the disk
+    /// group is dropped; one that another opener holds (a running host, a
+    /// check) fails with [`StoreError::DeviceInUse`].
     pub async fn create(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
         let devices = open_files(&config, true)?;
         Self::create_on(config.id.clone(), devices, config.index_cache_bytes, true).await
     }
 
-    /// Opens an existing disk group, recovering from its write log.
+    /// Opens an existing disk group, recovering from its write log. Each
+    /// device is locked exclusively until the disk group is dropped; one that
+    /// another opener holds (a running host, a check) fails with
+    /// [`StoreError::DeviceInUse`] and nothing is read or written.
     pub async fn open(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
         let devices = open_files(&config, false)?;
         Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await
@@ -1085,6 +1103,10 @@ impl DiskGroup {
 }
 
 impl Drop for DiskGroup {
+    /// Stops and joins the workers. The devices, and with them their locks,
+    /// close when the last reference to the shared state goes: here, unless a
+    /// blocking task of an abandoned operation still runs, which holds them
+    /// until it ends.
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.log_work.notify_all();

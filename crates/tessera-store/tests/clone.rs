@@ -222,7 +222,7 @@ async fn the_offline_check_accepts_shared_blocks_and_finds_damage_in_them() {
     dg.settle().await.unwrap();
     drop(dg);
     let paths = vec![config.cache.path.clone(), config.capacity[0].path.clone()];
-    let clean = check_devices(&paths);
+    let clean = check_devices(&paths).unwrap();
     assert!(clean.is_clean(), "{clean}");
     assert_eq!(clean.data_blocks, 32, "shared blocks count once");
 
@@ -251,7 +251,7 @@ async fn the_offline_check_accepts_shared_blocks_and_finds_damage_in_them() {
     let off = hit.expect("the shared block of LBA 3 is on the capacity device");
     file[off + 2000] ^= 1;
     std::fs::write(&paths[1], &file).unwrap();
-    let report = check_devices(&paths);
+    let report = check_devices(&paths).unwrap();
     assert_eq!(report.problems.len(), 1, "{report}");
     assert!(report.problems[0].problem.contains("LBA 3"), "{report}");
     let dg = DiskGroup::open(config).await.unwrap();

@@ -559,7 +559,8 @@ async fn kill9_cycles(cycles: u64, unsafe_ack: bool) -> (Violations, u64) {
             let r = tessera_store::check_devices(&[
                 cfg.cache.path.clone(),
                 cfg.capacity[0].path.clone(),
-            ]);
+            ])
+            .unwrap();
             eprintln!("{r}");
         }
         let dg = DiskGroup::open(file_config(dir.path())).await.unwrap();

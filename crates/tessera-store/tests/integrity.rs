@@ -219,7 +219,7 @@ async fn the_offline_check_lists_every_damaged_block_with_its_offset() {
         .unwrap();
     drop(dg);
     let paths = vec![config.cache.path.clone(), config.capacity[0].path.clone()];
-    let clean = check_devices(&paths);
+    let clean = check_devices(&paths).unwrap();
     assert!(clean.is_clean(), "{clean}");
     assert_eq!(clean.data_blocks, 64);
     assert!(clean.log_records >= 1);
@@ -237,7 +237,7 @@ async fn the_offline_check_lists_every_damaged_block_with_its_offset() {
         file[*off as usize + 1000] ^= 0x10;
     }
     std::fs::write(&paths[1], &file).unwrap();
-    let report = check_devices(&paths);
+    let report = check_devices(&paths).unwrap();
     println!("{report}");
     assert_eq!(report.problems.len(), damaged.len(), "{report}");
     for (lba, off) in damaged {

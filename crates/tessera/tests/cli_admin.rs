@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use support::MemoryControl;
-use tessera_node::control::{ClusterControl, ResyncView};
+use tessera_node::control::{ClusterControl, ResyncState, ResyncView};
 use tessera_types::ComponentId;
 
 /// A REST API served on a free loopback port until dropped.
@@ -388,11 +388,14 @@ fn resync_list_shows_progress() {
         component: ComponentId(2),
         host: "host-2".to_string(),
         kind: "resync".to_string(),
-        state: "running".to_string(),
+        state: ResyncState::Running,
+        error: None,
+        attempts: 1,
         done_bytes: 64 << 20,
         left_bytes: 192 << 20,
         copied_bytes: 8 << 20,
         rate_bytes_per_s: 32 << 20,
+        eta_s: Some(6),
     });
     let text = stdout(&tessera(&api, &["resync", "list"]));
     let row = text.lines().nth(1).unwrap_or_default();
@@ -408,8 +411,113 @@ fn resync_list_shows_progress() {
     }
     let listed = json(&tessera(&api, &["resync", "list", "--json"]));
     assert_eq!(listed[0]["left_bytes"], 192_u64 << 20);
+    // The component as the tables print it; the state a closed word, its
+    // reason apart.
+    assert_eq!(listed[0]["component"], "c0000000000000002");
+    assert!(row.contains("c0000000000000002"), "{text}");
+    assert_eq!(listed[0]["state"], "running");
+    assert_eq!(listed[0]["error"], Value::Null);
+    assert_eq!(listed[0]["attempts"], 1);
+    assert_eq!(listed[0]["eta_s"], 6);
     let status = stdout(&tessera(&api, &["status"]));
     assert!(status.contains("RESYNCS (1 running)"), "{status}");
+}
+
+fn resync(component: u64, state: ResyncState, left_bytes: u64) -> ResyncView {
+    ResyncView {
+        volume: "vol1".to_string(),
+        component: ComponentId(component),
+        host: "host-2".to_string(),
+        kind: "resync".to_string(),
+        state,
+        error: None,
+        attempts: 1,
+        done_bytes: 64 << 20,
+        left_bytes,
+        copied_bytes: 8 << 20,
+        rate_bytes_per_s: 32 << 20,
+        eta_s: (state == ResyncState::Running).then_some(left_bytes.div_ceil(32 << 20)),
+    }
+}
+
+#[test]
+fn a_failed_resync_has_a_state_word_and_its_reason_apart() {
+    let api = ApiServer::start();
+    api.control.add_resync(ResyncView {
+        error: Some("host-2 is unreachable: Connection refused".to_string()),
+        attempts: 2,
+        ..resync(2, ResyncState::Failed, 192 << 20)
+    });
+    let listed = json(&tessera(&api, &["resync", "list", "--json"]));
+    assert_eq!(listed[0]["state"], "failed");
+    assert_eq!(
+        listed[0]["error"],
+        "host-2 is unreachable: Connection refused"
+    );
+    assert_eq!(listed[0]["eta_s"], Value::Null);
+    let text = stdout(&tessera(&api, &["resync", "list"]));
+    assert!(
+        text.lines().nth(1).unwrap().contains("  failed  "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("attempt 2 failed: host-2 is unreachable: Connection refused\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn resync_list_watch_redraws_until_nothing_runs() {
+    let api = ApiServer::start();
+    // Nothing running: one listing, then exit 0.
+    api.control.add_resync(resync(1, ResyncState::Done, 0));
+    let once = tessera(&api, &["resync", "list", "--watch", "1"]);
+    assert_eq!(code(&once), 0, "{}", stderr(&once));
+    assert_eq!(
+        stdout(&once).matches("VOLUME").count(),
+        1,
+        "{}",
+        stdout(&once)
+    );
+
+    api.control
+        .add_resync(resync(2, ResyncState::Running, 192 << 20));
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
+    let child = command
+        .args(["--api", api.url.as_str(), "resync", "list", "--watch", "1"])
+        .env_remove("TESSERA_API")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tessera");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Waiting to retry is not finished either.
+    api.control.set_resyncs(vec![
+        resync(1, ResyncState::Done, 0),
+        resync(2, ResyncState::Waiting, 192 << 20),
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    api.control.set_resyncs(vec![
+        resync(1, ResyncState::Done, 0),
+        resync(2, ResyncState::Done, 0),
+    ]);
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().expect("tessera ends");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "exits once nothing runs"
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    // Not a terminal: no screen clearing, listings a blank line apart.
+    assert!(!text.contains('\x1b'), "{text:?}");
+    let listings: Vec<&str> = text.split("\n\n").collect();
+    assert!(listings.len() >= 4, "{text}");
+    assert!(listings[0].contains("running"), "{text}");
+    assert!(listings.iter().any(|l| l.contains("waiting")), "{text}");
+    let last = listings.last().unwrap();
+    assert!(!last.contains("running") && last.contains("done"), "{text}");
 }
 
 #[test]
