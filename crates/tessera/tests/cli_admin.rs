@@ -651,3 +651,77 @@ fn volume_access_shows_and_sets_who_may_log_in_and_never_prints_secrets() {
     let cleared = tessera(&api, &["volume", "access", "db", "--open"]);
     assert!(stdout(&cleared).contains("admits: every initiator"));
 }
+
+#[test]
+fn store_check_refuses_devices_a_running_host_holds_and_passes_once_they_are_closed() {
+    use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = DiskGroupConfig {
+        id: tessera_types::DiskGroupId::new("dg-1").expect("name"),
+        cache: DeviceSpec {
+            path: dir.path().join("cache"),
+            size_bytes: 24 << 20,
+        },
+        capacity: vec![DeviceSpec {
+            path: dir.path().join("cap0"),
+            size_bytes: 32 << 20,
+        }],
+        index_cache_bytes: 1 << 20,
+        direct_io: false,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Held open by the store in this process, as a running host holds it.
+    let group = runtime.block_on(async {
+        let group = DiskGroup::create(config.clone()).await.expect("create");
+        group
+            .create_component(ComponentId(7), 1 << 20, 0)
+            .await
+            .expect("component");
+        group
+    });
+    let cache = config.cache.path.to_string_lossy().into_owned();
+    let cap = config.capacity[0].path.to_string_lossy().into_owned();
+
+    // The first device found in use is named: the cache device, or the
+    // capacity device when it is checked alone.
+    for (args, named) in [
+        (vec!["store", "check", &cache, &cap], &cache),
+        (vec!["store", "check", "--json", &cache, &cap], &cache),
+        (vec!["store", "check", &cap], &cap),
+    ] {
+        let refused = tessera_env(&args, None);
+        assert_eq!(
+            code(&refused),
+            1,
+            "{args:?}: {}{}",
+            stdout(&refused),
+            stderr(&refused)
+        );
+        // No report: nothing was read, and "0 problem(s)" would be untrue.
+        assert_eq!(stdout(&refused), "", "{args:?}");
+        let said = stderr(&refused);
+        assert!(said.contains(named.as_str()), "{said}");
+        assert!(said.contains("in use by a running host"), "{said}");
+        assert!(said.contains("stop that host first"), "{said}");
+    }
+
+    runtime.block_on(async move {
+        group.settle().await.expect("settle");
+        drop(group);
+    });
+    let clean = tessera_env(&["store", "check", &cache, &cap], None);
+    assert_eq!(code(&clean), 0, "{}{}", stdout(&clean), stderr(&clean));
+    assert!(
+        stdout(&clean).ends_with("0 problem(s)\n"),
+        "{}",
+        stdout(&clean)
+    );
+    assert!(
+        stdout(&clean).contains("checked 1 components"),
+        "{}",
+        stdout(&clean)
+    );
+}
