@@ -31,6 +31,7 @@
 //! | POST | `/volumes` (`CreateVolume`) | 201 `VolumeView` |
 //! | GET | `/volumes/{name}` | 200 `VolumeView` |
 //! | POST | `/volumes/{name}/resize` (`ResizeVolume`) | 200 `VolumeView` |
+//! | POST | `/volumes/{name}/rename` (`RenameVolume`) | 200 `VolumeView` |
 //! | DELETE | `/volumes/{name}[?force=true]` | 204 |
 //! | GET | `/volumes/{name}/iscsi-access` | 200 `IscsiAccessView` |
 //! | PUT | `/volumes/{name}/iscsi-access` (`IscsiAccess`) | 200 `IscsiAccessView` |
@@ -39,8 +40,8 @@
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 
 use crate::control::{
-    ClusterControl, ControlError, CreatePolicy, CreateVolume, IscsiAccess, ResizeVolume,
-    UpdatePolicy, UpdateSettings,
+    ClusterControl, ControlError, CreatePolicy, CreateVolume, IscsiAccess, RenameVolume,
+    ResizeVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -72,6 +73,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/volumes", get(volumes).post(create_volume))
         .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
+        .route("/v1/volumes/{name}/rename", post(rename_volume))
         .route(
             "/v1/volumes/{name}/iscsi-access",
             get(iscsi_access).put(set_iscsi_access),
@@ -144,6 +146,17 @@ async fn resize_volume(
 ) -> Response {
     match parse_body::<ResizeVolume>(&body) {
         Ok(request) => respond(StatusCode::OK, control.resize_volume(&name, request).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn rename_volume(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<RenameVolume>(&body) {
+        Ok(request) => respond(StatusCode::OK, control.rename_volume(&name, request).await),
         Err(e) => error_response(e),
     }
 }

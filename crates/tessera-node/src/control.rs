@@ -225,6 +225,14 @@ pub struct ResizeVolume {
     pub size_bytes: u64,
 }
 
+/// A request to rename a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameVolume {
+    /// The new name (also its NBD export name and iSCSI target).
+    pub new_name: String,
+}
+
 /// A change to a policy: the fields given replace the current ones.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -694,6 +702,13 @@ pub trait ClusterControl: Send + Sync + 'static {
         &self,
         name: &str,
         request: ResizeVolume,
+    ) -> Result<VolumeView, ControlError>;
+    /// Renames a volume that no client has open: its data, copies and
+    /// settings stay; its NBD export and iSCSI target take the new name.
+    async fn rename_volume(
+        &self,
+        name: &str,
+        request: RenameVolume,
     ) -> Result<VolumeView, ControlError>;
     /// Deletes a volume and its components. A volume that clients have
     /// open is refused unless `force`; with `force` their next request

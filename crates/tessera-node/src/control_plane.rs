@@ -1036,6 +1036,92 @@ impl ClusterControl for ControlPlane {
         Ok(view)
     }
 
+    async fn rename_volume(
+        &self,
+        name: &str,
+        request: RenameVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let new_name =
+            VolumeId::new(&request.new_name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let (mut record, mut layout) = self.volume_record(name).await?;
+        let old = record.name.clone();
+        if new_name == old {
+            return self.fresh_volume_view(&old).await;
+        }
+        let state = self.read_state().await?;
+        let (open, on) = self.open_by(&state, &old);
+        if open > 0 {
+            return Err(ControlError::Conflict(format!(
+                "volume {name} is open by {open} client(s) through {}: its NBD export and iSCSI target change name, so disconnect them first",
+                on.join(", ")
+            )));
+        }
+        let d = self.directory.as_ref();
+        // Replicas refuse writes from an epoch below the highest they saw:
+        // the epoch count moves with the volume.
+        let epoch = keys::get(d, &self.keys.owner_epoch(&old))
+            .await
+            .map_err(internal)?
+            .map(|r| r.value);
+        let access = keys::get(d, &self.keys.iscsi_access(&old))
+            .await
+            .map_err(internal)?
+            .map(|r| r.value);
+        record.name = new_name.clone();
+        layout.volume = new_name.clone();
+        let mut ops = vec![
+            self.keys
+                .volume(&new_name)
+                .put_op(&record, None)
+                .map_err(internal)?,
+            self.keys
+                .layout(&new_name)
+                .put_op(&layout, None)
+                .map_err(internal)?,
+            self.keys.volume(&old).delete_op(),
+            self.keys.layout(&old).delete_op(),
+            self.keys.owner(&old).delete_op(),
+            self.keys.owner_epoch(&old).delete_op(),
+            self.keys.reservation(&old).delete_op(),
+            self.keys.iscsi_access(&old).delete_op(),
+        ];
+        if let Some(mut epoch) = epoch {
+            epoch.volume = new_name.clone();
+            ops.push(
+                self.keys
+                    .owner_epoch(&new_name)
+                    .put_op(&epoch, None)
+                    .map_err(internal)?,
+            );
+        }
+        if let Some(mut access) = access {
+            access.volume = new_name.clone();
+            ops.push(
+                self.keys
+                    .iscsi_access(&new_name)
+                    .put_op(&access, None)
+                    .map_err(internal)?,
+            );
+        }
+        let outcome = d
+            .txn(
+                tessera_directory::Txn::new()
+                    .when([self.keys.volume(&new_name).absent()])
+                    .and_then(ops),
+            )
+            .await
+            .map_err(internal)?;
+        if !outcome.succeeded {
+            return Err(ControlError::Conflict(format!(
+                "a volume named {new_name} already exists"
+            )));
+        }
+        tracing::info!(from = %old, to = %new_name, "volume renamed");
+        self.await_owner(&new_name).await;
+        self.fresh_volume_view(&new_name).await
+    }
+
     async fn delete_volume(&self, name: &str, force: bool) -> Result<(), ControlError> {
         let _guard = self.changes.lock().await;
         let (mut record, layout) = self.volume_record(name).await?;

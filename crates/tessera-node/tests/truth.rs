@@ -494,6 +494,16 @@ async fn an_open_volume_is_deleted_only_by_force_and_its_client_fails_at_once() 
         control.volume("vm1").await.is_ok(),
         "a refusal changes nothing"
     );
+    let rename = control
+        .rename_volume(
+            "vm1",
+            tessera_node::control::RenameVolume {
+                new_name: "vm2".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(rename.to_string().contains("open by 1 client"), "{rename}");
 
     control.delete_volume("vm1", true).await.unwrap();
     let started = Instant::now();
@@ -514,5 +524,87 @@ async fn an_open_volume_is_deleted_only_by_force_and_its_client_fails_at_once() 
         waited < Duration::from_secs(8),
         "the client's error took {waited:?}: {stderr}"
     );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renamed_volume_keeps_its_data_copies_and_access_under_the_new_name() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let control = &cluster.control;
+    let before = cluster.create("vm1", 32 << 20).await;
+    cluster.create("other", 4 << 20).await;
+    let (owner, _) = fixture::owner_and_other(&before);
+    let data = cluster.dir.path().join("data");
+    let pattern: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&data, &pattern).unwrap();
+    fixture::run(
+        "nbdcopy",
+        &[data.to_str().unwrap(), &cluster.nbd_uri(&owner, "vm1")],
+    );
+
+    let taken = control
+        .rename_volume(
+            "vm1",
+            tessera_node::control::RenameVolume {
+                new_name: "other".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(taken.to_string().contains("already exists"), "{taken}");
+    let bad = control
+        .rename_volume(
+            "vm1",
+            tessera_node::control::RenameVolume {
+                new_name: "no/slash".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, ControlError::Invalid(_)), "{bad:?}");
+
+    let renamed = control
+        .rename_volume(
+            "vm1",
+            tessera_node::control::RenameVolume {
+                new_name: "db1".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(renamed.name, "db1");
+    assert_eq!(renamed.state, Health::Healthy, "{renamed:?}");
+    assert!(
+        renamed.epoch > before.epoch,
+        "the epoch keeps rising: {renamed:?} after {before:?}"
+    );
+    assert!(matches!(
+        control.volume("vm1").await,
+        Err(ControlError::NotFound(_))
+    ));
+    let object = control.object("db1").await.unwrap();
+    let ids = |o: &tessera_node::control::ObjectView| {
+        o.components.iter().map(|c| c.id).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&object), ids(&before), "the same copies serve it");
+
+    // The data reads back through any host under the new name, and writes go on.
+    let back = cluster.dir.path().join("back");
+    fixture::run(
+        "nbdcopy",
+        &[&cluster.nbd_uri("host-4", "db1"), back.to_str().unwrap()],
+    );
+    let read = std::fs::read(&back).unwrap();
+    assert_eq!(&read[..pattern.len()], &pattern[..]);
+    assert!(read[pattern.len()..].iter().all(|&b| b == 0));
+    fixture::run(
+        "nbdcopy",
+        &[data.to_str().unwrap(), &cluster.nbd_uri("host-2", "db1")],
+    );
+    let verify = control.verify_object("db1").await.unwrap();
+    assert!(verify.identical, "{verify:?}");
     cluster.stop().await;
 }

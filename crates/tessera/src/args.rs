@@ -177,6 +177,14 @@ pub enum VolumeCommand {
         #[arg(long, value_parser = parse_size_arg, allow_hyphen_values = true)]
         size: u64,
     },
+    /// Rename a volume no client has open (its NBD export and iSCSI
+    /// target take the new name; data and settings stay).
+    Rename {
+        /// Current name.
+        name: String,
+        /// New name.
+        new_name: String,
+    },
     /// One volume: size, policy, state, used bytes, owner, clients.
     Show {
         /// Volume name.
@@ -303,13 +311,13 @@ pub fn parse_size_arg(text: &str) -> Result<u64, String> {
     let below = bytes - bytes % block;
     if below != bytes {
         let nearest = match below.checked_add(block) {
-            Some(above) if below > 0 => format!("{below} or {above} bytes"),
-            Some(above) => format!("{above} bytes"),
-            None => format!("{below} bytes"),
+            Some(above) if below > 0 => format!("sizes are {below} and {above} bytes"),
+            Some(above) => format!("size is {above} bytes"),
+            None => format!("size is {below} bytes"),
         };
         return Err(format!(
             "{text:?} is {bytes} bytes, not a multiple of 4K ({block} bytes), the block size \
-             Tessera stores; the nearest that are: {nearest}"
+             Tessera stores; the nearest valid {nearest}"
         ));
     }
     Ok(bytes)
@@ -411,10 +419,10 @@ mod tests {
             ("18446744073709551616", "is too large"),
             ("0", "\"0\" is zero bytes: a size must be at least 4K (4096 bytes)"),
             ("0G", "is zero bytes"),
-            ("1000", "\"1000\" is 1000 bytes, not a multiple of 4K (4096 bytes), the block size Tessera stores; the nearest that are: 4096 bytes"),
+            ("1000", "\"1000\" is 1000 bytes, not a multiple of 4K (4096 bytes), the block size Tessera stores; the nearest valid size is 4096 bytes"),
             ("1.5K", "\"1.5K\" is 1536 bytes, not a multiple of 4K"),
-            ("10001", "the nearest that are: 8192 or 12288 bytes"),
-            ("18446744073709551615", "the nearest that are: 18446744073709547520 bytes"),
+            ("10001", "the nearest valid sizes are 8192 and 12288 bytes"),
+            ("18446744073709551615", "the nearest valid size is 18446744073709547520 bytes"),
         ] {
             let e = size_refusal(text);
             assert!(e.contains(message), "{text}: {e}");

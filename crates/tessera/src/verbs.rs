@@ -142,6 +142,13 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 output.text(&format!("deleted policy {name}\n"))?;
             }
         }
+        Command::Volume(VolumeCommand::Rename { name, new_name }) => {
+            let path = format!("/v1/volumes/{}/rename", segment(name));
+            let v = client.post_json(&path, &json!({ "new_name": new_name }))?;
+            output.view::<VolumeView>(&path, v, |v| {
+                render::volume_changed(&format!("renamed {name} to"), v)
+            })?;
+        }
         Command::Volume(VolumeCommand::Show { name }) => {
             let path = format!("/v1/volumes/{}", segment(name));
             let v = client.get(&path)?;

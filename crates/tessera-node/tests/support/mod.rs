@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
     CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView,
-    ObjectView, ResizeVolume, ResyncView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport,
-    VolumeView,
+    ObjectView, RenameVolume, ResizeVolume, ResyncView, StatusView, UpdatePolicy, UpdateSettings,
+    VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -378,6 +378,29 @@ impl ClusterControl for MemoryControl {
         }
         v.size_bytes = request.size_bytes;
         Ok(volume_view(name, v, &stopped))
+    }
+
+    async fn rename_volume(
+        &self,
+        name: &str,
+        request: RenameVolume,
+    ) -> Result<VolumeView, ControlError> {
+        VolumeId::new(request.new_name.clone())
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let mut r = self.records.lock().expect("records lock");
+        if r.volumes.contains_key(&request.new_name) {
+            return Err(ControlError::Conflict(format!(
+                "a volume named {} already exists",
+                request.new_name
+            )));
+        }
+        let v = r
+            .volumes
+            .remove(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
+        let view = volume_view(&request.new_name, &v, &r.stopped);
+        r.volumes.insert(request.new_name, v);
+        Ok(view)
     }
 
     async fn delete_volume(&self, name: &str, _force: bool) -> Result<(), ControlError> {
