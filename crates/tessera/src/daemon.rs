@@ -41,8 +41,8 @@ pub struct UpArgs {
     /// Seconds a host may be absent before its components are rebuilt elsewhere.
     #[arg(long, default_value_t = 3600)]
     pub repair_delay: u64,
-    /// Capacity of each host's file-backed devices, e.g. 8G.
-    #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
+    /// Capacity of each host's file-backed devices, e.g. 8G (a multiple of 4 KiB).
+    #[arg(long, default_value = "8G", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub host_capacity: u64,
 }
 
