@@ -102,7 +102,7 @@ pub async fn run(
     });
     print_banner(&config);
     shutdown.await;
-    eprintln!("shutting down: stopping every host cleanly");
+    tracing::info!("shutting down: stopping every host cleanly");
     api.abort();
     control.hosts().stop_all().await;
     Ok(())
@@ -169,30 +169,108 @@ pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
     Ok(control)
 }
 
+/// Prints the banner on stdout (logs go to stderr), in one write, so a
+/// reader of the pipe sees it whole.
 fn print_banner(config: &UpConfig) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(banner(config).as_bytes());
+    let _ = out.flush();
+}
+
+/// How to reach the cluster: the API, every host's NBD and iSCSI addresses,
+/// the names volumes go by, and the commands to try next.
+pub fn banner(config: &UpConfig) -> String {
     let api = format!("http://{}:{}", config.bind, config.api_port);
-    eprintln!(
-        "Tessera is up: {} hosts, {} of capacity each, data in {}",
+    // The CLI finds the API of a `tessera up` with the default settings by
+    // itself; any other needs --api (or TESSERA_API).
+    let cli = if config.bind == Ipv4Addr::LOCALHOST && config.api_port == 9480 {
+        "tessera".to_string()
+    } else {
+        format!("tessera --api {api}")
+    };
+    let (ip, nbd, iscsi) = (config.bind, config.nbd_port, config.iscsi_port);
+    let mut text = format!(
+        "Tessera is up: {} hosts, {} of capacity each, data in {}\n",
         config.hosts,
         format_size(config.host_capacity_bytes),
         config.data_dir.display()
     );
-    eprintln!("  API:  {api}   (tessera status --api {api})");
+    text += &format!("  API:     {api}   (the CLI: {cli} status; or set TESSERA_API={api})\n");
     for k in 1..=config.hosts {
-        let ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
-        eprintln!(
-            "  host-{k}: NBD nbd://{ip}:{}/<volume>   iSCSI portal {ip}:{} (target iqn.2026-11.io.tessera:<volume>, LUN 0)",
-            config.nbd_port, config.iscsi_port
+        let host_ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
+        text += &format!(
+            "  host-{k}:{:pad$}NBD {host_ip}:{nbd}   iSCSI portal {host_ip}:{iscsi}\n",
+            "",
+            pad = 3usize.saturating_sub(k.to_string().len()),
         );
     }
-    eprintln!("Create a volume:  tessera volume create vm1 --size 10G");
-    eprintln!(
-        "Attach it:        nbdinfo nbd://{}:{}/vm1   or   qemu-img info nbd://{}:{}/vm1",
-        config.bind, config.nbd_port, config.bind, config.nbd_port
+    text += &format!(
+        "Every host serves every volume: over NBD as the export <volume> (nbd://{ip}:{nbd}/<volume>),\n\
+         over iSCSI as the target iqn.2026-11.io.tessera:<volume>, LUN 0, through every host's portal.\n"
     );
-    eprintln!(
-        "Or over iSCSI:    iscsi-ls -s iscsi://{}:{}   qemu-img info iscsi://{}:{}/iqn.2026-11.io.tessera:vm1/0",
-        config.bind, config.iscsi_port, config.bind, config.iscsi_port
+    text += &format!("Create a volume:  {cli} volume create vm1 --size 10G\n");
+    text += &format!(
+        "Attach it:        nbdinfo nbd://{ip}:{nbd}/vm1   or   qemu-img info nbd://{ip}:{nbd}/vm1\n"
     );
-    eprintln!("Stop with Ctrl-C.");
+    text += &format!(
+        "Or over iSCSI:    iscsi-ls -s iscsi://{ip}:{iscsi}   or   qemu-img info iscsi://{ip}:{iscsi}/iqn.2026-11.io.tessera:vm1/0\n"
+    );
+    text +=
+        "                  (qemu-img reaches iscsi:// through Debian's qemu-block-extra package)\n";
+    text +=
+        &format!("Look around:      {cli} status   {cli} volume list   {cli} object show vm1\n");
+    text += "No tessera on the PATH? cargo install --locked --path crates/tessera, or use target/release/tessera.\n";
+    text += "Stop with Ctrl-C.\n";
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(bind: Ipv4Addr, api_port: u16) -> UpConfig {
+        UpConfig {
+            data_dir: PathBuf::from("./tessera-data"),
+            bind,
+            hosts: 4,
+            api_port,
+            nbd_port: 10809,
+            iscsi_port: 3260,
+            transport_port: 9500,
+            repair_delay_s: 3600,
+            host_capacity_bytes: 8 << 30,
+        }
+    }
+
+    #[test]
+    fn the_banner_says_how_to_connect_over_the_api_nbd_and_iscsi() {
+        let text = banner(&config(Ipv4Addr::LOCALHOST, 9480));
+        for expected in [
+            "Tessera is up: 4 hosts, 8.0 GiB of capacity each, data in ./tessera-data\n",
+            "  API:     http://127.0.0.1:9480   (the CLI: tessera status;",
+            "  host-4:  NBD 127.0.0.4:10809   iSCSI portal 127.0.0.4:3260\n",
+            "over iSCSI as the target iqn.2026-11.io.tessera:<volume>, LUN 0",
+            "Create a volume:  tessera volume create vm1 --size 10G\n",
+            "qemu-img info iscsi://127.0.0.1:3260/iqn.2026-11.io.tessera:vm1/0",
+            "Debian's qemu-block-extra package",
+        ] {
+            assert!(text.contains(expected), "lacks {expected:?}:\n{text}");
+        }
+        assert!(text.ends_with("Stop with Ctrl-C.\n"), "{text}");
+    }
+
+    #[test]
+    fn away_from_the_default_api_the_commands_carry_api() {
+        let text = banner(&config(Ipv4Addr::new(127, 0, 1, 1), 9480));
+        assert!(
+            text.contains("Create a volume:  tessera --api http://127.0.1.1:9480 volume create"),
+            "{text}"
+        );
+        let text = banner(&config(Ipv4Addr::LOCALHOST, 19480));
+        assert!(
+            text.contains("tessera --api http://127.0.0.1:19480 status"),
+            "{text}"
+        );
+    }
 }

@@ -9,7 +9,8 @@
 //! cluster: every admin verb is one API request.
 //! Invariant: exit 0 on success, 1 when the API refused or the command
 //! found a problem, 2 for usage mistakes, 3 when the API cannot be reached;
-//! errors go to stderr, results to stdout.
+//! errors and logs go to stderr (colourless unless it is a terminal),
+//! results and `tessera up`'s banner to stdout.
 
 mod args;
 mod client;
@@ -20,7 +21,7 @@ mod verbs;
 
 use args::Cli;
 use clap::Parser;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -54,12 +55,17 @@ fn run_admin(command: &args::Command, api: &str, json: bool) -> Result<(), clien
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), so stdout
-/// carries only results and `--json` stays parseable.
+/// carries only results (and `tessera up`'s banner) and `--json` stays
+/// parseable. Colours only on a terminal: a log redirected to a file or a
+/// pipe is plain text (and `NO_COLOR` turns them off everywhere).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }

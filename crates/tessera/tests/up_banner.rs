@@ -1,0 +1,179 @@
+//! `tessera up` as a user runs it with its output redirected: the built
+//! binary with stdout and stderr on pipes. The banner (how to connect over
+//! the API, NBD and iSCSI, what to run next) is on stdout and nothing else
+//! is; the logs are on stderr; neither carries a terminal colour code; and
+//! SIGINT (Ctrl-C) stops every host and exits 0.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long three hosts get to start and print the banner.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long they get to stop after SIGINT.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The banner's last line.
+const BANNER_END: &str = "Stop with Ctrl-C.";
+
+fn free_port(ip: Ipv4Addr) -> u16 {
+    TcpListener::bind((ip, 0))
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// The `tessera up` process, killed if the test ends while it runs.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
+    let data = tempfile::tempdir().expect("temp dir");
+    // A loopback subnet of its own, so the hosts meet no other test's.
+    let seed = std::process::id();
+    let bind = Ipv4Addr::new(127, 10 + (seed % 30) as u8, (seed / 30 % 250) as u8, 1);
+    let (api_port, nbd_port, iscsi_port, transport_port) = (
+        free_port(bind),
+        free_port(bind),
+        free_port(bind),
+        free_port(bind),
+    );
+    let mut up = Up(Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("up")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--bind", &bind.to_string()])
+        .args(["--hosts", "3", "--host-capacity", "1G"])
+        .args(["--api-port", &api_port.to_string()])
+        .args(["--nbd-port", &nbd_port.to_string()])
+        .args(["--iscsi-port", &iscsi_port.to_string()])
+        .args(["--transport-port", &transport_port.to_string()])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tessera up"));
+
+    let (line_sender, lines) = mpsc::channel::<String>();
+    let stdout = up.0.stdout.take().expect("stdout pipe");
+    let stdout_reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = line_sender.send(line);
+        }
+    });
+    let mut stderr = up.0.stderr.take().expect("stderr pipe");
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut banner = Vec::new();
+    while banner.last().map(String::as_str) != Some(BANNER_END) {
+        if let Ok(Some(status)) = up.0.try_wait() {
+            let stderr = stderr_reader.join().unwrap_or_default();
+            panic!(
+                "tessera up exited ({status}) before its banner on stdout: {banner:#?}\n{stderr}"
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no banner on stdout within {START_TIMEOUT:?}: {banner:#?}"
+        );
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+            banner.push(line);
+        }
+    }
+    let text = banner.join("\n");
+    let api = format!("http://{bind}:{api_port}");
+    for expected in [
+        "Tessera is up: 3 hosts, 1.0 GiB of capacity each".to_string(),
+        format!("API:     {api}"),
+        format!("tessera --api {api} volume create vm1 --size 10G"),
+        format!(
+            "host-3:  NBD 127.{}.{}.3:{nbd_port}",
+            bind.octets()[1],
+            bind.octets()[2]
+        ),
+        format!("iSCSI portal {bind}:{iscsi_port}"),
+        "target iqn.2026-11.io.tessera:<volume>, LUN 0".to_string(),
+        format!("nbdinfo nbd://{bind}:{nbd_port}/vm1"),
+        format!("qemu-img info iscsi://{bind}:{iscsi_port}/iqn.2026-11.io.tessera:vm1/0"),
+        "qemu-block-extra".to_string(),
+        "cargo install --locked --path crates/tessera".to_string(),
+    ] {
+        assert!(
+            text.contains(&expected),
+            "banner lacks {expected:?}:\n{text}"
+        );
+    }
+
+    let pid = up.0.id().to_string();
+    let signalled = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("run kill");
+    assert!(signalled.success(), "kill -INT {pid}: {signalled}");
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let status = loop {
+        if let Some(status) = up.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tessera up did not stop within {STOP_TIMEOUT:?} of SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    stdout_reader.join().expect("stdout reader");
+    let after: Vec<String> = lines.try_iter().collect();
+    let logs = stderr_reader.join().expect("stderr reader");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit after SIGINT: {status}\n{logs}"
+    );
+
+    assert!(
+        after.is_empty(),
+        "stdout carries only the banner, but then: {after:#?}"
+    );
+    assert!(
+        !text.contains(" INFO ") && !text.contains("tessera_"),
+        "a log line on stdout:\n{text}"
+    );
+    for (stream, content) in [("stdout", &text), ("stderr", &logs)] {
+        assert!(
+            !content.contains("\x1b["),
+            "a terminal colour code on {stream}, which is a pipe:\n{content}"
+        );
+    }
+    for expected in [
+        "INFO tessera_node::api: REST API listening",
+        "Ctrl-C: shutting down",
+        "host stopped host=host-3 clean=true",
+    ] {
+        assert!(
+            logs.contains(expected),
+            "stderr lacks {expected:?}:\n{logs}"
+        );
+    }
+    assert!(
+        !logs.contains(BANNER_END),
+        "the banner is on stderr too:\n{logs}"
+    );
+}
