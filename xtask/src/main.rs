@@ -1,6 +1,8 @@
 //! Developer tasks: `cargo xtask ci` (what CI runs), `cargo xtask layers`
-//! (the dependency-layer check) and `cargo xtask tidy` (style checks that
-//! rustfmt and clippy do not make).
+//! (the dependency-layer check), `cargo xtask tidy` (style checks that
+//! rustfmt and clippy do not make) and `cargo xtask fresh-machine` (the
+//! README's first command, built and started as on a machine without
+//! `protoc`).
 //!
 //! The layer table below is the executable form of the crate map in
 //! `docs/ARCHITECTURE.md`: a crate may depend only on crates of a lower layer,
@@ -10,8 +12,12 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Layer of every workspace crate. `None` marks side crates (test fixtures,
 /// simulator, tasks) that nothing may depend on except as a dev-dependency.
@@ -77,11 +83,17 @@ fn main() -> Result<()> {
         "ci" => ci(),
         "layers" => layers(),
         "tidy" => tidy(),
+        "fresh-machine" => fresh_machine(),
         _ => {
-            eprintln!("usage: cargo xtask <ci|layers|tidy>");
-            eprintln!("  ci      fmt check, clippy -D warnings, layers, tidy, all tests");
-            eprintln!("  layers  check that every crate depends only on lower layers");
-            eprintln!("  tidy    module docs present, no dbg!/todo! in libraries");
+            eprintln!("usage: cargo xtask <ci|layers|tidy|fresh-machine>");
+            eprintln!("  ci             fmt check, layers, tidy, clippy -D warnings, fresh-machine, all tests");
+            eprintln!("  layers         check that every crate depends only on lower layers");
+            eprintln!("  tidy           module docs present, no dbg!/todo! in libraries");
+            eprintln!(
+                "  fresh-machine  `cargo run --release -p tessera -- up` with no protoc on the"
+            );
+            eprintln!("                 PATH and PROTOC unset: builds, prints its banner, answers");
+            eprintln!("                 `tessera status`, stops cleanly on SIGINT");
             std::process::exit(2);
         }
     }
@@ -122,7 +134,263 @@ fn ci() -> Result<()> {
             "warnings",
         ],
     )?;
+    fresh_machine()?;
     run("cargo", &["test", "--workspace", "--no-fail-fast"])?;
+    Ok(())
+}
+
+/// How long the README's first command may take to build Tessera in
+/// release mode and start its hosts (a 2-core machine builds it from
+/// nothing in well under this).
+const FRESH_BUILD_AND_START_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+/// How long `tessera up` may take to stop every host after SIGINT.
+const FRESH_STOP_TIMEOUT: Duration = Duration::from_secs(120);
+/// The banner's last line: everything before it is on stdout once it is.
+const BANNER_END: &str = "Stop with Ctrl-C.";
+
+/// `cargo xtask fresh-machine`: runs the README's first command,
+/// `cargo run --release -p tessera -- up` (with a temporary `--data-dir` and
+/// free ports), as on a machine that has no `protoc`: PROTOC is unset and
+/// every PATH directory holding a `protoc` is left out, and the etcd client
+/// is cleaned first so that its build script compiles the protobuf code
+/// again, with the protoc shipped in a crate (`.cargo/config.toml`). Then
+/// the banner must come on stdout, `tessera status` must answer, and SIGINT
+/// to the process must stop it with exit status 0.
+fn fresh_machine() -> Result<()> {
+    let started = Instant::now();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let (kept, dropped): (Vec<PathBuf>, Vec<PathBuf>) =
+        std::env::split_paths(&path).partition(|dir| !dir.join("protoc").is_file());
+    for dir in &dropped {
+        eprintln!(
+            "fresh-machine: leaving {} out of PATH (it holds protoc)",
+            dir.display()
+        );
+    }
+    let path = std::env::join_paths(kept).context("joining PATH")?;
+    let bare = |program: &str| {
+        let mut command = Command::new(program);
+        command
+            .current_dir(workspace_root())
+            .env("PATH", &path)
+            .env_remove("PROTOC");
+        command
+    };
+    eprintln!("$ cargo clean --release -p etcd-client");
+    let cleaned = bare("cargo")
+        .args(["clean", "--release", "-p", "etcd-client"])
+        .status()
+        .context("starting cargo clean")?;
+    if !cleaned.success() {
+        bail!("cargo clean --release -p etcd-client failed with {cleaned}");
+    }
+
+    // A loopback subnet of its own (host k on .k), so the hosts meet neither
+    // a `tessera up` on the default addresses nor other tests.
+    let seed = std::process::id();
+    let bind = Ipv4Addr::new(127, 200 + (seed % 50) as u8, (seed / 50 % 250) as u8, 1);
+    let port = || -> Result<u16> {
+        Ok(TcpListener::bind((bind, 0))
+            .with_context(|| format!("binding a free port on {bind}"))?
+            .local_addr()?
+            .port())
+    };
+    let (api_port, nbd_port, iscsi_port, transport_port) = (port()?, port()?, port()?, port()?);
+    let data_dir = std::env::temp_dir().join(format!("tessera-fresh-machine-{seed}"));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let args: Vec<String> = [
+        "run",
+        "--release",
+        "-p",
+        "tessera",
+        "--",
+        "up",
+        "--data-dir",
+        &data_dir.to_string_lossy(),
+        "--bind",
+        &bind.to_string(),
+        "--api-port",
+        &api_port.to_string(),
+        "--nbd-port",
+        &nbd_port.to_string(),
+        "--iscsi-port",
+        &iscsi_port.to_string(),
+        "--transport-port",
+        &transport_port.to_string(),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    eprintln!("$ cargo {}", args.join(" "));
+    // `cargo run` replaces itself with `tessera` once it is built, so the
+    // child's PID is the PID `tessera up` runs as.
+    let child = bare("cargo")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting cargo run")?;
+    let mut up = RunningUp {
+        child,
+        data_dir: data_dir.clone(),
+    };
+    let result = check_fresh_up(&mut up, bind, api_port, started);
+    drop(up);
+    let total = started.elapsed().as_secs_f64();
+    match result {
+        Ok(()) => {
+            eprintln!("fresh-machine: ok in {total:.0} s");
+            Ok(())
+        }
+        Err(e) => Err(e.context(format!("fresh-machine failed after {total:.0} s"))),
+    }
+}
+
+/// The `cargo run ... up` process; killed (if still running) and its data
+/// directory removed when dropped.
+struct RunningUp {
+    child: Child,
+    data_dir: PathBuf,
+}
+
+impl Drop for RunningUp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// What the fresh `tessera up` must do once spawned: the banner on stdout,
+/// `tessera status` answering, a clean stop on SIGINT.
+fn check_fresh_up(
+    up: &mut RunningUp,
+    bind: Ipv4Addr,
+    api_port: u16,
+    started: Instant,
+) -> Result<()> {
+    let (lines, stdout_lines) = mpsc::channel::<String>();
+    let stdout = up.child.stdout.take().context("no stdout pipe")?;
+    let stderr = up.child.stderr.take().context("no stderr pipe")?;
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Cargo's progress and tessera's logs go on to our stderr as they come;
+    // the build must have run the etcd client's build script again.
+    let (saw, compiled_etcd) = mpsc::channel::<()>();
+    let copier = std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && line.contains("Compiling etcd-client") {
+                let _ = saw.send(());
+                sent = true;
+            }
+            eprintln!("{line}");
+        }
+    });
+
+    let deadline = started + FRESH_BUILD_AND_START_TIMEOUT;
+    let mut banner = Vec::new();
+    loop {
+        if let Some(status) = up.child.try_wait()? {
+            bail!(
+                "tessera up exited ({status}) before its banner; stdout so far:\n{}",
+                banner.join("\n")
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no banner on stdout within {} s; stdout so far:\n{}",
+                FRESH_BUILD_AND_START_TIMEOUT.as_secs(),
+                banner.join("\n")
+            );
+        }
+        match stdout_lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                let end = line == BANNER_END;
+                banner.push(line);
+                if end {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!(
+                    "stdout closed before the banner ended:\n{}",
+                    banner.join("\n")
+                )
+            }
+        }
+    }
+    eprintln!(
+        "fresh-machine: built and started in {:.0} s; banner on stdout:",
+        started.elapsed().as_secs_f64()
+    );
+    for line in &banner {
+        eprintln!("  | {line}");
+    }
+    if compiled_etcd.try_recv().is_err() {
+        bail!("the build did not compile etcd-client again, so it did not show that no protoc is needed");
+    }
+    let api = format!("http://{bind}:{api_port}");
+    if !banner.iter().any(|l| l.contains(&api)) {
+        bail!("the banner does not name the API at {api}");
+    }
+
+    let target = metadata()?["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("cargo metadata has no target_directory")?;
+    let tessera = target.join("release").join("tessera");
+    eprintln!("$ {} status --api {api}", tessera.display());
+    let status = Command::new(&tessera)
+        .args(["status", "--api", &api])
+        .output()
+        .with_context(|| format!("running {}", tessera.display()))?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    if !status.status.success() || !text.starts_with("cluster tessera:") {
+        bail!(
+            "tessera status failed ({}): {text}{}",
+            status.status,
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+    eprintln!("{}", text.lines().next().unwrap_or_default());
+
+    let pid = up.child.id().to_string();
+    eprintln!("$ kill -INT {pid}");
+    let signalled = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .context("running kill")?;
+    if !signalled.success() {
+        bail!("kill -INT {pid} failed with {signalled}");
+    }
+    let stop_deadline = Instant::now() + FRESH_STOP_TIMEOUT;
+    let exit = loop {
+        if let Some(status) = up.child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > stop_deadline {
+            bail!(
+                "tessera up did not stop within {} s of SIGINT",
+                FRESH_STOP_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = copier.join();
+    if !exit.success() {
+        bail!("tessera up exited with {exit} after SIGINT, not 0");
+    }
+    eprintln!("fresh-machine: stopped cleanly on SIGINT");
     Ok(())
 }
 
