@@ -338,6 +338,19 @@ mod tests {
     }
 
     #[test]
+    fn help_names_both_protocols_and_the_iscsi_target() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("served over NBD and iSCSI"), "{help}");
+        let mut command = Cli::command();
+        let create = command
+            .find_subcommand_mut("volume")
+            .and_then(|v| v.find_subcommand_mut("create"))
+            .expect("volume create");
+        let help = create.render_help().to_string();
+        assert!(help.contains("iqn.2026-11.io.tessera:NAME"), "{help}");
+    }
+
+    #[test]
     fn volume_create_reads_sizes_with_units() {
         let cli = parse(&[
             "volume", "create", "vol1", "--size", "10G", "--policy", "gold",
