@@ -17,7 +17,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match Command::new(&protoc).args(std::env::args_os().skip(1)).status() {
+    match Command::new(&protoc)
+        .args(std::env::args_os().skip(1))
+        .status()
+    {
         Ok(status) => match status.code() {
             Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
             None => ExitCode::FAILURE,
