@@ -147,7 +147,9 @@ pub struct VolumeHandle {
 impl VolumeHandle {
     /// Set when the volume this handle serves was deleted (or deleted and
     /// created again under its name): its clients get an error at once
-    /// instead of waiting for an owner that will never come.
+    /// instead of waiting for an owner that will never come. Checked before
+    /// every attempt, not only when no owner answers, so that a handle of a
+    /// deleted volume never writes into a new volume of the same name.
     fn gone(&self) -> Option<BlockError> {
         let view = self.view.volumes.read();
         let current = view
