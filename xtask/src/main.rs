@@ -151,23 +151,18 @@ const BANNER_END: &str = "Stop with Ctrl-C.";
 /// `cargo xtask fresh-machine`: runs the README's first command,
 /// `cargo run --release -p tessera -- up` (with a temporary `--data-dir` and
 /// free ports), as on a machine that has no `protoc`: PROTOC is unset and
-/// every PATH directory holding a `protoc` is left out, and the etcd client
+/// no `protoc` is on the PATH ([`path_without_protoc`]), and the etcd client
 /// is cleaned first so that its build script compiles the protobuf code
 /// again, with the protoc shipped in a crate (`.cargo/config.toml`). Then
 /// the banner must come on stdout, `tessera status` must answer, and SIGINT
 /// to the process must stop it with exit status 0.
 fn fresh_machine() -> Result<()> {
     let started = Instant::now();
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let (kept, dropped): (Vec<PathBuf>, Vec<PathBuf>) =
-        std::env::split_paths(&path).partition(|dir| !dir.join("protoc").is_file());
-    for dir in &dropped {
-        eprintln!(
-            "fresh-machine: leaving {} out of PATH (it holds protoc)",
-            dir.display()
-        );
-    }
-    let path = std::env::join_paths(kept).context("joining PATH")?;
+    let seed = std::process::id();
+    let work = WorkDir(std::env::temp_dir().join(format!("tessera-fresh-machine-{seed}")));
+    let _ = std::fs::remove_dir_all(&work.0);
+    std::fs::create_dir_all(&work.0).with_context(|| format!("creating {}", work.0.display()))?;
+    let path = path_without_protoc(&work.0)?;
     let bare = |program: &str| {
         let mut command = Command::new(program);
         command
@@ -187,7 +182,6 @@ fn fresh_machine() -> Result<()> {
 
     // A loopback subnet of its own (host k on .k), so the hosts meet neither
     // a `tessera up` on the default addresses nor other tests.
-    let seed = std::process::id();
     let bind = Ipv4Addr::new(127, 200 + (seed % 50) as u8, (seed / 50 % 250) as u8, 1);
     let port = || -> Result<u16> {
         Ok(TcpListener::bind((bind, 0))
@@ -196,8 +190,7 @@ fn fresh_machine() -> Result<()> {
             .port())
     };
     let (api_port, nbd_port, iscsi_port, transport_port) = (port()?, port()?, port()?, port()?);
-    let data_dir = std::env::temp_dir().join(format!("tessera-fresh-machine-{seed}"));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let data_dir = work.0.join("data");
     let args: Vec<String> = [
         "run",
         "--release",
@@ -231,12 +224,10 @@ fn fresh_machine() -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .context("starting cargo run")?;
-    let mut up = RunningUp {
-        child,
-        data_dir: data_dir.clone(),
-    };
+    let mut up = RunningUp(child);
     let result = check_fresh_up(&mut up, bind, api_port, started);
     drop(up);
+    drop(work);
     let total = started.elapsed().as_secs_f64();
     match result {
         Ok(()) => {
@@ -247,20 +238,56 @@ fn fresh_machine() -> Result<()> {
     }
 }
 
-/// The `cargo run ... up` process; killed (if still running) and its data
-/// directory removed when dropped.
-struct RunningUp {
-    child: Child,
-    data_dir: PathBuf,
+/// The PATH of this process with no `protoc` on it. A directory that holds
+/// one is replaced by a directory under `work` of links to everything else
+/// in it (leaving the directory out would also take the linker and the
+/// other tools it holds, as /usr/bin does).
+fn path_without_protoc(work: &Path) -> Result<std::ffi::OsString> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = Vec::new();
+    for (index, dir) in std::env::split_paths(&path).enumerate() {
+        if !dir.join("protoc").exists() {
+            dirs.push(dir);
+            continue;
+        }
+        let shadow = work.join(format!("path-{index}"));
+        std::fs::create_dir_all(&shadow)?;
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let name = entry?.file_name();
+            if name != "protoc" {
+                std::os::unix::fs::symlink(dir.join(&name), shadow.join(&name))?;
+            }
+        }
+        eprintln!(
+            "fresh-machine: {} holds a protoc: on the PATH as {}, everything but protoc",
+            dir.display(),
+            shadow.display()
+        );
+        dirs.push(shadow);
+    }
+    std::env::join_paths(dirs).context("joining PATH")
 }
+
+/// A directory removed with everything in it when dropped.
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `cargo run ... up` process, killed if still running when dropped.
+struct RunningUp(Child);
 
 impl Drop for RunningUp {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 
@@ -273,8 +300,8 @@ fn check_fresh_up(
     started: Instant,
 ) -> Result<()> {
     let (lines, stdout_lines) = mpsc::channel::<String>();
-    let stdout = up.child.stdout.take().context("no stdout pipe")?;
-    let stderr = up.child.stderr.take().context("no stderr pipe")?;
+    let stdout = up.0.stdout.take().context("no stdout pipe")?;
+    let stderr = up.0.stderr.take().context("no stderr pipe")?;
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if lines.send(line).is_err() {
@@ -299,7 +326,7 @@ fn check_fresh_up(
     let deadline = started + FRESH_BUILD_AND_START_TIMEOUT;
     let mut banner = Vec::new();
     loop {
-        if let Some(status) = up.child.try_wait()? {
+        if let Some(status) = up.0.try_wait()? {
             bail!(
                 "tessera up exited ({status}) before its banner; stdout so far:\n{}",
                 banner.join("\n")
@@ -364,7 +391,7 @@ fn check_fresh_up(
     }
     eprintln!("{}", text.lines().next().unwrap_or_default());
 
-    let pid = up.child.id().to_string();
+    let pid = up.0.id().to_string();
     eprintln!("$ kill -INT {pid}");
     let signalled = Command::new("kill")
         .args(["-INT", &pid])
@@ -375,7 +402,7 @@ fn check_fresh_up(
     }
     let stop_deadline = Instant::now() + FRESH_STOP_TIMEOUT;
     let exit = loop {
-        if let Some(status) = up.child.try_wait()? {
+        if let Some(status) = up.0.try_wait()? {
             break status;
         }
         if Instant::now() > stop_deadline {
