@@ -291,12 +291,28 @@ async fn a_running_resync_shows_copied_bytes_rate_and_time_left_as_it_goes() {
         .clone();
     eprintln!("while running: {sample:?}");
     assert!(sample.rate_bytes_per_s > 0, "{sample:?}");
+    // Health explains it while it runs, and clears when it is done.
+    let status = cluster.control.status().await.unwrap();
+    let running = status
+        .checks
+        .iter()
+        .find(|c| c.code == tessera_node::control::HealthCode::ResyncRunning)
+        .unwrap_or_else(|| panic!("RESYNC_RUNNING while a resync runs: {:#?}", status.checks));
+    assert!(running.affects.contains(&"live".to_string()), "{running:?}");
     owner.transport().faults().clear();
     cluster
         .wait_for("live", "the copy to be resynced", |v| {
             v.state == Health::Healthy
         })
         .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cluster.control.status().await.unwrap().checks.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RESYNC_RUNNING clears once the resync is done"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let rows = wait_for_resyncs(&cluster, "live", "the resync to finish", |rows| {
         rows.iter().all(|r| !r.is_running())
     })

@@ -608,3 +608,54 @@ async fn a_renamed_volume_keeps_its_data_copies_and_access_under_the_new_name() 
     assert!(verify.identical, "{verify:?}");
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_volume_without_a_quorum_is_unavailable_in_every_view_until_its_hosts_return() {
+    let cluster = Cluster::start(3600).await;
+    let control = &cluster.control;
+    let view = cluster.create("vm1", 16 << 20).await;
+    let data_hosts: Vec<String> = view
+        .components
+        .iter()
+        .filter(|c| c.role == tessera_types::layout::ComponentRole::Data)
+        .map(|c| c.host.clone())
+        .collect();
+    assert_eq!(data_hosts.len(), 2, "{view:#?}");
+    for h in &data_hosts {
+        control.stop_host(h).await.unwrap();
+    }
+    let status = assert_views_agree(&cluster, "vm1").await;
+    let vm1 = status.volumes.iter().find(|v| v.name == "vm1").unwrap();
+    assert_eq!(vm1.state, Health::Unavailable, "{vm1:?}");
+    assert_eq!(status.health, Health::Unavailable);
+    let unavailable = status
+        .checks
+        .iter()
+        .find(|c| c.code == HealthCode::VolumeUnavailable)
+        .unwrap_or_else(|| panic!("{:#?}", status.checks));
+    assert_eq!(unavailable.affects, vec!["vm1".to_string()]);
+    assert_eq!(
+        status.checks[0].code,
+        HealthCode::VolumeUnavailable,
+        "errors first"
+    );
+    let health = control.health().await.unwrap();
+    assert!(
+        health
+            .checks
+            .iter()
+            .any(|c| c.code == HealthCode::VolumeUnavailable),
+        "{:#?}",
+        health.checks
+    );
+
+    for h in &data_hosts {
+        control.start_host(h).await.unwrap();
+    }
+    wait_status(&cluster, "every check to clear", |s| {
+        s.health == Health::Healthy && s.checks.is_empty()
+    })
+    .await;
+    assert_views_agree(&cluster, "vm1").await;
+    cluster.stop().await;
+}
