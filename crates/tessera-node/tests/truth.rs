@@ -659,3 +659,57 @@ async fn a_volume_without_a_quorum_is_unavailable_in_every_view_until_its_hosts_
     assert_views_agree(&cluster, "vm1").await;
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_iscsi_session_holds_its_volume_open_and_a_forced_delete_fails_its_next_write_at_once() {
+    if !have("iscsi-inq") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    let Some(client) = fixture::libiscsi_client(cluster.dir.path(), "hold_session") else {
+        return;
+    };
+    let control = &cluster.control;
+    cluster.create("esx1", 16 << 20).await;
+    let url = cluster.iscsi_url("host-3", "esx1");
+    fixture::wait_for_target(&url).await;
+    let mut session = Command::new(&client)
+        .arg(&url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while control.volume("esx1").await.unwrap().open_by == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the session never showed as open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = control.delete_volume("esx1", false).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("open by 1 client") && refused.to_string().contains("host-3"),
+        "{refused}"
+    );
+    control.delete_volume("esx1", true).await.unwrap();
+    let started = Instant::now();
+    session.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let out = session.wait_with_output().unwrap();
+    let waited = started.elapsed();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "the write is refused: {said}");
+    // LOGICAL UNIT NOT SUPPORTED: ILLEGAL REQUEST, 25h/00h.
+    assert!(said.contains("sense key 0x5 asc 0x25"), "{said}");
+    assert!(
+        waited < Duration::from_secs(8),
+        "the refusal took {waited:?}"
+    );
+    assert_eq!(
+        control.volumes().await.unwrap().len(),
+        0,
+        "the volume is gone"
+    );
+    cluster.stop().await;
+}

@@ -18,34 +18,9 @@ const MIB: u64 = 1 << 20;
 /// The LUNs' logical block.
 const LBA_BYTES: u64 = 512;
 
-/// Builds the EXTENDED COPY initiator, or says why it cannot (and fails the
-/// test when CI requires every tool).
+/// Builds the EXTENDED COPY initiator, or says why it cannot.
 fn xcopy_client(dir: &Path) -> Option<PathBuf> {
-    if !have("cc") {
-        return None;
-    }
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/xcopy_range.c");
-    let binary = dir.join("xcopy_range");
-    let out = Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&binary)
-        .arg(&source)
-        .arg("-liscsi")
-        .output()
-        .expect("cc starts");
-    if !out.status.success() {
-        let why = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "building the EXTENDED COPY client needs libiscsi-dev (TESSERA_REQUIRE_TOOLS=1):\n{why}"
-        );
-        eprintln!(
-            "skipping: the EXTENDED COPY client does not build (libiscsi-dev missing?):\n{why}"
-        );
-        return None;
-    }
-    Some(binary)
+    fixture::libiscsi_client(dir, "xcopy_range")
 }
 
 /// Copies `len` bytes from `src_offset` of `src_url` to `dst_offset` of
