@@ -99,26 +99,29 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
         .map_err(|e| CliError::Local(format!("cannot start the async runtime: {e}")))
 }
 
-/// Completes on the first Ctrl-C (SIGINT) or SIGTERM. If SIGTERM cannot be
-/// watched, Ctrl-C alone still works; if neither can, the future never
+/// Completes on the first Ctrl-C (SIGINT) or SIGTERM. The handlers are
+/// installed when this is called, not when the future is first polled: a
+/// daemon prints its banner before it waits, and a Ctrl-C that follows the
+/// banner at once must still stop it cleanly. If a signal cannot be
+/// watched, the other still works; if neither can, the future never
 /// completes and the process ends only when killed.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let interrupt = signal(SignalKind::interrupt());
+    let terminate = signal(SignalKind::terminate());
+    async move {
+        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            () = wait(interrupt) => tracing::info!("Ctrl-C: shutting down"),
+            () = wait(terminate) => tracing::info!("SIGTERM: shutting down"),
         }
-    };
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
-        () = term => tracing::info!("SIGTERM: shutting down"),
     }
 }
 
