@@ -44,6 +44,16 @@ async fn assert_views_agree(cluster: &Cluster, volume: &str) -> StatusView {
     panic!("views of {volume} keep disagreeing");
 }
 
+/// Changes the cluster settings, which must be accepted.
+async fn set(cluster: &Cluster, change: UpdateSettings) {
+    cluster.control.update_settings(change).await.unwrap();
+}
+
+/// The codes of the checks the cluster raises now.
+async fn raised(cluster: &Cluster) -> Vec<HealthCode> {
+    codes(&cluster.control.status().await.unwrap())
+}
+
 fn codes(status: &StatusView) -> Vec<HealthCode> {
     status.checks.iter().map(|c| c.code).collect()
 }
@@ -264,12 +274,7 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
         warned.warnings.iter().any(|w| w.contains("overcommitted")),
         "{warned:?}"
     );
-    let status = control.status().await.unwrap();
-    assert!(
-        codes(&status).contains(&HealthCode::Overcommitted),
-        "{:#?}",
-        status.checks
-    );
+    assert!(raised(&cluster).await.contains(&HealthCode::Overcommitted));
     assert!(
         status.capacity.overcommit_ratio > 1.0,
         "{:?}",
@@ -322,13 +327,14 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
         .await
         .unwrap_err();
     assert!(bad.to_string().contains("max_overcommit_ratio"), "{bad}");
-    control
-        .update_settings(UpdateSettings {
+    set(
+        &cluster,
+        UpdateSettings {
             max_overcommit_ratio: Some(1.0),
             ..UpdateSettings::default()
-        })
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let refused = control
         .create_volume(CreateVolume {
             name: "more".into(),
@@ -342,13 +348,14 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
 
     // Reservations count as used: a thick volume crosses a low threshold.
     control.delete_volume("big", false).await.unwrap();
-    control
-        .update_settings(UpdateSettings {
+    set(
+        &cluster,
+        UpdateSettings {
             max_overcommit_ratio: Some(4.0),
             ..UpdateSettings::default()
-        })
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     control
         .create_policy(CreatePolicy {
             name: "thick".into(),
@@ -368,41 +375,36 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
         .await
         .unwrap();
     assert!(!codes(&control.status().await.unwrap()).contains(&HealthCode::DatastoreNearlyFull));
-    control
-        .update_settings(UpdateSettings {
+    set(
+        &cluster,
+        UpdateSettings {
             nearly_full_pct: Some(10),
             full_pct: Some(90),
             ..UpdateSettings::default()
-        })
+        },
+    )
+    .await;
+    assert!(raised(&cluster)
         .await
-        .unwrap();
-    let status = control.status().await.unwrap();
-    assert!(
-        codes(&status).contains(&HealthCode::DatastoreNearlyFull),
-        "{:#?}",
-        status.checks
-    );
-    control
-        .update_settings(UpdateSettings {
+        .contains(&HealthCode::DatastoreNearlyFull));
+    set(
+        &cluster,
+        UpdateSettings {
             full_pct: Some(20),
             ..UpdateSettings::default()
-        })
-        .await
-        .unwrap();
-    let status = control.status().await.unwrap();
-    assert!(
-        codes(&status).contains(&HealthCode::DatastoreFull),
-        "{:#?}",
-        status.checks
-    );
-    control
-        .update_settings(UpdateSettings {
+        },
+    )
+    .await;
+    assert!(raised(&cluster).await.contains(&HealthCode::DatastoreFull));
+    set(
+        &cluster,
+        UpdateSettings {
             nearly_full_pct: Some(80),
             full_pct: Some(95),
             ..UpdateSettings::default()
-        })
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let status = control.status().await.unwrap();
     assert!(
         !codes(&status).contains(&HealthCode::DatastoreNearlyFull)

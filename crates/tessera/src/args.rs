@@ -37,17 +37,12 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Health, capacity, hosts, volumes and resyncs of the cluster.
+    /// Health, capacity, hosts, volumes and resyncs of the cluster
+    /// (`--watch`: again and again until Ctrl-C).
     Status {
-        /// Print the status again every SECONDS (default 2); Ctrl-C stops.
-        #[arg(
-            long,
-            value_name = "SECONDS",
-            num_args = 0..=1,
-            default_missing_value = "2",
-            value_parser = clap::value_parser!(u64).range(1..=3600)
-        )]
-        watch: Option<u64>,
+        /// How often to print it again.
+        #[command(flatten)]
+        every: Watch,
     },
     /// Each problem of the cluster with a stable code, what it affects and
     /// what to do (exits 1 when any is an error).
@@ -260,18 +255,26 @@ pub enum SettingsCommand {
 pub enum ResyncCommand {
     /// Running and recent resyncs and rebuilds with bytes done, bytes left,
     /// bytes copied, rate and time left; one row per component.
+    /// With `--watch`, until no resync is running or waiting to retry.
     List {
-        /// Print the list again every SECONDS (default 2) until no resync
-        /// is running or waiting to retry; Ctrl-C stops.
-        #[arg(
-            long,
-            value_name = "SECONDS",
-            num_args = 0..=1,
-            default_missing_value = "2",
-            value_parser = clap::value_parser!(u64).range(1..=3600)
-        )]
-        watch: Option<u64>,
+        /// How often to print it again.
+        #[command(flatten)]
+        every: Watch,
     },
+}
+
+/// `--watch [SECONDS]` of a listing a user follows.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Watch {
+    /// Print again every SECONDS (default 2); Ctrl-C stops.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        num_args = 0..=1,
+        default_missing_value = "2",
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub watch: Option<u64>,
 }
 
 /// `tessera store ...`
@@ -477,7 +480,7 @@ mod tests {
     #[test]
     fn resync_list_watches_every_two_seconds_unless_told() {
         let watch = |args: &[&str]| match parse(args).map(|c| c.command) {
-            Ok(Command::Resync(ResyncCommand::List { watch })) => Ok(watch),
+            Ok(Command::Resync(ResyncCommand::List { every })) => Ok(every.watch),
             Ok(other) => panic!("parsed as {other:?}"),
             Err(e) => Err(e.exit_code()),
         };

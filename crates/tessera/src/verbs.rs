@@ -75,7 +75,7 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
         _ => ApiClient::new(api)?,
     };
     match command {
-        Command::Status { watch } => status(&client, *watch, output)?,
+        Command::Status { every } => status(&client, every.watch, output)?,
         Command::Health => {
             let v = client.get("/v1/health")?;
             let report = output.view::<HealthReport>("/v1/health", v, render::health_report)?;
@@ -275,7 +275,9 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 )));
             }
         }
-        Command::Resync(ResyncCommand::List { watch }) => resync_list(&client, *watch, output)?,
+        Command::Resync(ResyncCommand::List { every }) => {
+            resync_list(&client, every.watch, output)?
+        }
         // Answered above, without the API.
         Command::Store(_) | Command::Up(_) | Command::Node(_) => {}
     }
@@ -304,50 +306,56 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
     }
 }
 
-/// `tessera status`, once, or with `--watch` every `watch` seconds until
-/// Ctrl-C (on a terminal each listing replaces the one before).
-fn status(client: &ApiClient, watch: Option<u64>, output: &mut Output<'_>) -> Result<(), CliError> {
+/// Clears a terminal and puts the cursor top left.
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+/// Prints one listing with `show`, once, or with `--watch` every `watch`
+/// seconds for as long as `show` says there is more to see. On a terminal
+/// each listing replaces the one before; elsewhere (a file, a pipe) they
+/// follow each other a blank line apart.
+fn watched(
+    watch: Option<u64>,
+    output: &mut Output<'_>,
+    mut show: impl FnMut(&mut Output<'_>) -> Result<bool, CliError>,
+) -> Result<(), CliError> {
     let terminal = watch.is_some() && std::io::stdout().is_terminal();
     let mut first = true;
     loop {
-        let v = client.get("/v1/status")?;
         if terminal {
             output.text(CLEAR_SCREEN)?;
         } else if !first {
             output.text("\n")?;
         }
         first = false;
-        output.view::<StatusView>("/v1/status", v, render::status)?;
+        let more = show(output)?;
         let _ = output.out.flush();
-        let Some(seconds) = watch else {
-            return Ok(());
-        };
-        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        match watch {
+            Some(seconds) if more => std::thread::sleep(std::time::Duration::from_secs(seconds)),
+            _ => return Ok(()),
+        }
     }
 }
 
-/// Clears a terminal and puts the cursor top left.
-const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+/// `tessera status`, once, or with `--watch` every `watch` seconds until
+/// Ctrl-C.
+fn status(client: &ApiClient, watch: Option<u64>, output: &mut Output<'_>) -> Result<(), CliError> {
+    watched(watch, output, |output| {
+        let v = client.get("/v1/status")?;
+        output.view::<StatusView>("/v1/status", v, render::status)?;
+        Ok(true)
+    })
+}
 
 /// `tessera resync list`, once, or with `--watch` every `watch` seconds
 /// until no resync is running or waiting to retry (the last listing shows
-/// how they ended). On a terminal each listing replaces the one before;
-/// elsewhere (a file, a pipe) they follow each other a blank line apart.
+/// how they ended).
 fn resync_list(
     client: &ApiClient,
     watch: Option<u64>,
     output: &mut Output<'_>,
 ) -> Result<(), CliError> {
-    let terminal = watch.is_some() && std::io::stdout().is_terminal();
-    let mut first = true;
-    loop {
+    watched(watch, output, |output| {
         let v = client.get("/v1/resyncs")?;
-        if terminal {
-            output.text(CLEAR_SCREEN)?;
-        } else if !first {
-            output.text("\n")?;
-        }
-        first = false;
         let listed = output.view::<Vec<ResyncView>>("/v1/resyncs", v, |r| {
             if r.is_empty() {
                 "no resyncs or rebuilds\n".to_string()
@@ -355,18 +363,11 @@ fn resync_list(
                 render::resyncs(r)
             }
         })?;
-        let _ = output.out.flush();
-        let Some(seconds) = watch else {
-            return Ok(());
-        };
         let unfinished = |r: &ResyncView| {
             r.is_running() || r.state == tessera_node::control::ResyncState::Waiting
         };
-        if !listed.iter().any(unfinished) {
-            return Ok(());
-        }
-        std::thread::sleep(std::time::Duration::from_secs(seconds));
-    }
+        Ok(listed.iter().any(unfinished))
+    })
 }
 
 /// Where a client attaches the new volume: the owner's NBD address (every

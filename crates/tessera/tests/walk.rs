@@ -90,29 +90,26 @@ impl Cluster {
     }
 }
 
+/// The element of a JSON array whose `name` is `name`.
+fn named(list: &Value, name: &str) -> Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {list:#}"))
+        .clone()
+}
+
 /// State, owner and epoch of `vm1` as every view prints it, in JSON and in
 /// the `volume list` table; retried while a change is under way between
 /// two reads.
 fn agreed_state(cluster: &Cluster) -> (String, Value, Value) {
     for _ in 0..30 {
-        let listed = cluster.json(&["volume", "list"]);
-        let listed = listed
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == "vm1")
-            .unwrap()
-            .clone();
+        let listed = named(&cluster.json(&["volume", "list"]), "vm1");
         let one = cluster.json(&["volume", "show", "vm1"]);
         let object = cluster.json(&["object", "show", "vm1"]);
         let status = cluster.json(&["status"]);
-        let in_status = status["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == "vm1")
-            .unwrap()
-            .clone();
+        let in_status = named(&status["volumes"], "vm1");
         let table = cluster.ok(&["volume", "list"]);
         let row = table
             .lines()
