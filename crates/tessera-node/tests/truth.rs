@@ -274,7 +274,8 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
         warned.warnings.iter().any(|w| w.contains("overcommitted")),
         "{warned:?}"
     );
-    assert!(raised(&cluster).await.contains(&HealthCode::Overcommitted));
+    let status = control.status().await.unwrap();
+    assert!(codes(&status).contains(&HealthCode::Overcommitted));
     assert!(
         status.capacity.overcommit_ratio > 1.0,
         "{:?}",
