@@ -144,6 +144,7 @@ fn main() -> Result<()> {
                     args.target_chap_secret.clone(),
                 ),
             },
+            session_hold: None,
         });
         println!("listening on {address}");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

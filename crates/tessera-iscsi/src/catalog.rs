@@ -86,6 +86,10 @@ pub struct TargetEntry {
     pub allowed_initiators: Vec<String>,
     /// CHAP settings.
     pub chap: ChapCredentials,
+    /// Kept alive while a session logged in to the target lasts, and
+    /// dropped with it: the catalog's way to know who uses a target (e.g. a
+    /// count of a volume's clients). The server never looks inside.
+    pub session_hold: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for TargetEntry {

@@ -117,6 +117,7 @@ fn catalog() -> StaticCatalog {
         relative_port: 1,
         allowed_initiators: Vec::new(),
         chap: ChapCredentials::default(),
+        session_hold: None,
     };
     catalog.insert(entry("iqn.fuzz:open"));
     let mut chap = entry("iqn.fuzz:chap");

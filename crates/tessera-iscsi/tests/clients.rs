@@ -52,6 +52,7 @@ fn catalog(chap: ChapCredentials) -> (Arc<StaticCatalog>, String) {
         relative_port: 1,
         allowed_initiators: Vec::new(),
         chap,
+        session_hold: None,
     });
     (catalog, name)
 }

@@ -188,6 +188,7 @@ fn start_portal(
         relative_port,
         allowed_initiators: Vec::new(),
         chap: ChapCredentials::default(),
+        session_hold: None,
     });
     runtime.spawn(async move {
         let _ = serve(listener, catalog, std::future::pending()).await;

@@ -8,12 +8,10 @@
 //! when the guard it holds is dropped (connection closed, session ended),
 //! so it never outlives the client.
 
-use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tessera_iscsi::scsi::{Command, Nexus, Reset, Response, ScsiTarget};
 use tessera_types::VolumeId;
 
 /// Open volumes of one host.
@@ -67,30 +65,6 @@ impl Drop for AttachGuard {
             }
         }
         self.attachments.changes.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// An iSCSI target as one login sees it: the shared target, plus the hold
-/// that counts the session while it lasts.
-pub struct AttachedTarget {
-    /// The target every session of the volume shares.
-    pub inner: Arc<dyn ScsiTarget>,
-    /// Counts this session.
-    pub guard: AttachGuard,
-}
-
-#[async_trait]
-impl ScsiTarget for AttachedTarget {
-    async fn execute(&self, command: Command) -> Response {
-        self.inner.execute(command).await
-    }
-
-    async fn reset(&self, nexus: &Nexus, reset: Reset) {
-        self.inner.reset(nexus, reset).await
-    }
-
-    async fn nexus_ended(&self, nexus: &Nexus) {
-        self.inner.nexus_ended(nexus).await
     }
 }
 

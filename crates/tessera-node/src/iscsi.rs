@@ -28,7 +28,6 @@
 //!   cache follows the directory's watch, so another host's change is seen
 //!   within the watch's delay, and a lost swap re-reads the key at once.
 
-use crate::attachments::AttachedTarget;
 use crate::host::{serial_of, VolumeView};
 use crate::peers::Peers;
 use crate::routing::HostCatalog;
@@ -534,12 +533,7 @@ impl TargetCatalog for HostTargets {
         Some(TargetEntry {
             name: target_name_for_volume(volume.as_str()),
             alias: Some(volume.to_string()),
-            // Each login holds its own view of the shared target, which
-            // counts the session among the volume's clients while it lasts.
-            device: Arc::new(AttachedTarget {
-                inner: target,
-                guard: self.exports.attach(&volume),
-            }),
+            device: target,
             portals,
             portal_group_tag: own,
             relative_port: own,
@@ -555,6 +549,9 @@ impl TargetCatalog for HostTargets {
                     .as_ref()
                     .and_then(|a| a.target_chap.as_ref().map(secret)),
             },
+            // A session that logs in holds this, which counts it among the
+            // volume's clients while it lasts.
+            session_hold: Some(Arc::new(self.exports.attach(&volume))),
         })
     }
 }

@@ -212,6 +212,7 @@ pub fn entry(name: &str, device: Arc<dyn ScsiTarget>, port: u16) -> TargetEntry 
         relative_port: port,
         allowed_initiators: Vec::new(),
         chap: ChapCredentials::default(),
+        session_hold: None,
     }
 }
 
