@@ -607,4 +607,50 @@ mod tests {
         );
         assert_eq!(volume_health(&layout, None, all_up).0, Health::Unavailable);
     }
+
+    proptest::proptest! {
+        /// Space checks follow the thresholds exactly: FULL at or above
+        /// full_pct, NEARLY_FULL between the two, neither below; and
+        /// OVERCOMMITTED exactly when more is provisioned than exists.
+        #[test]
+        fn space_checks_follow_their_thresholds(
+            total in 1u64..(1 << 50),
+            used_permille in 0u64..=1000,
+            provisioned in 0u64..(1 << 52),
+            nearly in 1u8..99,
+            gap in 1u8..50,
+        ) {
+            let full = (u16::from(nearly) + u16::from(gap)).min(100) as u8;
+            let used = total / 1000 * used_permille;
+            let cap = capacity(total, used, provisioned);
+            let settings = ClusterSettings {
+                nearly_full_pct: nearly,
+                full_pct: full,
+                ..ClusterSettings::default()
+            };
+            let codes: Vec<HealthCode> = checks(&HealthInputs {
+                hosts: &[],
+                volumes: &[],
+                resyncs: &[],
+                capacity: &cap,
+                settings: &settings,
+            })
+            .into_iter()
+            .map(|c| c.code)
+            .collect();
+            let pct = cap.used_pct();
+            proptest::prop_assert_eq!(
+                codes.contains(&HealthCode::DatastoreFull),
+                pct >= f64::from(full)
+            );
+            proptest::prop_assert_eq!(
+                codes.contains(&HealthCode::DatastoreNearlyFull),
+                pct >= f64::from(nearly) && pct < f64::from(full)
+            );
+            proptest::prop_assert_eq!(
+                codes.contains(&HealthCode::Overcommitted),
+                provisioned > total
+            );
+        }
+    }
 }
