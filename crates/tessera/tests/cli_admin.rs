@@ -516,23 +516,30 @@ fn resync_list_watch_redraws_until_nothing_runs() {
     assert!(!last.contains("running") && last.contains("done"), "{text}");
 }
 
-#[test]
-fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
-    use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = DiskGroupConfig {
+/// A disk group of file devices under `dir`: a 24 MiB cache, a 32 MiB
+/// capacity device.
+fn small_disk_group(dir: &std::path::Path) -> tessera_store::DiskGroupConfig {
+    use tessera_store::{DeviceSpec, DiskGroupConfig};
+    DiskGroupConfig {
         id: tessera_types::DiskGroupId::new("dg-1").expect("name"),
         cache: DeviceSpec {
-            path: dir.path().join("cache"),
+            path: dir.join("cache"),
             size_bytes: 24 << 20,
         },
         capacity: vec![DeviceSpec {
-            path: dir.path().join("cap0"),
+            path: dir.join("cap0"),
             size_bytes: 32 << 20,
         }],
         index_cache_bytes: 1 << 20,
         direct_io: false,
-    };
+    }
+}
+
+#[test]
+fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
+    use tessera_store::DiskGroup;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = small_disk_group(dir.path());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -650,21 +657,9 @@ fn volume_access_shows_and_sets_who_may_log_in_and_never_prints_secrets() {
 
 #[test]
 fn store_check_refuses_devices_a_running_host_holds_and_passes_once_they_are_closed() {
-    use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
+    use tessera_store::DiskGroup;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = DiskGroupConfig {
-        id: tessera_types::DiskGroupId::new("dg-1").expect("name"),
-        cache: DeviceSpec {
-            path: dir.path().join("cache"),
-            size_bytes: 24 << 20,
-        },
-        capacity: vec![DeviceSpec {
-            path: dir.path().join("cap0"),
-            size_bytes: 32 << 20,
-        }],
-        index_cache_bytes: 1 << 20,
-        direct_io: false,
-    };
+    let config = small_disk_group(dir.path());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
