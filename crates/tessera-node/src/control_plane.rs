@@ -598,15 +598,7 @@ impl ControlPlane {
     /// The view of one volume as it is now.
     async fn fresh_volume_view(&self, name: &VolumeId) -> Result<VolumeView, ControlError> {
         let state = self.read_state().await?;
-        let record = state
-            .volumes
-            .iter()
-            .find(|r| &r.name == name)
-            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
-        let layout = state
-            .layouts
-            .get(name)
-            .ok_or_else(|| ControlError::NotFound(format!("volume {name} has no layout")))?;
+        let (record, layout) = state.volume(name)?;
         let via = self.via().await.ok();
         Ok(self.volume_view(&state, via.as_ref(), record, layout).await)
     }
@@ -626,6 +618,20 @@ struct ClusterState {
 }
 
 impl ClusterState {
+    /// A volume's record and layout as read.
+    fn volume(&self, name: &VolumeId) -> Result<(&VolumeRecord, &Layout), ControlError> {
+        let record = self
+            .volumes
+            .iter()
+            .find(|r| &r.name == name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
+        let layout = self
+            .layouts
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(format!("volume {name} has no layout")))?;
+        Ok((record, layout))
+    }
+
     /// A host is up while its lease is alive and it was not stopped here.
     fn host_up(&self, id: &HostId) -> bool {
         !self.stopped_here.contains(id) && self.live.contains(id)
@@ -1221,8 +1227,12 @@ impl ClusterControl for ControlPlane {
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
-        let (record, layout) = self.volume_record(name).await?;
+        // Record, layout, owner and host liveness from one read, as every
+        // other view takes them.
+        let volume = VolumeId::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
         let state = self.read_state().await?;
+        let (record, layout) = state.volume(&volume)?;
+        let (record, layout) = (record.clone(), layout.clone());
         let owner = state.owners.get(&record.name).cloned();
         let (health, shown_owner) = volume_health(&layout, owner.as_ref().map(|o| &o.host), |h| {
             state.host_up(h)
