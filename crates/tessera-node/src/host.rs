@@ -242,6 +242,7 @@ impl Host {
                     })
                     .collect(),
                 index_cache_bytes: config.index_cache_bytes,
+                content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
                 direct_io: config.direct_io,
             };
             let group = DiskGroup::open_or_create(store_config)

@@ -25,6 +25,7 @@ async fn disk_group(dir: &std::path::Path, name: &str) -> Arc<DiskGroup> {
             size_bytes: 256 << 20,
         }],
         index_cache_bytes: 1 << 20,
+        content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: false,
     })
     .await

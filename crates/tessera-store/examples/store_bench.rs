@@ -41,6 +41,7 @@ fn config(dir: &Path, capacity_gib: u64) -> DiskGroupConfig {
             size_bytes: capacity_gib * GIB,
         }],
         index_cache_bytes: INDEX_CACHE_BYTES,
+        content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: true,
     }
 }

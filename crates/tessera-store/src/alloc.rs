@@ -9,7 +9,14 @@
 //! in-memory page refers to it; blocks released by an index change go back
 //! only after the checkpoint that drops the reference is durable (the caller
 //! holds them until then).
+//! Invariant: with a content cache attached (the running store's), every
+//! block that changes state here loses its cache entry first: a block handed
+//! out (`allocate`, `allocate_pair`, a free block marked used) before the
+//! caller can write it, a block taken back (`free`) before it can be handed
+//! out again (see `crate::content`).
 
+use crate::content::ContentCache;
+use std::sync::Arc;
 use tessera_format::BlockLoc;
 
 /// What one more reference to a block found while rebuilding the map means.
@@ -74,6 +81,8 @@ struct DeviceMap {
 pub(crate) struct Allocator {
     devices: Vec<DeviceMap>,
     next_device: usize,
+    /// The read cache whose entries follow the blocks' states.
+    content: Option<Arc<ContentCache>>,
 }
 
 impl Allocator {
@@ -93,7 +102,14 @@ impl Allocator {
                 })
                 .collect(),
             next_device: 0,
+            content: None,
         }
+    }
+
+    /// From now on, blocks handed out or taken back lose their entries in
+    /// `cache` (attached once the map is rebuilt at mount).
+    pub(crate) fn attach_content_cache(&mut self, cache: Arc<ContentCache>) {
+        self.content = Some(cache);
     }
 
     fn map(&mut self, device: u8) -> Option<&mut DeviceMap> {
@@ -103,6 +119,16 @@ impl Allocator {
     /// Marks `loc` used (at mount). Returns false if it was already used or is
     /// outside every data area: the index refers to it twice or wrongly.
     pub(crate) fn mark_used(&mut self, loc: BlockLoc) -> bool {
+        let marked = self.mark_used_quietly(loc);
+        if marked {
+            if let Some(c) = &self.content {
+                c.invalidate([loc]);
+            }
+        }
+        marked
+    }
+
+    fn mark_used_quietly(&mut self, loc: BlockLoc) -> bool {
         let Some(d) = self.map(loc.device) else {
             return false;
         };
@@ -128,6 +154,23 @@ impl Allocator {
 
     /// Returns `loc` to the free pool.
     pub(crate) fn free(&mut self, loc: BlockLoc) {
+        self.free_all(&[loc]);
+    }
+
+    /// Returns blocks to the free pool.
+    pub(crate) fn free_all(&mut self, locs: &[BlockLoc]) {
+        if locs.is_empty() {
+            return;
+        }
+        if let Some(c) = &self.content {
+            c.release(locs.iter().copied());
+        }
+        for loc in locs {
+            self.clear(*loc);
+        }
+    }
+
+    fn clear(&mut self, loc: BlockLoc) {
         if let Some(d) = self.map(loc.device) {
             if loc.block >= d.first && loc.block < d.first + d.blocks {
                 let i = loc.block - d.first;
@@ -176,11 +219,15 @@ impl Allocator {
             }
             if out.len() == n {
                 self.next_device = (di + 1) % count;
+                if let Some(c) = &self.content {
+                    c.invalidate(out.iter().copied());
+                }
                 return Some(out);
             }
         }
+        // None of these was handed out: back to free without a trace.
         for loc in out {
-            self.free(loc);
+            self.clear(loc);
         }
         None
     }
@@ -203,20 +250,34 @@ impl Allocator {
                     }
                     d.used += 2;
                     d.cursor = (i + 2) % d.blocks;
-                    return Some(BlockLoc {
+                    let loc = BlockLoc {
                         device: d.device,
                         block: d.first + i,
-                    });
+                    };
+                    if let Some(c) = &self.content {
+                        c.invalidate([
+                            loc,
+                            BlockLoc {
+                                device: loc.device,
+                                block: loc.block + 1,
+                            },
+                        ]);
+                    }
+                    return Some(loc);
                 }
             }
         }
         None
     }
 
-    /// Stops handing out blocks of a failed device.
+    /// Stops handing out blocks of a failed device; its blocks lose their
+    /// cache entries.
     pub(crate) fn fail_device(&mut self, device: u8) {
         if let Some(d) = self.map(device) {
             d.failed = true;
+        }
+        if let Some(c) = &self.content {
+            c.drop_device(device);
         }
     }
 

@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     /// checkpoint.
     pub(crate) writers: crate::device_threads::DeviceThreads,
     pub(crate) scrub: ScrubCounters,
+    /// Verified capacity blocks kept in memory (see `crate::content`).
+    pub(crate) content: Arc<crate::content::ContentCache>,
 }
 
 impl Shared {
@@ -1269,9 +1271,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
             p.pins = p.pins.saturating_sub(1);
         }
     }
-    for loc in frees {
-        st.alloc.free(loc);
-    }
+    st.alloc.free_all(&frees);
     st.vtail = vtail;
     st.tail_seq = tail_seq;
     st.checkpoint_gen = generation;

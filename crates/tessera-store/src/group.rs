@@ -9,7 +9,14 @@
 //! Must be called from within a tokio runtime. Invariant: devices opened by
 //! path are locked from open to drop, so no second opener (another host,
 //! `tessera store check`) can use them while the disk group is in service.
+//!
+//! Reads: a read is planned under the state lock (overlay, index, and the
+//! content cache for capacity blocks, looked up in that same step), then
+//! only the blocks the cache did not hold are read from the devices, inline
+//! or on the reader threads; each one that passes its CRC32C goes into the
+//! cache. A scrub plans without the cache: it checks the devices.
 
+use crate::content::{ContentCache, ContentCacheStats};
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
@@ -47,6 +54,10 @@ pub struct DiskGroupConfig {
     pub capacity: Vec<DeviceSpec>,
     /// Memory for cached index pages, in bytes (at least 1 MiB is used).
     pub index_cache_bytes: u64,
+    /// Memory for the content-based read cache of verified capacity blocks,
+    /// in bytes, per-block overhead included; 0 disables it. Default:
+    /// [`crate::CONTENT_CACHE_BYTES_DEFAULT`].
+    pub content_cache_bytes: u64,
     /// Open devices with `O_DIRECT`.
     pub direct_io: bool,
 }
@@ -199,7 +210,10 @@ impl DiskGroup {
     /// check) fails with [`StoreError::DeviceInUse`].
     pub async fn create(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
         let devices = open_files(&config, true)?;
-        Self::create_on(config.id.clone(), devices, config.index_cache_bytes, true).await
+        let dg =
+            Self::create_on(config.id.clone(), devices, config.index_cache_bytes, true).await?;
+        dg.set_content_cache_bytes(config.content_cache_bytes);
+        Ok(dg)
     }
 
     /// Opens an existing disk group, recovering from its write log. Each
@@ -208,7 +222,9 @@ impl DiskGroup {
     /// [`StoreError::DeviceInUse`] and nothing is read or written.
     pub async fn open(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
         let devices = open_files(&config, false)?;
-        Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await
+        let dg = Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await?;
+        dg.set_content_cache_bytes(config.content_cache_bytes);
+        Ok(dg)
     }
 
     /// Opens the disk group if its cache device holds one, else creates it.
@@ -224,7 +240,9 @@ impl DiskGroup {
         }
     }
 
-    /// Formats `devices` and opens them.
+    /// Formats `devices` and opens them, with a content cache of
+    /// [`crate::CONTENT_CACHE_BYTES_DEFAULT`] (see
+    /// [`DiskGroup::set_content_cache_bytes`]).
     pub async fn create_on(
         id: DiskGroupId,
         devices: GroupDevices,
@@ -241,7 +259,9 @@ impl DiskGroup {
         Self::open_on(id, devices, index_cache_bytes).await
     }
 
-    /// Opens already-open `devices`, recovering from the write log.
+    /// Opens already-open `devices`, recovering from the write log, with a
+    /// content cache of [`crate::CONTENT_CACHE_BYTES_DEFAULT`] (see
+    /// [`DiskGroup::set_content_cache_bytes`]).
     pub async fn open_on(
         id: DiskGroupId,
         devices: GroupDevices,
@@ -594,18 +614,34 @@ impl DiskGroup {
         lba: Lba,
         n: u64,
     ) -> Result<Vec<Source>, StoreError> {
-        self.plan(id, lba, n).await
+        Ok(self.plan(id, lba, n, false).await?.0)
     }
 
-    /// Plans a read, loading index pages as needed.
-    async fn plan(&self, id: ComponentId, lba: Lba, n: u64) -> Result<Vec<Source>, StoreError> {
+    /// Plans a read, loading index pages as needed. With `cached`, blocks
+    /// the content cache holds are taken from it (in the same step that
+    /// reads the index, under the state lock) and the plan comes with the
+    /// ticket that lets the read insert the blocks it reads (see
+    /// `crate::content`).
+    async fn plan(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        n: u64,
+        cached: bool,
+    ) -> Result<(Vec<Source>, Option<u64>), StoreError> {
         for _ in 0..LOAD_ATTEMPTS_MAX {
             let need = {
                 let mut st = self.shared.state.lock();
                 st.check_range(id, lba, n)?;
                 let need = st.missing_pages(id.0, lba.0, lba.0 + n);
                 if need.0.is_empty() {
-                    return st.plan_read(id, lba, n);
+                    let mut plan = st.plan_read(id, lba, n)?;
+                    if !cached {
+                        return Ok((plan, None));
+                    }
+                    let content = &self.shared.content;
+                    content.resolve(&mut plan);
+                    return Ok((plan, Some(content.ticket())));
                 }
                 need
             };
@@ -639,8 +675,8 @@ impl DiskGroup {
         // fresh plan before it counts.
         let mut last_bad = None;
         for _ in 0..2 {
-            let plan = self.plan(id, lba, n).await?;
-            match self.fetch(id, lba, plan).await? {
+            let (plan, ticket) = self.plan(id, lba, n, true).await?;
+            match self.fetch(id, lba, plan, ticket).await? {
                 Ok(out) => return Ok(out),
                 Err(bad) => last_bad = Some(bad),
             }
@@ -653,18 +689,22 @@ impl DiskGroup {
     }
 
     /// Reads the planned blocks; Ok(Err(lba)) names the first block that
-    /// failed its checksum.
+    /// failed its checksum. Blocks read from a device are inserted into the
+    /// content cache if the plan has a `ticket`.
     async fn fetch(
         &self,
         id: ComponentId,
         lba: Lba,
         plan: Vec<Source>,
+        ticket: Option<u64>,
     ) -> Result<Result<Bytes, Lba>, StoreError> {
         let shared = self.shared.clone();
         let disk_blocks = plan
             .iter()
             .filter(|s| matches!(s, Source::Disk(..)))
             .count();
+        // Only blocks the content cache did not hold count: a read served
+        // from memory never waits for a reader thread.
         // A lone read runs on the calling thread: handing it to a reader
         // thread and back costs two cross-core wake-ups, more than the read.
         // As soon as another read is in flight (inline or on a reader
@@ -672,18 +712,18 @@ impl DiskGroup {
         // together and no runtime thread sits blocked in a device read while
         // completions wait for it.
         let result = if disk_blocks == 0 {
-            assemble(&shared, lba, plan)
+            assemble(&shared, lba, plan, ticket)
         } else if self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0
             && disk_blocks == 1
         {
-            let r = assemble(&shared, lba, plan);
+            let r = assemble(&shared, lba, plan, ticket);
             self.shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
             r
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let job_shared = shared.clone();
             self.shared.readers.submit(Box::new(move || {
-                let r = assemble(&job_shared, lba, plan);
+                let r = assemble(&job_shared, lba, plan, ticket);
                 job_shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = tx.send(r);
             }));
@@ -1097,6 +1137,19 @@ impl DiskGroup {
         self.shared.state.lock().log_stats
     }
 
+    /// Counters of the content-based read cache since the disk group opened,
+    /// with its size and budget now.
+    pub fn content_cache_stats(&self) -> ContentCacheStats {
+        self.shared.content.stats()
+    }
+
+    /// Changes the content cache's budget in bytes (per-block overhead
+    /// included), dropping entries beyond it; 0 disables the cache and frees
+    /// what it held.
+    pub fn set_content_cache_bytes(&self, bytes: u64) {
+        self.shared.content.set_budget(bytes);
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -1137,11 +1190,14 @@ fn all_devices(devices: &GroupDevices) -> Vec<Arc<dyn Disk>> {
 }
 
 /// Reads the planned blocks and checks them. `Err((device, message))` is a
-/// device error; `Ok(Err(lba))` a checksum mismatch.
+/// device error; `Ok(Err(lba))` a checksum mismatch. With a `ticket`, every
+/// block read from a device that passes its check goes into the content
+/// cache as a buffer of its own (never a slice of the read's buffer).
 fn assemble(
     shared: &Shared,
     lba: Lba,
     plan: Vec<Source>,
+    ticket: Option<u64>,
 ) -> Result<Result<Bytes, Lba>, (u8, String)> {
     let n = plan.len();
     // Fast path: one block.
@@ -1155,19 +1211,26 @@ fn assemble(
                     Err(lba)
                 }
             }
+            Some(Source::Cached(b)) => Ok(b),
             Some(Source::Lost) => Err(lba),
             Some(Source::Disk(loc, crc)) => {
                 let mut buf = AlignedBuf::zeroed(BLOCK);
                 read_loc(shared, loc, buf.as_mut_slice())?;
-                if block_crc(buf.as_slice()) == crc {
-                    Ok(buf.into_bytes())
-                } else {
+                if block_crc(buf.as_slice()) != crc {
                     Err(lba)
+                } else if let Some(ticket) = ticket {
+                    // The caller and the cache share one exact 4 KiB buffer.
+                    let b = Bytes::copy_from_slice(buf.as_slice());
+                    shared.content.fill(ticket, vec![(loc, crc, b.clone())]);
+                    Ok(b)
+                } else {
+                    Ok(buf.into_bytes())
                 }
             }
         });
     }
     let mut out = BytesMut::zeroed(n * BLOCK);
+    let mut fills = Vec::new();
     let mut i = 0;
     while i < n {
         match &plan[i] {
@@ -1179,6 +1242,7 @@ fn assemble(
                 }
                 out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b);
             }
+            Source::Cached(b) => out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b),
             Source::Disk(first, _) => {
                 // Coalesce physically adjacent blocks into one read.
                 let mut run = 1;
@@ -1204,12 +1268,22 @@ fn assemble(
                         return Ok(Err(Lba(lba.0 + (i + k) as u64)));
                     }
                     out[(i + k) * BLOCK..(i + k + 1) * BLOCK].copy_from_slice(b);
+                    if ticket.is_some() {
+                        let loc = BlockLoc {
+                            device: first.device,
+                            block: first.block + k as u64,
+                        };
+                        fills.push((loc, crc, Bytes::copy_from_slice(b)));
+                    }
                 }
                 i += run;
                 continue;
             }
         }
         i += 1;
+    }
+    if let Some(ticket) = ticket {
+        shared.content.fill(ticket, fills);
     }
     Ok(Ok(out.freeze()))
 }
@@ -1226,7 +1300,8 @@ fn read_loc(shared: &Shared, loc: BlockLoc, buf: &mut [u8]) -> Result<(), (u8, S
 fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shared>, StoreError> {
     let (geo, _uuid, _name): (Geometry, u128, String) = recovery::read_geometry(&devices)?;
     let ck = recovery::read_checkpoint(&devices[0], &geo)?;
-    let state = recovery::load_state(&devices, &geo, &ck, index_cache_bytes);
+    let content = Arc::new(ContentCache::new(crate::CONTENT_CACHE_BYTES_DEFAULT));
+    let state = recovery::load_state(&devices, &geo, &ck, index_cache_bytes, content.clone());
     let shared = Arc::new(Shared {
         devices,
         geo,
@@ -1243,6 +1318,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         writers: DeviceThreads::start("store-write", WRITER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the writer threads: {e}")))?,
         scrub: ScrubCounters::default(),
+        content,
     });
     let replayed = recovery::replay(&shared)?;
     let cleared = recovery::clear_unsynced_records(&shared)?;

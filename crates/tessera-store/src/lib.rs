@@ -4,9 +4,10 @@
 //! Owns: every byte a host keeps for the components placed on a disk group:
 //! the write log on the cache device (group commit), the capacity tier
 //! (thin, 4 KiB allocation, space reservation), the per-component index with
-//! a CRC32C per block, checkpoints, crash recovery, scrubbing and offline
-//! checks. Must not touch: the network, the directory, placement decisions;
-//! the replica service above calls the async API of [`DiskGroup`].
+//! a CRC32C per block, the read cache of capacity blocks, checkpoints, crash
+//! recovery, scrubbing and offline checks. Must not touch: the network, the
+//! directory, placement decisions; the replica service above calls the
+//! async API of [`DiskGroup`].
 //!
 //! The three promises the coordinator relies on:
 //! - an acknowledged write (`write`, `unmap`, `write_zeroes`, `fence`, and
@@ -24,11 +25,19 @@
 //! shared block is freed when its last reference goes, and overwriting one
 //! LBA never changes another that shares its old block.
 //!
+//! Reads go through a content-based read cache of verified capacity blocks
+//! keyed by where they are stored, not by who asked (`content`): a block
+//! shared by several LBAs or components is read from its device once and
+//! then served from memory to all of them. Its entries follow the
+//! free-space map, so a read from it returns what the index says or nothing
+//! ([`DiskGroupConfig::content_cache_bytes`], [`DiskGroup::content_cache_stats`]).
+//!
 //! The on-disk format and the recovery procedure are described in
 //! `docs/STORE.md`; the byte layouts are in `tessera-format`.
 
 mod alloc;
 mod check;
+mod content;
 mod device_threads;
 mod engine;
 mod error;
@@ -39,6 +48,7 @@ mod scrub;
 mod state;
 
 pub use check::{check_devices, CheckProblem, CheckReport};
+pub use content::ContentCacheStats;
 pub use error::StoreError;
 pub use group::{
     ComponentSpace, ComponentSummary, DeviceSpec, DiskGroup, DiskGroupConfig, DiskGroupHealth,
@@ -50,6 +60,10 @@ pub use scrub::{BadBlock, ScrubProgress, ScrubReport};
 /// Most blocks [`DiskGroup::clone_blocks`] shares in one call: bounds the log
 /// entries (56 bytes each) one request holds.
 pub const CLONE_BLOCKS_MAX: u64 = 4096;
+
+/// Default budget of a disk group's content-based read cache, in bytes
+/// ([`DiskGroupConfig::content_cache_bytes`]): 64 MiB, about 15,000 blocks.
+pub const CONTENT_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 /// Largest write accepted in one call, in bytes: bounds the log space and
 /// memory one request holds (the replica service splits larger ones).

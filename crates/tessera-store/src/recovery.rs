@@ -14,6 +14,7 @@
 //! group commit, which was never acknowledged, and replay ends there.
 
 use crate::alloc::{Allocator, Reference, ReferenceCount};
+use crate::content::ContentCache;
 use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
 use crate::index::{IndexCache, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
@@ -295,6 +296,7 @@ pub(crate) fn load_state(
     geo: &Geometry,
     ck: &Checkpoint,
     index_cache_bytes: u64,
+    content: Arc<ContentCache>,
 ) -> State {
     let alloc = Allocator::new(&geo.areas);
     let capacity_blocks = alloc.total_blocks();
@@ -446,6 +448,8 @@ pub(crate) fn load_state(
         .iter()
         .map(|(d, r)| (*d, r.clone()))
         .collect();
+    // From here on every block handed out or freed loses its cache entry.
+    st.alloc.attach_content_cache(content);
     for (d, r) in failed {
         st.fail_capacity_device(d, &r);
     }

@@ -156,7 +156,9 @@ impl DiskGroup {
                     })
                 };
                 match src {
-                    Source::Zero => {}
+                    // A scrub plans without the content cache: it checks
+                    // the devices.
+                    Source::Zero | Source::Cached(_) => {}
                     Source::Lost => report("write log".into(), "data lost in a damaged log record"),
                     Source::Memory(b, crc) => {
                         if block_crc(&b) != crc {

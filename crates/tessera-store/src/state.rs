@@ -151,8 +151,13 @@ pub(crate) struct LoggedRecord {
 /// Where a block of a read comes from.
 pub(crate) enum Source {
     Zero,
+    /// In the overlay (logged, not yet destaged), with its CRC32C.
     Memory(Bytes, u32),
+    /// On a capacity device, with its CRC32C.
     Disk(BlockLoc, u32),
+    /// In the content cache: a capacity block verified when it was read
+    /// (see `crate::content`).
+    Cached(Bytes),
     Lost,
 }
 

@@ -415,6 +415,7 @@ fn file_config(dir: &Path) -> DiskGroupConfig {
             size_bytes: 64 << 20,
         }],
         index_cache_bytes: 1 << 20,
+        content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: false,
     }
 }

@@ -531,6 +531,7 @@ fn small_disk_group(dir: &std::path::Path) -> tessera_store::DiskGroupConfig {
             size_bytes: 32 << 20,
         }],
         index_cache_bytes: 1 << 20,
+        content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: false,
     }
 }

@@ -27,6 +27,7 @@ pub fn file_config(dir: &std::path::Path, name: &str) -> DiskGroupConfig {
             size_bytes: CAPACITY_BYTES,
         }],
         index_cache_bytes: 1 << 20,
+        content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: false,
     }
 }

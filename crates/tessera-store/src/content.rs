@@ -1,0 +1,791 @@
+//! The content-based read cache: verified capacity-tier blocks kept in
+//! memory, keyed by where they are stored (device and block), not by the
+//! component or LBA that asked. A block shared by several LBAs or components
+//! (copies by reference: [`crate::DiskGroup::clone_blocks`]) is cached once
+//! and serves all of them: eight clones of one image read each block from
+//! the device once.
+//!
+//! Owns: the cached blocks (each a `Bytes` of exactly 4 KiB that owns its
+//! buffer alone, never a slice of a larger read), their eviction, and the
+//! cache's counters. Must not touch: devices and the state; the read path
+//! looks blocks up while it plans under the state lock and inserts what it
+//! read and verified, and the free-space map ([`crate::alloc::Allocator`])
+//! invalidates.
+//!
+//! Memory: at most `budget / (4 KiB + ENTRY_OVERHEAD_BYTES)` entries, the
+//! overhead covering the entry's slot, its map slot, the shared header of its
+//! `Bytes` and its ghost record (see below), so what the cache holds stays
+//! within the budget. A budget of 0 disables the cache.
+//!
+//! Eviction (S3-FIFO: Yang et al., SOSP 2023), O(1) amortised per block: a
+//! new entry enters a small FIFO (a tenth of the entries); an entry that
+//! reaches the small FIFO's end without having been read again is dropped
+//! and its location remembered in a ghost FIFO, one that was read again
+//! moves to the main FIFO. The main FIFO is a CLOCK: an entry at its end
+//! that was read since it last passed there (up to 3 times) goes round once
+//! more, else it is dropped. A location found in the ghost FIFO when it is
+//! inserted again goes straight to the main FIFO. A scan of blocks read once
+//! passes through the small FIFO and leaves the main FIFO alone.
+//!
+//! Invariant: an entry for location L holds exactly the bytes L holds on its
+//! device, and L has stayed in use in the free-space map since they were
+//! read from it. Held by construction:
+//! - capacity blocks are written only right after the free-space map hands
+//!   them out (the destager's data blocks, a new index page's slot pair) or
+//!   as the alternate slot of an index page, which is never a data block;
+//! - the free-space map removes the entry of every location it hands out
+//!   (`allocate`, `allocate_pair`, a free block marked used) before the
+//!   caller can write there, and of every location it takes back (`free`);
+//!   a device that fails loses all its entries;
+//! - a read inserts a block only if it passed its CRC32C and no block went
+//!   back to the free-space map between the read's plan (under the state
+//!   lock, where the index named L) and the insert (the `released`
+//!   generation, checked under the cache lock): L was then in use from the
+//!   plan to the insert, so nothing rewrote it, and if it is freed later its
+//!   entry is removed then.
+//!
+//! So a lookup made under the state lock, where the index entry names L
+//! with its CRC, returns what the index says the LBA holds. Overwrites,
+//! unmaps, component deletes and destaging never change L in place: they
+//! point LBAs elsewhere, and L is rewritten only after a checkpoint frees it
+//! and the map hands it out again. The entry's CRC is compared with the
+//! index's on every hit as a second guard.
+
+use crate::state::Source;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tessera_format::{BlockLoc, BLOCK};
+
+/// Memory one entry takes besides its 4 KiB of data: its slot (56 bytes),
+/// its map slot and the map's spare room (up to ~40), the shared header
+/// `Bytes` allocates once the block is handed out (32 with the allocator's
+/// rounding), the allocator's header of the data buffer (16) and the ghost
+/// record of a dropped entry (up to ~48).
+pub(crate) const ENTRY_OVERHEAD_BYTES: u64 = 192;
+
+/// Budget bytes one entry takes.
+pub(crate) const ENTRY_COST_BYTES: u64 = BLOCK as u64 + ENTRY_OVERHEAD_BYTES;
+
+/// Highest read count an entry of the main FIFO keeps (rounds it survives
+/// without being read).
+const FREQ_MAX: u8 = 3;
+
+/// Share of the entries the small FIFO holds, as a divisor.
+const SMALL_SHARE: usize = 10;
+
+const NIL: u32 = u32::MAX;
+
+/// Counters of a disk group's content-based read cache since it opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContentCacheStats {
+    /// Blocks of client reads served from the cache.
+    pub hits: u64,
+    /// Blocks of client reads read from a capacity device (all of them when
+    /// the cache is disabled).
+    pub misses: u64,
+    /// Blocks inserted after a read from a capacity device.
+    pub inserted: u64,
+    /// Entries dropped to stay within the budget.
+    pub evicted: u64,
+    /// Entries dropped because their location was freed or handed out for
+    /// new data (or its device failed).
+    pub invalidated: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Data bytes held now (4 KiB per entry).
+    pub bytes_cached: u64,
+    /// Memory the entries take now, overhead included (at most the budget).
+    pub memory_bytes: u64,
+    /// The configured budget in bytes (0: disabled).
+    pub budget_bytes: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Queue {
+    Small,
+    Main,
+}
+
+struct Node {
+    key: u64,
+    crc: u32,
+    freq: u8,
+    queue: Queue,
+    /// Toward the newer end of its FIFO.
+    prev: u32,
+    /// Toward the older end.
+    next: u32,
+    data: Bytes,
+}
+
+/// A FIFO threaded through the slots: `head` is the newest entry.
+struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl List {
+    fn new() -> List {
+        List {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    free_slots: Vec<u32>,
+    map: HashMap<u64, u32>,
+    small: List,
+    main: List,
+    /// Locations dropped from the small FIFO, oldest first, each with the
+    /// sequence `ghost_map` holds for it while it counts.
+    ghost: VecDeque<(u64, u64)>,
+    ghost_map: HashMap<u64, u64>,
+    ghost_seq: u64,
+    capacity: usize,
+    small_capacity: usize,
+    budget: u64,
+}
+
+/// The cache of one disk group.
+pub(crate) struct ContentCache {
+    inner: Mutex<Inner>,
+    /// Bumped every time a block goes back to the free-space map; a read
+    /// inserts only if it is what it was when the read was planned.
+    released: AtomicU64,
+    /// The budget is not 0 (lookups skip the lock otherwise).
+    enabled: AtomicBool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    inserted: AtomicU64,
+    evicted: AtomicU64,
+    invalidated: AtomicU64,
+}
+
+impl ContentCache {
+    pub(crate) fn new(budget_bytes: u64) -> ContentCache {
+        let cache = ContentCache {
+            inner: Mutex::new(Inner {
+                nodes: Vec::new(),
+                free_slots: Vec::new(),
+                map: HashMap::new(),
+                small: List::new(),
+                main: List::new(),
+                ghost: VecDeque::new(),
+                ghost_map: HashMap::new(),
+                ghost_seq: 0,
+                capacity: 0,
+                small_capacity: 0,
+                budget: 0,
+            }),
+            released: AtomicU64::new(0),
+            enabled: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            invalidated: AtomicU64::new(0),
+        };
+        cache.set_budget(budget_bytes);
+        cache
+    }
+
+    /// Changes the budget, dropping entries beyond it (0 drops them all and
+    /// disables the cache).
+    pub(crate) fn set_budget(&self, bytes: u64) {
+        let mut inner = self.inner.lock();
+        let capacity = usize::try_from(bytes / ENTRY_COST_BYTES).unwrap_or(usize::MAX);
+        inner.budget = bytes;
+        inner.capacity = capacity;
+        inner.small_capacity = (capacity / SMALL_SHARE).max(1);
+        let mut evicted = 0;
+        while inner.map.len() > capacity {
+            evicted += inner.evict_one();
+        }
+        while inner.ghost.len() > capacity {
+            inner.ghost_pop();
+        }
+        if inner.map.is_empty() {
+            // Give the memory of the slots and maps back.
+            inner.nodes = Vec::new();
+            inner.free_slots = Vec::new();
+            inner.map = HashMap::new();
+            inner.small = List::new();
+            inner.main = List::new();
+        }
+        if capacity == 0 {
+            inner.ghost = VecDeque::new();
+            inner.ghost_map = HashMap::new();
+        }
+        self.evicted.fetch_add(evicted, Ordering::Relaxed);
+        self.enabled.store(capacity > 0, Ordering::Relaxed);
+    }
+
+    /// The generation a read's plan records (under the state lock) and its
+    /// insert checks.
+    pub(crate) fn ticket(&self) -> u64 {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Looks the capacity blocks of a read plan up: each found becomes
+    /// [`Source::Cached`]. The caller holds the state lock and planned the
+    /// sources under it.
+    pub(crate) fn resolve(&self, plan: &mut [Source]) {
+        let disk = plan
+            .iter()
+            .filter(|s| matches!(s, Source::Disk(..)))
+            .count() as u64;
+        if disk == 0 {
+            return;
+        }
+        if !self.enabled.load(Ordering::Relaxed) {
+            self.misses.fetch_add(disk, Ordering::Relaxed);
+            return;
+        }
+        let mut hits = 0;
+        {
+            let mut inner = self.inner.lock();
+            for s in plan.iter_mut() {
+                if let Source::Disk(loc, crc) = *s {
+                    if let Some(data) = inner.lookup(loc.pack(0), crc) {
+                        *s = Source::Cached(data);
+                        hits += 1;
+                    }
+                }
+            }
+        }
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        self.misses.fetch_add(disk - hits, Ordering::Relaxed);
+    }
+
+    /// Inserts blocks a read planned with `ticket` read from their devices
+    /// and verified against their CRC32C: (location, CRC, the 4 KiB). Does
+    /// nothing if a block went back to the free-space map since the plan.
+    pub(crate) fn fill(&self, ticket: u64, blocks: Vec<(BlockLoc, u32, Bytes)>) {
+        if blocks.is_empty() || !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        let (mut inserted, mut evicted) = (0, 0);
+        {
+            let mut inner = self.inner.lock();
+            if self.released.load(Ordering::Acquire) != ticket {
+                return;
+            }
+            for (loc, crc, data) in blocks {
+                debug_assert_eq!(data.len(), BLOCK);
+                let key = loc.pack(0);
+                if inner.capacity == 0 || inner.map.contains_key(&key) {
+                    continue;
+                }
+                evicted += inner.insert(key, crc, data);
+                inserted += 1;
+            }
+        }
+        self.inserted.fetch_add(inserted, Ordering::Relaxed);
+        self.evicted.fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// Drops the entries of locations the free-space map hands out for new
+    /// data. The caller holds the state lock.
+    pub(crate) fn invalidate(&self, locs: impl IntoIterator<Item = BlockLoc>) {
+        let mut inner = self.inner.lock();
+        let mut dropped = 0;
+        for loc in locs {
+            dropped += inner.remove_key(loc.pack(0));
+        }
+        drop(inner);
+        self.invalidated.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// Records that locations went back to the free-space map and drops
+    /// their entries. The caller holds the state lock and calls this before
+    /// the map can hand them out again.
+    pub(crate) fn release(&self, locs: impl IntoIterator<Item = BlockLoc>) {
+        let mut inner = self.inner.lock();
+        self.released.fetch_add(1, Ordering::AcqRel);
+        let mut dropped = 0;
+        for loc in locs {
+            dropped += inner.remove_key(loc.pack(0));
+        }
+        drop(inner);
+        self.invalidated.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// Drops every entry of a failed device.
+    pub(crate) fn drop_device(&self, device: u8) {
+        let mut inner = self.inner.lock();
+        let keys: Vec<u64> = inner
+            .map
+            .keys()
+            .copied()
+            .filter(|k| BlockLoc::unpack(*k).0.device == device)
+            .collect();
+        let mut dropped = 0;
+        for k in keys {
+            dropped += inner.remove_key(k);
+        }
+        drop(inner);
+        self.invalidated.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> ContentCacheStats {
+        let (entries, budget) = {
+            let inner = self.inner.lock();
+            (inner.map.len() as u64, inner.budget)
+        };
+        ContentCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            inserted: self.inserted.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+            invalidated: self.invalidated.load(Ordering::Relaxed),
+            entries,
+            bytes_cached: entries * BLOCK as u64,
+            memory_bytes: entries * ENTRY_COST_BYTES,
+            budget_bytes: budget,
+        }
+    }
+
+    /// True if `loc` has an entry (tests).
+    #[cfg(test)]
+    pub(crate) fn contains(&self, loc: BlockLoc) -> bool {
+        self.inner.lock().map.contains_key(&loc.pack(0))
+    }
+}
+
+impl Inner {
+    fn list_mut(&mut self, q: Queue) -> &mut List {
+        match q {
+            Queue::Small => &mut self.small,
+            Queue::Main => &mut self.main,
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, q) = {
+            let n = &self.nodes[i as usize];
+            (n.prev, n.next, n.queue)
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            self.list_mut(q).head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            self.list_mut(q).tail = prev;
+        }
+        self.list_mut(q).len -= 1;
+    }
+
+    fn push_head(&mut self, q: Queue, i: u32) {
+        let old = self.list_mut(q).head;
+        {
+            let n = &mut self.nodes[i as usize];
+            n.queue = q;
+            n.prev = NIL;
+            n.next = old;
+        }
+        if old != NIL {
+            self.nodes[old as usize].prev = i;
+        } else {
+            self.list_mut(q).tail = i;
+        }
+        let list = self.list_mut(q);
+        list.head = i;
+        list.len += 1;
+    }
+
+    fn lookup(&mut self, key: u64, crc: u32) -> Option<Bytes> {
+        let i = *self.map.get(&key)?;
+        let n = &mut self.nodes[i as usize];
+        if n.crc != crc {
+            // The index names this location with another CRC: the
+            // invariant broke. Never serve it.
+            debug_assert!(false, "content cache entry with a stale CRC");
+            self.remove_slot(i);
+            return None;
+        }
+        n.freq = (n.freq + 1).min(FREQ_MAX);
+        Some(n.data.clone())
+    }
+
+    /// Inserts a new entry; returns how many entries were evicted for it.
+    fn insert(&mut self, key: u64, crc: u32, data: Bytes) -> u64 {
+        let q = if self.ghost_map.remove(&key).is_some() {
+            Queue::Main
+        } else {
+            Queue::Small
+        };
+        let node = Node {
+            key,
+            crc,
+            freq: 0,
+            queue: q,
+            prev: NIL,
+            next: NIL,
+            data,
+        };
+        let i = match self.free_slots.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.push_head(q, i);
+        self.map.insert(key, i);
+        let mut evicted = 0;
+        while self.map.len() > self.capacity {
+            evicted += self.evict_one();
+        }
+        evicted
+    }
+
+    fn remove_slot(&mut self, i: u32) {
+        self.unlink(i);
+        let n = &mut self.nodes[i as usize];
+        n.data = Bytes::new();
+        let key = n.key;
+        self.map.remove(&key);
+        self.free_slots.push(i);
+    }
+
+    fn remove_key(&mut self, key: u64) -> u64 {
+        match self.map.get(&key) {
+            Some(&i) => {
+                self.remove_slot(i);
+                1
+            }
+            None => 0,
+        }
+    }
+
+    /// Drops one entry (or moves entries between the FIFOs until it can).
+    /// Returns 1 if it dropped one.
+    fn evict_one(&mut self) -> u64 {
+        if self.small.len > 0 && (self.small.len >= self.small_capacity || self.main.len == 0) {
+            self.evict_small()
+        } else {
+            self.evict_main()
+        }
+    }
+
+    fn evict_small(&mut self) -> u64 {
+        loop {
+            let t = self.small.tail;
+            if t == NIL {
+                return 0;
+            }
+            if self.nodes[t as usize].freq > 0 {
+                // Read again while in the small FIFO: keep it.
+                self.unlink(t);
+                self.push_head(Queue::Main, t);
+                continue;
+            }
+            let key = self.nodes[t as usize].key;
+            self.remove_slot(t);
+            self.ghost_push(key);
+            return 1;
+        }
+    }
+
+    fn evict_main(&mut self) -> u64 {
+        loop {
+            let t = self.main.tail;
+            if t == NIL {
+                return 0;
+            }
+            let n = &mut self.nodes[t as usize];
+            if n.freq > 0 {
+                n.freq -= 1;
+                self.unlink(t);
+                self.push_head(Queue::Main, t);
+                continue;
+            }
+            self.remove_slot(t);
+            return 1;
+        }
+    }
+
+    fn ghost_push(&mut self, key: u64) {
+        self.ghost_seq += 1;
+        let seq = self.ghost_seq;
+        self.ghost.push_back((key, seq));
+        self.ghost_map.insert(key, seq);
+        while self.ghost.len() > self.capacity {
+            self.ghost_pop();
+        }
+    }
+
+    fn ghost_pop(&mut self) {
+        if let Some((key, seq)) = self.ghost.pop_front() {
+            if self.ghost_map.get(&key) == Some(&seq) {
+                self.ghost_map.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::Allocator;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn loc(block: u64) -> BlockLoc {
+        BlockLoc { device: 1, block }
+    }
+
+    fn block(tag: u64) -> (Bytes, u32) {
+        let mut b = vec![0u8; BLOCK];
+        b[..8].copy_from_slice(&tag.to_le_bytes());
+        let crc = tessera_format::block_crc(&b);
+        (Bytes::from(b), crc)
+    }
+
+    fn fill_one(c: &ContentCache, l: BlockLoc, tag: u64) {
+        let (b, crc) = block(tag);
+        c.fill(c.ticket(), vec![(l, crc, b)]);
+    }
+
+    fn read(c: &ContentCache, l: BlockLoc, tag: u64) -> Option<Bytes> {
+        let (_, crc) = block(tag);
+        let mut plan = vec![Source::Disk(l, crc)];
+        c.resolve(&mut plan);
+        match plan.pop() {
+            Some(Source::Cached(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_hit_returns_the_block_and_counts() {
+        let c = ContentCache::new(1 << 20);
+        assert!(read(&c, loc(5), 7).is_none());
+        fill_one(&c, loc(5), 7);
+        let b = read(&c, loc(5), 7).expect("hit");
+        assert_eq!(b, block(7).0);
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.inserted, s.entries), (1, 1, 1, 1));
+        assert_eq!(s.bytes_cached, BLOCK as u64);
+        assert_eq!(s.budget_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn a_budget_of_zero_holds_nothing() {
+        let c = ContentCache::new(0);
+        fill_one(&c, loc(5), 7);
+        assert!(read(&c, loc(5), 7).is_none());
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.inserted, s.entries), (0, 1, 0, 0));
+    }
+
+    #[test]
+    fn a_fill_planned_before_a_release_is_refused() {
+        let c = ContentCache::new(1 << 20);
+        let ticket = c.ticket();
+        c.release([loc(99)]);
+        let (b, crc) = block(1);
+        c.fill(ticket, vec![(loc(5), crc, b)]);
+        assert!(!c.contains(loc(5)));
+        fill_one(&c, loc(5), 1);
+        assert!(c.contains(loc(5)));
+    }
+
+    #[test]
+    fn the_free_space_map_invalidates_what_it_hands_out_and_takes_back() {
+        let cache = Arc::new(ContentCache::new(1 << 20));
+        let mut a = Allocator::new(&[(1, 10, 64)]);
+        a.attach_content_cache(cache.clone());
+        let locs = a.allocate(64).expect("blocks");
+        for (i, l) in locs.iter().enumerate() {
+            fill_one(&cache, *l, i as u64);
+        }
+        assert_eq!(cache.stats().entries, 64);
+        // Freed: gone at once.
+        a.free(locs[3]);
+        assert!(!cache.contains(locs[3]));
+        // Handed out again: a fill that slipped in after the free (planned
+        // before it) was refused, and the hand-out drops any entry anyway.
+        cache.inner.lock().insert(locs[3].pack(0), 0, block(0).0);
+        let again = a.allocate(1).expect("one block");
+        assert_eq!(again, vec![locs[3]]);
+        assert!(!cache.contains(locs[3]));
+        // A pair for an index page, and a free block marked used.
+        a.free(locs[10]);
+        a.free(locs[11]);
+        cache.inner.lock().insert(locs[10].pack(0), 0, block(0).0);
+        cache.inner.lock().insert(locs[11].pack(0), 0, block(0).0);
+        let pair = a.allocate_pair().expect("pair");
+        assert_eq!(pair, locs[10]);
+        assert!(!cache.contains(locs[10]) && !cache.contains(locs[11]));
+        a.free(locs[20]);
+        cache.inner.lock().insert(locs[20].pack(0), 0, block(0).0);
+        assert!(a.mark_used(locs[20]));
+        assert!(!cache.contains(locs[20]));
+        assert_eq!(cache.stats().entries, 64 - 4);
+    }
+
+    #[test]
+    fn a_device_failure_drops_its_entries() {
+        let c = ContentCache::new(1 << 20);
+        fill_one(
+            &c,
+            BlockLoc {
+                device: 1,
+                block: 3,
+            },
+            1,
+        );
+        fill_one(
+            &c,
+            BlockLoc {
+                device: 2,
+                block: 3,
+            },
+            2,
+        );
+        c.drop_device(1);
+        assert_eq!(c.stats().entries, 1);
+        assert!(c.contains(BlockLoc {
+            device: 2,
+            block: 3
+        }));
+    }
+
+    #[test]
+    fn blocks_read_again_survive_a_scan() {
+        // 100 entries: a hot set of 20 read twice, then a scan of 1000
+        // blocks read once.
+        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        for k in 0..20 {
+            fill_one(&c, loc(k), k);
+            assert!(read(&c, loc(k), k).is_some());
+        }
+        for k in 1000..2000 {
+            fill_one(&c, loc(k), k);
+        }
+        let kept = (0..20).filter(|&k| c.contains(loc(k))).count();
+        assert_eq!(kept, 20, "the hot set was flushed by a scan");
+        assert!(c.stats().entries <= 100);
+    }
+
+    #[test]
+    fn a_block_dropped_before_its_second_read_comes_back_to_stay() {
+        // The small FIFO holds 10: a block read again only after 50 others
+        // were inserted is remembered as a ghost and, inserted again, stays.
+        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        fill_one(&c, loc(0), 0);
+        for k in 1..200 {
+            fill_one(&c, loc(k), k);
+        }
+        assert!(!c.contains(loc(0)));
+        fill_one(&c, loc(0), 0);
+        for k in 200..400 {
+            fill_one(&c, loc(k), k);
+        }
+        assert!(c.contains(loc(0)), "a ghost hit goes to the main FIFO");
+    }
+
+    #[test]
+    fn shrinking_the_budget_evicts_and_zero_frees_everything() {
+        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        for k in 0..100 {
+            fill_one(&c, loc(k), k);
+        }
+        assert_eq!(c.stats().entries, 100);
+        c.set_budget(10 * ENTRY_COST_BYTES);
+        assert_eq!(c.stats().entries, 10);
+        c.set_budget(0);
+        let s = c.stats();
+        assert_eq!((s.entries, s.evicted), (0, 100));
+        assert!(c.inner.lock().nodes.capacity() == 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Fill(u64),
+        Read(u64),
+        Invalidate(u64),
+        Budget(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u64..64).prop_map(Op::Fill),
+            6 => (0u64..64).prop_map(Op::Read),
+            2 => (0u64..64).prop_map(Op::Invalidate),
+            1 => (0u64..24).prop_map(Op::Budget),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the order of fills, reads, invalidations and budget
+        /// changes: a hit returns what was filled for that location, the
+        /// entries stay within the budget, and the FIFOs and the map agree.
+        #[test]
+        fn the_cache_stays_consistent_and_within_budget(ops in proptest::collection::vec(op(), 1..400)) {
+            let c = ContentCache::new(8 * ENTRY_COST_BYTES);
+            let mut budget = 8u64;
+            let mut version: HashMap<u64, u64> = HashMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Fill(k) => {
+                        // A location is filled again only after it was
+                        // invalidated (as the free-space map ensures).
+                        if !c.contains(loc(k)) {
+                            let v = n as u64;
+                            version.insert(k, v);
+                            fill_one(&c, loc(k), k << 32 | v);
+                        }
+                    }
+                    Op::Read(k) => {
+                        if let Some(&v) = version.get(&k) {
+                            if let Some(b) = read(&c, loc(k), k << 32 | v) {
+                                prop_assert_eq!(b, block(k << 32 | v).0);
+                            }
+                        }
+                    }
+                    Op::Invalidate(k) => {
+                        c.invalidate([loc(k)]);
+                        prop_assert!(!c.contains(loc(k)));
+                    }
+                    Op::Budget(b) => {
+                        budget = b;
+                        c.set_budget(b * ENTRY_COST_BYTES);
+                    }
+                }
+                let inner = c.inner.lock();
+                prop_assert!(inner.map.len() as u64 <= budget);
+                prop_assert_eq!(inner.map.len(), inner.small.len + inner.main.len);
+                for (q, list) in [(Queue::Small, &inner.small), (Queue::Main, &inner.main)] {
+                    let (mut i, mut seen, mut prev) = (list.head, 0, NIL);
+                    while i != NIL {
+                        let node = &inner.nodes[i as usize];
+                        prop_assert_eq!(node.queue, q);
+                        prop_assert_eq!(node.prev, prev);
+                        prop_assert_eq!(inner.map.get(&node.key), Some(&i));
+                        prev = i;
+                        i = node.next;
+                        seen += 1;
+                    }
+                    prop_assert_eq!(list.tail, prev);
+                    prop_assert_eq!(seen, list.len);
+                }
+                prop_assert!(inner.ghost.len() as u64 <= budget);
+            }
+        }
+    }
+}
