@@ -130,6 +130,16 @@ pub enum BlockError {
         /// What happened.
         detail: String,
     },
+    /// The request may or may not have taken effect: the connection to the
+    /// host that ran it broke before its answer came. Reading the range
+    /// tells which.
+    #[error("outcome unknown for the request at offset {offset}: {reason}")]
+    OutcomeUnknown {
+        /// First byte of the request.
+        offset: u64,
+        /// What broke.
+        reason: String,
+    },
     /// The volume cannot serve I/O now (no quorum, no owner, shutting down).
     #[error("volume unavailable: {reason}")]
     Unavailable {

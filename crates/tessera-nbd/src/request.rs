@@ -241,9 +241,10 @@ pub fn errno_for(op: OpKind, err: &BlockError, shutting_down: bool) -> u32 {
         },
         BlockError::NoSpace { .. } => errno::ENOSPC,
         BlockError::ReadOnly => errno::EPERM,
-        BlockError::Checksum { .. } | BlockError::Io { .. } | BlockError::Miscompare { .. } => {
-            errno::EIO
-        }
+        BlockError::Checksum { .. }
+        | BlockError::Io { .. }
+        | BlockError::OutcomeUnknown { .. }
+        | BlockError::Miscompare { .. } => errno::EIO,
         BlockError::Invalid { .. } => errno::EINVAL,
         BlockError::Unavailable { .. } => {
             if shutting_down {

@@ -5,8 +5,9 @@
 //! [`VolumeHandle`] (a `BlockDevice` that runs I/O on the local coordinator
 //! when this host owns the volume, and forwards it over the transport to the
 //! owner otherwise; an EXTENDED COPY between two volumes this host owns
-//! shares stored blocks on the owner's coordinator), and the mapping
-//! between `BlockError` and wire errors.
+//! shares stored blocks on the owner's coordinator), the typed volume
+//! operation both paths run (encoded as a wire request only when it leaves
+//! the host), and the mapping between `BlockError` and wire errors.
 //! Invariant: while ownership moves, requests wait (bounded by
 //! [`ROUTE_WAIT`]) rather than fail, so a client sees a pause, not an error.
 
@@ -179,10 +180,11 @@ impl VolumeHandle {
             .then_some(Route::Remote(owner.host, addr))
     }
 
-    /// Runs `request` on the owner's coordinator (here or on the owner's
-    /// host), retrying while ownership moves. `idempotent` requests are also
+    /// Runs `op` on the owner's coordinator: a direct call when this host
+    /// owns the volume, a wire request to the owner's host otherwise;
+    /// retried while ownership moves. `idempotent` operations are also
     /// retried after a lost answer.
-    async fn run(&self, request: Request, idempotent: bool) -> Result<Response, BlockError> {
+    async fn run(&self, op: VolumeOp, idempotent: bool) -> Result<Answer, BlockError> {
         let deadline = tokio::time::Instant::now() + ROUTE_WAIT;
         let mut last = String::from("no owner");
         loop {
@@ -191,22 +193,28 @@ impl VolumeHandle {
             }
             match self.route_now() {
                 Some(Route::Local(c)) => {
-                    let response = execute(&c, request.clone()).await;
-                    let still_owner = c.superseded().is_none()
-                        && self
-                            .owned
-                            .read()
-                            .get(&self.volume)
-                            .is_some_and(|o| Arc::ptr_eq(o, &c));
-                    if still_owner || !(idempotent && is_unavailable(&response)) {
-                        return Ok(response);
+                    let result = op.clone().run_on(&c).await;
+                    let moved = || {
+                        c.superseded().is_some()
+                            || !self
+                                .owned
+                                .read()
+                                .get(&self.volume)
+                                .is_some_and(|o| Arc::ptr_eq(o, &c))
+                    };
+                    match result {
+                        // The owner stepped down under the request: the
+                        // next owner serves it.
+                        Err(BlockError::Unavailable { reason }) if idempotent && moved() => {
+                            last = reason;
+                        }
+                        result => return result,
                     }
-                    last = format!("{response:?}");
                 }
                 Some(Route::Remote(host, addr)) => {
                     match self
                         .transport
-                        .call(&host, addr, QueueClass::Guest, request.clone())
+                        .call(&host, addr, QueueClass::Guest, op.request(&self.volume))
                         .await
                     {
                         Ok(Response::Error {
@@ -215,15 +223,16 @@ impl VolumeHandle {
                         }) => last = message,
                         // The owner is stepping down or lost quorum for a
                         // moment: a new owner may serve it shortly.
-                        Ok(response) if idempotent && is_unavailable(&response) => {
-                            last = format!("{response:?}");
-                        }
-                        Ok(response) => return Ok(response),
+                        Ok(Response::Error {
+                            kind: WireErrorKind::Unavailable,
+                            message,
+                        }) if idempotent => last = message,
+                        Ok(response) => return Answer::from_response(response),
                         Err(e) if idempotent => last = e.to_string(),
                         Err(e) => {
-                            return Err(BlockError::Io {
-                                offset: 0,
-                                detail: format!("outcome unknown: {e}"),
+                            return Err(BlockError::OutcomeUnknown {
+                                offset: op.offset(),
+                                reason: format!("volume {} on host {host}: {e}", self.volume),
                             })
                         }
                     }
@@ -264,23 +273,6 @@ impl VolumeHandle {
     }
 }
 
-fn is_unavailable(response: &Response) -> bool {
-    matches!(
-        response,
-        Response::Error {
-            kind: WireErrorKind::Unavailable | WireErrorKind::NotOwner,
-            ..
-        }
-    )
-}
-
-fn expect_ok(response: Response) -> Result<(), BlockError> {
-    match response {
-        Response::Ok => Ok(()),
-        other => Err(response_error(other)),
-    }
-}
-
 #[async_trait]
 impl BlockDevice for VolumeHandle {
     fn info(&self) -> DeviceInfo {
@@ -289,19 +281,27 @@ impl BlockDevice for VolumeHandle {
 
     async fn read(&self, offset: u64, len: u64) -> Result<Bytes, BlockError> {
         tessera_blockdev::check_range(&self.info, "read", offset, len)?;
+        if len <= FORWARD_BYTES_MAX {
+            return self
+                .run(
+                    VolumeOp::Read {
+                        offset,
+                        len: len as u32,
+                    },
+                    true,
+                )
+                .await?
+                .data(len);
+        }
         let mut out = bytes::BytesMut::with_capacity(len as usize);
         let mut done = 0;
         while done < len {
             let step = (len - done).min(FORWARD_BYTES_MAX);
-            let request = Request::VolumeRead {
-                volume: self.volume.clone(),
+            let op = VolumeOp::Read {
                 offset: offset + done,
                 len: step as u32,
             };
-            match self.run(request, true).await? {
-                Response::Data(d) if d.len() as u64 == step => out.extend_from_slice(&d),
-                other => return Err(response_error(other)),
-            }
+            out.extend_from_slice(&self.run(op, true).await?.data(step)?);
             done += step;
         }
         Ok(out.freeze())
@@ -313,44 +313,32 @@ impl BlockDevice for VolumeHandle {
         let mut done = 0;
         while done < len {
             let step = (len - done).min(FORWARD_BYTES_MAX);
-            let request = Request::VolumeWrite {
-                volume: self.volume.clone(),
+            let op = VolumeOp::Write {
                 offset: offset + done,
                 data: data.slice(done as usize..(done + step) as usize),
                 fua: flags.fua,
             };
-            expect_ok(self.run(request, true).await?)?;
+            self.run(op, true).await?.done()?;
             done += step;
         }
         Ok(())
     }
 
     async fn flush(&self) -> Result<(), BlockError> {
-        let request = Request::VolumeFlush {
-            volume: self.volume.clone(),
-        };
-        expect_ok(self.run(request, true).await?)
+        self.run(VolumeOp::Flush, true).await?.done()
     }
 
     async fn unmap(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         tessera_blockdev::check_range(&self.info, "unmap", offset, len)?;
-        let request = Request::VolumeUnmap {
-            volume: self.volume.clone(),
-            offset,
-            len,
-        };
-        expect_ok(self.run(request, true).await?)
+        self.run(VolumeOp::Unmap { offset, len }, true)
+            .await?
+            .done()
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<(), BlockError> {
         tessera_blockdev::check_range(&self.info, "write zeroes", offset, len)?;
-        let request = Request::VolumeWriteZeroes {
-            volume: self.volume.clone(),
-            offset,
-            len,
-            may_unmap: mode == ZeroMode::MayUnmap,
-        };
-        expect_ok(self.run(request, true).await?)
+        let op = VolumeOp::WriteZeroes { offset, len, mode };
+        self.run(op, true).await?.done()
     }
 
     async fn compare_and_write(
@@ -360,13 +348,14 @@ impl BlockDevice for VolumeHandle {
         new: Bytes,
     ) -> Result<(), BlockError> {
         tessera_blockdev::check_range(&self.info, "compare and write", offset, new.len() as u64)?;
-        let request = Request::VolumeCompareAndWrite {
-            volume: self.volume.clone(),
+        let op = VolumeOp::CompareAndWrite {
             offset,
             expected,
             new,
         };
-        expect_ok(self.run(request, false).await?)
+        // Not retried after a lost answer: the first attempt may have
+        // written, and a second would then miscompare.
+        self.run(op, false).await?.done()
     }
 
     /// EXTENDED COPY. When `source` is a volume of this datastore and this
@@ -388,7 +377,11 @@ impl BlockDevice for VolumeHandle {
                 Ok(_) => return Ok(()),
                 // Ownership moved or a copy failed mid-way: the data copy
                 // below goes to whichever host owns the volumes now.
-                Err(e @ (BlockError::Unavailable { .. } | BlockError::Io { .. })) => {
+                Err(
+                    e @ (BlockError::Unavailable { .. }
+                    | BlockError::Io { .. }
+                    | BlockError::OutcomeUnknown { .. }),
+                ) => {
                     tracing::warn!(volume = %self.volume, error = %e, "copy by sharing blocks failed; copying the data");
                 }
                 Err(e) => return Err(e),
@@ -399,14 +392,12 @@ impl BlockDevice for VolumeHandle {
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
         tessera_blockdev::check_range(&self.info, "block status", offset, len)?;
-        let request = Request::VolumeBlockStatus {
-            volume: self.volume.clone(),
-            offset,
-            len,
-        };
-        match self.run(request, true).await? {
-            Response::Extents(extents) => Ok(extents.into_iter().map(from_wire_extent).collect()),
-            other => Err(response_error(other)),
+        match self
+            .run(VolumeOp::BlockStatus { offset, len }, true)
+            .await?
+        {
+            Answer::Extents(extents) => Ok(extents),
+            other => Err(other.unexpected()),
         }
     }
 
@@ -422,62 +413,255 @@ impl BlockDevice for VolumeHandle {
     }
 }
 
-/// Runs a volume request on the owner's coordinator and answers it as the
-/// wire would: the same code serves local and forwarded requests.
-pub async fn execute(coordinator: &Coordinator, request: Request) -> Response {
-    let volume = request
-        .volume()
-        .cloned()
-        .unwrap_or_else(|| VolumeId("?".into()));
-    let result = match request {
-        Request::VolumeRead { offset, len, .. } => coordinator
-            .read(offset, len as u64)
-            .await
-            .map(Response::Data),
-        Request::VolumeWrite {
-            offset, data, fua, ..
-        } => coordinator
-            .write(offset, data, WriteFlags { fua })
-            .await
-            .map(|_| Response::Ok),
-        Request::VolumeFlush { .. } => coordinator.flush().await.map(|_| Response::Ok),
-        Request::VolumeUnmap { offset, len, .. } => {
-            coordinator.unmap(offset, len).await.map(|_| Response::Ok)
+/// One volume operation, typed: called on the owner's coordinator when
+/// this host owns the volume, encoded as a wire request only when it goes
+/// to another host.
+#[derive(Clone)]
+enum VolumeOp {
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    },
+    Flush,
+    Unmap {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        mode: ZeroMode,
+    },
+    CompareAndWrite {
+        offset: u64,
+        expected: Bytes,
+        new: Bytes,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// What a volume operation answers.
+enum Answer {
+    Done,
+    Data(Bytes),
+    Extents(Vec<Extent>),
+}
+
+impl Answer {
+    fn done(self) -> Result<(), BlockError> {
+        match self {
+            Answer::Done => Ok(()),
+            other => Err(other.unexpected()),
         }
-        Request::VolumeWriteZeroes {
-            offset,
-            len,
-            may_unmap,
-            ..
-        } => {
-            let mode = if may_unmap {
-                ZeroMode::MayUnmap
-            } else {
-                ZeroMode::KeepAllocated
-            };
-            coordinator
+    }
+
+    fn data(self, len: u64) -> Result<Bytes, BlockError> {
+        match self {
+            Answer::Data(d) if d.len() as u64 == len => Ok(d),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    fn unexpected(&self) -> BlockError {
+        let what = match self {
+            Answer::Done => "no data".to_string(),
+            Answer::Data(d) => format!("{} bytes", d.len()),
+            Answer::Extents(e) => format!("{} extents", e.len()),
+        };
+        BlockError::Io {
+            offset: 0,
+            detail: format!("the owner answered with {what}, which this request does not expect"),
+        }
+    }
+
+    /// The answer a forwarded request's wire response stands for.
+    fn from_response(response: Response) -> Result<Answer, BlockError> {
+        match response {
+            Response::Ok => Ok(Answer::Done),
+            Response::Data(d) => Ok(Answer::Data(d)),
+            Response::Extents(extents) => Ok(Answer::Extents(
+                extents.into_iter().map(from_wire_extent).collect(),
+            )),
+            other => Err(response_error(other)),
+        }
+    }
+
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Done => Response::Ok,
+            Answer::Data(d) => Response::Data(d),
+            Answer::Extents(extents) => {
+                Response::Extents(extents.into_iter().map(to_wire_extent).collect())
+            }
+        }
+    }
+}
+
+impl VolumeOp {
+    /// The first byte the operation touches (for errors).
+    fn offset(&self) -> u64 {
+        match self {
+            VolumeOp::Read { offset, .. }
+            | VolumeOp::Write { offset, .. }
+            | VolumeOp::Unmap { offset, .. }
+            | VolumeOp::WriteZeroes { offset, .. }
+            | VolumeOp::CompareAndWrite { offset, .. }
+            | VolumeOp::BlockStatus { offset, .. } => *offset,
+            VolumeOp::Flush => 0,
+        }
+    }
+
+    async fn run_on(self, c: &Coordinator) -> Result<Answer, BlockError> {
+        match self {
+            VolumeOp::Read { offset, len } => c.read(offset, len as u64).await.map(Answer::Data),
+            VolumeOp::Write { offset, data, fua } => c
+                .write(offset, data, WriteFlags { fua })
+                .await
+                .map(|_| Answer::Done),
+            VolumeOp::Flush => c.flush().await.map(|_| Answer::Done),
+            VolumeOp::Unmap { offset, len } => c.unmap(offset, len).await.map(|_| Answer::Done),
+            VolumeOp::WriteZeroes { offset, len, mode } => c
                 .write_zeroes(offset, len, mode)
                 .await
-                .map(|_| Response::Ok)
+                .map(|_| Answer::Done),
+            VolumeOp::CompareAndWrite {
+                offset,
+                expected,
+                new,
+            } => c
+                .compare_and_write(offset, expected, new)
+                .await
+                .map(|_| Answer::Done),
+            VolumeOp::BlockStatus { offset, len } => {
+                c.block_status(offset, len).await.map(Answer::Extents)
+            }
         }
-        Request::VolumeCompareAndWrite {
-            offset,
-            expected,
-            new,
-            ..
-        } => coordinator
-            .compare_and_write(offset, expected, new)
-            .await
-            .map(|_| Response::Ok),
-        Request::VolumeBlockStatus { offset, len, .. } => coordinator
-            .block_status(offset, len)
-            .await
-            .map(|extents| Response::Extents(extents.into_iter().map(to_wire_extent).collect())),
-        other => Err(BlockError::Invalid {
-            reason: format!("{} is not a volume operation", other.kind().name()),
-        }),
+    }
+
+    fn request(&self, volume: &VolumeId) -> Request {
+        let volume = volume.clone();
+        match self.clone() {
+            VolumeOp::Read { offset, len } => Request::VolumeRead {
+                volume,
+                offset,
+                len,
+            },
+            VolumeOp::Write { offset, data, fua } => Request::VolumeWrite {
+                volume,
+                offset,
+                data,
+                fua,
+            },
+            VolumeOp::Flush => Request::VolumeFlush { volume },
+            VolumeOp::Unmap { offset, len } => Request::VolumeUnmap {
+                volume,
+                offset,
+                len,
+            },
+            VolumeOp::WriteZeroes { offset, len, mode } => Request::VolumeWriteZeroes {
+                volume,
+                offset,
+                len,
+                may_unmap: mode == ZeroMode::MayUnmap,
+            },
+            VolumeOp::CompareAndWrite {
+                offset,
+                expected,
+                new,
+            } => Request::VolumeCompareAndWrite {
+                volume,
+                offset,
+                expected,
+                new,
+            },
+            VolumeOp::BlockStatus { offset, len } => Request::VolumeBlockStatus {
+                volume,
+                offset,
+                len,
+            },
+        }
+    }
+
+    /// The operation a forwarded request carries; `None` for requests that
+    /// are not volume operations.
+    fn from_request(request: Request) -> Option<(VolumeId, VolumeOp)> {
+        Some(match request {
+            Request::VolumeRead {
+                volume,
+                offset,
+                len,
+            } => (volume, VolumeOp::Read { offset, len }),
+            Request::VolumeWrite {
+                volume,
+                offset,
+                data,
+                fua,
+            } => (volume, VolumeOp::Write { offset, data, fua }),
+            Request::VolumeFlush { volume } => (volume, VolumeOp::Flush),
+            Request::VolumeUnmap {
+                volume,
+                offset,
+                len,
+            } => (volume, VolumeOp::Unmap { offset, len }),
+            Request::VolumeWriteZeroes {
+                volume,
+                offset,
+                len,
+                may_unmap,
+            } => {
+                let mode = if may_unmap {
+                    ZeroMode::MayUnmap
+                } else {
+                    ZeroMode::KeepAllocated
+                };
+                (volume, VolumeOp::WriteZeroes { offset, len, mode })
+            }
+            Request::VolumeCompareAndWrite {
+                volume,
+                offset,
+                expected,
+                new,
+            } => (
+                volume,
+                VolumeOp::CompareAndWrite {
+                    offset,
+                    expected,
+                    new,
+                },
+            ),
+            Request::VolumeBlockStatus {
+                volume,
+                offset,
+                len,
+            } => (volume, VolumeOp::BlockStatus { offset, len }),
+            _ => return None,
+        })
+    }
+}
+
+/// Serves a volume request forwarded by another host on this host's
+/// coordinator of the volume: the same typed operation a local client's
+/// request runs.
+pub async fn execute(coordinator: &Coordinator, request: Request) -> Response {
+    let kind = request.kind();
+    let Some((volume, op)) = VolumeOp::from_request(request) else {
+        return Response::error(
+            WireErrorKind::Invalid,
+            format!("{} is not a volume operation", kind.name()),
+        );
     };
-    result.unwrap_or_else(|e| block_error_response(&volume, e))
+    match op.run_on(coordinator).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => block_error_response(&volume, e),
+    }
 }
 
 fn to_wire_extent(e: Extent) -> tessera_wire::Extent {
@@ -505,7 +689,7 @@ fn from_wire_extent(e: tessera_wire::Extent) -> Extent {
 }
 
 /// The wire answer for a failed volume operation on the owner.
-pub fn block_error_response(volume: &VolumeId, e: BlockError) -> Response {
+fn block_error_response(volume: &VolumeId, e: BlockError) -> Response {
     let kind = match &e {
         BlockError::OutOfRange { .. } => WireErrorKind::OutOfRange,
         BlockError::NoSpace { .. } => WireErrorKind::NoSpace,
@@ -514,7 +698,7 @@ pub fn block_error_response(volume: &VolumeId, e: BlockError) -> Response {
             lba: tessera_types::Lba(offset / tessera_types::BLOCK_BYTES),
         },
         BlockError::Miscompare { offset } => WireErrorKind::Miscompare { offset: *offset },
-        BlockError::Io { .. } => WireErrorKind::Io,
+        BlockError::Io { .. } | BlockError::OutcomeUnknown { .. } => WireErrorKind::Io,
         BlockError::Unavailable { .. } => WireErrorKind::Unavailable,
         BlockError::Invalid { .. } => WireErrorKind::Invalid,
     };
@@ -522,7 +706,7 @@ pub fn block_error_response(volume: &VolumeId, e: BlockError) -> Response {
 }
 
 /// The `BlockError` a forwarded request's wire answer stands for.
-pub fn response_error(response: Response) -> BlockError {
+fn response_error(response: Response) -> BlockError {
     match response {
         Response::Error { kind, message } => match kind {
             WireErrorKind::OutOfRange => BlockError::Invalid { reason: message },

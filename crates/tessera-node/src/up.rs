@@ -127,16 +127,24 @@ pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
     let mut slots = Vec::new();
     for k in 1..=config.hosts {
         let host_config = config.host_config(k);
-        let host = Host::start(
-            host_config.clone(),
-            Arc::clone(&directory),
-            Arc::clone(&board),
-        )
-        .await?;
+        let runtime = HostRuntime::new(&host_config.id).map_err(|e| NodeError::Serve {
+            host: host_config.id.clone(),
+            what: "runtime",
+            detail: e.to_string(),
+        })?;
+        let runtime = Arc::new(runtime);
+        let host = runtime
+            .start(
+                host_config.clone(),
+                Arc::clone(&directory),
+                Arc::clone(&board),
+            )
+            .await?;
         let (dir, b) = (Arc::clone(&directory), Arc::clone(&board));
         let starter: HostStarter = Arc::new(move || {
             let (cfg, dir, b) = (host_config.clone(), Arc::clone(&dir), Arc::clone(&b));
-            Box::pin(async move { Host::start(cfg, dir, b).await.map_err(|e| e.to_string()) })
+            let runtime = Arc::clone(&runtime);
+            Box::pin(async move { runtime.start(cfg, dir, b).await.map_err(|e| e.to_string()) })
         });
         slots.push(HostSlot {
             id: host.id().clone(),
@@ -167,6 +175,64 @@ pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
         }
     }
     Ok(control)
+}
+
+/// The threads one host of `tessera up` runs on: a runtime of its own, as
+/// a host on its own machine has. The store commits a lone write on the
+/// calling thread (write and sync, ~100-200 us on a fast device); on a
+/// runtime shared by every host, the thread blocked there was often the
+/// only one watching the sockets, so the second copy's request to another
+/// host waited for the first copy's sync and the two copies were written
+/// one after the other instead of at once.
+struct HostRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// Worker threads of one host's runtime.
+const HOST_WORKER_THREADS: usize = 2;
+
+impl HostRuntime {
+    fn new(host: &HostId) -> std::io::Result<HostRuntime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(HOST_WORKER_THREADS)
+            .thread_name(host.to_string())
+            .enable_all()
+            .build()?;
+        Ok(HostRuntime {
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Starts a host whose tasks run on this runtime.
+    async fn start(
+        &self,
+        config: HostConfig,
+        directory: Arc<dyn tessera_directory::Directory>,
+        board: Arc<ResyncBoard>,
+    ) -> Result<Arc<Host>, NodeError> {
+        let Some(runtime) = &self.runtime else {
+            return Err(NodeError::Config("the host's runtime has stopped".into()));
+        };
+        let id = config.id.clone();
+        runtime
+            .spawn(Host::start(config, directory, board))
+            .await
+            .map_err(|e| NodeError::Serve {
+                host: id,
+                what: "start",
+                detail: e.to_string(),
+            })?
+    }
+}
+
+impl Drop for HostRuntime {
+    fn drop(&mut self) {
+        // May be dropped on another runtime's thread, where a blocking
+        // shutdown is not allowed; the hosts were stopped before.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Prints the banner on stdout (logs go to stderr), in one write, so a

@@ -203,6 +203,16 @@ pub trait ComponentIo: Send + Sync + 'static {
         &self,
         component: &ComponentPlacement,
     ) -> Result<ComponentStatus, ComponentError>;
+
+    /// True when the component lives on the calling host, so an operation
+    /// on it may run on the caller's thread until it is durable (the store
+    /// commits a lone write inline). The coordinator starts operations on
+    /// other hosts first, so their requests are on the wire while the local
+    /// copy is written: the copies are written in parallel, not one after
+    /// the other.
+    fn is_local(&self, _component: &ComponentPlacement) -> bool {
+        false
+    }
 }
 
 /// Where the coordinator records layout changes (component states, rebuilt

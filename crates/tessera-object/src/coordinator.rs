@@ -921,10 +921,18 @@ impl Coordinator {
                     .map(|d| d.slice(p.buffer_offset as usize..(p.buffer_offset + p.len) as usize));
                 let c2 = c.clone();
                 let fut = op(c.clone(), Lba(block), count, piece);
-                calls.push(async move { (c2, p.column, block, count, fut.await) });
+                let local = self.io.is_local(c);
+                calls.push((
+                    local,
+                    async move { (c2, p.column, block, count, fut.await) },
+                ));
             }
         }
-        let results = join_all(calls).await;
+        // Copies on other hosts first: `join_all` polls in order, and the
+        // first poll of a local copy may block this thread until its write
+        // is durable; a remote copy's first poll only sends its request.
+        calls.sort_by_key(|(local, _)| *local);
+        let results = join_all(calls.into_iter().map(|(_, call)| call)).await;
         let mut state_changed = false;
         let mut acked_columns = vec![false; targets.len()];
         let mut failure: Option<BlockError> = None;

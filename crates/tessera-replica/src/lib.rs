@@ -1,8 +1,10 @@
 //! The replica service: component operations on a host's own disk groups.
 //!
-//! Owns: the mapping from a component to the disk group that stores it, and
-//! the translation of wire requests into store operations and of store
-//! errors into wire errors.
+//! Owns: the mapping from a component to the disk group that stores it, the
+//! typed operations a coordinator on this host calls directly (no wire
+//! encoding, errors as [`ReplicaError`]), and the translation of wire
+//! requests from other hosts into those operations and of their errors into
+//! wire errors.
 //! Must not touch: placement decisions or layouts. It does what owners ask,
 //! and its only judgement is the store's epoch fence: a write from an epoch
 //! lower than the highest the component has seen is refused.
@@ -12,12 +14,73 @@
 //! (`CloneBlocks`) only between components of one disk group; any other
 //! pair is answered `NotColocated` and nothing changes.
 
+use bytes::Bytes;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_store::{DiskGroup, StoreError};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
 use tessera_wire::{ComponentRef, Request, Response, WireErrorKind};
+
+/// Why a component operation failed on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The component's disk group refused or failed the operation.
+    #[error("{component}: {source}")]
+    Store {
+        /// The component.
+        component: ComponentRef,
+        /// What the store said.
+        source: StoreError,
+    },
+    /// No disk group of this host holds the component.
+    #[error("{component} does not exist on this host")]
+    NotFound {
+        /// The component.
+        component: ComponentRef,
+    },
+    /// Blocks cannot be shared between the two components here: nothing
+    /// changed, and the owner copies the data instead.
+    #[error("{detail}")]
+    NotColocated {
+        /// Why.
+        detail: String,
+    },
+    /// This host has no disk group to create a component on.
+    #[error("this host has no disk group")]
+    NoDiskGroup,
+}
+
+impl ReplicaError {
+    /// The wire error kind another host's owner decides on.
+    pub fn wire_kind(&self) -> WireErrorKind {
+        match self {
+            ReplicaError::Store { source, .. } => store_error_kind(source),
+            ReplicaError::NotFound { .. } => WireErrorKind::NotFound,
+            ReplicaError::NotColocated { .. } => WireErrorKind::NotColocated,
+            ReplicaError::NoDiskGroup => WireErrorKind::NoSpace,
+        }
+    }
+
+    /// The wire answer for another host's owner.
+    pub fn into_response(self) -> Response {
+        let kind = self.wire_kind();
+        Response::error(kind, self.to_string())
+    }
+}
+
+/// What [`ReplicaService::status`] reports about one component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// The component's size.
+    pub size_bytes: u64,
+    /// Highest epoch it has seen.
+    pub epoch: Epoch,
+    /// Bytes of its address space that hold data.
+    pub allocated_bytes: u64,
+    /// Bytes it occupies on its devices.
+    pub physical_bytes: u64,
+}
 
 /// A host's disk groups, serving component requests.
 pub struct ReplicaService {
@@ -52,13 +115,11 @@ impl ReplicaService {
         homes.get(&id).map(|&i| Arc::clone(&self.groups[i]))
     }
 
-    fn group_for(&self, component: &ComponentRef) -> Result<Arc<DiskGroup>, Response> {
-        self.home(component.id).ok_or_else(|| {
-            Response::error(
-                WireErrorKind::NotFound,
-                format!("{component} does not exist on this host"),
-            )
-        })
+    fn group_for(&self, component: &ComponentRef) -> Result<Arc<DiskGroup>, ReplicaError> {
+        self.home(component.id)
+            .ok_or_else(|| ReplicaError::NotFound {
+                component: component.clone(),
+            })
     }
 
     /// Picks the disk group for a new component: `wanted` if named and
@@ -80,149 +141,218 @@ impl ReplicaService {
         disk_group: Option<&DiskGroupId>,
         size_bytes: u64,
         reserve_bytes: u64,
-    ) -> Response {
+    ) -> Result<(), ReplicaError> {
         let index = match self.homes.read().get(&component.id) {
             Some(&i) => Some(i),
             None => self.place_new(disk_group),
         };
-        let Some(index) = index else {
-            return Response::error(WireErrorKind::NoSpace, "this host has no disk group");
-        };
-        match self.groups[index]
+        let index = index.ok_or(ReplicaError::NoDiskGroup)?;
+        self.groups[index]
             .create_component(component.id, size_bytes, reserve_bytes)
             .await
-        {
-            Ok(()) => {
-                self.homes.write().insert(component.id, index);
-                Response::Ok
+            .map_err(|e| store(component, e))?;
+        self.homes.write().insert(component.id, index);
+        Ok(())
+    }
+
+    /// Deletes a component and frees its space. Idempotent.
+    pub async fn delete(&self, component: &ComponentRef) -> Result<(), ReplicaError> {
+        let Ok(group) = self.group_for(component) else {
+            // Already gone.
+            return Ok(());
+        };
+        match group.delete_component(component.id).await {
+            Ok(()) | Err(StoreError::NoSuchComponent { .. }) => {
+                self.homes.write().remove(&component.id);
+                Ok(())
             }
-            Err(e) => store_error(component, e),
+            Err(e) => Err(store(component, e)),
         }
     }
 
-    /// Serves one component request. Requests that are not component
-    /// operations are answered `Invalid`.
+    /// Grows a component's address space.
+    pub async fn resize(
+        &self,
+        component: &ComponentRef,
+        size_bytes: u64,
+    ) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .resize_component(component.id, size_bytes)
+            .await
+            .map(|_| ())
+            .map_err(|e| store(component, e))
+    }
+
+    /// Writes whole blocks at `lba`; durable when it returns Ok.
+    pub async fn write(
+        &self,
+        component: &ComponentRef,
+        lba: Lba,
+        data: Bytes,
+        epoch: Epoch,
+    ) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .write(component.id, lba, data, epoch)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Reads `blocks` blocks at `lba`, each verified against its checksum.
+    pub async fn read(
+        &self,
+        component: &ComponentRef,
+        lba: Lba,
+        blocks: u32,
+    ) -> Result<Bytes, ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .read(component.id, lba, blocks)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Deallocates blocks.
+    pub async fn unmap(
+        &self,
+        component: &ComponentRef,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .unmap(component.id, lba, blocks, epoch)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Makes blocks read as zeros.
+    pub async fn write_zeroes(
+        &self,
+        component: &ComponentRef,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+    ) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .write_zeroes(component.id, lba, blocks, epoch)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Makes every acknowledged write of the component's disk group durable.
+    pub async fn flush(&self, component: &ComponentRef) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group.flush().await.map_err(|e| store(component, e))
+    }
+
+    /// Installs `epoch` as the lowest the component accepts.
+    pub async fn fence(&self, component: &ComponentRef, epoch: Epoch) -> Result<(), ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .fence(component.id, epoch)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Runs of allocated blocks within `[from, from+blocks)`.
+    pub async fn allocated(
+        &self,
+        component: &ComponentRef,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ReplicaError> {
+        let group = self.group_for(component)?;
+        group
+            .allocated(component.id, from, blocks)
+            .await
+            .map_err(|e| store(component, e))
+    }
+
+    /// Epoch and space of a component.
+    pub fn status(&self, component: &ComponentRef) -> Result<ReplicaStatus, ReplicaError> {
+        let group = self.group_for(component)?;
+        let space = group
+            .component_space(component.id)
+            .map_err(|e| store(component, e))?;
+        let epoch = group.epoch(component.id).map_err(|e| store(component, e))?;
+        Ok(ReplicaStatus {
+            size_bytes: space.logical_bytes,
+            epoch,
+            allocated_bytes: space.allocated_bytes,
+            physical_bytes: space.physical_bytes,
+        })
+    }
+
+    /// Serves one component request from another host. Requests that are
+    /// not component operations are answered `Invalid`.
     pub async fn handle(&self, request: Request) -> Response {
+        let done = |r: Result<(), ReplicaError>| match r {
+            Ok(()) => Response::Ok,
+            Err(e) => answer_error(e),
+        };
         match request {
             Request::CreateComponent {
                 component,
                 size_bytes,
                 reserve_bytes,
-            } => {
+            } => done(
                 self.create(&component, None, size_bytes, reserve_bytes)
-                    .await
-            }
-            Request::DeleteComponent { component } => {
-                let group = match self.group_for(&component) {
-                    Ok(g) => g,
-                    // Already gone: deleting is idempotent.
-                    Err(_) => return Response::Ok,
-                };
-                match group.delete_component(component.id).await {
-                    Ok(()) | Err(StoreError::NoSuchComponent { .. }) => {
-                        self.homes.write().remove(&component.id);
-                        Response::Ok
-                    }
-                    Err(e) => store_error(&component, e),
-                }
-            }
+                    .await,
+            ),
+            Request::DeleteComponent { component } => done(self.delete(&component).await),
             Request::ResizeComponent {
                 component,
                 size_bytes,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.resize_component(component.id, size_bytes)
-                        .await
-                        .map(|_| Response::Ok)
-                })
-                .await
-            }
+            } => done(self.resize(&component, size_bytes).await),
             Request::Write {
                 component,
                 lba,
                 epoch,
                 data,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.write(component.id, lba, data, epoch)
-                        .await
-                        .map(|_| Response::Ok)
-                })
-                .await
-            }
+            } => done(self.write(&component, lba, data, epoch).await),
             Request::Read {
                 component,
                 lba,
                 blocks,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.read(component.id, lba, blocks).await.map(Response::Data)
-                })
-                .await
-            }
+            } => match self.read(&component, lba, blocks).await {
+                Ok(data) => Response::Data(data),
+                Err(e) => answer_error(e),
+            },
             Request::Unmap {
                 component,
                 lba,
                 blocks,
                 epoch,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.unmap(component.id, lba, blocks, epoch)
-                        .await
-                        .map(|_| Response::Ok)
-                })
-                .await
-            }
+            } => done(self.unmap(&component, lba, blocks, epoch).await),
             Request::WriteZeroes {
                 component,
                 lba,
                 blocks,
                 epoch,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.write_zeroes(component.id, lba, blocks, epoch)
-                        .await
-                        .map(|_| Response::Ok)
-                })
-                .await
-            }
-            Request::Flush { component } => {
-                self.with_group(&component, |g| async move {
-                    g.flush().await.map(|_| Response::Ok)
-                })
-                .await
-            }
-            Request::Fence { component, epoch } => {
-                self.with_group(&component, |g| async move {
-                    g.fence(component.id, epoch).await.map(|_| Response::Ok)
-                })
-                .await
-            }
+            } => done(self.write_zeroes(&component, lba, blocks, epoch).await),
+            Request::Flush { component } => done(self.flush(&component).await),
+            Request::Fence { component, epoch } => done(self.fence(&component, epoch).await),
             Request::Allocated {
                 component,
                 from,
                 blocks,
-            } => {
-                self.with_group(&component, |g| async move {
-                    g.allocated(component.id, from, blocks)
-                        .await
-                        .map(Response::Ranges)
-                })
-                .await
-            }
-            Request::ComponentStatus { component } => {
-                self.with_group(&component, |g| async move {
-                    let space = g.component_space(component.id)?;
-                    let epoch = g.epoch(component.id)?;
-                    Ok(Response::Status {
-                        size_bytes: space.logical_bytes,
-                        epoch,
-                        allocated_bytes: space.allocated_bytes,
-                        physical_bytes: space.physical_bytes,
-                    })
-                })
-                .await
-            }
+            } => match self.allocated(&component, from, blocks).await {
+                Ok(ranges) => Response::Ranges(ranges),
+                Err(e) => answer_error(e),
+            },
+            Request::ComponentStatus { component } => match self.status(&component) {
+                Ok(s) => Response::Status {
+                    size_bytes: s.size_bytes,
+                    epoch: s.epoch,
+                    allocated_bytes: s.allocated_bytes,
+                    physical_bytes: s.physical_bytes,
+                },
+                Err(e) => answer_error(e),
+            },
             Request::CloneBlocks {
                 source,
                 source_lba,
@@ -230,10 +360,10 @@ impl ReplicaService {
                 target_lba,
                 blocks,
                 epoch,
-            } => {
+            } => done(
                 self.clone_blocks(&source, source_lba, &target, target_lba, blocks, epoch)
-                    .await
-            }
+                    .await,
+            ),
             other => Response::error(
                 WireErrorKind::Invalid,
                 format!("{} is not a component operation", other.kind().name()),
@@ -244,7 +374,7 @@ impl ReplicaService {
     /// Shares `blocks` blocks of `source` into `target` (see
     /// [`DiskGroup::clone_blocks`]). Blocks are shared only within one disk
     /// group: two components on different ones, or a source this host does
-    /// not hold, are answered [`WireErrorKind::NotColocated`] and nothing
+    /// not hold, are refused with [`ReplicaError::NotColocated`] and nothing
     /// changes, so the owner copies the data instead.
     pub async fn clone_blocks(
         &self,
@@ -254,7 +384,7 @@ impl ReplicaService {
         target_lba: Lba,
         blocks: u64,
         epoch: Epoch,
-    ) -> Response {
+    ) -> Result<(), ReplicaError> {
         let (source_home, target_home) = {
             let homes = self.homes.read();
             (
@@ -263,59 +393,56 @@ impl ReplicaService {
             )
         };
         let Some(target_home) = target_home else {
-            return Response::error(
-                WireErrorKind::NotFound,
-                format!("{target} does not exist on this host"),
-            );
+            return Err(ReplicaError::NotFound {
+                component: target.clone(),
+            });
         };
         let group = Arc::clone(&self.groups[target_home]);
         match source_home {
             Some(home) if home == target_home => {}
             Some(home) => {
-                return Response::error(
-                    WireErrorKind::NotColocated,
-                    format!(
+                return Err(ReplicaError::NotColocated {
+                    detail: format!(
                         "{target} is on disk group {} and {source} on disk group {} of this host: blocks are shared only within one disk group",
                         group.id(),
                         self.groups[home].id()
                     ),
-                )
+                })
             }
             None => {
-                return Response::error(
-                    WireErrorKind::NotColocated,
-                    format!("{source} is not on this host, so it cannot share blocks with {target}"),
-                )
+                return Err(ReplicaError::NotColocated {
+                    detail: format!(
+                        "{source} is not on this host, so it cannot share blocks with {target}"
+                    ),
+                })
             }
         }
-        match group
+        group
             .clone_blocks(source.id, source_lba, target.id, target_lba, blocks, epoch)
             .await
-        {
-            Ok(()) => Response::Ok,
-            Err(e) => store_error(target, e),
-        }
-    }
-
-    async fn with_group<F, Fut>(&self, component: &ComponentRef, op: F) -> Response
-    where
-        F: FnOnce(Arc<DiskGroup>) -> Fut,
-        Fut: std::future::Future<Output = Result<Response, StoreError>>,
-    {
-        let group = match self.group_for(component) {
-            Ok(g) => g,
-            Err(response) => return response,
-        };
-        match op(group).await {
-            Ok(r) => r,
-            Err(e) => store_error(component, e),
-        }
+            .map_err(|e| store(target, e))
     }
 }
 
-/// Maps a store error to the wire error the owner decides on.
-pub fn store_error(component: &ComponentRef, e: StoreError) -> Response {
-    let kind = match &e {
+fn store(component: &ComponentRef, source: StoreError) -> ReplicaError {
+    ReplicaError::Store {
+        component: component.clone(),
+        source,
+    }
+}
+
+/// The wire answer for a failed operation; device failures are logged here,
+/// on the host whose device failed.
+fn answer_error(e: ReplicaError) -> Response {
+    if e.wire_kind() == WireErrorKind::Io {
+        tracing::error!(error = %e, "component I/O failed");
+    }
+    e.into_response()
+}
+
+/// The wire error kind for a store error: what the owner decides on.
+pub fn store_error_kind(e: &StoreError) -> WireErrorKind {
+    match e {
         StoreError::NoSuchComponent { .. } => WireErrorKind::NotFound,
         StoreError::OutOfRange { .. } => WireErrorKind::OutOfRange,
         StoreError::Misaligned { .. }
@@ -331,9 +458,5 @@ pub fn store_error(component: &ComponentRef, e: StoreError) -> Response {
         | StoreError::Device(_)
         | StoreError::DeviceInUse { .. }
         | StoreError::BadDevice { .. } => WireErrorKind::Io,
-    };
-    if kind == WireErrorKind::Io {
-        tracing::error!(%component, error = %e, "component I/O failed");
     }
-    Response::error(kind, format!("{component}: {e}"))
 }

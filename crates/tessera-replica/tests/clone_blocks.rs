@@ -105,10 +105,10 @@ async fn blocks_are_shared_within_a_disk_group_and_refused_across_them() {
     let copy = component("vm-1", 2);
     let far = component("vm-2", 3);
     for (c, group) in [(&gold, &dg0), (&copy, &dg0), (&far, &dg1)] {
-        let created = service
+        service
             .create(c, Some(group.id()), COMPONENT_BYTES, 0)
-            .await;
-        assert_eq!(created, Response::Ok);
+            .await
+            .unwrap_or_else(|e| panic!("create {c}: {e}"));
     }
     let blocks = 2048;
     let data = pattern(7, blocks);
@@ -188,10 +188,10 @@ async fn what_the_store_refuses_is_answered_as_for_writes_and_changes_nothing() 
     let gold = component("gold", 1);
     let copy = component("vm-1", 2);
     for c in [&gold, &copy] {
-        assert_eq!(
-            service.create(c, None, COMPONENT_BYTES, 0).await,
-            Response::Ok
-        );
+        service
+            .create(c, None, COMPONENT_BYTES, 0)
+            .await
+            .unwrap_or_else(|e| panic!("create {c}: {e}"));
     }
     write(&service, &gold, 0, pattern(3, 64)).await;
     let fence = service

@@ -51,6 +51,10 @@ pub struct Transport {
     /// accept loop.
     listener: Mutex<Option<tokio::net::TcpListener>>,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// The runtime the transport was made on (the host's): connections are
+    /// opened there, so their sockets and reader tasks live on the host's
+    /// threads whichever runtime a caller runs on.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Transport {
@@ -118,6 +122,8 @@ impl Transport {
         socket.bind(listen).map_err(bind_error)?;
         let listener = socket.listen(LISTEN_BACKLOG).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| bind_error(std::io::Error::other(format!("no async runtime: {e}"))))?;
         let (shutdown, _) = watch::channel(false);
         tracing::info!(%host, %local_addr, "transport listening");
         Ok(Transport {
@@ -131,6 +137,7 @@ impl Transport {
             shutdown,
             listener: Mutex::new(Some(listener)),
             accept_task: Mutex::new(None),
+            runtime,
         })
     }
 
@@ -357,18 +364,20 @@ impl Transport {
         if let Some(connection) = self.pooled(&key, addr) {
             return Ok(connection);
         }
-        let connection = Arc::new(
-            ClientConnection::connect(
-                &self.host,
-                to,
-                addr,
-                class,
-                &self.config,
-                &self.faults,
-                &self.counters,
-            )
-            .await?,
+        let (host, peer) = (self.host.clone(), to.clone());
+        let (config, faults, counters) = (
+            self.config.clone(),
+            self.faults.clone(),
+            self.counters.clone(),
         );
+        let connecting = self.runtime.spawn(async move {
+            ClientConnection::connect(&host, &peer, addr, class, &config, &faults, &counters).await
+        });
+        let connection = Arc::new(connecting.await.map_err(|e| TransportError::Handshake {
+            peer: to.clone(),
+            addr,
+            reason: format!("the connecting task failed: {e}"),
+        })??);
         let replaced = self.pool.lock().insert(key, connection.clone());
         if let Some(old) = replaced {
             // The peer moved or the old connection broke: close it so that its

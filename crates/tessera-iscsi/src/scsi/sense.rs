@@ -219,7 +219,7 @@ impl Sense {
             BlockError::Miscompare { offset } => {
                 Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY).with_information(*offset)
             }
-            BlockError::Io { offset, .. } => {
+            BlockError::Io { offset, .. } | BlockError::OutcomeUnknown { offset, .. } => {
                 let code = if writing {
                     asc::WRITE_ERROR
                 } else {
