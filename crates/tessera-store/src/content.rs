@@ -15,7 +15,12 @@
 //! Memory: at most `budget / (4 KiB + ENTRY_OVERHEAD_BYTES)` entries, the
 //! overhead covering the entry's slot, its map slot, the shared header of its
 //! `Bytes` and its ghost record (see below), so what the cache holds stays
-//! within the budget. A budget of 0 disables the cache.
+//! within the budget, plus [`SPARE_MAX`] buffers of dropped entries kept for
+//! the next inserts. A budget of 0 disables the cache and frees everything.
+//! Measured with random 4 KiB reads over 2 GiB (every read a miss that
+//! evicts): a 64 MiB budget raised the process's resident memory by 67 MB
+//! at queue depth 1 and 75 to 80 MB at 8 and 32 (the system allocator's
+//! slack).
 //!
 //! Eviction (S3-FIFO: Yang et al., SOSP 2023), O(1) amortised per block: a
 //! new entry enters a small FIFO (a tenth of the entries); an entry that
@@ -74,6 +79,15 @@ const FREQ_MAX: u8 = 3;
 
 /// Share of the entries the small FIFO holds, as a divisor.
 const SMALL_SHARE: usize = 10;
+
+/// Most entries the tables are sized for up front (64 GiB of blocks).
+const RESERVE_ENTRIES_MAX: usize = 1 << 24;
+
+/// Buffers of dropped entries kept for the next inserts (256 KiB, beyond
+/// the budget): entries come and go at the rate of device reads, and each
+/// one taken from the heap and given back costs an allocation and leaves
+/// holes between the blocks that stay.
+const SPARE_MAX: usize = 64;
 
 const NIL: u32 = u32::MAX;
 
@@ -151,11 +165,17 @@ struct Inner {
     capacity: usize,
     small_capacity: usize,
     budget: u64,
+    /// Data of entries removed by the operation under way, for
+    /// `ContentCache::recycle`.
+    dropped: Vec<Bytes>,
 }
 
 /// The cache of one disk group.
 pub(crate) struct ContentCache {
     inner: Mutex<Inner>,
+    /// Buffers of exactly 4 KiB for the next inserts (taken without the
+    /// cache lock; filled under it).
+    spare: Mutex<Vec<Vec<u8>>>,
     /// Bumped every time a block goes back to the free-space map; a read
     /// inserts only if it is what it was when the read was planned.
     released: AtomicU64,
@@ -183,7 +203,9 @@ impl ContentCache {
                 capacity: 0,
                 small_capacity: 0,
                 budget: 0,
+                dropped: Vec::new(),
             }),
+            spare: Mutex::new(Vec::new()),
             released: AtomicU64::new(0),
             enabled: AtomicBool::new(false),
             hits: AtomicU64::new(0),
@@ -223,14 +245,67 @@ impl ContentCache {
             inner.ghost = VecDeque::new();
             inner.ghost_map = HashMap::new();
         }
+        // Room for every entry from the start: tables that double as the
+        // cache fills leave holes between the blocks in the heap (measured:
+        // 8 MB more resident for a 64 MiB budget). Untouched until used.
+        let room = capacity.min(RESERVE_ENTRIES_MAX);
+        if inner.map.capacity() < room {
+            let map_len = inner.map.len();
+            inner.map.reserve(room - map_len);
+            let nodes_len = inner.nodes.len().min(room);
+            inner.nodes.reserve(room - nodes_len);
+            let ghost_len = inner.ghost_map.len().min(room);
+            inner.ghost_map.reserve(room - ghost_len);
+            let ghost_len = inner.ghost.len().min(room);
+            inner.ghost.reserve(room - ghost_len);
+        }
+        self.recycle(&mut inner);
+        if capacity == 0 {
+            inner.dropped = Vec::new();
+            *self.spare.lock() = Vec::new();
+        }
         self.evicted.fetch_add(evicted, Ordering::Relaxed);
         self.enabled.store(capacity > 0, Ordering::Relaxed);
     }
 
     /// The generation a read's plan records (under the state lock) and its
-    /// insert checks.
-    pub(crate) fn ticket(&self) -> u64 {
-        self.released.load(Ordering::Acquire)
+    /// insert checks; None while the cache is disabled.
+    pub(crate) fn ticket(&self) -> Option<u64> {
+        self.enabled
+            .load(Ordering::Relaxed)
+            .then(|| self.released.load(Ordering::Acquire))
+    }
+
+    /// A copy of one 4 KiB block for [`ContentCache::fill`]: a buffer of
+    /// exactly 4 KiB of its own, never a slice of the read's buffer, taken
+    /// from the spare buffers of dropped entries when there is one.
+    pub(crate) fn own_block(&self, src: &[u8]) -> Bytes {
+        let mut v = self
+            .spare
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BLOCK));
+        v.clear();
+        v.extend_from_slice(src);
+        debug_assert_eq!(v.capacity(), BLOCK);
+        Bytes::from(v)
+    }
+
+    /// Keeps the buffers of the entries just removed that nothing else
+    /// holds, up to [`SPARE_MAX`]; the rest are dropped.
+    fn recycle(&self, inner: &mut Inner) {
+        if inner.dropped.is_empty() {
+            return;
+        }
+        let mut spare = self.spare.lock();
+        for b in inner.dropped.drain(..) {
+            if spare.len() < SPARE_MAX && b.len() == BLOCK && b.is_unique() {
+                let v = Vec::from(b);
+                if v.capacity() == BLOCK {
+                    spare.push(v);
+                }
+            }
+        }
     }
 
     /// Looks the capacity blocks of a read plan up: each found becomes
@@ -259,6 +334,7 @@ impl ContentCache {
                     }
                 }
             }
+            self.recycle(&mut inner);
         }
         self.hits.fetch_add(hits, Ordering::Relaxed);
         self.misses.fetch_add(disk - hits, Ordering::Relaxed);
@@ -274,18 +350,18 @@ impl ContentCache {
         let (mut inserted, mut evicted) = (0, 0);
         {
             let mut inner = self.inner.lock();
-            if self.released.load(Ordering::Acquire) != ticket {
-                return;
-            }
+            let current = self.released.load(Ordering::Acquire) == ticket;
             for (loc, crc, data) in blocks {
                 debug_assert_eq!(data.len(), BLOCK);
                 let key = loc.pack(0);
-                if inner.capacity == 0 || inner.map.contains_key(&key) {
+                if !current || inner.capacity == 0 || inner.map.contains_key(&key) {
+                    inner.dropped.push(data);
                     continue;
                 }
                 evicted += inner.insert(key, crc, data);
                 inserted += 1;
             }
+            self.recycle(&mut inner);
         }
         self.inserted.fetch_add(inserted, Ordering::Relaxed);
         self.evicted.fetch_add(evicted, Ordering::Relaxed);
@@ -299,6 +375,7 @@ impl ContentCache {
         for loc in locs {
             dropped += inner.remove_key(loc.pack(0));
         }
+        self.recycle(&mut inner);
         drop(inner);
         self.invalidated.fetch_add(dropped, Ordering::Relaxed);
     }
@@ -313,6 +390,7 @@ impl ContentCache {
         for loc in locs {
             dropped += inner.remove_key(loc.pack(0));
         }
+        self.recycle(&mut inner);
         drop(inner);
         self.invalidated.fetch_add(dropped, Ordering::Relaxed);
     }
@@ -330,6 +408,7 @@ impl ContentCache {
         for k in keys {
             dropped += inner.remove_key(k);
         }
+        self.recycle(&mut inner);
         drop(inner);
         self.invalidated.fetch_add(dropped, Ordering::Relaxed);
     }
@@ -455,8 +534,9 @@ impl Inner {
     fn remove_slot(&mut self, i: u32) {
         self.unlink(i);
         let n = &mut self.nodes[i as usize];
-        n.data = Bytes::new();
+        let data = std::mem::take(&mut n.data);
         let key = n.key;
+        self.dropped.push(data);
         self.map.remove(&key);
         self.free_slots.push(i);
     }
@@ -557,7 +637,9 @@ mod tests {
 
     fn fill_one(c: &ContentCache, l: BlockLoc, tag: u64) {
         let (b, crc) = block(tag);
-        c.fill(c.ticket(), vec![(l, crc, b)]);
+        if let Some(ticket) = c.ticket() {
+            c.fill(ticket, vec![(l, crc, b)]);
+        }
     }
 
     fn read(c: &ContentCache, l: BlockLoc, tag: u64) -> Option<Bytes> {
@@ -595,7 +677,7 @@ mod tests {
     #[test]
     fn a_fill_planned_before_a_release_is_refused() {
         let c = ContentCache::new(1 << 20);
-        let ticket = c.ticket();
+        let ticket = c.ticket().expect("enabled");
         c.release([loc(99)]);
         let (b, crc) = block(1);
         c.fill(ticket, vec![(loc(5), crc, b)]);

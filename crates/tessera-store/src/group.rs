@@ -641,7 +641,7 @@ impl DiskGroup {
                     }
                     let content = &self.shared.content;
                     content.resolve(&mut plan);
-                    return Ok((plan, Some(content.ticket())));
+                    return Ok((plan, content.ticket()));
                 }
                 need
             };
@@ -1220,7 +1220,7 @@ fn assemble(
                     Err(lba)
                 } else if let Some(ticket) = ticket {
                     // The caller and the cache share one exact 4 KiB buffer.
-                    let b = Bytes::copy_from_slice(buf.as_slice());
+                    let b = shared.content.own_block(buf.as_slice());
                     shared.content.fill(ticket, vec![(loc, crc, b.clone())]);
                     Ok(b)
                 } else {
@@ -1273,7 +1273,7 @@ fn assemble(
                             device: first.device,
                             block: first.block + k as u64,
                         };
-                        fills.push((loc, crc, Bytes::copy_from_slice(b)));
+                        fills.push((loc, crc, shared.content.own_block(b)));
                     }
                 }
                 i += run;
