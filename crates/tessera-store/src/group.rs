@@ -518,6 +518,7 @@ impl DiskGroup {
     }
 
     /// Writes whole 4 KiB blocks from `lba`. Durable when it returns Ok.
+    /// The data is copied once: nothing of `data` is held after the call.
     pub async fn write(
         &self,
         id: ComponentId,
@@ -538,6 +539,12 @@ impl DiskGroup {
         let n = len / BLOCK_BYTES;
         let lock = self.component_lock(id)?;
         let _guard = lock.read().await;
+        // The store keeps only the write's own bytes until they are
+        // destaged: one copy in a buffer of exactly their length, whatever
+        // buffer the caller's `Bytes` is a slice of (a 4 KiB write read into
+        // a 128 KiB network buffer would keep all of it alive, outside the
+        // overlay's budget). The CRCs are taken from this copy.
+        let data = Bytes::copy_from_slice(&data);
         let blocks: Vec<(Bytes, u32, bool)> = (0..n as usize)
             .map(|i| {
                 let b = data.slice(i * BLOCK..(i + 1) * BLOCK);

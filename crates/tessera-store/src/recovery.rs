@@ -834,7 +834,9 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
                 if !in_range {
                     continue;
                 }
-                let blocks = [(block.clone(), crc, !*sound)];
+                // A block of its own, not a slice that keeps the whole
+                // record read back from the log alive until it is destaged.
+                let blocks = [(Bytes::copy_from_slice(block), crc, !*sound)];
                 let ops = with_pages(shared, |st| {
                     let need = st.missing_pages(c, e.lba, e.lba + 1);
                     if !need.0.is_empty() {

@@ -106,6 +106,8 @@ pub(crate) struct Pending {
     /// Operation number: the destager applies the block only if the overlay
     /// still holds this operation (no later write or unmap replaced it).
     pub(crate) op: u64,
+    /// A slice of the store's own copy of the write (exactly the write's
+    /// bytes: see `DiskGroup::write`), never of the caller's buffer.
     pub(crate) data: Bytes,
     pub(crate) crc: u32,
     /// The log record holding it was damaged: the data is lost.
