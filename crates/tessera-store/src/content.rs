@@ -6,11 +6,24 @@
 //! the device once.
 //!
 //! Owns: the cached blocks (each a `Bytes` of exactly 4 KiB that owns its
-//! buffer alone, never a slice of a larger read), their eviction, and the
-//! cache's counters. Must not touch: devices and the state; the read path
-//! looks blocks up while it plans under the state lock and inserts what it
-//! read and verified, and the free-space map ([`crate::alloc::Allocator`])
+//! buffer alone, never a slice of a larger read), their eviction, the
+//! blocks reads are fetching right now (so a second read of a block waits
+//! for the first instead of reading it again), and the cache's counters.
+//! Must not touch: devices and the state; the read path looks blocks up
+//! while it plans under the state lock and inserts what it read and
+//! verified, and the free-space map ([`crate::alloc::Allocator`])
 //! invalidates.
+//!
+//! Reads at once: clones booting together read the same blocks at nearly
+//! the same moment, and each would miss while the first read of a block is
+//! still at the device. A read whose missing blocks are all being fetched
+//! by other reads (same location, same CRC) waits for them and gets the
+//! verified blocks from those reads (`joined` in the counters); a read that
+//! fetches anything fetches all its missing blocks itself and never waits.
+//! So no read waits for a read that waits, and a fetch that fails or is
+//! dropped ends its waiters' waits, which then read the blocks themselves.
+//! A waiter gets bytes that matched the CRC its own plan took from the
+//! index, which is all a device read of its own would promise.
 //!
 //! Memory: at most `budget / (4 KiB + ENTRY_OVERHEAD_BYTES)` entries, the
 //! overhead covering the entry's slot, its map slot, the shared header of its
@@ -61,6 +74,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use tessera_format::{BlockLoc, BLOCK};
 
 /// Memory one entry takes besides its 4 KiB of data: its slot (56 bytes),
@@ -96,8 +110,12 @@ const NIL: u32 = u32::MAX;
 pub struct ContentCacheStats {
     /// Blocks of client reads served from the cache.
     pub hits: u64,
+    /// Blocks of client reads that were being read from a capacity device
+    /// for another read, and were handed over by it rather than read again.
+    pub joined: u64,
     /// Blocks of client reads read from a capacity device (all of them when
-    /// the cache is disabled).
+    /// the cache is disabled). Hits, joined and misses add up to the
+    /// capacity-tier blocks clients read.
     pub misses: u64,
     /// Blocks inserted after a read from a capacity device.
     pub inserted: u64,
@@ -114,6 +132,59 @@ pub struct ContentCacheStats {
     pub memory_bytes: u64,
     /// The configured budget in bytes (0: disabled).
     pub budget_bytes: u64,
+}
+
+/// What a read planned through the cache does after its plan.
+pub(crate) struct Resolved {
+    /// Inserts what the read fetches and completes the fetches it leads
+    /// (None while the cache is disabled).
+    pub(crate) fill: Option<Fill>,
+    /// Blocks another read is fetching: (index in the plan, its answer;
+    /// None if that read failed, and then this read reads the block).
+    pub(crate) waits: Vec<(usize, tokio::sync::oneshot::Receiver<Option<Bytes>>)>,
+}
+
+/// A read's part in the cache once it is planned: the `released`
+/// generation at its plan, and the fetches of blocks it leads, which end
+/// when it fills them or, at the latest, when it is dropped (a failed or
+/// abandoned read: its waiters then read the blocks themselves).
+pub(crate) struct Fill {
+    cache: Arc<ContentCache>,
+    ticket: u64,
+    /// Locations this read fetches for others too.
+    led: Vec<u64>,
+    /// Ids of those fetches (allocated in one run at the plan).
+    ids: std::ops::Range<u64>,
+}
+
+impl Fill {
+    /// Inserts verified blocks and hands them to the reads waiting for them
+    /// (see [`ContentCache::fill`]).
+    pub(crate) fn fill(&mut self, blocks: Vec<(BlockLoc, u32, Bytes)>) {
+        let cache = self.cache.clone();
+        cache.fill(self, blocks);
+    }
+
+    /// A copy of one block for [`Fill::fill`] (see
+    /// [`ContentCache::own_block`]).
+    pub(crate) fn own_block(&self, src: &[u8]) -> Bytes {
+        self.cache.own_block(src)
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        let cache = self.cache.clone();
+        cache.abandon(self);
+    }
+}
+
+/// A block some read is fetching from its device, and the reads waiting
+/// for it.
+struct Flight {
+    id: u64,
+    crc: u32,
+    waiters: Vec<tokio::sync::oneshot::Sender<Option<Bytes>>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -168,6 +239,9 @@ struct Inner {
     /// Data of entries removed by the operation under way, for
     /// `ContentCache::recycle`.
     dropped: Vec<Bytes>,
+    /// Blocks being fetched by a read that others may wait for, by location.
+    flights: HashMap<u64, Flight>,
+    next_flight: u64,
 }
 
 /// The cache of one disk group.
@@ -182,6 +256,7 @@ pub(crate) struct ContentCache {
     /// The budget is not 0 (lookups skip the lock otherwise).
     enabled: AtomicBool,
     hits: AtomicU64,
+    joined: AtomicU64,
     misses: AtomicU64,
     inserted: AtomicU64,
     evicted: AtomicU64,
@@ -204,11 +279,14 @@ impl ContentCache {
                 small_capacity: 0,
                 budget: 0,
                 dropped: Vec::new(),
+                flights: HashMap::new(),
+                next_flight: 0,
             }),
             spare: Mutex::new(Vec::new()),
             released: AtomicU64::new(0),
             enabled: AtomicBool::new(false),
             hits: AtomicU64::new(0),
+            joined: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -268,14 +346,6 @@ impl ContentCache {
         self.enabled.store(capacity > 0, Ordering::Relaxed);
     }
 
-    /// The generation a read's plan records (under the state lock) and its
-    /// insert checks; None while the cache is disabled.
-    pub(crate) fn ticket(&self) -> Option<u64> {
-        self.enabled
-            .load(Ordering::Relaxed)
-            .then(|| self.released.load(Ordering::Acquire))
-    }
-
     /// A copy of one 4 KiB block for [`ContentCache::fill`]: a buffer of
     /// exactly 4 KiB of its own, never a slice of the read's buffer, taken
     /// from the spare buffers of dropped entries when there is one.
@@ -310,50 +380,128 @@ impl ContentCache {
 
     /// Looks the capacity blocks of a read plan up: each found becomes
     /// [`Source::Cached`]. The caller holds the state lock and planned the
-    /// sources under it.
-    pub(crate) fn resolve(&self, plan: &mut [Source]) {
+    /// sources under it. Of the blocks not found, those another read is
+    /// fetching are waited for if the read would fetch nothing itself
+    /// (`Resolved::waits`); otherwise the read fetches them all and others
+    /// may wait for the ones nobody was fetching (`Fill`). So a read that
+    /// fetches never waits, and no two reads wait for each other.
+    pub(crate) fn resolve(self: &Arc<Self>, plan: &mut [Source]) -> Resolved {
         let disk = plan
             .iter()
             .filter(|s| matches!(s, Source::Disk(..)))
             .count() as u64;
-        if disk == 0 {
-            return;
-        }
         if !self.enabled.load(Ordering::Relaxed) {
             self.misses.fetch_add(disk, Ordering::Relaxed);
-            return;
+            return Resolved {
+                fill: None,
+                waits: Vec::new(),
+            };
         }
-        let mut hits = 0;
+        let mut fill = Fill {
+            cache: self.clone(),
+            ticket: self.released.load(Ordering::Acquire),
+            led: Vec::new(),
+            ids: 0..0,
+        };
+        let mut waits = Vec::new();
+        if disk == 0 {
+            return Resolved {
+                fill: Some(fill),
+                waits,
+            };
+        }
+        let (mut hits, mut fetched) = (0, 0);
         {
             let mut inner = self.inner.lock();
-            for s in plan.iter_mut() {
+            let mut missed = Vec::new();
+            for (i, s) in plan.iter_mut().enumerate() {
                 if let Source::Disk(loc, crc) = *s {
-                    if let Some(data) = inner.lookup(loc.pack(0), crc) {
-                        *s = Source::Cached(data);
-                        hits += 1;
+                    match inner.lookup(loc.pack(0), crc) {
+                        Some(data) => {
+                            *s = Source::Cached(data);
+                            hits += 1;
+                        }
+                        None => missed.push((i, loc.pack(0), crc)),
                     }
                 }
+            }
+            let all_in_flight = !missed.is_empty()
+                && missed
+                    .iter()
+                    .all(|(_, key, crc)| inner.flights.get(key).is_some_and(|f| f.crc == *crc));
+            if all_in_flight {
+                for (i, key, _) in missed {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    if let Some(f) = inner.flights.get_mut(&key) {
+                        f.waiters.push(tx);
+                    }
+                    waits.push((i, rx));
+                }
+            } else {
+                fetched = missed.len() as u64;
+                let first = inner.next_flight;
+                for (_, key, crc) in missed {
+                    if inner.flights.contains_key(&key) {
+                        // Fetched by another read too (or twice in this one).
+                        continue;
+                    }
+                    let id = inner.next_flight;
+                    inner.next_flight += 1;
+                    inner.flights.insert(
+                        key,
+                        Flight {
+                            id,
+                            crc,
+                            waiters: Vec::new(),
+                        },
+                    );
+                    fill.led.push(key);
+                }
+                fill.ids = first..inner.next_flight;
             }
             self.recycle(&mut inner);
         }
         self.hits.fetch_add(hits, Ordering::Relaxed);
-        self.misses.fetch_add(disk - hits, Ordering::Relaxed);
+        self.misses.fetch_add(fetched, Ordering::Relaxed);
+        Resolved {
+            fill: Some(fill),
+            waits,
+        }
     }
 
-    /// Inserts blocks a read planned with `ticket` read from their devices
-    /// and verified against their CRC32C: (location, CRC, the 4 KiB). Does
-    /// nothing if a block went back to the free-space map since the plan.
-    pub(crate) fn fill(&self, ticket: u64, blocks: Vec<(BlockLoc, u32, Bytes)>) {
-        if blocks.is_empty() || !self.enabled.load(Ordering::Relaxed) {
+    /// Counts the blocks a read waited for: `joined` came from the read it
+    /// waited for, `fetched` had to be read after all (that read failed).
+    pub(crate) fn count_waited(&self, joined: u64, fetched: u64) {
+        self.joined.fetch_add(joined, Ordering::Relaxed);
+        self.misses.fetch_add(fetched, Ordering::Relaxed);
+    }
+
+    /// Inserts blocks a read read from their devices and verified against
+    /// their CRC32C: (location, CRC, the 4 KiB), and hands them to the reads
+    /// waiting for them. Inserts nothing if a block went back to the
+    /// free-space map since the read was planned.
+    pub(crate) fn fill(&self, fill: &mut Fill, blocks: Vec<(BlockLoc, u32, Bytes)>) {
+        if blocks.is_empty() {
             return;
         }
         let (mut inserted, mut evicted) = (0, 0);
         {
             let mut inner = self.inner.lock();
-            let current = self.released.load(Ordering::Acquire) == ticket;
+            let current = self.released.load(Ordering::Acquire) == fill.ticket;
             for (loc, crc, data) in blocks {
                 debug_assert_eq!(data.len(), BLOCK);
                 let key = loc.pack(0);
+                if inner
+                    .flights
+                    .get(&key)
+                    .is_some_and(|f| fill.ids.contains(&f.id))
+                {
+                    if let Some(f) = inner.flights.remove(&key) {
+                        for w in f.waiters {
+                            let _ = w.send(Some(data.clone()));
+                        }
+                    }
+                }
                 if !current || inner.capacity == 0 || inner.map.contains_key(&key) {
                     inner.dropped.push(data);
                     continue;
@@ -365,6 +513,28 @@ impl ContentCache {
         }
         self.inserted.fetch_add(inserted, Ordering::Relaxed);
         self.evicted.fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// Ends the flights a read led and did not complete: their waiters read
+    /// the blocks themselves.
+    fn abandon(&self, fill: &mut Fill) {
+        if fill.led.is_empty() {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        for key in fill.led.drain(..) {
+            if inner
+                .flights
+                .get(&key)
+                .is_some_and(|f| fill.ids.contains(&f.id))
+            {
+                if let Some(f) = inner.flights.remove(&key) {
+                    for w in f.waiters {
+                        let _ = w.send(None);
+                    }
+                }
+            }
+        }
     }
 
     /// Drops the entries of locations the free-space map hands out for new
@@ -420,6 +590,7 @@ impl ContentCache {
         };
         ContentCacheStats {
             hits: self.hits.load(Ordering::Relaxed),
+            joined: self.joined.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             inserted: self.inserted.load(Ordering::Relaxed),
             evicted: self.evicted.load(Ordering::Relaxed),
@@ -635,17 +806,33 @@ mod tests {
         (Bytes::from(b), crc)
     }
 
-    fn fill_one(c: &ContentCache, l: BlockLoc, tag: u64) {
-        let (b, crc) = block(tag);
-        if let Some(ticket) = c.ticket() {
-            c.fill(ticket, vec![(l, crc, b)]);
+    fn cache(budget: u64) -> Arc<ContentCache> {
+        Arc::new(ContentCache::new(budget))
+    }
+
+    /// The part of a read planned now, leading nothing.
+    fn planned(c: &Arc<ContentCache>) -> Fill {
+        Fill {
+            cache: c.clone(),
+            ticket: c.released.load(Ordering::Acquire),
+            led: Vec::new(),
+            ids: 0..0,
         }
     }
 
-    fn read(c: &ContentCache, l: BlockLoc, tag: u64) -> Option<Bytes> {
+    /// Inserts a block as a read that fetched it would.
+    fn fill_one(c: &Arc<ContentCache>, l: BlockLoc, tag: u64) {
+        let (b, crc) = block(tag);
+        planned(c).fill(vec![(l, crc, b)]);
+    }
+
+    /// A lone read: the block if the cache has it (the read's fetch, if it
+    /// leads one, ends with it).
+    fn read(c: &Arc<ContentCache>, l: BlockLoc, tag: u64) -> Option<Bytes> {
         let (_, crc) = block(tag);
         let mut plan = vec![Source::Disk(l, crc)];
-        c.resolve(&mut plan);
+        let resolved = c.resolve(&mut plan);
+        assert!(resolved.waits.is_empty());
         match plan.pop() {
             Some(Source::Cached(b)) => Some(b),
             _ => None,
@@ -654,7 +841,7 @@ mod tests {
 
     #[test]
     fn a_hit_returns_the_block_and_counts() {
-        let c = ContentCache::new(1 << 20);
+        let c = cache(1 << 20);
         assert!(read(&c, loc(5), 7).is_none());
         fill_one(&c, loc(5), 7);
         let b = read(&c, loc(5), 7).expect("hit");
@@ -667,7 +854,7 @@ mod tests {
 
     #[test]
     fn a_budget_of_zero_holds_nothing() {
-        let c = ContentCache::new(0);
+        let c = cache(0);
         fill_one(&c, loc(5), 7);
         assert!(read(&c, loc(5), 7).is_none());
         let s = c.stats();
@@ -676,11 +863,11 @@ mod tests {
 
     #[test]
     fn a_fill_planned_before_a_release_is_refused() {
-        let c = ContentCache::new(1 << 20);
-        let ticket = c.ticket().expect("enabled");
+        let c = cache(1 << 20);
+        let mut before = planned(&c);
         c.release([loc(99)]);
         let (b, crc) = block(1);
-        c.fill(ticket, vec![(loc(5), crc, b)]);
+        before.fill(vec![(loc(5), crc, b)]);
         assert!(!c.contains(loc(5)));
         fill_one(&c, loc(5), 1);
         assert!(c.contains(loc(5)));
@@ -688,7 +875,7 @@ mod tests {
 
     #[test]
     fn the_free_space_map_invalidates_what_it_hands_out_and_takes_back() {
-        let cache = Arc::new(ContentCache::new(1 << 20));
+        let cache = cache(1 << 20);
         let mut a = Allocator::new(&[(1, 10, 64)]);
         a.attach_content_cache(cache.clone());
         let locs = a.allocate(64).expect("blocks");
@@ -722,7 +909,7 @@ mod tests {
 
     #[test]
     fn a_device_failure_drops_its_entries() {
-        let c = ContentCache::new(1 << 20);
+        let c = cache(1 << 20);
         fill_one(
             &c,
             BlockLoc {
@@ -751,7 +938,7 @@ mod tests {
     fn blocks_read_again_survive_a_scan() {
         // 100 entries: a hot set of 20 read twice, then a scan of 1000
         // blocks read once.
-        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        let c = cache(100 * ENTRY_COST_BYTES);
         for k in 0..20 {
             fill_one(&c, loc(k), k);
             assert!(read(&c, loc(k), k).is_some());
@@ -768,7 +955,7 @@ mod tests {
     fn a_block_dropped_before_its_second_read_comes_back_to_stay() {
         // The small FIFO holds 10: a block read again only after 50 others
         // were inserted is remembered as a ghost and, inserted again, stays.
-        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        let c = cache(100 * ENTRY_COST_BYTES);
         fill_one(&c, loc(0), 0);
         for k in 1..200 {
             fill_one(&c, loc(k), k);
@@ -783,7 +970,7 @@ mod tests {
 
     #[test]
     fn shrinking_the_budget_evicts_and_zero_frees_everything() {
-        let c = ContentCache::new(100 * ENTRY_COST_BYTES);
+        let c = cache(100 * ENTRY_COST_BYTES);
         for k in 0..100 {
             fill_one(&c, loc(k), k);
         }
@@ -794,6 +981,51 @@ mod tests {
         let s = c.stats();
         assert_eq!((s.entries, s.evicted), (0, 100));
         assert!(c.inner.lock().nodes.capacity() == 0);
+    }
+
+    #[test]
+    fn a_read_of_a_block_another_read_is_fetching_waits_for_it() {
+        let c = cache(1 << 20);
+        let (b, crc) = block(3);
+        // The first read fetches, the second waits, the third (which also
+        // needs a block nobody fetches) fetches both itself.
+        let mut first = vec![Source::Disk(loc(1), crc)];
+        let mut leader = c.resolve(&mut first).fill.expect("enabled");
+        let mut second = vec![Source::Zero, Source::Disk(loc(1), crc)];
+        let mut waiting = c.resolve(&mut second);
+        assert_eq!(waiting.waits.len(), 1);
+        assert_eq!(waiting.waits[0].0, 1);
+        let mut third = vec![Source::Disk(loc(1), crc), Source::Disk(loc(2), crc)];
+        let other = c.resolve(&mut third);
+        assert!(other.waits.is_empty());
+        assert_eq!(
+            other.fill.as_ref().map(|f| f.led.clone()),
+            Some(vec![loc(2).pack(0)])
+        );
+        leader.fill(vec![(loc(1), crc, b.clone())]);
+        let (_, rx) = waiting.waits.pop().expect("a wait");
+        assert_eq!(rx.blocking_recv().ok().flatten(), Some(b));
+        assert!(c.contains(loc(1)));
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.joined), (0, 3, 0));
+        // The third read's fetch of loc(2) ends when it is dropped.
+        let mut fourth = vec![Source::Disk(loc(2), crc)];
+        let mut waiting = c.resolve(&mut fourth);
+        assert_eq!(waiting.waits.len(), 1);
+        drop(other);
+        let (_, rx) = waiting.waits.pop().expect("a wait");
+        assert_eq!(rx.blocking_recv().ok().flatten(), None);
+        assert!(c.inner.lock().flights.is_empty());
+    }
+
+    #[test]
+    fn a_wait_needs_the_same_crc() {
+        let c = cache(1 << 20);
+        let (_, crc) = block(3);
+        let mut first = vec![Source::Disk(loc(1), crc)];
+        let _leader = c.resolve(&mut first);
+        let mut second = vec![Source::Disk(loc(1), crc ^ 1)];
+        assert!(c.resolve(&mut second).waits.is_empty());
     }
 
     #[derive(Debug, Clone)]
@@ -819,7 +1051,7 @@ mod tests {
         /// entries stay within the budget, and the FIFOs and the map agree.
         #[test]
         fn the_cache_stays_consistent_and_within_budget(ops in proptest::collection::vec(op(), 1..400)) {
-            let c = ContentCache::new(8 * ENTRY_COST_BYTES);
+            let c = cache(8 * ENTRY_COST_BYTES);
             let mut budget = 8u64;
             let mut version: HashMap<u64, u64> = HashMap::new();
             for (n, op) in ops.into_iter().enumerate() {

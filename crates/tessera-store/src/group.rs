@@ -16,7 +16,7 @@
 //! or on the reader threads; each one that passes its CRC32C goes into the
 //! cache. A scrub plans without the cache: it checks the devices.
 
-use crate::content::{ContentCache, ContentCacheStats};
+use crate::content::{ContentCache, ContentCacheStats, Fill, Resolved};
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
@@ -626,16 +626,16 @@ impl DiskGroup {
 
     /// Plans a read, loading index pages as needed. With `cached`, blocks
     /// the content cache holds are taken from it (in the same step that
-    /// reads the index, under the state lock) and the plan comes with the
-    /// ticket that lets the read insert the blocks it reads (see
-    /// `crate::content`).
+    /// reads the index, under the state lock), and the plan comes with what
+    /// the read does next in the cache: wait for blocks another read is
+    /// fetching, insert the blocks it reads (see `crate::content`).
     async fn plan(
         &self,
         id: ComponentId,
         lba: Lba,
         n: u64,
         cached: bool,
-    ) -> Result<(Vec<Source>, Option<u64>), StoreError> {
+    ) -> Result<(Vec<Source>, Option<Resolved>), StoreError> {
         for _ in 0..LOAD_ATTEMPTS_MAX {
             let need = {
                 let mut st = self.shared.state.lock();
@@ -646,9 +646,8 @@ impl DiskGroup {
                     if !cached {
                         return Ok((plan, None));
                     }
-                    let content = &self.shared.content;
-                    content.resolve(&mut plan);
-                    return Ok((plan, content.ticket()));
+                    let resolved = self.shared.content.resolve(&mut plan);
+                    return Ok((plan, Some(resolved)));
                 }
                 need
             };
@@ -682,8 +681,30 @@ impl DiskGroup {
         // fresh plan before it counts.
         let mut last_bad = None;
         for _ in 0..2 {
-            let (plan, ticket) = self.plan(id, lba, n, true).await?;
-            match self.fetch(id, lba, plan, ticket).await? {
+            let (mut plan, resolved) = self.plan(id, lba, n, true).await?;
+            let fill = match resolved {
+                Some(r) => {
+                    // Blocks another read is fetching: it hands them over
+                    // (that read waits for nothing), or fails and they are
+                    // read here.
+                    let (mut joined, mut fetched) = (0, 0);
+                    for (i, answer) in r.waits {
+                        match answer.await {
+                            Ok(Some(b)) => {
+                                plan[i] = Source::Cached(b);
+                                joined += 1;
+                            }
+                            _ => fetched += 1,
+                        }
+                    }
+                    if joined + fetched > 0 {
+                        self.shared.content.count_waited(joined, fetched);
+                    }
+                    r.fill
+                }
+                None => None,
+            };
+            match self.fetch(id, lba, plan, fill).await? {
                 Ok(out) => return Ok(out),
                 Err(bad) => last_bad = Some(bad),
             }
@@ -696,14 +717,14 @@ impl DiskGroup {
     }
 
     /// Reads the planned blocks; Ok(Err(lba)) names the first block that
-    /// failed its checksum. Blocks read from a device are inserted into the
-    /// content cache if the plan has a `ticket`.
+    /// failed its checksum. Blocks read from a device go into the content
+    /// cache through `fill`, if the read has one.
     async fn fetch(
         &self,
         id: ComponentId,
         lba: Lba,
         plan: Vec<Source>,
-        ticket: Option<u64>,
+        fill: Option<Fill>,
     ) -> Result<Result<Bytes, Lba>, StoreError> {
         let shared = self.shared.clone();
         let disk_blocks = plan
@@ -719,18 +740,18 @@ impl DiskGroup {
         // together and no runtime thread sits blocked in a device read while
         // completions wait for it.
         let result = if disk_blocks == 0 {
-            assemble(&shared, lba, plan, ticket)
+            assemble(&shared, lba, plan, fill)
         } else if self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0
             && disk_blocks == 1
         {
-            let r = assemble(&shared, lba, plan, ticket);
+            let r = assemble(&shared, lba, plan, fill);
             self.shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
             r
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let job_shared = shared.clone();
             self.shared.readers.submit(Box::new(move || {
-                let r = assemble(&job_shared, lba, plan, ticket);
+                let r = assemble(&job_shared, lba, plan, fill);
                 job_shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = tx.send(r);
             }));
@@ -1197,14 +1218,16 @@ fn all_devices(devices: &GroupDevices) -> Vec<Arc<dyn Disk>> {
 }
 
 /// Reads the planned blocks and checks them. `Err((device, message))` is a
-/// device error; `Ok(Err(lba))` a checksum mismatch. With a `ticket`, every
+/// device error; `Ok(Err(lba))` a checksum mismatch. With a `fill`, every
 /// block read from a device that passes its check goes into the content
-/// cache as a buffer of its own (never a slice of the read's buffer).
+/// cache as a buffer of its own (never a slice of the read's buffer) and to
+/// the reads waiting for it; the fill is dropped when the read ends, which
+/// ends the waits it did not answer.
 fn assemble(
     shared: &Shared,
     lba: Lba,
     plan: Vec<Source>,
-    ticket: Option<u64>,
+    fill: Option<Fill>,
 ) -> Result<Result<Bytes, Lba>, (u8, String)> {
     let n = plan.len();
     // Fast path: one block.
@@ -1225,10 +1248,10 @@ fn assemble(
                 read_loc(shared, loc, buf.as_mut_slice())?;
                 if block_crc(buf.as_slice()) != crc {
                     Err(lba)
-                } else if let Some(ticket) = ticket {
+                } else if let Some(mut fill) = fill {
                     // The caller and the cache share one exact 4 KiB buffer.
-                    let b = shared.content.own_block(buf.as_slice());
-                    shared.content.fill(ticket, vec![(loc, crc, b.clone())]);
+                    let b = fill.own_block(buf.as_slice());
+                    fill.fill(vec![(loc, crc, b.clone())]);
                     Ok(b)
                 } else {
                     Ok(buf.into_bytes())
@@ -1275,12 +1298,12 @@ fn assemble(
                         return Ok(Err(Lba(lba.0 + (i + k) as u64)));
                     }
                     out[(i + k) * BLOCK..(i + k + 1) * BLOCK].copy_from_slice(b);
-                    if ticket.is_some() {
+                    if let Some(fill) = &fill {
                         let loc = BlockLoc {
                             device: first.device,
                             block: first.block + k as u64,
                         };
-                        fills.push((loc, crc, shared.content.own_block(b)));
+                        fills.push((loc, crc, fill.own_block(b)));
                     }
                 }
                 i += run;
@@ -1289,8 +1312,8 @@ fn assemble(
         }
         i += 1;
     }
-    if let Some(ticket) = ticket {
-        shared.content.fill(ticket, fills);
+    if let Some(mut fill) = fill {
+        fill.fill(fills);
     }
     Ok(Ok(out.freeze()))
 }

@@ -28,7 +28,8 @@
 //! Reads go through a content-based read cache of verified capacity blocks
 //! keyed by where they are stored, not by who asked (`content`): a block
 //! shared by several LBAs or components is read from its device once and
-//! then served from memory to all of them. Its entries follow the
+//! then served from memory to all of them, even when they read it at the
+//! same moment. Its entries follow the
 //! free-space map, so a read from it returns what the index says or nothing
 //! ([`DiskGroupConfig::content_cache_bytes`], [`DiskGroup::content_cache_stats`]).
 //!

@@ -104,6 +104,65 @@ async fn eight_clones_of_one_image_read_each_block_from_the_device_once() {
     assert!(after.memory_bytes <= after.budget_bytes);
 }
 
+/// Eight clones boot at once: each reads the image in the same runs at the
+/// same time as the others, from a device slow enough that their reads of
+/// a run overlap. A read that misses blocks another read is already
+/// fetching waits for that read instead of reading them again: every block
+/// still comes from the device once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_clones_booting_at_once_read_each_block_from_the_device_once() {
+    const N: u64 = 256;
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    let clones: Vec<ComponentId> = (1..=8).map(ComponentId).collect();
+    for c in &clones {
+        dg.create_component(*c, N * 4096, 0).await.unwrap();
+    }
+    let image = data(1, 0, N, 1);
+    dg.write(clones[0], Lba(0), image.clone(), E).await.unwrap();
+    for c in &clones[1..] {
+        dg.clone_blocks(clones[0], Lba(0), *c, Lba(0), N, E)
+            .await
+            .unwrap();
+    }
+    dg.settle().await.unwrap();
+    let before = dg.content_cache_stats();
+    rig.capacity[0].set_delay(std::time::Duration::from_millis(2));
+    let boots: Vec<_> = clones
+        .iter()
+        .map(|c| {
+            let (dg, c, image) = (dg.clone(), *c, image.clone());
+            tokio::spawn(async move {
+                // Runs of 1, 8 and 32 blocks, the same for every clone.
+                let mut lba = 0;
+                for step in [1u64, 8, 32].into_iter().cycle() {
+                    if lba >= N {
+                        break;
+                    }
+                    let n = step.min(N - lba);
+                    let got = dg.read(c, Lba(lba), n as u32).await.unwrap();
+                    let want = image.slice((lba * 4096) as usize..((lba + n) * 4096) as usize);
+                    assert_eq!(got, want, "{c} LBA {lba}");
+                    lba += n;
+                }
+            })
+        })
+        .collect();
+    for b in boots {
+        b.await.unwrap();
+    }
+    rig.capacity[0].set_delay(std::time::Duration::ZERO);
+    let after = dg.content_cache_stats();
+    let (hits, misses) = delta(after, before);
+    let joined = after.joined - before.joined;
+    assert_eq!(
+        misses, N,
+        "each block is read from the device once: {after:?}"
+    );
+    assert_eq!(hits + joined, 7 * N, "{after:?}");
+    assert!(joined > 0, "no read waited for another: {after:?}");
+}
+
 /// Overwriting, unmapping and deleting one sharer of a cached block never
 /// changes what the others read, a read after an overwrite returns the new
 /// data, and so it stays while the freed locations are handed out again
