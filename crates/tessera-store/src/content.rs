@@ -73,6 +73,7 @@ use crate::state::Source;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tessera_format::{BlockLoc, BLOCK};
@@ -104,6 +105,32 @@ const RESERVE_ENTRIES_MAX: usize = 1 << 24;
 const SPARE_MAX: usize = 64;
 
 const NIL: u32 = u32::MAX;
+
+/// A map keyed by packed block locations, with a hash that costs one
+/// multiplication (every read that misses does several lookups).
+type LocMap<V> = HashMap<u64, V, BuildHasherDefault<LocHasher>>;
+
+/// Hashes a packed location: the device and block bits mixed by a
+/// multiplication, high half folded into the low half.
+#[derive(Default)]
+struct LocHasher(u64);
+
+impl Hasher for LocHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, k: u64) {
+        let h = (self.0 ^ k).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h ^ (h >> 29);
+    }
+}
 
 /// Counters of a disk group's content-based read cache since it opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -225,13 +252,13 @@ impl List {
 struct Inner {
     nodes: Vec<Node>,
     free_slots: Vec<u32>,
-    map: HashMap<u64, u32>,
+    map: LocMap<u32>,
     small: List,
     main: List,
     /// Locations dropped from the small FIFO, oldest first, each with the
     /// sequence `ghost_map` holds for it while it counts.
     ghost: VecDeque<(u64, u64)>,
-    ghost_map: HashMap<u64, u64>,
+    ghost_map: LocMap<u64>,
     ghost_seq: u64,
     capacity: usize,
     small_capacity: usize,
@@ -240,7 +267,7 @@ struct Inner {
     /// `ContentCache::recycle`.
     dropped: Vec<Bytes>,
     /// Blocks being fetched by a read that others may wait for, by location.
-    flights: HashMap<u64, Flight>,
+    flights: LocMap<Flight>,
     next_flight: u64,
 }
 
@@ -269,17 +296,17 @@ impl ContentCache {
             inner: Mutex::new(Inner {
                 nodes: Vec::new(),
                 free_slots: Vec::new(),
-                map: HashMap::new(),
+                map: LocMap::default(),
                 small: List::new(),
                 main: List::new(),
                 ghost: VecDeque::new(),
-                ghost_map: HashMap::new(),
+                ghost_map: LocMap::default(),
                 ghost_seq: 0,
                 capacity: 0,
                 small_capacity: 0,
                 budget: 0,
                 dropped: Vec::new(),
-                flights: HashMap::new(),
+                flights: LocMap::default(),
                 next_flight: 0,
             }),
             spare: Mutex::new(Vec::new()),
@@ -315,13 +342,13 @@ impl ContentCache {
             // Give the memory of the slots and maps back.
             inner.nodes = Vec::new();
             inner.free_slots = Vec::new();
-            inner.map = HashMap::new();
+            inner.map = LocMap::default();
             inner.small = List::new();
             inner.main = List::new();
         }
         if capacity == 0 {
             inner.ghost = VecDeque::new();
-            inner.ghost_map = HashMap::new();
+            inner.ghost_map = LocMap::default();
         }
         // Room for every entry from the start: tables that double as the
         // cache fills leave holes between the blocks in the heap (measured:
