@@ -2,8 +2,9 @@
 //!
 //! Owns: the owner's view of the layout (component states), the epoch it
 //! writes with, the dirty-region map of every copy that misses writes, the
-//! per-column range locks, and the round-robin read cursor; copies that
-//! share stored blocks instead of moving data live in `share`.
+//! per-column range locks, its part of the host read cache and which copy
+//! each read goes to; copies that share stored blocks instead of moving
+//! data live in `share`.
 //! Must not touch: the store, the transport or the directory directly; it
 //! reaches components through [`ComponentIo`] and records layout changes
 //! through [`LayoutRecorder`].
@@ -14,8 +15,15 @@
 //! - a copy that missed a write is never Active: it is Absent (or Degraded)
 //!   with the missed blocks in its dirty map, and that state change is
 //!   recorded before the write is acknowledged;
-//! - reads come only from Active copies, and a block that fails its checksum
-//!   is served from another copy and rewritten on the bad one;
+//! - reads come only from Active copies (one on this host if there is one,
+//!   else the copy each 1 MiB region of the column is assigned to, so each
+//!   copy's host caches a part of the volume of its own), and a block that
+//!   fails its checksum is served from another copy and rewritten on the
+//!   bad one;
+//! - the host read cache holds what the copies hold: every change of blocks
+//!   invalidates them once its copies are done with it, before it is
+//!   acknowledged, and a read inserts nothing a change completed during the
+//!   read may have replaced (see [`crate::ReadCache`]);
 //! - once a component reports a newer epoch the coordinator is superseded and
 //!   refuses all further I/O.
 
@@ -26,13 +34,14 @@ pub use share::{CopyReport, SHARE_STEP_BYTES};
 use crate::component_io::{ComponentError, ComponentIo, IoClass, LayoutRecorder};
 use crate::dirty::DirtyRegions;
 use crate::range_lock::{RangeGuard, RangeLock};
+use crate::read_cache::{ReadCache, VolumeCache};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use futures::future::join_all;
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{
     check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
@@ -48,6 +57,11 @@ pub const RESYNC_STEP_BLOCKS: u64 = 256;
 /// Bytes of zeros written per step when zeroing must keep space allocated.
 const ZERO_STEP_BYTES: u64 = 1 << 20;
 
+/// Column blocks per read region: a column's copies (when none is on this
+/// host) each serve the reads of every n-th 1 MiB region, so the hosts of
+/// the copies cache distinct parts of the volume.
+const READ_REGION_BLOCKS: u64 = (1 << 20) / BLOCK_BYTES;
+
 /// Counters a user can read about one volume.
 #[derive(Debug, Default)]
 pub struct ObjectCounters {
@@ -60,6 +74,11 @@ pub struct ObjectCounters {
     /// Bytes copied into the volume by sharing stored blocks
     /// ([`Coordinator::copy_shared`]): no data moved for them.
     pub shared_copy_bytes: AtomicU64,
+    /// Blocks (4 KiB) of reads served from the host read cache.
+    pub read_cache_hits: AtomicU64,
+    /// Blocks of reads the host read cache did not hold, read from a copy
+    /// (not counted while the cache is disabled).
+    pub read_cache_misses: AtomicU64,
 }
 
 /// Progress of one resync, readable while it runs: every counter moves
@@ -142,7 +161,8 @@ pub struct Coordinator {
     state: Mutex<State>,
     /// One lock per column, in column block units.
     columns: Vec<Arc<RangeLock>>,
-    read_cursor: AtomicUsize,
+    /// This coordinator's part of the host read cache.
+    cache: VolumeCache,
     allocated_bytes: AtomicU64,
     counters: ObjectCounters,
 }
@@ -157,12 +177,26 @@ impl Coordinator {
     /// Takes over `layout` as its owner at `epoch`: fences every reachable
     /// component so older owners can no longer write, and marks unreachable
     /// ones Absent with everything dirty (what they missed is unknown).
+    /// Caches nothing (see [`Coordinator::take_over_cached`]).
     pub async fn take_over(
         layout: Layout,
         epoch: Epoch,
         serial: u64,
         io: Arc<dyn ComponentIo>,
         recorder: Arc<dyn LayoutRecorder>,
+    ) -> Result<Arc<Coordinator>, BlockError> {
+        Self::take_over_cached(layout, epoch, serial, io, recorder, &ReadCache::disabled()).await
+    }
+
+    /// [`Coordinator::take_over`] with a part of the host read cache `cache`
+    /// of its own: it starts empty, whatever an earlier owner cached.
+    pub async fn take_over_cached(
+        layout: Layout,
+        epoch: Epoch,
+        serial: u64,
+        io: Arc<dyn ComponentIo>,
+        recorder: Arc<dyn LayoutRecorder>,
+        cache: &Arc<ReadCache>,
     ) -> Result<Arc<Coordinator>, BlockError> {
         let info = DeviceInfo {
             name: layout.volume.to_string(),
@@ -186,7 +220,7 @@ impl Coordinator {
                 superseded: None,
             }),
             columns,
-            read_cursor: AtomicUsize::new(0),
+            cache: cache.volume(),
             allocated_bytes: AtomicU64::new(0),
             counters: ObjectCounters::default(),
         });
@@ -262,6 +296,18 @@ impl Coordinator {
     /// Counters for the API.
     pub fn counters(&self) -> &ObjectCounters {
         &self.counters
+    }
+
+    /// This coordinator's part of the host read cache.
+    pub fn read_cache(&self) -> &VolumeCache {
+        &self.cache
+    }
+
+    /// Drops what the host read cache holds for this coordinator and caches
+    /// nothing more: its host stopped coordinating the volume (requests
+    /// still under way finish reading from the copies).
+    pub fn forget_cached(&self) {
+        self.cache.retire();
     }
 
     /// Dirty bytes per component that is behind.
@@ -668,8 +714,67 @@ impl Coordinator {
         per_column
     }
 
-    /// Reads whole blocks `[start, end)` of the volume (byte offsets aligned).
+    /// Reads whole blocks `[start, end)` of the volume (byte offsets
+    /// aligned): the blocks the host read cache holds from it, the others
+    /// from the copies, which then fill the cache.
     async fn read_aligned(&self, start: u64, end: u64) -> Result<BytesMut, BlockError> {
+        if !self.cache.enabled() {
+            return self.read_copies(start, end).await;
+        }
+        let first = start / BLOCK_BYTES;
+        let count = (end - start) / BLOCK_BYTES;
+        // Before any copy is read: a change that completes from now on
+        // keeps this read from inserting what it replaced.
+        let ticket = self.cache.ticket();
+        let found = self.cache.lookup(first, count);
+        let hits = found.iter().filter(|b| b.is_some()).count() as u64;
+        self.counters
+            .read_cache_hits
+            .fetch_add(hits, Ordering::Relaxed);
+        self.counters
+            .read_cache_misses
+            .fetch_add(count - hits, Ordering::Relaxed);
+        if hits == 0 {
+            let data = self.read_copies(start, end).await?;
+            self.cache.fill(ticket, first, &data);
+            return Ok(data);
+        }
+        // Runs of blocks not held: (index of the first, blocks).
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (i, b) in found.iter().enumerate() {
+            if b.is_none() {
+                let i = i as u64;
+                match runs.last_mut() {
+                    Some((s, n)) if *s + *n == i => *n += 1,
+                    _ => runs.push((i, 1)),
+                }
+            }
+        }
+        let reads = join_all(runs.iter().map(|&(i, n)| {
+            self.read_copies(start + i * BLOCK_BYTES, start + (i + n) * BLOCK_BYTES)
+        }))
+        .await;
+        let mut fetched = runs.into_iter().zip(reads);
+        let mut out = BytesMut::with_capacity((end - start) as usize);
+        let mut i = 0;
+        while i < count {
+            if let Some(block) = &found[i as usize] {
+                out.extend_from_slice(block);
+                i += 1;
+                continue;
+            }
+            let ((at, n), data) = fetched.next().expect("a read for every run not held");
+            debug_assert_eq!(at, i);
+            let data = data?;
+            self.cache.fill(ticket, first + at, &data);
+            out.extend_from_slice(&data);
+            i += n;
+        }
+        Ok(out)
+    }
+
+    /// Reads whole blocks `[start, end)` of the volume from the copies.
+    async fn read_copies(&self, start: u64, end: u64) -> Result<BytesMut, BlockError> {
         let pieces = self.state.lock().layout.map_range(start, end - start);
         let reads = join_all(pieces.iter().map(|p| {
             self.read_column(
@@ -694,7 +799,7 @@ impl Coordinator {
         block: u64,
         count: u64,
     ) -> Result<Bytes, BlockError> {
-        let copies = self.readable_copies(column);
+        let copies = self.readable_copies(column, block);
         if copies.is_empty() {
             return Err(bad(format!(
                 "volume {}: no readable copy of column {column}",
@@ -764,7 +869,7 @@ impl Coordinator {
             return;
         };
         let Some(good) = self
-            .readable_copies(column)
+            .readable_copies(column, block)
             .into_iter()
             .find(|c| !bad_copies.iter().any(|b| b.id == c.id))
         else {
@@ -801,7 +906,11 @@ impl Coordinator {
         row * unit * width + column as u64 * unit + byte % unit
     }
 
-    fn readable_copies(&self, column: usize) -> Vec<ComponentPlacement> {
+    /// The Active copies of `column` in the order a read of column block
+    /// `block` tries them: a copy on this host first, else the copy the
+    /// block's 1 MiB region is assigned to (region `r` to the `r mod n`-th
+    /// Active copy), then the others.
+    fn readable_copies(&self, column: usize, block: u64) -> Vec<ComponentPlacement> {
         let state = self.state.lock();
         let mut copies: Vec<ComponentPlacement> = state.layout.columns[column]
             .copies
@@ -809,9 +918,12 @@ impl Coordinator {
             .filter(|c| c.state == ComponentState::Active)
             .cloned()
             .collect();
-        if !copies.is_empty() {
-            let n = self.read_cursor.fetch_add(1, Ordering::Relaxed) % copies.len();
-            copies.rotate_left(n);
+        if copies.len() > 1 {
+            let first = copies
+                .iter()
+                .position(|c| self.io.is_local(c))
+                .unwrap_or(((block / READ_REGION_BLOCKS) % copies.len() as u64) as usize);
+            copies.rotate_left(first);
         }
         copies
     }
@@ -822,6 +934,7 @@ impl Coordinator {
             self.info.name, self.epoch
         );
         self.state.lock().superseded = Some(reason.clone());
+        self.cache.retire();
         bad(reason)
     }
 
@@ -893,6 +1006,11 @@ impl Coordinator {
         Fut: std::future::Future<Output = Result<(), ComponentError>>,
     {
         self.check_usable()?;
+        // Dropped on the way out, once the copies are done with the change
+        // (or it was abandoned), before it is acknowledged.
+        let _invalidate = self
+            .cache
+            .change(start / BLOCK_BYTES, len.div_ceil(BLOCK_BYTES));
         let (pieces, targets) = {
             let state = self.state.lock();
             let pieces = state.layout.map_range(start, len);
@@ -1085,10 +1203,10 @@ impl BlockDevice for Coordinator {
         let pieces = self.state.lock().layout.map_range(start, end - start);
         let mut extents = Vec::new();
         for p in pieces {
-            let Some(copy) = self.readable_copies(p.column).into_iter().next() else {
+            let b0 = p.component_offset / BLOCK_BYTES;
+            let Some(copy) = self.readable_copies(p.column, b0).into_iter().next() else {
                 return Err(bad(format!("volume {}: no readable copy", self.info.name)));
             };
-            let b0 = p.component_offset / BLOCK_BYTES;
             let count = p.len / BLOCK_BYTES;
             let runs = self
                 .io

@@ -3,7 +3,8 @@
 //! Owns: [`Coordinator`] (mirrored writes, verified reads with repair,
 //! degraded I/O with dirty-region tracking, delta resync, component
 //! replacement, epoch fencing, copies that share stored blocks),
-//! [`DirtyRegions`] and [`RangeLock`].
+//! [`DirtyRegions`] and [`RangeLock`], and the host read cache
+//! ([`ReadCache`]) every coordinator of a host shares.
 //! Must not touch: the store, the transport, the directory. Components are
 //! reached through [`ComponentIo`], layout changes are recorded through
 //! [`LayoutRecorder`]; the node implements both.
@@ -13,6 +14,7 @@ mod component_io;
 mod coordinator;
 mod dirty;
 mod range_lock;
+mod read_cache;
 
 pub use component_io::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder,
@@ -24,3 +26,7 @@ pub use coordinator::{
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use range_lock::{RangeGuard, RangeLock};
+pub use read_cache::{
+    ChangeGuard, ReadCache, ReadCacheStats, ReadTicket, VolumeCache, READ_CACHE_ENTRY_COST_BYTES,
+    READ_CACHE_ENTRY_OVERHEAD_BYTES,
+};

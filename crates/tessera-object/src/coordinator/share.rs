@@ -215,6 +215,11 @@ impl Coordinator {
         source.check_usable()?;
         self.check_usable()?;
         let _guards = lock_both(source, s, self, d, len).await;
+        // Sharing changes the target blocks like a write: their cached
+        // entries go once the clones are settled, before the step returns.
+        let _invalidate = self
+            .cache
+            .change(d / BLOCK_BYTES, len.div_ceil(BLOCK_BYTES));
         let source_layout = source.layout();
         let target_layout = self.layout();
         let source_volume = source_layout.volume.clone();

@@ -1,0 +1,916 @@
+//! The host read cache: blocks of the volumes a host coordinates, kept in
+//! the RAM of that host. Every write of a volume, from whichever host or
+//! path it came (NBD and iSCSI on any host, EXTENDED COPY, UNMAP, WRITE
+//! SAME, COMPARE AND WRITE), passes through its owner's [`Coordinator`], so
+//! the owner can keep what it reads and know exactly when it changes.
+//!
+//! Owns: the cached blocks (each a `Bytes` of exactly 4 KiB with a buffer
+//! of its own, never a slice of a larger read), their eviction, the budget
+//! (changeable while it runs), the change tracking that keeps a read from
+//! inserting data a write has since replaced, and the host's counters.
+//! Must not touch: components, the clock, the node. Pure bookkeeping: the
+//! coordinator looks blocks up, fills what it read from its copies and
+//! invalidates what it changes.
+//!
+//! One [`ReadCache`] per host, shared by every coordinator the host runs;
+//! each coordinator holds a [`VolumeCache`] of it, registered with an
+//! instance id the cache never hands out again. Entries are keyed by
+//! (instance, volume block), so a new owner of a volume (a failover, a
+//! resize, a host that took the volume back) starts with nothing cached,
+//! and an instance's entries go when its [`VolumeCache`] is dropped or
+//! retired ([`VolumeCache::retire`], when its coordinator is superseded or
+//! its host stops coordinating it).
+//!
+//! Exactness: an entry holds what the volume's copies hold, as of every
+//! change the coordinator acknowledged. Held by construction:
+//! - every change of blocks (write, unmap, zeroing, blocks shared into the
+//!   volume) invalidates them once its copies are done with it, before it is
+//!   acknowledged (and when it is abandoned half way, on drop:
+//!   [`ChangeGuard`]): it raises the instance's change counter, records the
+//!   new value for each 1 MiB region it touched (64 slots per instance;
+//!   regions that share a slot share the record) and then removes the
+//!   entries, under the cache lock;
+//! - a read takes a [`ReadTicket`] (the change counter) before it reads its
+//!   copies, and inserts a block only if no change recorded for its region
+//!   since then, checked under the cache lock. A change that raised the
+//!   counter before the ticket was durable on the copies before the read
+//!   reached them, so the read saw its data; one that raised it later
+//!   either removes the entry after the insert or makes the insert refuse.
+//!
+//! Memory: at most `budget / READ_CACHE_ENTRY_COST_BYTES` entries, the cost
+//! covering the 4 KiB, the entry's slot, its map slot, the shared header of
+//! its `Bytes` once a hit hands it out, and its ghost record, so what the
+//! cache holds stays within the budget. A budget of 0 disables the cache
+//! and frees everything.
+//!
+//! Eviction: S3-FIFO (Yang et al., SOSP 2023), O(1) amortised per block. A
+//! new entry enters a small FIFO (a tenth of the entries); one that reaches
+//! its end without being read again is dropped and its key remembered in a
+//! ghost FIFO, one that was read again moves to the main FIFO. The main
+//! FIFO is a CLOCK: an entry at its end that was read since it last passed
+//! there (counted up to 3) goes round once more, else it is dropped. A key
+//! found in the ghost FIFO when it is inserted again goes straight to the
+//! main FIFO. A scan of blocks read once passes through the small FIFO and
+//! leaves the main FIFO alone.
+//!
+//! [`Coordinator`]: crate::Coordinator
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use tessera_types::BLOCK_BYTES;
+
+/// Memory one entry takes besides its 4 KiB of data: its slot (64 bytes),
+/// its map slot with the map's spare room (up to ~56), the shared header
+/// `Bytes` allocates when a hit first hands the block out (32 with the
+/// allocator's rounding), the allocator's header of the data buffer (16)
+/// and the ghost record of a dropped entry (up to ~88).
+pub const READ_CACHE_ENTRY_OVERHEAD_BYTES: u64 = 256;
+
+/// Budget bytes one entry takes.
+pub const READ_CACHE_ENTRY_COST_BYTES: u64 = BLOCK_BYTES + READ_CACHE_ENTRY_OVERHEAD_BYTES;
+
+/// Volume blocks per change-tracking region (1 MiB).
+const REGION_BLOCKS: u64 = 256;
+
+/// Change-tracking slots per instance: region `r` records in slot
+/// `r % REGION_SLOTS`.
+const REGION_SLOTS: usize = 64;
+
+/// Highest read count an entry of the main FIFO keeps (rounds it survives
+/// without being read).
+const FREQ_MAX: u8 = 3;
+
+/// Share of the entries the small FIFO holds, as a divisor.
+const SMALL_SHARE: usize = 10;
+
+const NIL: u32 = u32::MAX;
+
+/// (instance, volume block).
+type Key = (u64, u64);
+
+/// A multiplicative hash for the two integers of a key: cheaper than the
+/// default SipHash, and the keys come from the coordinator, not from a
+/// client that could choose them to collide (a client chooses blocks, but
+/// only of its own volume, and a collision costs it time, never data).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let h = (self.0 ^ (self.0 >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+        h ^ (h >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(26) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type KeyMap<V> = HashMap<Key, V, BuildHasherDefault<KeyHasher>>;
+
+/// Counters of a host's read cache since it started, and what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadCacheStats {
+    /// Blocks (4 KiB) of reads served from the cache.
+    pub hits: u64,
+    /// Blocks of reads the cache did not hold, read from a copy (not
+    /// counted while the cache is disabled).
+    pub misses: u64,
+    /// Blocks inserted after a read from a copy.
+    pub inserted: u64,
+    /// Blocks a read did not insert because a change of their region
+    /// completed while the read ran.
+    pub refused: u64,
+    /// Entries dropped to stay within the budget.
+    pub evicted: u64,
+    /// Entries dropped because their blocks changed, or their coordinator
+    /// went.
+    pub invalidated: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Data bytes held now (4 KiB per entry).
+    pub bytes_cached: u64,
+    /// Memory the entries take now, overhead included (at most the budget).
+    pub memory_bytes: u64,
+    /// The budget in bytes (0: disabled).
+    pub budget_bytes: u64,
+    /// Coordinators registered now.
+    pub volumes: u64,
+}
+
+impl ReadCacheStats {
+    /// Hits over hits and misses; None before the first read.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let total = self.hits + self.misses;
+        (total > 0).then(|| self.hits as f64 / total as f64)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Queue {
+    Small,
+    Main,
+}
+
+struct Node {
+    key: Key,
+    data: Bytes,
+    freq: u8,
+    queue: Queue,
+    /// Toward the newer end of its FIFO.
+    prev: u32,
+    /// Toward the older end.
+    next: u32,
+}
+
+/// A FIFO threaded through the slots: `head` is the newest entry.
+#[derive(Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    free_slots: Vec<u32>,
+    map: KeyMap<u32>,
+    small: List,
+    main: List,
+    /// Keys dropped from the small FIFO, oldest first, each with the
+    /// sequence `ghost_map` holds for it while it counts.
+    ghost: VecDeque<(Key, u64)>,
+    ghost_map: KeyMap<u64>,
+    ghost_seq: u64,
+    capacity: usize,
+    small_capacity: usize,
+    budget: u64,
+}
+
+/// The read cache of one host.
+pub struct ReadCache {
+    inner: Mutex<Inner>,
+    /// The budget is not 0.
+    enabled: AtomicBool,
+    next_instance: AtomicU64,
+    volumes: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    inserted: AtomicU64,
+    refused: AtomicU64,
+    evicted: AtomicU64,
+    invalidated: AtomicU64,
+}
+
+impl ReadCache {
+    /// A cache of at most `budget_bytes` (0: disabled).
+    pub fn new(budget_bytes: u64) -> Arc<ReadCache> {
+        let cache = ReadCache {
+            inner: Mutex::new(Inner::empty()),
+            enabled: AtomicBool::new(false),
+            next_instance: AtomicU64::new(1),
+            volumes: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            invalidated: AtomicU64::new(0),
+        };
+        cache.set_budget(budget_bytes);
+        Arc::new(cache)
+    }
+
+    /// A cache that holds nothing until given a budget.
+    pub fn disabled() -> Arc<ReadCache> {
+        ReadCache::new(0)
+    }
+
+    /// Changes the budget, dropping entries beyond it (0 drops them all and
+    /// disables the cache).
+    pub fn set_budget(&self, bytes: u64) {
+        let mut inner = self.inner.lock();
+        let capacity = usize::try_from(bytes / READ_CACHE_ENTRY_COST_BYTES).unwrap_or(usize::MAX);
+        inner.budget = bytes;
+        inner.capacity = capacity;
+        inner.small_capacity = (capacity / SMALL_SHARE).max(1);
+        let mut evicted = 0;
+        while inner.map.len() > capacity {
+            evicted += inner.evict_one();
+        }
+        while inner.ghost.len() > capacity {
+            inner.ghost_pop();
+        }
+        if capacity == 0 {
+            *inner = Inner {
+                budget: bytes,
+                ..Inner::empty()
+            };
+        } else if inner.nodes.len() > 2 * capacity + 1024 {
+            // Shrunk well below what it held: give the slots back.
+            inner.compact();
+        }
+        self.enabled.store(capacity > 0, Ordering::SeqCst);
+        drop(inner);
+        self.evicted.fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// The budget in bytes (0: disabled).
+    pub fn budget_bytes(&self) -> u64 {
+        self.inner.lock().budget
+    }
+
+    /// Whether the budget holds at least one entry.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst)
+    }
+
+    /// Registers a coordinator: its entries are keyed by an instance id
+    /// never handed out again, and go when the handle is dropped.
+    pub fn volume(self: &Arc<Self>) -> VolumeCache {
+        let instance = self.next_instance.fetch_add(1, Ordering::Relaxed);
+        self.volumes.fetch_add(1, Ordering::Relaxed);
+        VolumeCache {
+            cache: Arc::clone(self),
+            instance,
+            changes: AtomicU64::new(0),
+            changed: std::array::from_fn(|_| AtomicU64::new(0)),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Counters and what the cache holds now.
+    pub fn stats(&self) -> ReadCacheStats {
+        let (entries, budget) = {
+            let inner = self.inner.lock();
+            (inner.map.len() as u64, inner.budget)
+        };
+        ReadCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            inserted: self.inserted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+            invalidated: self.invalidated.load(Ordering::Relaxed),
+            entries,
+            bytes_cached: entries * BLOCK_BYTES,
+            memory_bytes: entries * READ_CACHE_ENTRY_COST_BYTES,
+            budget_bytes: budget,
+            volumes: self.volumes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops the entries of `instance` for blocks `[first, first+count)`.
+    fn remove_range(&self, instance: u64, first: u64, count: u64) {
+        let mut inner = self.inner.lock();
+        if inner.map.is_empty() {
+            return;
+        }
+        let mut dropped = 0;
+        if count > inner.map.len() as u64 {
+            // Fewer entries than blocks: look at the entries.
+            let end = first.saturating_add(count);
+            let keys: Vec<Key> = inner
+                .map
+                .keys()
+                .filter(|(i, b)| *i == instance && (first..end).contains(b))
+                .copied()
+                .collect();
+            for key in keys {
+                dropped += inner.remove_key(key);
+            }
+        } else {
+            for b in first..first + count {
+                dropped += inner.remove_key((instance, b));
+            }
+        }
+        drop(inner);
+        self.invalidated.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// Drops every entry of `instance`.
+    fn remove_instance(&self, instance: u64) {
+        self.remove_range(instance, 0, u64::MAX);
+    }
+}
+
+impl Inner {
+    fn empty() -> Inner {
+        Inner {
+            nodes: Vec::new(),
+            free_slots: Vec::new(),
+            map: KeyMap::default(),
+            small: List::EMPTY,
+            main: List::EMPTY,
+            ghost: VecDeque::new(),
+            ghost_map: KeyMap::default(),
+            ghost_seq: 0,
+            capacity: 0,
+            small_capacity: 1,
+            budget: 0,
+        }
+    }
+
+    fn list_mut(&mut self, q: Queue) -> &mut List {
+        match q {
+            Queue::Small => &mut self.small,
+            Queue::Main => &mut self.main,
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next, q) = {
+            let n = &self.nodes[i as usize];
+            (n.prev, n.next, n.queue)
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            self.list_mut(q).head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            self.list_mut(q).tail = prev;
+        }
+        self.list_mut(q).len -= 1;
+    }
+
+    fn push_head(&mut self, q: Queue, i: u32) {
+        let old = self.list_mut(q).head;
+        {
+            let n = &mut self.nodes[i as usize];
+            n.queue = q;
+            n.prev = NIL;
+            n.next = old;
+        }
+        if old != NIL {
+            self.nodes[old as usize].prev = i;
+        } else {
+            self.list_mut(q).tail = i;
+        }
+        let list = self.list_mut(q);
+        list.head = i;
+        list.len += 1;
+    }
+
+    fn lookup(&mut self, key: Key) -> Option<Bytes> {
+        let i = *self.map.get(&key)?;
+        let n = &mut self.nodes[i as usize];
+        n.freq = (n.freq + 1).min(FREQ_MAX);
+        Some(n.data.clone())
+    }
+
+    /// Inserts a new entry (the caller checked the key is absent); returns
+    /// how many entries were evicted for it.
+    fn insert(&mut self, key: Key, data: Bytes) -> u64 {
+        let q = if self.ghost_map.remove(&key).is_some() {
+            Queue::Main
+        } else {
+            Queue::Small
+        };
+        let node = Node {
+            key,
+            data,
+            freq: 0,
+            queue: q,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free_slots.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.push_head(q, i);
+        self.map.insert(key, i);
+        let mut evicted = 0;
+        while self.map.len() > self.capacity {
+            evicted += self.evict_one();
+        }
+        evicted
+    }
+
+    /// Frees slot `i` (already unlinked) and its map entry.
+    fn free_slot(&mut self, i: u32) -> Key {
+        let n = &mut self.nodes[i as usize];
+        let key = n.key;
+        n.data = Bytes::new();
+        self.map.remove(&key);
+        self.free_slots.push(i);
+        key
+    }
+
+    /// Drops one entry by the S3-FIFO rule; returns 1, or 0 when empty.
+    fn evict_one(&mut self) -> u64 {
+        loop {
+            if self.small.len > self.small_capacity || self.main.len == 0 {
+                let i = self.small.tail;
+                if i == NIL {
+                    return 0;
+                }
+                self.unlink(i);
+                let n = &mut self.nodes[i as usize];
+                if n.freq > 0 {
+                    n.freq = 0;
+                    self.push_head(Queue::Main, i);
+                    continue;
+                }
+                let key = self.free_slot(i);
+                self.ghost_push(key);
+                return 1;
+            }
+            let i = self.main.tail;
+            self.unlink(i);
+            let n = &mut self.nodes[i as usize];
+            if n.freq > 0 {
+                n.freq -= 1;
+                self.push_head(Queue::Main, i);
+                continue;
+            }
+            self.free_slot(i);
+            return 1;
+        }
+    }
+
+    fn ghost_push(&mut self, key: Key) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.ghost_seq += 1;
+        self.ghost.push_back((key, self.ghost_seq));
+        self.ghost_map.insert(key, self.ghost_seq);
+        while self.ghost.len() > self.capacity {
+            self.ghost_pop();
+        }
+    }
+
+    fn ghost_pop(&mut self) {
+        if let Some((key, seq)) = self.ghost.pop_front() {
+            if self.ghost_map.get(&key) == Some(&seq) {
+                self.ghost_map.remove(&key);
+            }
+        }
+    }
+
+    /// Removes the entry of `key`; returns 1 if there was one.
+    fn remove_key(&mut self, key: Key) -> u64 {
+        let Some(&i) = self.map.get(&key) else {
+            return 0;
+        };
+        self.unlink(i);
+        self.free_slot(i);
+        1
+    }
+
+    /// Rebuilds the slots, map and ghost at the size of what is held,
+    /// keeping the order of both FIFOs and every entry's count.
+    fn compact(&mut self) {
+        let mut kept: Vec<(Queue, Key, Bytes, u8)> = Vec::with_capacity(self.map.len());
+        for q in [Queue::Small, Queue::Main] {
+            // Oldest first, so pushing each at the head rebuilds the order.
+            let mut i = self.list_mut(q).tail;
+            while i != NIL {
+                let n = &mut self.nodes[i as usize];
+                kept.push((q, n.key, std::mem::take(&mut n.data), n.freq));
+                i = n.prev;
+            }
+        }
+        let ghost: VecDeque<(Key, u64)> = self
+            .ghost
+            .iter()
+            .filter(|(k, s)| self.ghost_map.get(k) == Some(s))
+            .copied()
+            .collect();
+        let mut fresh = Inner {
+            nodes: Vec::with_capacity(kept.len()),
+            map: KeyMap::with_capacity_and_hasher(kept.len(), Default::default()),
+            ghost_map: ghost.iter().copied().collect(),
+            ghost,
+            ghost_seq: self.ghost_seq,
+            capacity: self.capacity,
+            small_capacity: self.small_capacity,
+            budget: self.budget,
+            ..Inner::empty()
+        };
+        for (q, key, data, freq) in kept {
+            fresh.nodes.push(Node {
+                key,
+                data,
+                freq,
+                queue: q,
+                prev: NIL,
+                next: NIL,
+            });
+            let i = (fresh.nodes.len() - 1) as u32;
+            fresh.push_head(q, i);
+            fresh.map.insert(key, i);
+        }
+        *self = fresh;
+    }
+}
+
+/// When a read began, for [`VolumeCache::fill`]: the instance's change
+/// counter before the read reached any copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadTicket(u64);
+
+/// One coordinator's part of its host's [`ReadCache`]: its blocks, keyed
+/// by an instance id of its own, and the record of its changes.
+pub struct VolumeCache {
+    cache: Arc<ReadCache>,
+    instance: u64,
+    /// Raised by every change of the volume's blocks.
+    changes: AtomicU64,
+    /// The `changes` value of the latest change per region slot.
+    changed: [AtomicU64; REGION_SLOTS],
+    /// Set when the coordinator stops serving: nothing is looked up or
+    /// inserted any more.
+    retired: AtomicBool,
+}
+
+impl VolumeCache {
+    /// The id its entries are keyed by, never handed out again by its cache.
+    pub fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    /// The host's cache.
+    pub fn host_cache(&self) -> &Arc<ReadCache> {
+        &self.cache
+    }
+
+    /// Whether lookups and fills do anything now.
+    pub fn enabled(&self) -> bool {
+        self.cache.enabled() && !self.retired.load(Ordering::SeqCst)
+    }
+
+    /// Takes the ticket a read passes to [`VolumeCache::fill`]; take it
+    /// before reading any copy.
+    pub fn ticket(&self) -> ReadTicket {
+        ReadTicket(self.changes.load(Ordering::SeqCst))
+    }
+
+    /// The cached blocks of `[first, first+count)`, None for each block not
+    /// held; counted as hits and misses of the host's cache.
+    pub fn lookup(&self, first: u64, count: u64) -> Vec<Option<Bytes>> {
+        if !self.enabled() {
+            return vec![None; count as usize];
+        }
+        let found: Vec<Option<Bytes>> = {
+            let mut inner = self.cache.inner.lock();
+            (first..first + count)
+                .map(|b| inner.lookup((self.instance, b)))
+                .collect()
+        };
+        let hits = found.iter().filter(|b| b.is_some()).count() as u64;
+        self.cache.hits.fetch_add(hits, Ordering::Relaxed);
+        self.cache.misses.fetch_add(count - hits, Ordering::Relaxed);
+        found
+    }
+
+    /// Inserts blocks read from a copy: `data` holds whole blocks from
+    /// `first` on, read after `ticket` was taken. A block whose region
+    /// changed since the ticket is not inserted (the read may have seen the
+    /// data from before the change); each inserted block is a copy of its
+    /// own 4 KiB. Returns how many blocks were inserted.
+    pub fn fill(&self, ticket: ReadTicket, first: u64, data: &[u8]) -> u64 {
+        if !self.enabled() || data.is_empty() {
+            return 0;
+        }
+        debug_assert!((data.len() as u64).is_multiple_of(BLOCK_BYTES));
+        // Copies made outside the cache lock, for the blocks that look
+        // current; checked again under it.
+        let blocks: Vec<(u64, Bytes)> = data
+            .chunks_exact(BLOCK_BYTES as usize)
+            .enumerate()
+            .map(|(i, chunk)| (first + i as u64, chunk))
+            .filter(|(b, _)| self.current(ticket, *b))
+            .map(|(b, chunk)| (b, Bytes::copy_from_slice(chunk)))
+            .collect();
+        let stale = data.len() as u64 / BLOCK_BYTES - blocks.len() as u64;
+        let (mut inserted, mut refused, mut evicted) = (0, stale, 0);
+        {
+            let mut inner = self.cache.inner.lock();
+            let retired = self.retired.load(Ordering::SeqCst);
+            for (b, block) in blocks {
+                let key = (self.instance, b);
+                if retired || inner.capacity == 0 || !self.current(ticket, b) {
+                    refused += 1;
+                    continue;
+                }
+                if inner.map.contains_key(&key) {
+                    continue;
+                }
+                evicted += inner.insert(key, block);
+                inserted += 1;
+            }
+        }
+        self.cache.inserted.fetch_add(inserted, Ordering::Relaxed);
+        self.cache.refused.fetch_add(refused, Ordering::Relaxed);
+        self.cache.evicted.fetch_add(evicted, Ordering::Relaxed);
+        inserted
+    }
+
+    /// True if no change of block `b`'s region was recorded after `ticket`.
+    fn current(&self, ticket: ReadTicket, b: u64) -> bool {
+        self.changed[Self::slot(b)].load(Ordering::SeqCst) <= ticket.0
+    }
+
+    fn slot(b: u64) -> usize {
+        ((b / REGION_BLOCKS) % REGION_SLOTS as u64) as usize
+    }
+
+    /// Records a change of blocks `[first, first+count)` that is done on
+    /// the copies (or abandoned) and drops their entries. Call it before
+    /// the change is acknowledged.
+    pub fn invalidate(&self, first: u64, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let seq = self.changes.fetch_add(1, Ordering::SeqCst) + 1;
+        let r0 = first / REGION_BLOCKS;
+        let r1 = (first + count - 1) / REGION_BLOCKS;
+        if r1 - r0 + 1 >= REGION_SLOTS as u64 {
+            for c in &self.changed {
+                c.fetch_max(seq, Ordering::SeqCst);
+            }
+        } else {
+            for r in r0..=r1 {
+                self.changed[(r % REGION_SLOTS as u64) as usize].fetch_max(seq, Ordering::SeqCst);
+            }
+        }
+        self.cache.remove_range(self.instance, first, count);
+    }
+
+    /// A guard that invalidates blocks `[first, first+count)` when dropped:
+    /// take it before a change reaches any copy, and keep it until the
+    /// change is settled, so the blocks are invalidated after the copies
+    /// have it, on every path out (an error, or a caller that stops
+    /// waiting).
+    #[must_use = "the blocks are invalidated when the guard is dropped"]
+    pub fn change(&self, first: u64, count: u64) -> ChangeGuard<'_> {
+        ChangeGuard {
+            cache: self,
+            first,
+            count,
+        }
+    }
+
+    /// Drops every entry and caches nothing more: the coordinator stopped
+    /// serving (superseded, or its host no longer coordinates the volume).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.cache.remove_instance(self.instance);
+    }
+}
+
+impl Drop for VolumeCache {
+    fn drop(&mut self) {
+        self.cache.remove_instance(self.instance);
+        self.cache.volumes.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Invalidates a range of a [`VolumeCache`] when dropped
+/// ([`VolumeCache::change`]).
+pub struct ChangeGuard<'a> {
+    cache: &'a VolumeCache,
+    first: u64,
+    count: u64,
+}
+
+impl Drop for ChangeGuard<'_> {
+    fn drop(&mut self) {
+        self.cache.invalidate(self.first, self.count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(seed: u8) -> Vec<u8> {
+        vec![seed; BLOCK_BYTES as usize]
+    }
+
+    fn blocks(seeds: &[u8]) -> Vec<u8> {
+        seeds.iter().flat_map(|s| block(*s)).collect()
+    }
+
+    fn budget(entries: u64) -> u64 {
+        entries * READ_CACHE_ENTRY_COST_BYTES
+    }
+
+    #[test]
+    fn a_fill_is_found_and_counted() {
+        let cache = ReadCache::new(budget(16));
+        let v = cache.volume();
+        assert_eq!(v.lookup(10, 2), vec![None, None]);
+        let t = v.ticket();
+        assert_eq!(v.fill(t, 10, &blocks(&[1, 2])), 2);
+        let found = v.lookup(9, 3);
+        assert_eq!(found[0], None);
+        assert_eq!(found[1].as_deref(), Some(&block(1)[..]));
+        assert_eq!(found[2].as_deref(), Some(&block(2)[..]));
+        let s = cache.stats();
+        assert_eq!((s.hits, s.misses, s.inserted, s.entries), (2, 3, 2, 2));
+        assert_eq!(s.bytes_cached, 2 * BLOCK_BYTES);
+        assert!(s.memory_bytes <= s.budget_bytes);
+        assert_eq!(s.hit_rate(), Some(0.4));
+    }
+
+    #[test]
+    fn an_entry_owns_exactly_its_block() {
+        let cache = ReadCache::new(budget(16));
+        let v = cache.volume();
+        let data = Bytes::from(blocks(&[1, 2, 3, 4]));
+        v.fill(v.ticket(), 0, &data);
+        let one = v.lookup(2, 1).remove(0).unwrap();
+        assert_eq!(one.len(), BLOCK_BYTES as usize);
+        // Not a view of the read's buffer.
+        let inside = data.as_ptr_range();
+        assert!(!inside.contains(&one.as_ptr()));
+    }
+
+    #[test]
+    fn a_change_after_the_ticket_refuses_the_fill_of_its_region_only() {
+        let cache = ReadCache::new(budget(4096));
+        let v = cache.volume();
+        let t = v.ticket();
+        v.invalidate(5, 1);
+        // Same 1 MiB region: refused; another region: inserted.
+        assert_eq!(v.fill(t, 0, &blocks(&[1, 1])), 0);
+        assert_eq!(v.fill(t, REGION_BLOCKS, &blocks(&[2])), 1);
+        // A ticket taken after the change fills.
+        assert_eq!(v.fill(v.ticket(), 0, &blocks(&[3])), 1);
+        assert_eq!(cache.stats().refused, 2);
+    }
+
+    #[test]
+    fn a_change_drops_entries_and_a_guard_drops_them_on_its_way_out() {
+        let cache = ReadCache::new(budget(4096));
+        let v = cache.volume();
+        v.fill(v.ticket(), 0, &blocks(&[1, 2, 3, 4]));
+        v.invalidate(1, 2);
+        let found: Vec<bool> = v.lookup(0, 4).iter().map(Option::is_some).collect();
+        assert_eq!(found, vec![true, false, false, true]);
+        {
+            let _guard = v.change(3, 1);
+            assert!(v.lookup(3, 1)[0].is_some(), "dropped only when settled");
+        }
+        assert!(v.lookup(3, 1)[0].is_none());
+        // A range wider than what is held looks at the entries instead.
+        v.fill(v.ticket(), 1000, &blocks(&[5]));
+        v.invalidate(0, u64::MAX / 2);
+        assert_eq!(cache.stats().entries, 0);
+    }
+
+    #[test]
+    fn instances_are_apart_and_go_with_their_handles() {
+        let cache = ReadCache::new(budget(64));
+        let a = cache.volume();
+        let b = cache.volume();
+        assert_ne!(a.instance(), b.instance());
+        a.fill(a.ticket(), 0, &blocks(&[1]));
+        assert!(b.lookup(0, 1)[0].is_none());
+        b.fill(b.ticket(), 0, &blocks(&[2]));
+        assert_eq!(cache.stats().volumes, 2);
+        drop(a);
+        let s = cache.stats();
+        assert_eq!((s.entries, s.volumes), (1, 1));
+        b.retire();
+        assert_eq!(cache.stats().entries, 0);
+        assert_eq!(b.fill(b.ticket(), 0, &blocks(&[3])), 0);
+        assert!(b.lookup(0, 1)[0].is_none());
+        let c = cache.volume();
+        assert!(c.instance() > b.instance(), "ids are never reused");
+    }
+
+    #[test]
+    fn the_budget_bounds_entries_and_changes_live() {
+        let cache = ReadCache::new(budget(100));
+        let v = cache.volume();
+        for b in 0..1000u64 {
+            v.fill(v.ticket(), b, &block(b as u8));
+            let s = cache.stats();
+            assert!(s.memory_bytes <= s.budget_bytes, "{s:?}");
+        }
+        assert_eq!(cache.stats().entries, 100);
+        cache.set_budget(budget(10) + 5);
+        assert_eq!(cache.stats().entries, 10);
+        cache.set_budget(0);
+        let s = cache.stats();
+        assert_eq!((s.entries, s.budget_bytes), (0, 0));
+        assert!(!v.enabled());
+        assert_eq!(v.fill(v.ticket(), 0, &block(1)), 0);
+        cache.set_budget(budget(5));
+        assert_eq!(v.fill(v.ticket(), 0, &block(1)), 1);
+    }
+
+    #[test]
+    fn blocks_read_again_survive_a_scan() {
+        let cache = ReadCache::new(budget(100));
+        let v = cache.volume();
+        // A working set read twice.
+        for b in 0..50u64 {
+            v.fill(v.ticket(), b, &block(1));
+            v.lookup(b, 1);
+        }
+        // A scan of blocks read once, ten times the cache.
+        for b in 1000..2000u64 {
+            v.fill(v.ticket(), b, &block(2));
+        }
+        let kept = v.lookup(0, 50).iter().filter(|b| b.is_some()).count();
+        assert!(kept >= 45, "the scan pushed out {} of 50", 50 - kept);
+    }
+
+    #[test]
+    fn shrinking_compacts_and_keeps_the_order() {
+        let cache = ReadCache::new(budget(5000));
+        let v = cache.volume();
+        for b in 0..5000u64 {
+            v.fill(v.ticket(), b, &block(b as u8));
+        }
+        for b in 4990..5000u64 {
+            v.lookup(b, 1);
+        }
+        cache.set_budget(budget(20));
+        assert!(cache.inner.lock().nodes.len() <= 20);
+        for b in 4990..5000u64 {
+            assert_eq!(
+                v.lookup(b, 1)[0].as_deref(),
+                Some(&block(b as u8)[..]),
+                "block {b} was read again and stays"
+            );
+        }
+        for b in 6000..6100u64 {
+            v.fill(v.ticket(), b, &block(0));
+            let s = cache.stats();
+            assert!(s.entries <= 20, "{s:?}");
+        }
+    }
+}
