@@ -11,10 +11,12 @@
 //! `tessera store check`) can use them while the disk group is in service.
 //!
 //! Reads: a read is planned under the state lock (overlay, index, and the
-//! content cache for capacity blocks, looked up in that same step), then
-//! only the blocks the cache did not hold are read from the devices, inline
-//! or on the reader threads; each one that passes its CRC32C goes into the
-//! cache. A scrub plans without the cache: it checks the devices.
+//! content cache for capacity blocks, looked up in that same step); a read
+//! whose missing blocks other reads are fetching waits for them; then only
+//! the blocks still missing are read from the devices, inline or on the
+//! reader threads, and each one that passes its CRC32C goes into the cache
+//! and to the reads waiting for it. A scrub plans without the cache: it
+//! checks the devices.
 
 use crate::content::{ContentCache, ContentCacheStats, Fill, Resolved};
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
