@@ -548,6 +548,12 @@ pub struct ClusterSettings {
     /// (thin volumes may soon fail writes).
     #[serde(default = "default_full_pct")]
     pub full_pct: u8,
+    /// Bytes of RAM each host gives its read cache (the blocks of the
+    /// volumes it owns). None: [`default_read_cache_bytes`] of the host's
+    /// memory; 0 disables the cache. A host never gives it more than half
+    /// its memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_cache_bytes: Option<u64>,
 }
 
 /// Default [`ClusterSettings::max_overcommit_ratio`].
@@ -565,12 +571,35 @@ pub fn default_full_pct() -> u8 {
     95
 }
 
+/// The largest default read cache of a host (1 GiB).
+pub const READ_CACHE_DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// The read cache of a host with `memory_bytes` of memory when
+/// [`ClusterSettings::read_cache_bytes`] is not set: 0.4% of the memory,
+/// at most [`READ_CACHE_DEFAULT_MAX_BYTES`], in whole 4 KiB blocks.
+pub fn default_read_cache_bytes(memory_bytes: u64) -> u64 {
+    let bytes = (memory_bytes / 1000 * 4).min(READ_CACHE_DEFAULT_MAX_BYTES);
+    bytes - bytes % 4096
+}
+
+impl ClusterSettings {
+    /// The read cache budget of a host with `memory_bytes` of memory: the
+    /// setting, at most half the memory, or the default for that memory.
+    pub fn read_cache_budget(&self, memory_bytes: u64) -> u64 {
+        match self.read_cache_bytes {
+            Some(bytes) => bytes.min(memory_bytes / 2),
+            None => default_read_cache_bytes(memory_bytes),
+        }
+    }
+}
+
 impl Default for ClusterSettings {
     fn default() -> Self {
         ClusterSettings {
             max_overcommit_ratio: default_max_overcommit_ratio(),
             nearly_full_pct: default_nearly_full_pct(),
             full_pct: default_full_pct(),
+            read_cache_bytes: None,
         }
     }
 }
@@ -919,6 +948,40 @@ mod tests {
             prop_assert!(key.as_str().starts_with(ks().component_states().as_str()));
             prop_assert!(!ks().volume(&vb).as_str().starts_with(ks().layouts().as_str()));
         }
+    }
+
+    #[test]
+    fn the_read_cache_setting_reads_old_records_and_resolves_per_host() {
+        // A record written before the setting existed: the default.
+        let old: ClusterSettings = serde_json::from_str(
+            r#"{"max_overcommit_ratio":4.0,"nearly_full_pct":80,"full_pct":95}"#,
+        )
+        .unwrap();
+        assert_eq!(old, ClusterSettings::default());
+        // Unset, it is not written, so older hosts still read the record.
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("read_cache_bytes"), "{text}");
+        let gib = 1u64 << 30;
+        // 0.4% of the memory in whole blocks, at most 1 GiB.
+        assert_eq!(old.read_cache_budget(16 * gib), 68_718_592);
+        assert_eq!(old.read_cache_budget(512 * gib), gib);
+        assert_eq!(old.read_cache_budget(0), 0);
+        let set = ClusterSettings {
+            read_cache_bytes: Some(3 * gib),
+            ..ClusterSettings::default()
+        };
+        let back: ClusterSettings =
+            serde_json::from_str(&serde_json::to_string(&set).unwrap()).unwrap();
+        assert_eq!(back, set);
+        // Never more than half a host's memory; 0 disables.
+        assert_eq!(set.read_cache_budget(64 * gib), 3 * gib);
+        assert_eq!(set.read_cache_budget(4 * gib), 2 * gib);
+        let off = ClusterSettings {
+            read_cache_bytes: Some(0),
+            ..ClusterSettings::default()
+        };
+        assert_eq!(off.read_cache_budget(64 * gib), 0);
+        assert!(serde_json::from_str::<ClusterSettings>(r#"{"read_cache":1}"#).is_err());
     }
 
     #[test]
