@@ -2,28 +2,39 @@
 # Cluster benchmark: an FTT=1 volume of `tessera up` (four hosts in one
 # process, two copies of every write) versus nbdkit's file plugin serving a
 # file on the same disk (one copy), in the same run, both through fio's nbd
-# engine over loopback. Prints each figure and the ratio Tessera / nbdkit.
+# engine over loopback. Prints each figure and the ratio Tessera / reference.
 #
-# A second reference, the same plugin with every write forced to FUA
-# (--filter=fua fuamode=force), has Tessera's durability: its ratio is the
-# "ratio-fua" column.
+# References, all on the same disk in the same run:
+#   nbdkit      nbdkit's file plugin, acknowledging writes from the page cache
+#   nbdkit-fua  the same plugin with every write forced to FUA
+#               (--filter=fua fuamode=force): Tessera's durability, one copy
+#   raw         fio on a file of its own, no network: O_DIRECT, and for
+#               writes an fdatasync after each (the device's own bound)
 #
-# Profiles (issue targets in brackets):
-#   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8  [IOPS >= 0.8x]
-#   qd1write  4 KiB random write, 1 job, iodepth 1, mean latency            [latency <= 1.5x]
-#   seqwrite  256 KiB sequential write, 1 job, iodepth 8                    [MB/s >= 0.8x]
-# Then the resident memory of `tessera up`, idle and after writing
-# MEMORY_WRITE bytes (default 4G) to a volume.
+# Profiles (issue targets in brackets, against nbdkit-fua unless said):
+#   seqwrite  256 KiB sequential write, 1 job, iodepth 8           [MB/s >= 0.6x]
+#   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x 8  [IOPS >= 1.2x]
+#   qd1write  4 KiB random write, 1 job, iodepth 1, mean latency   [<= 1.3x]
+#   qd1read   4 KiB random read, 1 job, iodepth 1, mean latency    [<= 1.1x of nbdkit]
+#   randwrite 4 KiB random write, iodepth 16: CPU per mirrored write  [<= 15 us]
+#   randread  4 KiB random read, iodepth 16: CPU per read             [<= 8 us]
+# and, for Tessera, the CPU time `tessera up` spent per I/O (user + system,
+# from /proc/PID/stat) during each profile. Every volume and file is filled
+# first, so reads find data. Then the resident memory of `tessera up`, idle
+# and after writing MEMORY_WRITE bytes (default 4G) to a volume.
 #
 # Environment: RUNTIME (seconds per profile, default 15), SIZE (volume and
 # file size, default 2G), MEMORY_WRITE (default 4G; 0 skips the memory
-# figure), CARGO_TARGET_DIR (default target).
+# figure), PROFILES (default "seqwrite mixed qd1write qd1read randwrite
+# randread"),
+# CARGO_TARGET_DIR (default target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-2G}
 MEMORY_WRITE=${MEMORY_WRITE:-4G}
+PROFILES=${PROFILES:-seqwrite mixed qd1write qd1read randwrite randread}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 
 for tool in fio nbdkit python3; do
@@ -54,17 +65,19 @@ wait_port() { # host port
   exit 1
 }
 
-# fio against URI with a profile; prints "iops lat_us bw_kib" from JSON.
-run_fio() { # uri profile
-  local uri=$1 profile=$2 args
-  case $profile in
-    mixed) args=(--rw=randrw --rwmixread=70 --bs=4k --numjobs=8 --iodepth=8) ;;
-    qd1write) args=(--rw=randwrite --bs=4k --numjobs=1 --iodepth=1) ;;
-    seqwrite) args=(--rw=write --bs=256k --numjobs=1 --iodepth=8) ;;
+profile_args() { # profile
+  case $1 in
+    mixed) echo --rw=randrw --rwmixread=70 --bs=4k --numjobs=8 --iodepth=8 ;;
+    qd1write) echo --rw=randwrite --bs=4k --numjobs=1 --iodepth=1 ;;
+    qd1read) echo --rw=randread --bs=4k --numjobs=1 --iodepth=1 ;;
+    seqwrite) echo --rw=write --bs=256k --numjobs=1 --iodepth=8 ;;
+    randwrite) echo --rw=randwrite --bs=4k --numjobs=1 --iodepth=16 ;;
+    randread) echo --rw=randread --bs=4k --numjobs=1 --iodepth=16 ;;
   esac
-  fio --name=bench --ioengine=nbd --uri="$uri" "${args[@]}" --size="$SIZE" \
-      --time_based --runtime="$RUNTIME" --group_reporting --output-format=json \
-      > "$work/fio.json"
+}
+
+# Prints "iops lat_us bw_kib" from fio's JSON output in $work/fio.json.
+fio_figures() {
   python3 - "$work/fio.json" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -75,6 +88,35 @@ lat = w["lat_ns"]["mean"] / 1000 if w["io_bytes"] else r["lat_ns"]["mean"] / 100
 bw = r["bw"] + w["bw"]
 print(f"{iops:.0f} {lat:.1f} {bw:.0f}")
 PY
+}
+
+# fio against URI with a profile; prints "iops lat_us bw_kib".
+run_fio() { # uri profile
+  # shellcheck disable=SC2046
+  fio --name=bench --ioengine=nbd --uri="$1" $(profile_args "$2") --size="$SIZE" \
+      --time_based --runtime="$RUNTIME" --group_reporting --output-format=json \
+      > "$work/fio.json"
+  fio_figures
+}
+
+# fio on a file of its own with the same profile: O_DIRECT, libaio, and an
+# fdatasync after every write.
+run_raw() { # profile
+  # shellcheck disable=SC2046
+  fio --name=bench --filename="$work/raw.img" --ioengine=libaio --direct=1 --fdatasync=1 \
+      $(profile_args "$1") --size="$SIZE" --time_based --runtime="$RUNTIME" \
+      --group_reporting --output-format=json > "$work/fio.json"
+  fio_figures
+}
+
+fill() { # uri
+  fio --name=fill --ioengine=nbd --uri="$1" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
+      --output-format=terse >/dev/null
+}
+
+# CPU time (user + system) of a process so far, in microseconds.
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{print int(($14 + $15) * 1000000 / hz)}' "/proc/$1/stat"
 }
 
 # --- Tessera -----------------------------------------------------------------
@@ -120,16 +162,30 @@ pids+=("$!")
 wait_port 127.0.0.1 "$nbdkit_fua_port"
 nbdkit_fua_uri="nbd://127.0.0.1:$nbdkit_fua_port"
 
+fill "$tessera_uri"
+fill "$nbdkit_uri"
+fill "$nbdkit_fua_uri"
+fio --name=fill --filename="$work/raw.img" --rw=write --bs=1m --iodepth=8 --ioengine=libaio \
+    --direct=1 --size="$SIZE" --output-format=terse >/dev/null
+
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-printf '%-9s %14s %14s %14s %8s %8s %s\n' profile tessera nbdkit nbdkit-fua ratio ratio-fua target
-for profile in seqwrite mixed qd1write; do
+printf '%-9s %14s %14s %14s %14s %6s %6s %6s %8s %s\n' profile tessera nbdkit nbdkit-fua raw \
+  ratio r-fua r-raw cpu/io target
+for profile in $PROFILES; do
+  cpu_before=$(cpu_us "$up_pid")
   read -r t_iops t_lat t_bw <<<"$(run_fio "$tessera_uri" "$profile")"
+  cpu=$(( $(cpu_us "$up_pid") - cpu_before ))
+  ios=$(python3 -c "print(max(1, round($t_iops * $RUNTIME)))")
+  cpu_per_io="$(( cpu / ios ))us"
   read -r n_iops n_lat n_bw <<<"$(run_fio "$nbdkit_uri" "$profile")"
   read -r f_iops f_lat f_bw <<<"$(run_fio "$nbdkit_fua_uri" "$profile")"
+  read -r r_iops r_lat r_bw <<<"$(run_raw "$profile")"
   case $profile in
-    mixed) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %8s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" ">= 0.8" ;;
-    qd1write) printf '%-9s %11s us %11s us %11s us %8s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "<= 1.5 (latency)" ;;
-    seqwrite) printf '%-9s %8s KiB/s %8s KiB/s %8s KiB/s %8s %8s %s\n' "$profile" "$t_bw" "$n_bw" "$f_bw" "$(ratio "$t_bw" "$n_bw")" "$(ratio "$t_bw" "$f_bw")" ">= 0.8" ;;
+    mixed) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %9s IOPS %6s %6s %6s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$r_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" "$(ratio "$t_iops" "$r_iops")" "$cpu_per_io" ">= 1.2 of nbdkit-fua" ;;
+    qd1write) printf '%-9s %11s us %11s us %11s us %11s us %6s %6s %6s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$r_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "$(ratio "$t_lat" "$r_lat")" "$cpu_per_io" "<= 1.3 of nbdkit-fua (latency)" ;;
+    qd1read) printf '%-9s %11s us %11s us %11s us %11s us %6s %6s %6s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$r_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "$(ratio "$t_lat" "$r_lat")" "$cpu_per_io" "<= 1.1 of nbdkit (latency)" ;;
+    randwrite|randread) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %9s IOPS %6s %6s %6s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$r_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" "$(ratio "$t_iops" "$r_iops")" "$cpu_per_io" "cpu/io <= $([ "$profile" = randwrite ] && echo 15 || echo 8) us" ;;
+    seqwrite) printf '%-9s %8s KiB/s %8s KiB/s %8s KiB/s %8s KiB/s %6s %6s %6s %8s %s\n' "$profile" "$t_bw" "$n_bw" "$f_bw" "$r_bw" "$(ratio "$t_bw" "$n_bw")" "$(ratio "$t_bw" "$f_bw")" "$(ratio "$t_bw" "$r_bw")" "$cpu_per_io" ">= 0.6 of nbdkit-fua" ;;
   esac
 done
 
