@@ -154,7 +154,8 @@ pub struct FileDiskOptions {
     /// Create the file with this many bytes if it does not exist (a block
     /// device must exist).
     pub create_bytes: Option<u64>,
-    /// Open with `O_DIRECT`: bypass the page cache.
+    /// Open with `O_DIRECT`: bypass the page cache (through it after all
+    /// where the file system refuses `O_DIRECT`, as tmpfs does).
     pub direct_io: bool,
     /// Open read-only (offline checks). A read-only open takes a shared
     /// lock, which other read-only opens may share; a writable open takes an
@@ -196,7 +197,15 @@ impl FileDisk {
         if options.direct_io {
             oo.custom_flags(libc::O_DIRECT);
         }
-        let mut file = oo.open(path).map_err(err)?;
+        let mut file = match oo.open(path) {
+            // A file system without O_DIRECT (tmpfs): the page cache it is.
+            Err(e) if options.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
+                let mut buffered = OpenOptions::new();
+                buffered.read(true).write(!options.read_only);
+                buffered.open(path).map_err(err)?
+            }
+            opened => opened.map_err(err)?,
+        };
         let locked = if options.read_only {
             file.try_lock_shared()
         } else {

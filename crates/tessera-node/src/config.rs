@@ -97,7 +97,8 @@ pub struct HostConfig {
     /// Index cache per disk group.
     #[serde(default = "default_index_cache_bytes")]
     pub index_cache_bytes: u64,
-    /// Open devices with O_DIRECT.
+    /// Open every device with O_DIRECT. Off (the default), only the write
+    /// log bypasses the page cache and the capacity devices use it.
     #[serde(default)]
     pub direct_io: bool,
 }

@@ -243,7 +243,11 @@ impl Host {
                     .collect(),
                 index_cache_bytes: config.index_cache_bytes,
                 content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
-                direct_io: config.direct_io,
+                direct_io: if config.direct_io {
+                    tessera_store::DirectIo::All
+                } else {
+                    tessera_store::DirectIo::Log
+                },
             };
             let group = DiskGroup::open_or_create(store_config)
                 .await

@@ -26,7 +26,7 @@ async fn disk_group(dir: &std::path::Path, name: &str) -> Arc<DiskGroup> {
         }],
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
-        direct_io: false,
+        direct_io: tessera_store::DirectIo::Off,
     })
     .await
     .expect("disk group created")

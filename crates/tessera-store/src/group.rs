@@ -60,8 +60,28 @@ pub struct DiskGroupConfig {
     /// in bytes, per-block overhead included; 0 disables it. Default:
     /// [`crate::CONTENT_CACHE_BYTES_DEFAULT`].
     pub content_cache_bytes: u64,
-    /// Open devices with `O_DIRECT`.
-    pub direct_io: bool,
+    /// Which devices bypass the page cache.
+    pub direct_io: DirectIo,
+}
+
+/// Which devices of a disk group are opened with `O_DIRECT` (bypassing the
+/// page cache). Where a file system refuses `O_DIRECT` (tmpfs), the device
+/// is opened through the page cache instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectIo {
+    /// Every device through the page cache.
+    Off,
+    /// The cache device only. The write log is synced at every group
+    /// commit: through the page cache a sync also waits for the write-back
+    /// of other dirty pages, and the device's cache flush for the capacity
+    /// devices' write-back; measured on a file-backed `tessera up`, QD 1
+    /// mirrored writes 255 -> 202 us, 256 KiB sequential writes 183 -> 339
+    /// MiB/s. The capacity devices keep the page cache, which serves reads
+    /// (O_DIRECT reads of the same file took 154 us at QD 1 against 50).
+    #[default]
+    Log,
+    /// Every device.
+    All,
 }
 
 /// Already-open devices (tests pass fault-injecting ones).
@@ -164,7 +184,7 @@ pub struct DiskGroup {
 const LOAD_ATTEMPTS_MAX: usize = 8;
 
 fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, StoreError> {
-    let open = |spec: &DeviceSpec| -> Result<Arc<dyn Disk>, StoreError> {
+    let open = |spec: &DeviceSpec, cache: bool| -> Result<Arc<dyn Disk>, StoreError> {
         if let Some(parent) = spec.path.parent() {
             if create && !parent.as_os_str().is_empty() && !parent.exists() {
                 std::fs::create_dir_all(parent).map_err(|e| StoreError::BadDevice {
@@ -179,7 +199,11 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
             &spec.path,
             FileDiskOptions {
                 create_bytes: create.then_some(spec.size_bytes),
-                direct_io: config.direct_io,
+                direct_io: match config.direct_io {
+                    DirectIo::Off => false,
+                    DirectIo::Log => cache,
+                    DirectIo::All => true,
+                },
                 read_only: false,
             },
         )
@@ -195,11 +219,11 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
         Ok(Arc::new(disk))
     };
     Ok(GroupDevices {
-        cache: open(&config.cache)?,
+        cache: open(&config.cache, true)?,
         capacity: config
             .capacity
             .iter()
-            .map(open)
+            .map(|spec| open(spec, false))
             .collect::<Result<Vec<_>, _>>()?,
     })
 }

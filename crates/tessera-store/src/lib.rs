@@ -52,8 +52,8 @@ pub use check::{check_devices, CheckProblem, CheckReport};
 pub use content::ContentCacheStats;
 pub use error::StoreError;
 pub use group::{
-    ComponentSpace, ComponentSummary, DeviceSpec, DiskGroup, DiskGroupConfig, DiskGroupHealth,
-    DiskGroupSpace, GroupDevices, LogStats,
+    ComponentSpace, ComponentSummary, DeviceSpec, DirectIo, DiskGroup, DiskGroupConfig,
+    DiskGroupHealth, DiskGroupSpace, GroupDevices, LogStats,
 };
 pub use recovery::COMPONENTS_MAX;
 pub use scrub::{BadBlock, ScrubProgress, ScrubReport};

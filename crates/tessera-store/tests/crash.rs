@@ -416,7 +416,7 @@ fn file_config(dir: &Path) -> DiskGroupConfig {
         }],
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
-        direct_io: false,
+        direct_io: tessera_store::DirectIo::Off,
     }
 }
 
