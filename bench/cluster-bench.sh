@@ -21,10 +21,12 @@
 # and, for Tessera, the CPU time `tessera up` spent per I/O (user + system,
 # from /proc/PID/stat) during each profile. Every volume and file is filled
 # first, so reads find data. Then the resident memory of `tessera up`, idle
-# and after writing MEMORY_WRITE bytes (default 4G) to a volume.
+# and after writing MEMORY_WRITE bytes (default 40G) to a 4 GiB volume
+# (written over and over, so the disk needs room for two copies of 4 GiB,
+# not of MEMORY_WRITE).
 #
 # Environment: RUNTIME (seconds per profile, default 15), SIZE (volume and
-# file size, default 2G), MEMORY_WRITE (default 4G; 0 skips the memory
+# file size, default 2G), MEMORY_WRITE (default 40G; 0 skips the memory
 # figure), PROFILES (default "seqwrite mixed qd1write qd1read randwrite
 # randread"),
 # CARGO_TARGET_DIR (default target).
@@ -33,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-2G}
-MEMORY_WRITE=${MEMORY_WRITE:-4G}
+MEMORY_WRITE=${MEMORY_WRITE:-40G}
 PROFILES=${PROFILES:-seqwrite mixed qd1write qd1read randwrite randread}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 
@@ -190,11 +192,10 @@ for profile in $PROFILES; do
 done
 
 if [ "$MEMORY_WRITE" != "0" ]; then
-  "$tessera" --api "$api" volume create memory --size "$MEMORY_WRITE" >/dev/null
+  "$tessera" --api "$api" volume create memory --size 4G >/dev/null
   sleep 2
-  fio --name=fill --ioengine=nbd --uri="nbd://$owner_ip:$nbd_port/memory" --rw=write \
-      --bs=1m --iodepth=8 --size="$MEMORY_WRITE" --output-format=terse >/dev/null 2>&1 || \
-    fio --name=fill --ioengine=nbd --uri="nbd://127.$octet.$(echo "$bind" | cut -d. -f3).1:$nbd_port/memory" --rw=write \
-      --bs=1m --iodepth=8 --size="$MEMORY_WRITE" --output-format=terse >/dev/null
+  memory_uri="nbd://$owner_ip:$nbd_port/memory"
+  fio --name=fill --ioengine=nbd --uri="$memory_uri" --rw=write --bs=1m --iodepth=8 \
+      --size=4G --io_size="$MEMORY_WRITE" --output-format=terse >/dev/null
   echo "tessera up resident memory: idle $((idle_rss / 1024)) MiB, after writing $MEMORY_WRITE $(( $(rss_kib "$up_pid") / 1024 )) MiB"
 fi
