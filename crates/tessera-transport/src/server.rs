@@ -1,17 +1,19 @@
 //! The serving side: accepting connections and answering their requests.
 //!
 //! Owns: the accept loop, the handshake a new connection must pass, and one
-//! reading loop per connection that starts a task per request, so a slow
-//! request (a resync read, a flush) never holds back the ones behind it.
+//! task per connection that reads requests and serves them concurrently
+//! inside itself (no task per request), so a slow request (a resync read, a
+//! flush) never holds back the ones behind it.
 //!
 //! Invariants: a connection serves requests only after a successful `Hello`;
 //! at most [`MAX_IN_FLIGHT_PER_CONNECTION`] requests of one connection run at
-//! once (the loop stops reading until one ends); a malformed frame or a
+//! once (the task stops reading until one ends); a malformed frame or a
 //! protocol violation closes the connection and is logged with the peer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use tessera_types::HostId;
 use tessera_wire::{
     encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
@@ -19,7 +21,7 @@ use tessera_wire::{
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::faults::{FaultHooks, FrameFate};
 use crate::io::{write_frame, FrameReader, HANDSHAKE_FRAME_BYTES_MAX};
@@ -143,10 +145,18 @@ async fn serve_connection(
     };
 
     reader.set_limit(tessera_wire::MAX_FRAME_BYTES);
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    // The requests being served, polled by this task: no task is spawned
+    // per request, so a request and its answer cost no hand-off between
+    // threads. They still run concurrently: a slow one (a resync read, a
+    // flush) does not hold back the ones behind it.
+    let mut serving = FuturesUnordered::new();
     loop {
+        let full = serving.len() >= MAX_IN_FLIGHT_PER_CONNECTION;
         let next = tokio::select! {
-            next = reader.next() => next,
+            // Reading a frame is cancel-safe: bytes read stay in the
+            // reader's buffer for the next call.
+            next = reader.next(), if !full => next,
+            Some(()) = serving.next(), if !serving.is_empty() => continue,
             _ = stopped(&mut shutdown) => break,
         };
         let frame = match next {
@@ -173,14 +183,11 @@ async fn serve_connection(
             }
             Message::Request(request) => request,
         };
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
         let writer = writer.clone();
         let context = context.clone();
         let peer = peer.clone();
         let header = frame.header;
-        tokio::spawn(async move {
+        serving.push(async move {
             let response = match request {
                 Request::Ping => Response::Pong,
                 request => {
@@ -199,8 +206,12 @@ async fn serve_connection(
                 response,
             )
             .await;
-            drop(slot);
         });
+    }
+    // Requests already read are answered before the connection closes,
+    // unless the transport is shutting down.
+    if !*shutdown.borrow() {
+        while serving.next().await.is_some() {}
     }
     let _ = writer.lock().await.shutdown().await;
 }

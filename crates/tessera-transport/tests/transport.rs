@@ -700,6 +700,49 @@ async fn guest_calls_do_not_wait_behind_resync_traffic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_request_does_not_hold_back_a_quick_one_on_the_same_connection() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    let slow = {
+        let a = a.transport.clone();
+        let (to, addr) = (b.host(), b.addr());
+        tokio::spawn(async move {
+            let read = Request::Read {
+                component: ComponentRef {
+                    volume: volume(RESYNC_VOLUME),
+                    id: ComponentId(1),
+                },
+                lba: Lba(0),
+                blocks: 16,
+            };
+            a.call_with_timeout(&to, addr, QueueClass::Resync, read, Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    let write = Request::Write {
+        component: component(1),
+        lba: Lba(0),
+        epoch: Epoch(1),
+        data: pattern(1, 4096),
+    };
+    // The same queue class, so the same connection as the slow read.
+    let answer = a
+        .transport
+        .call(&b.host(), b.addr(), QueueClass::Resync, write)
+        .await
+        .unwrap();
+    assert_eq!(answer, Response::Ok);
+    assert!(
+        t.elapsed() < RESYNC_READ / 3 && !slow.is_finished(),
+        "the write waited {:?} behind the slow read",
+        t.elapsed()
+    );
+    assert!(matches!(slow.await.unwrap().unwrap(), Response::Data(_)));
+    assert_eq!(a.transport.stats().connections_opened, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_peer_is_reached_again() {
     let faults = FaultHooks::new(Arc::new(SeededRng::new(3)));
     let a = node_at("h1", loopback(), quick(), &faults).await;
