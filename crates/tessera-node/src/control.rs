@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
-use tessera_types::{ComponentId, Epoch};
+use tessera_types::{format_size, ComponentId, Epoch};
 
 /// Overall health of a cluster or volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +178,54 @@ pub struct HostView {
     /// The sum of its disk groups' space.
     #[serde(default)]
     pub capacity: CapacityView,
+    /// Its read cache. Known for the hosts this control plane runs.
+    #[serde(default)]
+    pub read_cache: Option<ReadCacheView>,
+}
+
+/// A host's read cache: the blocks of the volumes it owns, in its memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadCacheView {
+    /// Bytes of memory it may take (0: disabled), from the setting
+    /// `read_cache_bytes` and the host's memory.
+    pub budget_bytes: u64,
+    /// Bytes of blocks it holds now.
+    pub cached_bytes: u64,
+    /// Memory those take, per-block overhead included (at most the budget).
+    pub memory_bytes: u64,
+    /// Blocks (4 KiB) of reads it served since the host started.
+    pub hits: u64,
+    /// Blocks of reads it did not hold, read from a copy.
+    pub misses: u64,
+    /// Hits over hits and misses; None before the first read.
+    pub hit_rate: Option<f64>,
+    /// The host's memory.
+    pub host_memory_bytes: u64,
+}
+
+impl ReadCacheView {
+    /// The view of `stats` on a host with `host_memory_bytes` of memory.
+    pub fn new(stats: &tessera_object::ReadCacheStats, host_memory_bytes: u64) -> ReadCacheView {
+        ReadCacheView {
+            budget_bytes: stats.budget_bytes,
+            cached_bytes: stats.bytes_cached,
+            memory_bytes: stats.memory_bytes,
+            hits: stats.hits,
+            misses: stats.misses,
+            hit_rate: stats.hit_rate(),
+            host_memory_bytes,
+        }
+    }
+}
+
+/// One volume's reads in its owner's read cache (counted on the hosts this
+/// control plane runs, since the owner took the volume over).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeReadCacheView {
+    /// Blocks (4 KiB) of reads served from the cache.
+    pub hits: u64,
+    /// Blocks of reads read from a copy.
+    pub misses: u64,
 }
 
 /// A request to create a policy.
@@ -262,6 +310,24 @@ pub struct UpdateSettings {
     /// See [`tessera_directory::keys::ClusterSettings::full_pct`].
     #[serde(default)]
     pub full_pct: Option<u8>,
+    /// See [`tessera_directory::keys::ClusterSettings::read_cache_bytes`]:
+    /// a number of bytes, or `null` for the default.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub read_cache_bytes: Option<Option<u64>>,
+}
+
+/// A field that may be `null`: present (`Some`, holding `None` for `null`)
+/// or, through `#[serde(default)]`, absent (`None`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// A CHAP user name and secret, as the API takes them.
@@ -393,6 +459,9 @@ pub struct ObjectView {
     /// counted on the hosts this control plane runs.
     #[serde(default)]
     pub offloads: OffloadView,
+    /// Its reads in its owner's read cache.
+    #[serde(default)]
+    pub read_cache: VolumeReadCacheView,
 }
 
 /// Offload counters of one volume, like esxtop's VAAI columns.
@@ -784,9 +853,27 @@ impl IscsiAccess {
 
 impl UpdateSettings {
     /// `current` with this change applied, or why the change is refused
-    /// (nothing is changed then).
-    pub fn apply(&self, current: &ClusterSettings) -> Result<ClusterSettings, ControlError> {
+    /// (nothing is changed then). `memory_bytes` is the memory of the host
+    /// that checks the change: a read cache may take at most half of it.
+    pub fn apply(
+        &self,
+        current: &ClusterSettings,
+        memory_bytes: u64,
+    ) -> Result<ClusterSettings, ControlError> {
         let mut next = current.clone();
+        if let Some(bytes) = self.read_cache_bytes {
+            if let Some(b) = bytes {
+                if b > memory_bytes / 2 {
+                    return Err(ControlError::Invalid(format!(
+                        "read_cache_bytes may be at most half of a host's memory ({} bytes, {} of {}), not {b} bytes",
+                        memory_bytes / 2,
+                        format_size(memory_bytes / 2),
+                        format_size(memory_bytes),
+                    )));
+                }
+            }
+            next.read_cache_bytes = bytes;
+        }
         if let Some(r) = self.max_overcommit_ratio {
             if !r.is_finite() || !(0.1..=100.0).contains(&r) {
                 return Err(ControlError::Invalid(format!(
@@ -838,5 +925,51 @@ impl UpdatePolicy {
         self.failures_to_tolerate
             .is_some_and(|f| f != current.failures_to_tolerate)
             || self.stripe_width.is_some_and(|w| w != current.stripe_width)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_cache_setting_is_set_reset_to_its_default_or_refused() {
+        let parse = |text: &str| serde_json::from_str::<UpdateSettings>(text).unwrap();
+        assert_eq!(parse("{}").read_cache_bytes, None);
+        assert_eq!(
+            parse(r#"{"read_cache_bytes":null}"#).read_cache_bytes,
+            Some(None)
+        );
+        assert_eq!(
+            parse(r#"{"read_cache_bytes":1048576}"#).read_cache_bytes,
+            Some(Some(1 << 20))
+        );
+        assert!(serde_json::from_str::<UpdateSettings>(r#"{"read_cache":1}"#).is_err());
+        let memory = 8u64 << 30;
+        let set = parse(r#"{"read_cache_bytes":1048576}"#)
+            .apply(&ClusterSettings::default(), memory)
+            .unwrap();
+        assert_eq!(set.read_cache_bytes, Some(1 << 20));
+        // Other fields given alongside still apply; absent it stays.
+        let unchanged = parse(r#"{"full_pct":90}"#).apply(&set, memory).unwrap();
+        assert_eq!(unchanged.read_cache_bytes, Some(1 << 20));
+        let reset = parse(r#"{"read_cache_bytes":null}"#)
+            .apply(&set, memory)
+            .unwrap();
+        assert_eq!(reset.read_cache_bytes, None);
+        let half = parse(&format!(r#"{{"read_cache_bytes":{}}}"#, memory / 2))
+            .apply(&set, memory)
+            .unwrap();
+        assert_eq!(half.read_cache_bytes, Some(memory / 2));
+        let err = parse(&format!(r#"{{"read_cache_bytes":{}}}"#, memory / 2 + 1))
+            .apply(&set, memory)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ControlError::Invalid(
+                "read_cache_bytes may be at most half of a host's memory (4294967296 bytes, 4.0 GiB of 8.0 GiB), not 4294967297 bytes"
+                    .into()
+            )
+        );
     }
 }

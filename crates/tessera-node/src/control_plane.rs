@@ -463,6 +463,9 @@ impl ControlPlane {
                 .map(|o| o.volume.to_string())
                 .collect();
             owned_volumes.sort();
+            let read_cache = running
+                .as_ref()
+                .map(|host| ReadCacheView::new(&host.read_cache().stats(), host.memory_bytes()));
             out.push(HostView {
                 id: h.id.to_string(),
                 fault_domain: h.fault_domain.to_string(),
@@ -473,6 +476,7 @@ impl ControlPlane {
                 disk_groups,
                 owned_volumes,
                 capacity,
+                read_cache,
             });
         }
         out
@@ -686,7 +690,13 @@ impl ClusterControl for ControlPlane {
     ) -> Result<ClusterSettings, ControlError> {
         let _guard = self.changes.lock().await;
         let current = self.read_state().await?.settings;
-        let next = change.apply(&current)?;
+        // The hosts of this process share the machine whose memory bounds
+        // the read cache; with none here, this process's machine.
+        let memory = self
+            .hosts
+            .any()
+            .map_or_else(crate::host::host_memory_bytes, |h| h.memory_bytes());
+        let next = change.apply(&current, memory)?;
         keys::put(self.directory.as_ref(), &self.keys.settings(), &next, None)
             .await
             .map_err(internal)?;
@@ -1299,6 +1309,19 @@ impl ClusterControl for ControlPlane {
             .filter(|(v, _)| v == &record.name)
             .map(|(_, c)| c.counters().shared_copy_bytes.load(Ordering::Relaxed))
             .sum();
+        let read_cache = self
+            .hosts
+            .running()
+            .iter()
+            .flat_map(|h| h.owned())
+            .filter(|(v, _)| v == &record.name)
+            .fold(VolumeReadCacheView::default(), |sum, (_, c)| {
+                let counters = c.counters();
+                VolumeReadCacheView {
+                    hits: sum.hits + counters.read_cache_hits.load(Ordering::Relaxed),
+                    misses: sum.misses + counters.read_cache_misses.load(Ordering::Relaxed),
+                }
+            });
         Ok(ObjectView {
             volume: record.name.to_string(),
             size_bytes: record.size_bytes,
@@ -1309,6 +1332,7 @@ impl ClusterControl for ControlPlane {
             generation: layout.generation,
             components: views,
             offloads,
+            read_cache,
         })
     }
 

@@ -338,6 +338,7 @@ mod tests {
             }],
             owned_volumes: Vec::new(),
             capacity: CapacityView::default(),
+            read_cache: None,
         }
     }
 

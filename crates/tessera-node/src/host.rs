@@ -6,11 +6,14 @@
 //! directory says (hosts, liveness, volumes, owners), takes ownership of
 //! volumes that have none, drops coordinators whose ownership moved, marks
 //! components of absent hosts, starts delta resyncs when hosts return and
-//! rebuilds when they stay away past the repair delay.
+//! rebuilds when they stay away past the repair delay; and the host read
+//! cache every coordinator it runs shares, sized by the cluster setting
+//! `read_cache_bytes` (read every tick, applied at once).
 //! Must not touch: I/O logic (the coordinator's) or on-disk formats.
 //! Invariants: a host serves I/O for a volume only while its liveness lease
 //! is held and the directory names it owner at the coordinator's epoch; a
-//! host that loses its lease drops every coordinator at once.
+//! host that loses its lease drops every coordinator at once; a coordinator
+//! the host drops leaves nothing in its read cache.
 
 use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
@@ -19,7 +22,7 @@ use crate::error::NodeError;
 use crate::iscsi::{HostTargets, ReservationTable};
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
-use crate::routing::HostCatalog;
+use crate::routing::{HostCatalog, VolumeHandle};
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
@@ -33,7 +36,7 @@ use tessera_directory::keys::{
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
 use tessera_env::{Clock, Rng, SeededRng, SystemClock};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
-use tessera_object::{Coordinator, LayoutRecorder};
+use tessera_object::{Coordinator, LayoutRecorder, ReadCache};
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup};
 use tessera_transport::{RequestHandler, Transport, TransportConfig};
@@ -48,6 +51,31 @@ pub const TICK: Duration = Duration::from_millis(500);
 
 /// Ticks between refreshes of disk group usage in the directory.
 const USAGE_TICKS: u64 = 4;
+
+/// The memory a host is taken to have when it cannot read its own (no
+/// `/proc/meminfo`): the read cache's default and limit follow from it.
+const FALLBACK_MEMORY_BYTES: u64 = 16 << 30;
+
+/// This machine's memory (`MemTotal` of `/proc/meminfo`), or
+/// [`FALLBACK_MEMORY_BYTES`] when it cannot be read.
+pub fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| parse_mem_total(&text))
+        .unwrap_or(FALLBACK_MEMORY_BYTES)
+}
+
+/// Bytes of `MemTotal:  N kB` in the text of `/proc/meminfo`.
+fn parse_mem_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line["MemTotal:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
 
 /// Coordinators of the volumes a host owns, shared with its request handler.
 pub type Owned = Arc<RwLock<HashMap<VolumeId, Arc<Coordinator>>>>;
@@ -104,6 +132,13 @@ pub struct Host {
     attachments: Arc<Attachments>,
     /// The attachments generation last written to the directory.
     attachments_published: std::sync::atomic::AtomicU64,
+    /// The read cache the coordinators of this host share.
+    read_cache: Arc<ReadCache>,
+    /// This machine's memory, which sizes the read cache.
+    memory_bytes: u64,
+    /// The volumes this host serves, as its NBD server and iSCSI targets
+    /// open them.
+    catalog: Arc<HostCatalog>,
 }
 
 /// Opens the directory a configuration names.
@@ -344,6 +379,15 @@ impl Host {
             Arc::clone(&catalog),
             Arc::clone(&reservations),
         ));
+        // Sized from the settings at once; every refresh applies changes.
+        let memory_bytes = host_memory_bytes();
+        let settings = keys::get(directory.as_ref(), &keys.settings())
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.value)
+            .unwrap_or_default();
+        let read_cache = ReadCache::new(settings.read_cache_budget(memory_bytes));
         let host = Arc::new(Host {
             id: id.clone(),
             directory,
@@ -368,6 +412,9 @@ impl Host {
             targets: Arc::clone(&targets),
             attachments,
             attachments_published: std::sync::atomic::AtomicU64::new(u64::MAX),
+            read_cache,
+            memory_bytes,
+            catalog: Arc::clone(&catalog),
             config,
         });
         host.publish_usage().await;
@@ -442,6 +489,31 @@ impl Host {
         out
     }
 
+    /// The read cache of the volumes this host owns.
+    pub fn read_cache(&self) -> &Arc<ReadCache> {
+        &self.read_cache
+    }
+
+    /// The memory of the machine this host runs on, which sizes its read
+    /// cache.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    /// A handle on a ready volume, as this host's NBD server and iSCSI
+    /// targets have it: requests go to the volume's owner, wherever it is.
+    /// Not counted as a client of the volume.
+    pub fn open_volume(&self, name: &str) -> Option<Arc<VolumeHandle>> {
+        self.catalog.open_handle(name, false)
+    }
+
+    /// Drops every coordinator, and what the read cache holds for them.
+    fn drop_coordinators(&self) {
+        for (_, c) in self.owned.write().drain() {
+            c.forget_cached();
+        }
+    }
+
     /// What this host knows of the other hosts.
     pub fn peers(&self) -> &Arc<Peers> {
         &self.peers
@@ -467,7 +539,7 @@ impl Host {
         for task in self.tasks.lock().drain(..) {
             task.abort();
         }
-        self.owned.write().clear();
+        self.drop_coordinators();
         let session = self.session.lock().take();
         if let Some(session) = session {
             if clean {
@@ -574,6 +646,14 @@ impl Host {
                 .map(|r| (r.value.volume.clone(), r.value))
                 .collect();
         }
+        if let Ok(settings) = keys::get(directory, &self.keys.settings()).await {
+            let settings = settings.map(|r| r.value).unwrap_or_default();
+            let budget = settings.read_cache_budget(self.memory_bytes);
+            if budget != self.read_cache.budget_bytes() {
+                tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");
+                self.read_cache.set_budget(budget);
+            }
+        }
         if let Ok(groups) = keys::list(directory, &self.keys.disk_groups()).await {
             let (used, capacity) = groups.records.iter().fold((0, 0), |(u, c), r| {
                 (u + r.value.used_bytes, c + r.value.capacity_bytes)
@@ -625,7 +705,7 @@ impl Host {
         if !self.lease_held() {
             if !self.owned.read().is_empty() {
                 tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
-                self.owned.write().clear();
+                self.drop_coordinators();
             }
             // Rejoin with a new lease (a host that was frozen or cut off
             // comes back as a host without volumes; owners resync its copies).
@@ -663,6 +743,8 @@ impl Host {
                 .is_some_and(|o| o.host == self.id && o.epoch == coordinator.epoch());
             let keep = present.contains(volume) && still_ours && coordinator.superseded().is_none();
             if !keep {
+                // Requests still under way read from the copies from now on.
+                coordinator.forget_cached();
                 dropped.push(volume.clone());
             }
             keep
@@ -750,12 +832,13 @@ impl Host {
             epoch: record.epoch,
         });
         let serial = serial_of(volume);
-        match Coordinator::take_over(
+        match Coordinator::take_over_cached(
             layout,
             record.epoch,
             serial,
             self.components(&volume.name),
             recorder,
+            &self.read_cache,
         )
         .await
         {
@@ -979,4 +1062,18 @@ pub async fn run_config_file(
     }
     host.stop(true).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total_is_read_in_bytes() {
+        let text = "MemTotal:       24421012 kB\nMemFree:         4096 kB\n";
+        assert_eq!(parse_mem_total(text), Some(24_421_012 * 1024));
+        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_total("MemTotal: lots kB\n"), None);
+        assert!(host_memory_bytes() > 0);
+    }
 }

@@ -241,7 +241,8 @@ pub enum ObjectCommand {
 pub enum SettingsCommand {
     /// Every setting with its value, default and meaning.
     Show,
-    /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct.
+    /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
+    /// read_cache_bytes (a size, 0 to disable, or `default`).
     Set {
         /// Setting name.
         name: String,

@@ -130,6 +130,7 @@ fn eta_text(seconds: u64) -> String {
 
 /// `tessera settings show`.
 pub fn settings(s: &ClusterSettings) -> String {
+    let read_cache_default = "0.4% of each host's memory, at most 1.0 GiB";
     let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
     let d = ClusterSettings::default();
     t.row(vec![
@@ -149,6 +150,16 @@ pub fn settings(s: &ClusterSettings) -> String {
         format!("{}%", s.full_pct),
         format!("{}%", d.full_pct),
         "use at which DATASTORE_FULL is an error".into(),
+    ]);
+    t.row(vec![
+        "read_cache_bytes".into(),
+        match s.read_cache_bytes {
+            None => "default".to_string(),
+            Some(0) => "0 (off)".to_string(),
+            Some(b) => format_size(b),
+        },
+        read_cache_default.into(),
+        "RAM each host gives the blocks of the volumes it owns; 0 disables".into(),
     ]);
     t.render()
 }
@@ -265,7 +276,40 @@ pub fn hosts(hosts: &[HostView]) -> String {
         out.push('\n');
         out.push_str(&groups.render());
     }
+    if hosts.iter().any(|h| h.read_cache.is_some()) {
+        out.push('\n');
+        out.push_str(&read_caches(hosts));
+    }
     out
+}
+
+/// The read cache of every host this control plane runs.
+fn read_caches(hosts: &[HostView]) -> String {
+    let mut t = Table::new(&[
+        "HOST",
+        "READ CACHE",
+        "BUDGET",
+        "CACHED",
+        "HITS",
+        "MISSES",
+        "HIT RATE",
+    ]);
+    for h in hosts {
+        let Some(c) = &h.read_cache else {
+            continue;
+        };
+        t.row(vec![
+            h.id.clone(),
+            if c.budget_bytes > 0 { "on" } else { "off" }.to_string(),
+            format_size(c.budget_bytes),
+            format_size(c.cached_bytes),
+            c.hits.to_string(),
+            c.misses.to_string(),
+            c.hit_rate
+                .map_or("-".to_string(), |r| format!("{:.1}%", r * 100.0)),
+        ]);
+    }
+    t.render()
 }
 
 /// `tessera policy list`.
@@ -449,6 +493,11 @@ pub fn object(o: &ObjectView) -> String {
         f.delete_blocks,
         f.out_of_space
     ));
+    let c = &o.read_cache;
+    out.push_str(&format!(
+        "read cache: {} hits, {} misses (blocks of 4 KiB read through the owner)\n",
+        c.hits, c.misses
+    ));
     out
 }
 
@@ -593,7 +642,7 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use tessera_node::control::{DiskGroupView, Divergence};
+    use tessera_node::control::{DiskGroupView, Divergence, ReadCacheView};
     use tessera_types::{ComponentId, PolicyName};
 
     fn copy(id: u64, column: Option<usize>, host: &str, state: ComponentState) -> ComponentView {
@@ -634,6 +683,7 @@ mod tests {
             generation: 2,
             components,
             offloads: Default::default(),
+            read_cache: Default::default(),
         }
     }
 
@@ -796,8 +846,21 @@ mod tests {
             }],
             owned_volumes: vec!["vol1".to_string()],
             capacity: CapacityView::default(),
+            read_cache: Some(ReadCacheView {
+                budget_bytes: 64 << 20,
+                cached_bytes: 3 << 20,
+                memory_bytes: 800 * 4352,
+                hits: 1200,
+                misses: 400,
+                hit_rate: Some(0.75),
+                host_memory_bytes: 16 << 30,
+            }),
         };
         let text = hosts(&[h]);
+        assert!(
+            text.contains("host-1  on          64.0 MiB  3.0 MiB  1200  400     75.0%"),
+            "{text}"
+        );
         assert!(
             text.contains("host-1  fd-1          present  127.0.0.1:9500  127.0.0.1:10809  127.0.0.1:3260  1            1.0 GiB  7.0 GiB  12.0 GiB     8.0 GiB  1"),
             "{text}"

@@ -300,8 +300,16 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a percentage from 1 to 100"))?;
             Ok(json!({ name: pct }))
         }
+        "read_cache_bytes" => {
+            if value.eq_ignore_ascii_case("default") {
+                return Ok(json!({ "read_cache_bytes": null }));
+            }
+            let bytes = tessera_types::parse_size(value)
+                .map_err(|_| bad("a size (e.g. 512M, 1G, 0 to disable) or default"))?;
+            Ok(json!({ "read_cache_bytes": bytes }))
+        }
         other => Err(CliError::Usage(format!(
-            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct"
+            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes"
         ))),
     }
 }

@@ -310,7 +310,11 @@ fn object_show_prints_the_tree_and_verify_exits_1_on_divergence() {
         .take_while(|l| !l.is_empty())
         .map(|l| l.split("  host-").next().unwrap_or(l).trim_end())
         .collect();
-    assert!(text.ends_with("out of space 0\n"), "{text}");
+    assert!(text.contains("out of space 0\n"), "{text}");
+    assert!(
+        text.ends_with("read cache: 0 hits, 0 misses (blocks of 4 KiB read through the owner)\n"),
+        "{text}"
+    );
     assert_eq!(
         tree,
         [
@@ -372,6 +376,54 @@ fn host_stop_and_start_show_in_status_and_host_list() {
     assert!(list.contains("DISK GROUP"), "{list}");
     let status = json(&tessera(&api, &["status", "--json"]));
     assert_eq!(status["health"], "healthy");
+}
+
+#[test]
+fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
+    let api = ApiServer::start();
+    let shown = stdout(&tessera(&api, &["host", "show", "host-1"]));
+    assert!(
+        shown.contains("HOST    READ CACHE  BUDGET    CACHED   HITS  MISSES  HIT RATE"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("host-1  on          64.0 MiB  4.0 MiB  300   100     75.0%"),
+        "{shown}"
+    );
+    let json_view = json(&tessera(&api, &["host", "show", "host-1", "--json"]));
+    assert_eq!(json_view["read_cache"]["hits"], 300);
+    assert_eq!(json_view["read_cache"]["hit_rate"], 0.75);
+
+    let set = tessera(
+        &api,
+        &["--json", "settings", "set", "read_cache_bytes", "256M"],
+    );
+    assert_eq!(code(&set), 0, "{}", stderr(&set));
+    assert_eq!(json(&set)["read_cache_bytes"], 256 << 20);
+    let table = stdout(&tessera(&api, &["settings", "show"]));
+    assert!(table.contains("read_cache_bytes      256.0 MiB"), "{table}");
+    let off = json(&tessera(
+        &api,
+        &["--json", "settings", "set", "read_cache_bytes", "0"],
+    ));
+    assert_eq!(off["read_cache_bytes"], 0);
+    let back = json(&tessera(
+        &api,
+        &["--json", "settings", "set", "read_cache_bytes", "default"],
+    ));
+    assert!(back.get("read_cache_bytes").is_none(), "{back}");
+    let table = stdout(&tessera(&api, &["settings", "show"]));
+    assert!(table.contains("read_cache_bytes      default"), "{table}");
+    let bad = tessera(&api, &["settings", "set", "read_cache_bytes", "lots"]);
+    assert_eq!(code(&bad), 2);
+    assert!(stderr(&bad).contains("a size"), "{}", stderr(&bad));
+    let too_much = tessera(&api, &["settings", "set", "read_cache_bytes", "9G"]);
+    assert_eq!(code(&too_much), 1);
+    assert!(
+        stderr(&too_much).contains("at most half of a host's memory"),
+        "{}",
+        stderr(&too_much)
+    );
 }
 
 #[test]

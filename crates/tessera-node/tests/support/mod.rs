@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
     CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView,
-    ObjectView, RenameVolume, ResizeVolume, ResyncView, StatusView, UpdatePolicy, UpdateSettings,
-    VerifyReport, VolumeView,
+    ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, StatusView, UpdatePolicy,
+    UpdateSettings, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -179,6 +179,15 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 free_bytes: HOST_CAPACITY_BYTES,
                 ..CapacityView::default()
             },
+            read_cache: (!r.stopped[i]).then_some(ReadCacheView {
+                budget_bytes: 64 << 20,
+                cached_bytes: 4 << 20,
+                memory_bytes: 1088 * 4352,
+                hits: 300,
+                misses: 100,
+                hit_rate: Some(0.75),
+                host_memory_bytes: 16 << 30,
+            }),
         })
         .collect()
 }
@@ -300,7 +309,7 @@ impl ClusterControl for MemoryControl {
         change: UpdateSettings,
     ) -> Result<ClusterSettings, ControlError> {
         let mut r = self.records.lock().expect("records lock");
-        r.settings = change.apply(&r.settings)?;
+        r.settings = change.apply(&r.settings, 16 << 30)?;
         Ok(r.settings.clone())
     }
 
@@ -471,6 +480,7 @@ impl ClusterControl for MemoryControl {
             epoch: view.epoch,
             generation: 1,
             offloads: Default::default(),
+            read_cache: Default::default(),
             components: vec![
                 component(0, ComponentRole::Data, 0),
                 component(1, ComponentRole::Data, 1),
