@@ -64,11 +64,13 @@ use std::sync::Arc;
 use tessera_types::BLOCK_BYTES;
 
 /// Memory one entry takes besides its 4 KiB of data: its slot (64 bytes),
-/// its map slot with the map's spare room (up to ~56), the shared header
+/// its map slot with the map's spare room (up to ~57), the shared header
 /// `Bytes` allocates when a hit first hands the block out (32 with the
-/// allocator's rounding), the allocator's header of the data buffer (16)
-/// and the ghost record of a dropped entry (up to ~88).
-pub const READ_CACHE_ENTRY_OVERHEAD_BYTES: u64 = 256;
+/// allocator's rounding), the allocator's header of the data buffer (16),
+/// a free-slot index (4) and the ghost record of a dropped entry in the
+/// ghost FIFO and its map, each with its spare room (up to ~105): ~280,
+/// rounded up.
+pub const READ_CACHE_ENTRY_OVERHEAD_BYTES: u64 = 320;
 
 /// Budget bytes one entry takes.
 pub const READ_CACHE_ENTRY_COST_BYTES: u64 = BLOCK_BYTES + READ_CACHE_ENTRY_OVERHEAD_BYTES;

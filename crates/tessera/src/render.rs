@@ -849,7 +849,7 @@ mod tests {
             read_cache: Some(ReadCacheView {
                 budget_bytes: 64 << 20,
                 cached_bytes: 3 << 20,
-                memory_bytes: 800 * 4352,
+                memory_bytes: 768 * 4416,
                 hits: 1200,
                 misses: 400,
                 hit_rate: Some(0.75),

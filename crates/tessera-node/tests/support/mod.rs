@@ -182,7 +182,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
             read_cache: (!r.stopped[i]).then_some(ReadCacheView {
                 budget_bytes: 64 << 20,
                 cached_bytes: 4 << 20,
-                memory_bytes: 1088 * 4352,
+                memory_bytes: 1024 * 4416,
                 hits: 300,
                 misses: 100,
                 hit_rate: Some(0.75),
