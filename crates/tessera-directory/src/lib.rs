@@ -40,7 +40,7 @@ pub mod ownership;
 pub use embedded::EmbeddedDirectory;
 pub use etcd::EtcdDirectory;
 pub use keys::Keyspace;
-pub use membership::{live_hosts, register_host, HostSession};
+pub use membership::{live_hosts, register_host, HostSession, LeaseHeld};
 pub use ownership::{acquire_owner, current_owner, release_owner};
 
 /// A point in the directory's history. Every change gets the next revision;

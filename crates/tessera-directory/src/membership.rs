@@ -45,6 +45,7 @@ pub enum SessionState {
 pub struct HostSession {
     host: HostId,
     lease: Lease,
+    held: LeaseHeld,
     directory: Arc<dyn Directory>,
     state: watch::Receiver<SessionState>,
     renewer: JoinHandle<()>,
@@ -77,6 +78,11 @@ impl HostSession {
         self.lease.ttl
     }
 
+    /// Tells, at any time, whether the lease is certainly still held.
+    pub fn held(&self) -> LeaseHeld {
+        self.held.clone()
+    }
+
     /// The session's state now.
     pub fn state(&self) -> SessionState {
         *self.state.borrow()
@@ -106,6 +112,48 @@ impl Drop for HostSession {
     }
 }
 
+/// Whether a session's lease is certainly still held: until its time to
+/// live has passed since the last renewal was *sent* (the directory counts
+/// from when it received it, later), no other host can have taken the keys
+/// bound to the lease, such as the host's owner keys. Cheap to ask often.
+#[derive(Clone, Debug)]
+pub struct LeaseHeld {
+    base: tokio::time::Instant,
+    /// Nanoseconds after `base` until which the lease is held.
+    until_nanos: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Time kept off the end of the lease, for clocks that drift and a
+/// directory that expires leases a little early.
+const LEASE_HELD_MARGIN: Duration = Duration::from_millis(500);
+
+impl LeaseHeld {
+    fn new(sent: tokio::time::Instant, ttl: Duration) -> LeaseHeld {
+        let held = LeaseHeld {
+            base: sent,
+            until_nanos: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        };
+        held.renewed(sent, ttl);
+        held
+    }
+
+    fn renewed(&self, sent: tokio::time::Instant, ttl: Duration) {
+        let until = (sent + ttl.saturating_sub(LEASE_HELD_MARGIN))
+            .saturating_duration_since(self.base)
+            .as_nanos() as u64;
+        self.until_nanos
+            .fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True while the lease is certainly held.
+    pub fn now(&self) -> bool {
+        let elapsed = tokio::time::Instant::now()
+            .saturating_duration_since(self.base)
+            .as_nanos() as u64;
+        elapsed < self.until_nanos.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Registers `record`'s host: grants a session lease of `ttl`, writes the
 /// host's inventory record and its liveness key (attached to the lease), and
 /// starts renewing the lease.
@@ -115,7 +163,9 @@ pub async fn register_host(
     record: HostRecord,
     ttl: Duration,
 ) -> Result<HostSession> {
+    let asked = tokio::time::Instant::now();
     let lease = directory.grant_lease(ttl).await?;
+    let held = LeaseHeld::new(asked, lease.ttl);
     let host = record.id.clone();
     let written = async {
         keys::put(&*directory, &keys.host(&host), &record, None).await?;
@@ -142,11 +192,13 @@ pub async fn register_host(
         host.clone(),
         lease,
         state_tx,
+        held.clone(),
     ));
     tracing::info!(%host, lease = %lease.id, ttl_ms = lease.ttl.as_millis() as u64, "host registered");
     Ok(HostSession {
         host,
         lease,
+        held,
         directory,
         state,
         renewer,
@@ -158,13 +210,18 @@ async fn renew_session(
     host: HostId,
     lease: Lease,
     state: watch::Sender<SessionState>,
+    held: LeaseHeld,
 ) {
     let interval = lease.ttl / KEEPALIVES_PER_TTL;
     let mut last_renewed = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(interval).await;
+        let sent = tokio::time::Instant::now();
         match directory.keep_alive(lease.id).await {
-            Ok(()) => last_renewed = tokio::time::Instant::now(),
+            Ok(()) => {
+                last_renewed = tokio::time::Instant::now();
+                held.renewed(sent, lease.ttl);
+            }
             Err(DirectoryError::LeaseNotFound { .. }) => {
                 tracing::warn!(%host, lease = %lease.id, "session lease lapsed; host is absent");
                 let _ = state.send(SessionState::Lost);
@@ -190,4 +247,24 @@ pub async fn live_hosts(directory: &dyn Directory, keys: &Keyspace) -> Result<Ve
         .into_iter()
         .map(|r| r.value.host)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lease_is_held_until_its_time_to_live_after_the_renewal_was_sent() {
+        let sent = tokio::time::Instant::now();
+        // Held for 900 ms less the margin.
+        let held = LeaseHeld::new(sent, LEASE_HELD_MARGIN + Duration::from_millis(400));
+        assert!(held.now());
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        assert!(!held.now(), "no renewal: no longer certainly held");
+        held.renewed(tokio::time::Instant::now(), LEASE_HELD_MARGIN + Duration::from_secs(5));
+        assert!(held.now());
+        // A renewal answered late (sent earlier) never shortens it.
+        held.renewed(sent, LEASE_HELD_MARGIN);
+        assert!(held.clone().now());
+    }
 }

@@ -388,6 +388,9 @@ impl Host {
             .map(|r| r.value)
             .unwrap_or_default();
         let read_cache = ReadCache::new(settings.read_cache_budget(memory_bytes));
+        // Blocks are served from memory only while no other host can have
+        // taken over this host's volumes: its owner keys live on its lease.
+        read_cache.set_ownership_check(lease_check(&session));
         let host = Arc::new(Host {
             id: id.clone(),
             directory,
@@ -719,6 +722,7 @@ impl Host {
             match rejoined {
                 Ok(session) => {
                     tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
+                    self.read_cache.set_ownership_check(lease_check(&session));
                     *self.session.lock() = Some(session);
                     // The old lease took the open-volume record with it.
                     self.attachments_published
@@ -1062,6 +1066,13 @@ pub async fn run_config_file(
     }
     host.stop(true).await;
     Ok(())
+}
+
+/// The read cache's ownership check for a session: its lease is certainly
+/// held.
+fn lease_check(session: &HostSession) -> tessera_object::OwnershipCheck {
+    let held = session.held();
+    Arc::new(move || held.now())
 }
 
 #[cfg(test)]

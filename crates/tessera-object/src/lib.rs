@@ -27,6 +27,6 @@ pub use coordinator::{
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use range_lock::{RangeGuard, RangeLock};
 pub use read_cache::{
-    ChangeGuard, ReadCache, ReadCacheStats, ReadTicket, VolumeCache, READ_CACHE_ENTRY_COST_BYTES,
-    READ_CACHE_ENTRY_OVERHEAD_BYTES,
+    ChangeGuard, OwnershipCheck, ReadCache, ReadCacheStats, ReadTicket, VolumeCache,
+    READ_CACHE_ENTRY_COST_BYTES, READ_CACHE_ENTRY_OVERHEAD_BYTES,
 };

@@ -207,9 +207,18 @@ struct Inner {
     budget: u64,
 }
 
+/// Whether this host still certainly owns what it owns: no other host can
+/// have become the owner of one of its volumes while this holds (the node
+/// answers it from its liveness lease, to which its owner keys are bound).
+pub type OwnershipCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// The read cache of one host.
 pub struct ReadCache {
     inner: Mutex<Inner>,
+    /// Consulted before every lookup and fill: a host that may have lost
+    /// its volumes to another owner (its lease may have lapsed) serves no
+    /// block from memory, since the new owner may have changed it.
+    ownership: parking_lot::RwLock<Option<OwnershipCheck>>,
     /// The budget is not 0.
     enabled: AtomicBool,
     next_instance: AtomicU64,
@@ -227,6 +236,7 @@ impl ReadCache {
     pub fn new(budget_bytes: u64) -> Arc<ReadCache> {
         let cache = ReadCache {
             inner: Mutex::new(Inner::empty()),
+            ownership: parking_lot::RwLock::new(None),
             enabled: AtomicBool::new(false),
             next_instance: AtomicU64::new(1),
             volumes: AtomicU64::new(0),
@@ -283,6 +293,17 @@ impl ReadCache {
     /// Whether the budget holds at least one entry.
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::SeqCst)
+    }
+
+    /// Serves and takes blocks only while `check` holds (see
+    /// [`OwnershipCheck`]); without one, always.
+    pub fn set_ownership_check(&self, check: OwnershipCheck) {
+        *self.ownership.write() = Some(check);
+    }
+
+    /// Whether blocks may be served and taken now.
+    fn owner_certain(&self) -> bool {
+        self.ownership.read().as_ref().is_none_or(|check| check())
     }
 
     /// Registers a coordinator: its entries are keyed by an instance id
@@ -619,7 +640,7 @@ impl VolumeCache {
     /// The cached blocks of `[first, first+count)`, None for each block not
     /// held; counted as hits and misses of the host's cache.
     pub fn lookup(&self, first: u64, count: u64) -> Vec<Option<Bytes>> {
-        if !self.enabled() {
+        if !self.enabled() || !self.cache.owner_certain() {
             return vec![None; count as usize];
         }
         let found: Vec<Option<Bytes>> = {
@@ -640,7 +661,7 @@ impl VolumeCache {
     /// data from before the change); each inserted block is a copy of its
     /// own 4 KiB. Returns how many blocks were inserted.
     pub fn fill(&self, ticket: ReadTicket, first: u64, data: &[u8]) -> u64 {
-        if !self.enabled() || data.is_empty() {
+        if !self.enabled() || data.is_empty() || !self.cache.owner_certain() {
             return 0;
         }
         debug_assert!((data.len() as u64).is_multiple_of(BLOCK_BYTES));
@@ -765,6 +786,24 @@ mod tests {
 
     fn budget(entries: u64) -> u64 {
         entries * READ_CACHE_ENTRY_COST_BYTES
+    }
+
+    #[test]
+    fn a_host_that_may_have_lost_its_volumes_serves_and_takes_nothing() {
+        let cache = ReadCache::new(budget(16));
+        let owner = Arc::new(AtomicBool::new(true));
+        let check = Arc::clone(&owner);
+        cache.set_ownership_check(Arc::new(move || check.load(Ordering::SeqCst)));
+        let v = cache.volume();
+        assert_eq!(v.fill(v.ticket(), 0, &blocks(&[1])), 1);
+        assert!(v.lookup(0, 1)[0].is_some());
+        // The lease may have lapsed: another host may own the volume now
+        // and have changed block 0.
+        owner.store(false, Ordering::SeqCst);
+        assert_eq!(v.lookup(0, 1), vec![None]);
+        assert_eq!(v.fill(v.ticket(), 1, &blocks(&[2])), 0);
+        owner.store(true, Ordering::SeqCst);
+        assert_eq!(v.lookup(1, 1), vec![None]);
     }
 
     #[test]
