@@ -1046,6 +1046,16 @@ impl ClusterControl for ControlPlane {
             .txn(tessera_directory::Txn::new().and_then(ops))
             .await
             .map_err(internal)?;
+        if let Some(owner) = &owner {
+            // The next owner may write before the one stepping down notices
+            // (its next control tick): what it cached must not be served
+            // meanwhile. Hosts of other processes notice on their own.
+            for host in self.hosts.running() {
+                if host.id() == &owner.host {
+                    host.forget_cached(&record.name);
+                }
+            }
+        }
         self.await_owner(&record.name).await;
         let mut view = self.fresh_volume_view(&record.name).await?;
         view.warnings = warnings;

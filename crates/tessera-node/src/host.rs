@@ -511,6 +511,14 @@ impl Host {
     }
 
     /// Drops every coordinator, and what the read cache holds for them.
+    /// Stops serving `volume`'s blocks from the host read cache: its
+    /// ownership is moving to another host.
+    pub fn forget_cached(&self, volume: &VolumeId) {
+        if let Some(c) = self.owned.read().get(volume) {
+            c.forget_cached();
+        }
+    }
+
     fn drop_coordinators(&self) {
         for (_, c) in self.owned.write().drain() {
             c.forget_cached();
