@@ -261,7 +261,10 @@ mod tests {
         assert!(held.now());
         tokio::time::sleep(Duration::from_millis(450)).await;
         assert!(!held.now(), "no renewal: no longer certainly held");
-        held.renewed(tokio::time::Instant::now(), LEASE_HELD_MARGIN + Duration::from_secs(5));
+        held.renewed(
+            tokio::time::Instant::now(),
+            LEASE_HELD_MARGIN + Duration::from_secs(5),
+        );
         assert!(held.now());
         // A renewal answered late (sent earlier) never shortens it.
         held.renewed(sent, LEASE_HELD_MARGIN);
