@@ -21,7 +21,7 @@
 
 mod fixture;
 
-use fixture::{have, run, wait_for_target, Cluster};
+use fixture::{have, qemu_io, run, wait_for_target, xcopy, xcopy_client, Cluster};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -33,8 +33,6 @@ use tessera_store::ContentCacheStats;
 const MIB: u64 = 1 << 20;
 /// The file system's block and the store's block.
 const BLOCK_BYTES: u64 = 4096;
-/// The LUNs' logical block.
-const LBA_BYTES: u64 = 512;
 /// Clones that boot at once.
 const CLONES: u64 = 8;
 /// Size of the root file system image.
@@ -53,52 +51,6 @@ const SLOT_BYTES: u64 = 168 * MIB;
 const READ_BLOCKS_MAX: u64 = (128 * 1024) / BLOCK_BYTES;
 /// Files larger than this are not staged: a root file system of many files.
 const FILE_BYTES_MAX: u64 = 4 * MIB;
-
-/// Builds the EXTENDED COPY initiator, or says why it cannot.
-fn xcopy_client(dir: &Path) -> Option<PathBuf> {
-    fixture::libiscsi_client(dir, "xcopy_range")
-}
-
-/// Copies `len` bytes from `src_offset` of `src_url` to `dst_offset` of
-/// `dst_url` with EXTENDED COPY sent to the destination LUN.
-async fn xcopy(
-    client: &Path,
-    dst_url: &str,
-    dst_offset: u64,
-    src_url: &str,
-    src_offset: u64,
-    len: u64,
-) -> String {
-    let client = client.to_str().unwrap().to_string();
-    let args = [
-        dst_url.to_string(),
-        (dst_offset / LBA_BYTES).to_string(),
-        src_url.to_string(),
-        (src_offset / LBA_BYTES).to_string(),
-        (len / LBA_BYTES).to_string(),
-    ];
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&client, &args)
-    })
-    .await
-    .unwrap()
-}
-
-async fn qemu_io(url: &str, commands: &[&str]) -> String {
-    let mut args = vec!["-f".to_string(), "raw".to_string()];
-    for c in commands {
-        args.push("-c".into());
-        args.push(c.to_string());
-    }
-    args.push(url.to_string());
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run("qemu-io", &args)
-    })
-    .await
-    .unwrap()
-}
 
 /// Whether Debian's python3 with the libnbd bindings is there (a python3
 /// earlier on PATH, such as pyenv's, has no `nbd` module).

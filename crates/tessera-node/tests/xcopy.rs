@@ -9,45 +9,12 @@
 
 mod fixture;
 
-use fixture::{have, owner_and_other, run, wait_for_target, Cluster};
-use std::path::{Path, PathBuf};
+use fixture::{have, owner_and_other, qemu_io, run, wait_for_target, xcopy, xcopy_client, Cluster};
+use std::path::Path;
 use std::process::Command;
 use tessera_node::control::{ClusterControl, ObjectView};
 
 const MIB: u64 = 1 << 20;
-/// The LUNs' logical block.
-const LBA_BYTES: u64 = 512;
-
-/// Builds the EXTENDED COPY initiator, or says why it cannot.
-fn xcopy_client(dir: &Path) -> Option<PathBuf> {
-    fixture::libiscsi_client(dir, "xcopy_range")
-}
-
-/// Copies `len` bytes from `src_offset` of `src_url` to `dst_offset` of
-/// `dst_url` with EXTENDED COPY sent to the destination LUN.
-async fn xcopy(
-    client: &Path,
-    dst_url: &str,
-    dst_offset: u64,
-    src_url: &str,
-    src_offset: u64,
-    len: u64,
-) -> String {
-    let client = client.to_str().unwrap().to_string();
-    let args = [
-        dst_url.to_string(),
-        (dst_offset / LBA_BYTES).to_string(),
-        src_url.to_string(),
-        (src_offset / LBA_BYTES).to_string(),
-        (len / LBA_BYTES).to_string(),
-    ];
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&client, &args)
-    })
-    .await
-    .unwrap()
-}
 
 /// Incompressible bytes, the same for the same seed.
 fn random_bytes(seed: u64, len: u64) -> Vec<u8> {
@@ -88,21 +55,6 @@ async fn range_matches(file: &Path, url: &str, offset: u64, len: u64) -> bool {
             String::from_utf8_lossy(&out.stderr)
         );
         out.status.success()
-    })
-    .await
-    .unwrap()
-}
-
-async fn qemu_io(url: &str, commands: &[&str]) -> String {
-    let mut args = vec!["-f".to_string(), "raw".to_string()];
-    for c in commands {
-        args.push("-c".into());
-        args.push(c.to_string());
-    }
-    args.push(url.to_string());
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run("qemu-io", &args)
     })
     .await
     .unwrap()
@@ -188,7 +140,10 @@ async fn a_copy_inside_a_volume_shares_blocks_keeps_them_on_overwrite_and_frees_
     let after = cluster.control.object("vmfs").await.unwrap();
     assert_eq!(after.offloads.clone_shared_bytes, len);
     assert_eq!(after.offloads.clone_commands, 4);
-    assert_eq!(after.offloads.clone_write_blocks, len / LBA_BYTES);
+    assert_eq!(
+        after.offloads.clone_write_blocks,
+        len / fixture::XCOPY_LBA_BYTES
+    );
     let report = cluster.control.verify_object("vmfs").await.unwrap();
     assert!(report.identical, "{report:?}");
 
