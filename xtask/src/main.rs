@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 /// simulator, tasks) that nothing may depend on except as a dev-dependency.
 const LAYERS: &[(&str, Option<u8>)] = &[
     ("tessera-types", Some(1)),
+    ("tessera-cache", Some(1)),
     ("tessera-format", Some(2)),
     ("tessera-wire", Some(2)),
     ("tessera-placement", Some(2)),
@@ -48,6 +49,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
 /// can be tested exhaustively and run inside a simulator.
 const PURE: &[&str] = &[
     "tessera-types",
+    "tessera-cache",
     "tessera-format",
     "tessera-wire",
     "tessera-placement",

@@ -43,7 +43,8 @@
 //! cache holds stays within the budget. A budget of 0 disables the cache
 //! and frees everything.
 //!
-//! Eviction: S3-FIFO (Yang et al., SOSP 2023), O(1) amortised per block. A
+//! Eviction: S3-FIFO (Yang et al., SOSP 2023; `tessera_cache::S3Fifo`,
+//! shared with the store's content cache), O(1) amortised per block. A
 //! new entry enters a small FIFO (a tenth of the entries); one that reaches
 //! its end without being read again is dropped and its key remembered in a
 //! ghost FIFO, one that was read again moves to the main FIFO. The main
@@ -57,10 +58,10 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use tessera_cache::S3Fifo;
 use tessera_types::BLOCK_BYTES;
 
 /// Memory one entry takes besides its 4 KiB of data: its slot (64 bytes),
@@ -81,15 +82,6 @@ const REGION_BLOCKS: u64 = 256;
 /// Change-tracking slots per instance: region `r` records in slot
 /// `r % REGION_SLOTS`.
 const REGION_SLOTS: usize = 64;
-
-/// Highest read count an entry of the main FIFO keeps (rounds it survives
-/// without being read).
-const FREQ_MAX: u8 = 3;
-
-/// Share of the entries the small FIFO holds, as a divisor.
-const SMALL_SHARE: usize = 10;
-
-const NIL: u32 = u32::MAX;
 
 /// (instance, volume block).
 type Key = (u64, u64);
@@ -118,7 +110,8 @@ impl Hasher for KeyHasher {
     }
 }
 
-type KeyMap<V> = HashMap<Key, V, BuildHasherDefault<KeyHasher>>;
+/// The entries, evicted by the S3-FIFO rule.
+type Entries = S3Fifo<Key, Bytes, BuildHasherDefault<KeyHasher>>;
 
 /// Counters of a host's read cache since it started, and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -158,52 +151,8 @@ impl ReadCacheStats {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Queue {
-    Small,
-    Main,
-}
-
-struct Node {
-    key: Key,
-    data: Bytes,
-    freq: u8,
-    queue: Queue,
-    /// Toward the newer end of its FIFO.
-    prev: u32,
-    /// Toward the older end.
-    next: u32,
-}
-
-/// A FIFO threaded through the slots: `head` is the newest entry.
-#[derive(Clone, Copy)]
-struct List {
-    head: u32,
-    tail: u32,
-    len: usize,
-}
-
-impl List {
-    const EMPTY: List = List {
-        head: NIL,
-        tail: NIL,
-        len: 0,
-    };
-}
-
 struct Inner {
-    nodes: Vec<Node>,
-    free_slots: Vec<u32>,
-    map: KeyMap<u32>,
-    small: List,
-    main: List,
-    /// Keys dropped from the small FIFO, oldest first, each with the
-    /// sequence `ghost_map` holds for it while it counts.
-    ghost: VecDeque<(Key, u64)>,
-    ghost_map: KeyMap<u64>,
-    ghost_seq: u64,
-    capacity: usize,
-    small_capacity: usize,
+    entries: Entries,
     budget: u64,
 }
 
@@ -235,7 +184,10 @@ impl ReadCache {
     /// A cache of at most `budget_bytes` (0: disabled).
     pub fn new(budget_bytes: u64) -> Arc<ReadCache> {
         let cache = ReadCache {
-            inner: Mutex::new(Inner::empty()),
+            inner: Mutex::new(Inner {
+                entries: Entries::new(),
+                budget: 0,
+            }),
             ownership: parking_lot::RwLock::new(None),
             enabled: AtomicBool::new(false),
             next_instance: AtomicU64::new(1),
@@ -262,24 +214,12 @@ impl ReadCache {
         let mut inner = self.inner.lock();
         let capacity = usize::try_from(bytes / READ_CACHE_ENTRY_COST_BYTES).unwrap_or(usize::MAX);
         inner.budget = bytes;
-        inner.capacity = capacity;
-        inner.small_capacity = (capacity / SMALL_SHARE).max(1);
-        let mut evicted = 0;
-        while inner.map.len() > capacity {
-            evicted += inner.evict_one();
-        }
-        while inner.ghost.len() > capacity {
-            inner.ghost_pop();
-        }
-        if capacity == 0 {
-            *inner = Inner {
-                budget: bytes,
-                ..Inner::empty()
-            };
-        } else if inner.nodes.len() > 2 * capacity + 1024 {
+        let evicted = inner.entries.set_capacity(capacity);
+        if inner.entries.slots() > 2 * capacity + 1024 {
             // Shrunk well below what it held: give the slots back.
-            inner.compact();
+            inner.entries.compact();
         }
+        inner.entries.take_dropped().for_each(drop);
         self.enabled.store(capacity > 0, Ordering::SeqCst);
         drop(inner);
         self.evicted.fetch_add(evicted, Ordering::Relaxed);
@@ -324,7 +264,7 @@ impl ReadCache {
     pub fn stats(&self) -> ReadCacheStats {
         let (entries, budget) = {
             let inner = self.inner.lock();
-            (inner.map.len() as u64, inner.budget)
+            (inner.entries.len() as u64, inner.budget)
         };
         ReadCacheStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -344,27 +284,21 @@ impl ReadCache {
     /// Drops the entries of `instance` for blocks `[first, first+count)`.
     fn remove_range(&self, instance: u64, first: u64, count: u64) {
         let mut inner = self.inner.lock();
-        if inner.map.is_empty() {
+        if inner.entries.is_empty() {
             return;
         }
-        let mut dropped = 0;
-        if count > inner.map.len() as u64 {
+        let dropped = if count > inner.entries.len() as u64 {
             // Fewer entries than blocks: look at the entries.
             let end = first.saturating_add(count);
-            let keys: Vec<Key> = inner
-                .map
-                .keys()
-                .filter(|(i, b)| *i == instance && (first..end).contains(b))
-                .copied()
-                .collect();
-            for key in keys {
-                dropped += inner.remove_key(key);
-            }
+            inner
+                .entries
+                .remove_where(|(i, b)| *i == instance && (first..end).contains(b))
         } else {
-            for b in first..first + count {
-                dropped += inner.remove_key((instance, b));
-            }
-        }
+            (first..first + count)
+                .filter(|&b| inner.entries.remove(&(instance, b)))
+                .count() as u64
+        };
+        inner.entries.take_dropped().for_each(drop);
         drop(inner);
         self.invalidated.fetch_add(dropped, Ordering::Relaxed);
     }
@@ -372,227 +306,6 @@ impl ReadCache {
     /// Drops every entry of `instance`.
     fn remove_instance(&self, instance: u64) {
         self.remove_range(instance, 0, u64::MAX);
-    }
-}
-
-impl Inner {
-    fn empty() -> Inner {
-        Inner {
-            nodes: Vec::new(),
-            free_slots: Vec::new(),
-            map: KeyMap::default(),
-            small: List::EMPTY,
-            main: List::EMPTY,
-            ghost: VecDeque::new(),
-            ghost_map: KeyMap::default(),
-            ghost_seq: 0,
-            capacity: 0,
-            small_capacity: 1,
-            budget: 0,
-        }
-    }
-
-    fn list_mut(&mut self, q: Queue) -> &mut List {
-        match q {
-            Queue::Small => &mut self.small,
-            Queue::Main => &mut self.main,
-        }
-    }
-
-    fn unlink(&mut self, i: u32) {
-        let (prev, next, q) = {
-            let n = &self.nodes[i as usize];
-            (n.prev, n.next, n.queue)
-        };
-        if prev != NIL {
-            self.nodes[prev as usize].next = next;
-        } else {
-            self.list_mut(q).head = next;
-        }
-        if next != NIL {
-            self.nodes[next as usize].prev = prev;
-        } else {
-            self.list_mut(q).tail = prev;
-        }
-        self.list_mut(q).len -= 1;
-    }
-
-    fn push_head(&mut self, q: Queue, i: u32) {
-        let old = self.list_mut(q).head;
-        {
-            let n = &mut self.nodes[i as usize];
-            n.queue = q;
-            n.prev = NIL;
-            n.next = old;
-        }
-        if old != NIL {
-            self.nodes[old as usize].prev = i;
-        } else {
-            self.list_mut(q).tail = i;
-        }
-        let list = self.list_mut(q);
-        list.head = i;
-        list.len += 1;
-    }
-
-    fn lookup(&mut self, key: Key) -> Option<Bytes> {
-        let i = *self.map.get(&key)?;
-        let n = &mut self.nodes[i as usize];
-        n.freq = (n.freq + 1).min(FREQ_MAX);
-        Some(n.data.clone())
-    }
-
-    /// Inserts a new entry (the caller checked the key is absent); returns
-    /// how many entries were evicted for it.
-    fn insert(&mut self, key: Key, data: Bytes) -> u64 {
-        let q = if self.ghost_map.remove(&key).is_some() {
-            Queue::Main
-        } else {
-            Queue::Small
-        };
-        let node = Node {
-            key,
-            data,
-            freq: 0,
-            queue: q,
-            prev: NIL,
-            next: NIL,
-        };
-        let i = match self.free_slots.pop() {
-            Some(i) => {
-                self.nodes[i as usize] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        self.push_head(q, i);
-        self.map.insert(key, i);
-        let mut evicted = 0;
-        while self.map.len() > self.capacity {
-            evicted += self.evict_one();
-        }
-        evicted
-    }
-
-    /// Frees slot `i` (already unlinked) and its map entry.
-    fn free_slot(&mut self, i: u32) -> Key {
-        let n = &mut self.nodes[i as usize];
-        let key = n.key;
-        n.data = Bytes::new();
-        self.map.remove(&key);
-        self.free_slots.push(i);
-        key
-    }
-
-    /// Drops one entry by the S3-FIFO rule; returns 1, or 0 when empty.
-    fn evict_one(&mut self) -> u64 {
-        loop {
-            if self.small.len > self.small_capacity || self.main.len == 0 {
-                let i = self.small.tail;
-                if i == NIL {
-                    return 0;
-                }
-                self.unlink(i);
-                let n = &mut self.nodes[i as usize];
-                if n.freq > 0 {
-                    n.freq = 0;
-                    self.push_head(Queue::Main, i);
-                    continue;
-                }
-                let key = self.free_slot(i);
-                self.ghost_push(key);
-                return 1;
-            }
-            let i = self.main.tail;
-            self.unlink(i);
-            let n = &mut self.nodes[i as usize];
-            if n.freq > 0 {
-                n.freq -= 1;
-                self.push_head(Queue::Main, i);
-                continue;
-            }
-            self.free_slot(i);
-            return 1;
-        }
-    }
-
-    fn ghost_push(&mut self, key: Key) {
-        if self.capacity == 0 {
-            return;
-        }
-        self.ghost_seq += 1;
-        self.ghost.push_back((key, self.ghost_seq));
-        self.ghost_map.insert(key, self.ghost_seq);
-        while self.ghost.len() > self.capacity {
-            self.ghost_pop();
-        }
-    }
-
-    fn ghost_pop(&mut self) {
-        if let Some((key, seq)) = self.ghost.pop_front() {
-            if self.ghost_map.get(&key) == Some(&seq) {
-                self.ghost_map.remove(&key);
-            }
-        }
-    }
-
-    /// Removes the entry of `key`; returns 1 if there was one.
-    fn remove_key(&mut self, key: Key) -> u64 {
-        let Some(&i) = self.map.get(&key) else {
-            return 0;
-        };
-        self.unlink(i);
-        self.free_slot(i);
-        1
-    }
-
-    /// Rebuilds the slots, map and ghost at the size of what is held,
-    /// keeping the order of both FIFOs and every entry's count.
-    fn compact(&mut self) {
-        let mut kept: Vec<(Queue, Key, Bytes, u8)> = Vec::with_capacity(self.map.len());
-        for q in [Queue::Small, Queue::Main] {
-            // Oldest first, so pushing each at the head rebuilds the order.
-            let mut i = self.list_mut(q).tail;
-            while i != NIL {
-                let n = &mut self.nodes[i as usize];
-                kept.push((q, n.key, std::mem::take(&mut n.data), n.freq));
-                i = n.prev;
-            }
-        }
-        let ghost: VecDeque<(Key, u64)> = self
-            .ghost
-            .iter()
-            .filter(|(k, s)| self.ghost_map.get(k) == Some(s))
-            .copied()
-            .collect();
-        let mut fresh = Inner {
-            nodes: Vec::with_capacity(kept.len()),
-            map: KeyMap::with_capacity_and_hasher(kept.len(), Default::default()),
-            ghost_map: ghost.iter().copied().collect(),
-            ghost,
-            ghost_seq: self.ghost_seq,
-            capacity: self.capacity,
-            small_capacity: self.small_capacity,
-            budget: self.budget,
-            ..Inner::empty()
-        };
-        for (q, key, data, freq) in kept {
-            fresh.nodes.push(Node {
-                key,
-                data,
-                freq,
-                queue: q,
-                prev: NIL,
-                next: NIL,
-            });
-            let i = (fresh.nodes.len() - 1) as u32;
-            fresh.push_head(q, i);
-            fresh.map.insert(key, i);
-        }
-        *self = fresh;
     }
 }
 
@@ -646,7 +359,7 @@ impl VolumeCache {
         let found: Vec<Option<Bytes>> = {
             let mut inner = self.cache.inner.lock();
             (first..first + count)
-                .map(|b| inner.lookup((self.instance, b)))
+                .map(|b| inner.entries.get(&(self.instance, b)).cloned())
                 .collect()
         };
         let hits = found.iter().filter(|b| b.is_some()).count() as u64;
@@ -681,16 +394,17 @@ impl VolumeCache {
             let retired = self.retired.load(Ordering::SeqCst);
             for (b, block) in blocks {
                 let key = (self.instance, b);
-                if retired || inner.capacity == 0 || !self.current(ticket, b) {
+                if retired || inner.entries.capacity() == 0 || !self.current(ticket, b) {
                     refused += 1;
                     continue;
                 }
-                if inner.map.contains_key(&key) {
+                if inner.entries.contains(&key) {
                     continue;
                 }
-                evicted += inner.insert(key, block);
+                evicted += inner.entries.insert(key, block);
                 inserted += 1;
             }
+            inner.entries.take_dropped().for_each(drop);
         }
         self.cache.inserted.fetch_add(inserted, Ordering::Relaxed);
         self.cache.refused.fetch_add(refused, Ordering::Relaxed);
@@ -940,7 +654,7 @@ mod tests {
             v.lookup(b, 1);
         }
         cache.set_budget(budget(20));
-        assert!(cache.inner.lock().nodes.len() <= 20);
+        assert!(cache.inner.lock().entries.slots() <= 20);
         for b in 4990..5000u64 {
             assert_eq!(
                 v.lookup(b, 1)[0].as_deref(),

@@ -35,7 +35,7 @@
 //! at queue depth 1 and 75 to 80 MB at 8 and 32 (the system allocator's
 //! slack).
 //!
-//! Eviction (S3-FIFO: Yang et al., SOSP 2023), O(1) amortised per block: a
+//! Eviction (S3-FIFO: Yang et al., SOSP 2023; `tessera_cache::S3Fifo`), O(1) amortised per block: a
 //! new entry enters a small FIFO (a tenth of the entries); an entry that
 //! reaches the small FIFO's end without having been read again is dropped
 //! and its location remembered in a ghost FIFO, one that was read again
@@ -72,10 +72,11 @@
 use crate::state::Source;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use tessera_cache::S3Fifo;
 use tessera_format::{BlockLoc, BLOCK};
 
 /// Memory one entry takes besides its 4 KiB of data: its slot (56 bytes),
@@ -88,13 +89,6 @@ pub(crate) const ENTRY_OVERHEAD_BYTES: u64 = 192;
 /// Budget bytes one entry takes.
 pub(crate) const ENTRY_COST_BYTES: u64 = BLOCK as u64 + ENTRY_OVERHEAD_BYTES;
 
-/// Highest read count an entry of the main FIFO keeps (rounds it survives
-/// without being read).
-const FREQ_MAX: u8 = 3;
-
-/// Share of the entries the small FIFO holds, as a divisor.
-const SMALL_SHARE: usize = 10;
-
 /// Most entries the tables are sized for up front (64 GiB of blocks).
 const RESERVE_ENTRIES_MAX: usize = 1 << 24;
 
@@ -103,8 +97,6 @@ const RESERVE_ENTRIES_MAX: usize = 1 << 24;
 /// one taken from the heap and given back costs an allocation and leaves
 /// holes between the blocks that stay.
 const SPARE_MAX: usize = 64;
-
-const NIL: u32 = u32::MAX;
 
 /// A map keyed by packed block locations, with a hash that costs one
 /// multiplication (every read that misses does several lookups).
@@ -214,54 +206,16 @@ struct Flight {
     waiters: Vec<tokio::sync::oneshot::Sender<Option<Bytes>>>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Queue {
-    Small,
-    Main,
-}
-
-struct Node {
-    key: u64,
+/// A cached block: its CRC as the index had it, and its bytes.
+#[derive(Default)]
+struct Entry {
     crc: u32,
-    freq: u8,
-    queue: Queue,
-    /// Toward the newer end of its FIFO.
-    prev: u32,
-    /// Toward the older end.
-    next: u32,
     data: Bytes,
 }
 
-/// A FIFO threaded through the slots: `head` is the newest entry.
-struct List {
-    head: u32,
-    tail: u32,
-    len: usize,
-}
-
-impl List {
-    fn new() -> List {
-        List {
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        }
-    }
-}
-
 struct Inner {
-    nodes: Vec<Node>,
-    free_slots: Vec<u32>,
-    map: LocMap<u32>,
-    small: List,
-    main: List,
-    /// Locations dropped from the small FIFO, oldest first, each with the
-    /// sequence `ghost_map` holds for it while it counts.
-    ghost: VecDeque<(u64, u64)>,
-    ghost_map: LocMap<u64>,
-    ghost_seq: u64,
-    capacity: usize,
-    small_capacity: usize,
+    /// The entries, by packed location, evicted by the S3-FIFO rule.
+    entries: S3Fifo<u64, Entry, BuildHasherDefault<LocHasher>>,
     budget: u64,
     /// Data of entries removed by the operation under way, for
     /// `ContentCache::recycle`.
@@ -294,16 +248,7 @@ impl ContentCache {
     pub(crate) fn new(budget_bytes: u64) -> ContentCache {
         let cache = ContentCache {
             inner: Mutex::new(Inner {
-                nodes: Vec::new(),
-                free_slots: Vec::new(),
-                map: LocMap::default(),
-                small: List::new(),
-                main: List::new(),
-                ghost: VecDeque::new(),
-                ghost_map: LocMap::default(),
-                ghost_seq: 0,
-                capacity: 0,
-                small_capacity: 0,
+                entries: S3Fifo::new(),
                 budget: 0,
                 dropped: Vec::new(),
                 flights: LocMap::default(),
@@ -329,41 +274,15 @@ impl ContentCache {
         let mut inner = self.inner.lock();
         let capacity = usize::try_from(bytes / ENTRY_COST_BYTES).unwrap_or(usize::MAX);
         inner.budget = bytes;
-        inner.capacity = capacity;
-        inner.small_capacity = (capacity / SMALL_SHARE).max(1);
-        let mut evicted = 0;
-        while inner.map.len() > capacity {
-            evicted += inner.evict_one();
-        }
-        while inner.ghost.len() > capacity {
-            inner.ghost_pop();
-        }
-        if inner.map.is_empty() {
+        let evicted = inner.entries.set_capacity(capacity);
+        if inner.entries.is_empty() && capacity > 0 {
             // Give the memory of the slots and maps back.
-            inner.nodes = Vec::new();
-            inner.free_slots = Vec::new();
-            inner.map = LocMap::default();
-            inner.small = List::new();
-            inner.main = List::new();
-        }
-        if capacity == 0 {
-            inner.ghost = VecDeque::new();
-            inner.ghost_map = LocMap::default();
+            inner.entries.compact();
         }
         // Room for every entry from the start: tables that double as the
         // cache fills leave holes between the blocks in the heap (measured:
         // 8 MB more resident for a 64 MiB budget). Untouched until used.
-        let room = capacity.min(RESERVE_ENTRIES_MAX);
-        if inner.map.capacity() < room {
-            let map_len = inner.map.len();
-            inner.map.reserve(room - map_len);
-            let nodes_len = inner.nodes.len().min(room);
-            inner.nodes.reserve(room - nodes_len);
-            let ghost_len = inner.ghost_map.len().min(room);
-            inner.ghost_map.reserve(room - ghost_len);
-            let ghost_len = inner.ghost.len().min(room);
-            inner.ghost.reserve(room - ghost_len);
-        }
+        inner.entries.reserve(capacity.min(RESERVE_ENTRIES_MAX));
         self.recycle(&mut inner);
         if capacity == 0 {
             inner.dropped = Vec::new();
@@ -391,11 +310,15 @@ impl ContentCache {
     /// Keeps the buffers of the entries just removed that nothing else
     /// holds, up to [`SPARE_MAX`]; the rest are dropped.
     fn recycle(&self, inner: &mut Inner) {
-        if inner.dropped.is_empty() {
+        let Inner {
+            entries, dropped, ..
+        } = inner;
+        let removed: Vec<Bytes> = entries.take_dropped().map(|e| e.data).collect();
+        if dropped.is_empty() && removed.is_empty() {
             return;
         }
         let mut spare = self.spare.lock();
-        for b in inner.dropped.drain(..) {
+        for b in dropped.drain(..).chain(removed) {
             if spare.len() < SPARE_MAX && b.len() == BLOCK && b.is_unique() {
                 let v = Vec::from(b);
                 if v.capacity() == BLOCK {
@@ -529,11 +452,11 @@ impl ContentCache {
                         }
                     }
                 }
-                if !current || inner.capacity == 0 || inner.map.contains_key(&key) {
+                if !current || inner.entries.capacity() == 0 || inner.entries.contains(&key) {
                     inner.dropped.push(data);
                     continue;
                 }
-                evicted += inner.insert(key, crc, data);
+                evicted += inner.entries.insert(key, Entry { crc, data });
                 inserted += 1;
             }
             self.recycle(&mut inner);
@@ -570,7 +493,7 @@ impl ContentCache {
         let mut inner = self.inner.lock();
         let mut dropped = 0;
         for loc in locs {
-            dropped += inner.remove_key(loc.pack(0));
+            dropped += u64::from(inner.entries.remove(&loc.pack(0)));
         }
         self.recycle(&mut inner);
         drop(inner);
@@ -585,7 +508,7 @@ impl ContentCache {
         self.released.fetch_add(1, Ordering::AcqRel);
         let mut dropped = 0;
         for loc in locs {
-            dropped += inner.remove_key(loc.pack(0));
+            dropped += u64::from(inner.entries.remove(&loc.pack(0)));
         }
         self.recycle(&mut inner);
         drop(inner);
@@ -595,16 +518,9 @@ impl ContentCache {
     /// Drops every entry of a failed device.
     pub(crate) fn drop_device(&self, device: u8) {
         let mut inner = self.inner.lock();
-        let keys: Vec<u64> = inner
-            .map
-            .keys()
-            .copied()
-            .filter(|k| BlockLoc::unpack(*k).0.device == device)
-            .collect();
-        let mut dropped = 0;
-        for k in keys {
-            dropped += inner.remove_key(k);
-        }
+        let dropped = inner
+            .entries
+            .remove_where(|k| BlockLoc::unpack(*k).0.device == device);
         self.recycle(&mut inner);
         drop(inner);
         self.invalidated.fetch_add(dropped, Ordering::Relaxed);
@@ -613,7 +529,7 @@ impl ContentCache {
     pub(crate) fn stats(&self) -> ContentCacheStats {
         let (entries, budget) = {
             let inner = self.inner.lock();
-            (inner.map.len() as u64, inner.budget)
+            (inner.entries.len() as u64, inner.budget)
         };
         ContentCacheStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -632,186 +548,24 @@ impl ContentCache {
     /// True if `loc` has an entry (tests).
     #[cfg(test)]
     pub(crate) fn contains(&self, loc: BlockLoc) -> bool {
-        self.inner.lock().map.contains_key(&loc.pack(0))
+        self.inner.lock().entries.contains(&loc.pack(0))
     }
 }
 
 impl Inner {
-    fn list_mut(&mut self, q: Queue) -> &mut List {
-        match q {
-            Queue::Small => &mut self.small,
-            Queue::Main => &mut self.main,
-        }
-    }
-
-    fn unlink(&mut self, i: u32) {
-        let (prev, next, q) = {
-            let n = &self.nodes[i as usize];
-            (n.prev, n.next, n.queue)
-        };
-        if prev != NIL {
-            self.nodes[prev as usize].next = next;
-        } else {
-            self.list_mut(q).head = next;
-        }
-        if next != NIL {
-            self.nodes[next as usize].prev = prev;
-        } else {
-            self.list_mut(q).tail = prev;
-        }
-        self.list_mut(q).len -= 1;
-    }
-
-    fn push_head(&mut self, q: Queue, i: u32) {
-        let old = self.list_mut(q).head;
-        {
-            let n = &mut self.nodes[i as usize];
-            n.queue = q;
-            n.prev = NIL;
-            n.next = old;
-        }
-        if old != NIL {
-            self.nodes[old as usize].prev = i;
-        } else {
-            self.list_mut(q).tail = i;
-        }
-        let list = self.list_mut(q);
-        list.head = i;
-        list.len += 1;
-    }
-
     fn lookup(&mut self, key: u64, crc: u32) -> Option<Bytes> {
-        let i = *self.map.get(&key)?;
-        let n = &mut self.nodes[i as usize];
-        if n.crc != crc {
+        let (stored, data) = {
+            let entry = self.entries.get(&key)?;
+            (entry.crc, entry.data.clone())
+        };
+        if stored != crc {
             // The index names this location with another CRC: the
             // invariant broke. Never serve it.
             debug_assert!(false, "content cache entry with a stale CRC");
-            self.remove_slot(i);
+            self.entries.remove(&key);
             return None;
         }
-        n.freq = (n.freq + 1).min(FREQ_MAX);
-        Some(n.data.clone())
-    }
-
-    /// Inserts a new entry; returns how many entries were evicted for it.
-    fn insert(&mut self, key: u64, crc: u32, data: Bytes) -> u64 {
-        let q = if self.ghost_map.remove(&key).is_some() {
-            Queue::Main
-        } else {
-            Queue::Small
-        };
-        let node = Node {
-            key,
-            crc,
-            freq: 0,
-            queue: q,
-            prev: NIL,
-            next: NIL,
-            data,
-        };
-        let i = match self.free_slots.pop() {
-            Some(i) => {
-                self.nodes[i as usize] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        self.push_head(q, i);
-        self.map.insert(key, i);
-        let mut evicted = 0;
-        while self.map.len() > self.capacity {
-            evicted += self.evict_one();
-        }
-        evicted
-    }
-
-    fn remove_slot(&mut self, i: u32) {
-        self.unlink(i);
-        let n = &mut self.nodes[i as usize];
-        let data = std::mem::take(&mut n.data);
-        let key = n.key;
-        self.dropped.push(data);
-        self.map.remove(&key);
-        self.free_slots.push(i);
-    }
-
-    fn remove_key(&mut self, key: u64) -> u64 {
-        match self.map.get(&key) {
-            Some(&i) => {
-                self.remove_slot(i);
-                1
-            }
-            None => 0,
-        }
-    }
-
-    /// Drops one entry (or moves entries between the FIFOs until it can).
-    /// Returns 1 if it dropped one.
-    fn evict_one(&mut self) -> u64 {
-        if self.small.len > 0 && (self.small.len >= self.small_capacity || self.main.len == 0) {
-            self.evict_small()
-        } else {
-            self.evict_main()
-        }
-    }
-
-    fn evict_small(&mut self) -> u64 {
-        loop {
-            let t = self.small.tail;
-            if t == NIL {
-                return 0;
-            }
-            if self.nodes[t as usize].freq > 0 {
-                // Read again while in the small FIFO: keep it.
-                self.unlink(t);
-                self.push_head(Queue::Main, t);
-                continue;
-            }
-            let key = self.nodes[t as usize].key;
-            self.remove_slot(t);
-            self.ghost_push(key);
-            return 1;
-        }
-    }
-
-    fn evict_main(&mut self) -> u64 {
-        loop {
-            let t = self.main.tail;
-            if t == NIL {
-                return 0;
-            }
-            let n = &mut self.nodes[t as usize];
-            if n.freq > 0 {
-                n.freq -= 1;
-                self.unlink(t);
-                self.push_head(Queue::Main, t);
-                continue;
-            }
-            self.remove_slot(t);
-            return 1;
-        }
-    }
-
-    fn ghost_push(&mut self, key: u64) {
-        self.ghost_seq += 1;
-        let seq = self.ghost_seq;
-        self.ghost.push_back((key, seq));
-        self.ghost_map.insert(key, seq);
-        while self.ghost.len() > self.capacity {
-            self.ghost_pop();
-        }
-    }
-
-    fn ghost_pop(&mut self) {
-        if let Some((key, seq)) = self.ghost.pop_front() {
-            if self.ghost_map.get(&key) == Some(&seq) {
-                self.ghost_map.remove(&key);
-            }
-        }
+        Some(data)
     }
 }
 
@@ -915,20 +669,44 @@ mod tests {
         assert!(!cache.contains(locs[3]));
         // Handed out again: a fill that slipped in after the free (planned
         // before it) was refused, and the hand-out drops any entry anyway.
-        cache.inner.lock().insert(locs[3].pack(0), 0, block(0).0);
+        cache.inner.lock().entries.insert(
+            locs[3].pack(0),
+            Entry {
+                crc: 0,
+                data: block(0).0,
+            },
+        );
         let again = a.allocate(1).expect("one block");
         assert_eq!(again, vec![locs[3]]);
         assert!(!cache.contains(locs[3]));
         // A pair for an index page, and a free block marked used.
         a.free(locs[10]);
         a.free(locs[11]);
-        cache.inner.lock().insert(locs[10].pack(0), 0, block(0).0);
-        cache.inner.lock().insert(locs[11].pack(0), 0, block(0).0);
+        cache.inner.lock().entries.insert(
+            locs[10].pack(0),
+            Entry {
+                crc: 0,
+                data: block(0).0,
+            },
+        );
+        cache.inner.lock().entries.insert(
+            locs[11].pack(0),
+            Entry {
+                crc: 0,
+                data: block(0).0,
+            },
+        );
         let pair = a.allocate_pair().expect("pair");
         assert_eq!(pair, locs[10]);
         assert!(!cache.contains(locs[10]) && !cache.contains(locs[11]));
         a.free(locs[20]);
-        cache.inner.lock().insert(locs[20].pack(0), 0, block(0).0);
+        cache.inner.lock().entries.insert(
+            locs[20].pack(0),
+            Entry {
+                crc: 0,
+                data: block(0).0,
+            },
+        );
         assert!(a.mark_used(locs[20]));
         assert!(!cache.contains(locs[20]));
         assert_eq!(cache.stats().entries, 64 - 4);
@@ -1007,7 +785,7 @@ mod tests {
         c.set_budget(0);
         let s = c.stats();
         assert_eq!((s.entries, s.evicted), (0, 100));
-        assert!(c.inner.lock().nodes.capacity() == 0);
+        assert!(c.inner.lock().entries.slots() == 0);
     }
 
     #[test]
@@ -1109,23 +887,8 @@ mod tests {
                     }
                 }
                 let inner = c.inner.lock();
-                prop_assert!(inner.map.len() as u64 <= budget);
-                prop_assert_eq!(inner.map.len(), inner.small.len + inner.main.len);
-                for (q, list) in [(Queue::Small, &inner.small), (Queue::Main, &inner.main)] {
-                    let (mut i, mut seen, mut prev) = (list.head, 0, NIL);
-                    while i != NIL {
-                        let node = &inner.nodes[i as usize];
-                        prop_assert_eq!(node.queue, q);
-                        prop_assert_eq!(node.prev, prev);
-                        prop_assert_eq!(inner.map.get(&node.key), Some(&i));
-                        prev = i;
-                        i = node.next;
-                        seen += 1;
-                    }
-                    prop_assert_eq!(list.tail, prev);
-                    prop_assert_eq!(seen, list.len);
-                }
-                prop_assert!(inner.ghost.len() as u64 <= budget);
+                prop_assert!(inner.entries.len() as u64 <= budget);
+                prop_assert!(inner.entries.check().is_ok(), "{:?}", inner.entries.check());
             }
         }
     }
