@@ -36,6 +36,10 @@ cd "$(dirname "$0")/.."
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-2G}
 MEMORY_WRITE=${MEMORY_WRITE:-40G}
+# Capacity device of each of the four hosts: file-backed, so the disk under
+# the bench needs room for four of them (plus 1/8 each for the write logs)
+# once enough data went through to touch every block.
+HOST_CAPACITY=${HOST_CAPACITY:-8G}
 PROFILES=${PROFILES:-seqwrite mixed qd1write qd1read randwrite randread}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 
@@ -126,7 +130,7 @@ octet=$(( (RANDOM % 200) + 20 ))
 bind="127.$octet.$(( RANDOM % 250 )).1"
 api_port=$(free_port); nbd_port=$(free_port); transport_port=$(free_port)
 "$tessera" up --data-dir "$work/data" --bind "$bind" --api-port "$api_port" \
-  --nbd-port "$nbd_port" --transport-port "$transport_port" --host-capacity 12G \
+  --nbd-port "$nbd_port" --transport-port "$transport_port" --host-capacity "$HOST_CAPACITY" \
   > "$work/up.log" 2>&1 &
 up_pid=$!
 pids+=("$up_pid")
