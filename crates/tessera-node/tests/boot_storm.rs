@@ -21,7 +21,9 @@
 
 mod fixture;
 
-use fixture::{have, qemu_io, run, wait_for_target, xcopy, xcopy_client, Cluster};
+use fixture::{
+    expect_fio_success, have, qemu_io, run, wait_for_target, xcopy, xcopy_client, Cluster,
+};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -630,19 +632,6 @@ fn fio_verify(uri: &str, verify_only: bool) -> std::process::Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("fio starts")
-}
-
-async fn expect_fio_success(fio: std::process::Child) {
-    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "fio failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,20 +19,6 @@ use tessera_object::Coordinator;
 use tessera_types::layout::ComponentRole;
 use tessera_types::{ComponentId, HostId};
 
-/// Waits for fio and fails the test with its output unless it passed.
-async fn expect_success(fio: std::process::Child) {
-    let output = tokio::task::spawn_blocking(move || fio.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "fio failed: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
     Command::new("fio")
         .args([
@@ -91,7 +77,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
         .map(|(_, c)| c)
         .expect("the owner coordinates vm");
     cluster.control.start_host(&replica_host).await.unwrap();
-    expect_success(fio).await;
+    fixture::expect_fio_success(fio).await;
     cluster
         .wait_for("vm", "the copy to be resynced", |v| {
             v.state == Health::Healthy
@@ -453,7 +439,7 @@ async fn fio_verify_survives_the_owner_host_stopping_and_ownership_moves() {
         moved.epoch.unwrap() > first_epoch,
         "the epoch rises with the new owner"
     );
-    expect_success(fio).await;
+    fixture::expect_fio_success(fio).await;
     eprintln!(
         "ownership moved from {owner} ({first_epoch}) to {} ({})",
         moved.owner.unwrap(),
@@ -493,7 +479,7 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
             v.state == Health::Healthy && v.components.iter().all(|c| c.id != lost.id)
         })
         .await;
-    expect_success(fio).await;
+    fixture::expect_fio_success(fio).await;
     let new_host = rebuilt
         .components
         .iter()
