@@ -122,6 +122,17 @@ impl ReplicaService {
             })
     }
 
+    /// Runs `op` on the disk group holding `component`; a store error
+    /// names the component.
+    async fn on_group<T, F, Fut>(&self, component: &ComponentRef, op: F) -> Result<T, ReplicaError>
+    where
+        F: FnOnce(Arc<DiskGroup>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let group = self.group_for(component)?;
+        op(group).await.map_err(|e| store(component, e))
+    }
+
     /// Picks the disk group for a new component: `wanted` if named and
     /// present, else the healthy one with the most free space.
     fn place_new(&self, wanted: Option<&DiskGroupId>) -> Option<usize> {
@@ -176,12 +187,12 @@ impl ReplicaService {
         component: &ComponentRef,
         size_bytes: u64,
     ) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .resize_component(component.id, size_bytes)
-            .await
-            .map(|_| ())
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.resize_component(component.id, size_bytes)
+                .await
+                .map(|_| ())
+        })
+        .await
     }
 
     /// Writes whole blocks at `lba`; durable when it returns Ok.
@@ -192,11 +203,10 @@ impl ReplicaService {
         data: Bytes,
         epoch: Epoch,
     ) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .write(component.id, lba, data, epoch)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.write(component.id, lba, data, epoch).await
+        })
+        .await
     }
 
     /// Reads `blocks` blocks at `lba`, each verified against its checksum.
@@ -206,11 +216,10 @@ impl ReplicaService {
         lba: Lba,
         blocks: u32,
     ) -> Result<Bytes, ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .read(component.id, lba, blocks)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.read(component.id, lba, blocks).await
+        })
+        .await
     }
 
     /// Deallocates blocks.
@@ -221,11 +230,10 @@ impl ReplicaService {
         blocks: u64,
         epoch: Epoch,
     ) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .unmap(component.id, lba, blocks, epoch)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.unmap(component.id, lba, blocks, epoch).await
+        })
+        .await
     }
 
     /// Makes blocks read as zeros.
@@ -236,26 +244,25 @@ impl ReplicaService {
         blocks: u64,
         epoch: Epoch,
     ) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .write_zeroes(component.id, lba, blocks, epoch)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.write_zeroes(component.id, lba, blocks, epoch).await
+        })
+        .await
     }
 
     /// Makes every acknowledged write of the component's disk group durable.
     pub async fn flush(&self, component: &ComponentRef) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group.flush().await.map_err(|e| store(component, e))
+        self.on_group(component, |g| async move { g.flush().await })
+            .await
     }
 
     /// Installs `epoch` as the lowest the component accepts.
     pub async fn fence(&self, component: &ComponentRef, epoch: Epoch) -> Result<(), ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .fence(component.id, epoch)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(
+            component,
+            |g| async move { g.fence(component.id, epoch).await },
+        )
+        .await
     }
 
     /// Runs of allocated blocks within `[from, from+blocks)`.
@@ -265,11 +272,10 @@ impl ReplicaService {
         from: Lba,
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ReplicaError> {
-        let group = self.group_for(component)?;
-        group
-            .allocated(component.id, from, blocks)
-            .await
-            .map_err(|e| store(component, e))
+        self.on_group(component, |g| async move {
+            g.allocated(component.id, from, blocks).await
+        })
+        .await
     }
 
     /// Epoch and space of a component.
