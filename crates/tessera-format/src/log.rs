@@ -1,7 +1,8 @@
 //! Write-log records on the cache device.
 //!
 //! A record is one header block followed by the data blocks of its write
-//! entries, in entry order, written with one positional write. The header
+//! entries, in entry order, written with one positional write (a placed
+//! write's data is already on the capacity tier: its entry names where). The header
 //! lists up to [`LOG_ENTRIES_MAX`] entries (56 bytes each): the operation, the
 //! component, the LBA, a block count, the owner epoch, an argument, and for a
 //! write the CRC32C of its data block. The data CRCs live in the header, not
@@ -52,6 +53,14 @@ pub enum LogOp {
         /// CRC32C of the shared block's data.
         crc: u32,
     },
+    /// `lba` now holds the block written straight to the capacity tier at
+    /// `arg` (a [`crate::BlockLoc`] packed with flags 0), whose data has
+    /// CRC32C `crc`: a large write that bypassed the log. The block was
+    /// synced before this record was written. No data block follows.
+    Place {
+        /// CRC32C of the placed block's data.
+        crc: u32,
+    },
 }
 
 impl LogOp {
@@ -65,6 +74,7 @@ impl LogOp {
             LogOp::Delete => 6,
             LogOp::Resize => 7,
             LogOp::Share { .. } => 8,
+            LogOp::Place { .. } => 9,
         }
     }
 }
@@ -133,7 +143,7 @@ impl LogRecordHeader {
                 w.u16(e.op.code());
                 w.u16(0);
                 w.u32(match e.op {
-                    LogOp::Write { crc } | LogOp::Share { crc } => crc,
+                    LogOp::Write { crc } | LogOp::Share { crc } | LogOp::Place { crc } => crc,
                     _ => 0,
                 });
                 w.u64(e.component);
@@ -187,6 +197,7 @@ impl LogRecordHeader {
                 6 => LogOp::Delete,
                 7 => LogOp::Resize,
                 8 => LogOp::Share { crc },
+                9 => LogOp::Place { crc },
                 other => {
                     return Err(FormatError::Invalid {
                         structure: STRUCTURE,
@@ -262,6 +273,19 @@ mod tests {
                     }
                     .pack(0),
                     arg2: 5,
+                },
+                LogEntry {
+                    op: LogOp::Place { crc: 0x0bad_cafe },
+                    component: 6,
+                    lba: 13,
+                    count: 1,
+                    epoch: 4,
+                    arg: crate::BlockLoc {
+                        device: 1,
+                        block: 77,
+                    }
+                    .pack(0),
+                    arg2: 0,
                 },
             ],
         };

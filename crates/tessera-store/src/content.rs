@@ -49,8 +49,9 @@
 //! device, and L has stayed in use in the free-space map since they were
 //! read from it. Held by construction:
 //! - capacity blocks are written only right after the free-space map hands
-//!   them out (the destager's data blocks, a new index page's slot pair) or
-//!   as the alternate slot of an index page, which is never a data block;
+//!   them out (the destager's data blocks, a placed write's blocks, a new
+//!   index page's slot pair) or as the alternate slot of an index page,
+//!   which is never a data block;
 //! - the free-space map removes the entry of every location it hands out
 //!   (`allocate`, `allocate_pair`, a free block marked used) before the
 //!   caller can write there, and of every location it takes back (`free`);

@@ -132,7 +132,8 @@ pub(crate) struct Shared {
     /// Reads of the capacity devices in flight, inline or on reader threads
     /// (see `DiskGroup::fetch`).
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
-    /// Threads that read the capacity devices for clients.
+    /// Threads that read the capacity devices for clients (and write the
+    /// blocks of placed writes).
     pub(crate) readers: crate::device_threads::DeviceThreads,
     /// Threads that write capacity blocks with the destager and the
     /// checkpoint.
@@ -597,6 +598,8 @@ fn plan_records(
                 if let Some(d) = data.next() {
                     cur.data.push(d.clone());
                 }
+            }
+            if matches!(e.op, LogOp::Write { .. } | LogOp::Place { .. }) {
                 if let Some(w) = writes.next() {
                     cur.writes.push(*w);
                 }
@@ -672,6 +675,9 @@ struct DestageItem {
     crc: u32,
     lost: bool,
     loc: Option<BlockLoc>,
+    /// A placed block: `loc` is where it is already stored, and the item
+    /// holds the reference `State::placed` registered for it.
+    placed: bool,
 }
 
 /// The destager thread.
@@ -762,6 +768,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 crc: 0,
                 lost: false,
                 loc: None,
+                placed: false,
             });
         }
     }
@@ -776,6 +783,13 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     // skipped) lost acknowledged writes in the power-cut test. Its data now
     // lives only in the log.
     for it in items.iter_mut() {
+        // A placed block needs no data: only its index entry moves.
+        if let Some(&(loc, crc)) = st.placed.get(&it.op) {
+            it.loc = Some(loc);
+            it.crc = crc;
+            it.placed = true;
+            continue;
+        }
         let ok = st
             .components
             .get(&it.c)
@@ -826,7 +840,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
 
     // Data to the capacity devices, runs of adjacent blocks as one write.
     let mut order: Vec<usize> = (0..items.len())
-        .filter(|&i| items[i].loc.is_some())
+        .filter(|&i| items[i].loc.is_some() && items[i].data.is_some())
         .collect();
     order.sort_by_key(|&i| items[i].loc);
     let mut runs: Vec<(BlockLoc, AlignedBuf)> = Vec::new();
@@ -959,8 +973,16 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
         let usable = st.components.get(&it.c).is_some_and(|c| c.failed.is_none());
         let lost = keep && it.lost;
         if !keep || !usable || (it.loc.is_none() && !lost) {
+            // A placed block replaced or unmapped before it reached the
+            // index: its record may still be replayed after a crash, so it
+            // is let go like any index reference (free after the next
+            // checkpoint), never handed out again at once.
             if let Some(loc) = it.loc {
-                st.alloc.free(loc);
+                if !it.placed {
+                    st.alloc.free(loc);
+                } else if st.placed.remove(&it.op).is_some() {
+                    st.drop_ref(loc);
+                }
             }
             if current && !usable {
                 st.overlay.remove(&(it.c, it.lba));
@@ -976,8 +998,9 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
             .copied();
         if !st.cache.contains(&key) {
             if root.and_then(|r| r.loc).is_some() {
-                // The page could not be loaded: leave the block in the log.
-                if let Some(loc) = it.loc {
+                // The page could not be loaded: leave the block in the log
+                // (a placed block keeps its reference for the next pass).
+                if let (Some(loc), false) = (it.loc, it.placed) {
                     st.alloc.free(loc);
                 }
                 complete = false;
@@ -1017,6 +1040,10 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
         }
         if let Some(old_loc) = old.block() {
             st.drop_ref(old_loc);
+        }
+        if it.placed {
+            // Its reference now belongs to the index entry.
+            st.placed.remove(&it.op);
         }
         if current {
             st.overlay.remove(&(it.c, it.lba));

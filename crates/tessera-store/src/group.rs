@@ -24,7 +24,7 @@ use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
 use crate::recovery;
 use crate::state::{Component, Request, Source, State};
-use crate::{StoreError, WRITE_BYTES_MAX};
+use crate::{StoreError, PLACED_WRITE_BYTES_MIN, WRITE_BYTES_MAX};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex};
 use std::path::PathBuf;
@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng};
+use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng, DISK_ALIGN};
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
 
@@ -169,6 +169,11 @@ pub struct LogStats {
     pub overlapped_commits: u64,
     /// `fdatasync` calls of the log; one covers every commit written before it.
     pub syncs: u64,
+    /// Writes stored straight on the capacity tier, bypassing the log (see
+    /// [`crate::PLACED_WRITE_BYTES_MIN`]).
+    pub placed_writes: u64,
+    /// Blocks those writes held.
+    pub placed_blocks: u64,
 }
 
 /// A disk group in service.
@@ -565,6 +570,9 @@ impl DiskGroup {
         let n = len / BLOCK_BYTES;
         let lock = self.component_lock(id)?;
         let _guard = lock.read().await;
+        if len >= PLACED_WRITE_BYTES_MIN && self.write_placed(id, lba, &data, epoch).await? {
+            return Ok(());
+        }
         // The store keeps only the write's own bytes until they are
         // destaged: one copy in a buffer of exactly their length, whatever
         // buffer the caller's `Bytes` is a slice of (a 4 KiB write read into
@@ -586,41 +594,15 @@ impl DiskGroup {
                 let need = st.missing_pages(id.0, lba.0, lba.0 + n);
                 if need.0.is_empty() {
                     let ops = st.stage_write(id, lba, &blocks, epoch, true)?;
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let req = Request {
-                        entries: (0..n)
-                            .map(|i| {
-                                op_entry(
-                                    LogOp::Write {
-                                        crc: blocks[i as usize].1,
-                                    },
-                                    id.0,
-                                    lba.0 + i,
-                                    1,
-                                    epoch.0,
-                                    0,
-                                    0,
-                                )
-                            })
-                            .collect(),
-                        data: blocks.iter().map(|b| b.0.clone()).collect(),
-                        writes: ops
-                            .iter()
-                            .enumerate()
-                            .map(|(i, op)| (id.0, lba.0 + i as u64, *op))
-                            .collect(),
-                        token: None,
-                        done: Some(tx),
-                    };
-                    // A lone write is committed on this thread (as a lone
-                    // read is read on it): see `engine::commit_inline`.
-                    if engine::can_commit_inline(&self.shared, &st) {
-                        st.log_writing = true;
-                        Ok((rx, Some(req)))
-                    } else {
-                        Self::enqueue(&mut st, &self.shared, req);
-                        Ok((rx, None))
-                    }
+                    let (req, rx) = write_request(
+                        id,
+                        lba,
+                        epoch,
+                        &ops,
+                        |i| (LogOp::Write { crc: blocks[i].1 }, 0),
+                        blocks.iter().map(|b| b.0.clone()).collect(),
+                    );
+                    Ok((rx, self.commit_or_queue(&mut st, req)))
                 } else {
                     Err(need)
                 }
@@ -634,6 +616,133 @@ impl DiskGroup {
                 }
                 Err(need) => self.load(need).await?,
             }
+        }
+        Err(StoreError::DiskGroupFailed {
+            reason: "index cache too small for one write".into(),
+        })
+    }
+
+    /// A lone request is committed on the caller's thread (as a lone read
+    /// is read on it: see `engine::commit_inline`), and is returned for
+    /// that once the lock is released; otherwise it joins the log writer's
+    /// queue.
+    fn commit_or_queue(&self, st: &mut State, req: Request) -> Option<Request> {
+        if engine::can_commit_inline(&self.shared, st) {
+            st.log_writing = true;
+            Some(req)
+        } else {
+            Self::enqueue(st, &self.shared, req);
+            None
+        }
+    }
+
+    /// Stores a large write straight on the capacity tier: newly allocated
+    /// blocks (free in the committed state, so neither the index nor a
+    /// replay of the log reaches them) are written and synced first, then
+    /// one log entry per block names where it lies, and the write is
+    /// acknowledged when that record is durable. The data reaches the
+    /// devices once, and the destager only moves index entries. The caller
+    /// holds the component's lock. Returns false, having changed nothing,
+    /// when the write should take the log instead: too little free space
+    /// beyond what the destager keeps for itself, or a capacity device
+    /// failed under it.
+    async fn write_placed(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        data: &Bytes,
+        epoch: Epoch,
+    ) -> Result<bool, StoreError> {
+        let n = data.len() as u64 / BLOCK_BYTES;
+        let mut locs = None;
+        for _ in 0..LOAD_ATTEMPTS_MAX {
+            let need = {
+                let mut st = self.shared.state.lock();
+                st.check_range(id, lba, n)?;
+                st.check_epoch(id, epoch)?;
+                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
+                if need.0.is_empty() {
+                    st.check_write_space(id, lba, n)?;
+                    if st.alloc.free_blocks() < n + PLACED_RESERVE_BLOCKS {
+                        return Ok(false);
+                    }
+                    locs = st.alloc.allocate(n as usize);
+                    break;
+                }
+                need
+            };
+            self.load(need).await?;
+        }
+        let Some(locs) = locs else {
+            return Ok(false);
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (shared, job_data, job_locs) = (self.shared.clone(), data.clone(), locs.clone());
+        self.shared.readers.submit(Box::new(move || {
+            let _ = tx.send(store_placed(&shared, &job_data, &job_locs));
+        }));
+        let crcs = match rx.await {
+            Ok(Ok(crcs)) => crcs,
+            Ok(Err((device, reason))) => {
+                let mut st = self.shared.state.lock();
+                st.alloc.free_all(&locs);
+                st.fail_capacity_device(device, &reason);
+                return Ok(false);
+            }
+            Err(_) => {
+                self.shared.state.lock().alloc.free_all(&locs);
+                return Err(StoreError::DiskGroupFailed {
+                    reason: "a device thread stopped".into(),
+                });
+            }
+        };
+        let blocks: Vec<(BlockLoc, u32)> = locs.iter().copied().zip(crcs).collect();
+        let staged = self.stage_placed(id, lba, epoch, &blocks).await;
+        if staged.is_err() {
+            self.shared.state.lock().alloc.free_all(&locs);
+        }
+        let (rx, inline) = staged?;
+        if let Some(req) = inline {
+            engine::commit_inline(&self.shared, req);
+        }
+        Self::wait(rx).await.map(|()| true)
+    }
+
+    /// Puts a placed write's blocks into the overlay and its record in line
+    /// for the log (in log order with every other write: the write takes
+    /// effect here, not when its data reached the device). Changes nothing
+    /// on error.
+    async fn stage_placed(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        epoch: Epoch,
+        blocks: &[(BlockLoc, u32)],
+    ) -> Result<(Acknowledgement, Option<Request>), StoreError> {
+        let n = blocks.len() as u64;
+        for _ in 0..LOAD_ATTEMPTS_MAX {
+            let need = {
+                let mut st = self.shared.state.lock();
+                st.check_range(id, lba, n)?;
+                st.check_epoch(id, epoch)?;
+                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
+                if need.0.is_empty() {
+                    let ops = st.stage_placed(id, lba, blocks, epoch, true)?;
+                    st.log_stats.placed_writes += 1;
+                    st.log_stats.placed_blocks += n;
+                    let (req, rx) = write_request(
+                        id,
+                        lba,
+                        epoch,
+                        &ops,
+                        |i| (LogOp::Place { crc: blocks[i].1 }, blocks[i].0.pack(0)),
+                        Vec::new(),
+                    );
+                    return Ok((rx, self.commit_or_queue(&mut st, req)));
+                }
+                need
+            };
+            self.load(need).await?;
         }
         Err(StoreError::DiskGroupFailed {
             reason: "index cache too small for one write".into(),
@@ -1226,6 +1335,89 @@ impl Drop for DiskGroup {
         self.shared.readers.stop();
         self.shared.writers.stop();
     }
+}
+
+/// Free capacity blocks a placed write leaves to the destager: below this,
+/// large writes take the log like small ones, and the destager, which
+/// checkpoints to get replaced blocks back when it runs short, finds room.
+const PLACED_RESERVE_BLOCKS: u64 = crate::state::HEADROOM_BLOCKS_MIN;
+
+/// Where a write's acknowledgement arrives.
+type Acknowledgement = tokio::sync::oneshot::Receiver<Result<(), StoreError>>;
+
+/// The log request of a write staged as operations `ops` of blocks from
+/// `lba`: `entry(i)` gives block i's operation and argument, `data` the
+/// blocks that follow the record (those of `LogOp::Write` entries).
+fn write_request(
+    id: ComponentId,
+    lba: Lba,
+    epoch: Epoch,
+    ops: &[u64],
+    entry: impl Fn(usize) -> (LogOp, u64),
+    data: Vec<Bytes>,
+) -> (Request, Acknowledgement) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let req = Request {
+        entries: (0..ops.len())
+            .map(|i| {
+                let (op, arg) = entry(i);
+                op_entry(op, id.0, lba.0 + i as u64, 1, epoch.0, arg, 0)
+            })
+            .collect(),
+        data,
+        writes: ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| (id.0, lba.0 + i as u64, *op))
+            .collect(),
+        token: None,
+        done: Some(tx),
+    };
+    (req, rx)
+}
+
+/// Writes a placed write's blocks to `locs` (block i to `locs[i]`, each
+/// run of adjacent locations with one positional write) and syncs the
+/// devices written, on a device thread. Returns the blocks' CRC32Cs, or the
+/// device that failed.
+fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> Result<Vec<u32>, (u8, String)> {
+    let crcs = data.chunks(BLOCK).map(block_crc).collect();
+    let mut devices: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < locs.len() {
+        let first = locs[i];
+        let mut n = 1;
+        while i + n < locs.len()
+            && locs[i + n].device == first.device
+            && locs[i + n].block == first.block + n as u64
+        {
+            n += 1;
+        }
+        let disk = shared
+            .disk(first.device)
+            .ok_or_else(|| (first.device, "no such capacity device".to_string()))?;
+        let bytes = &data[i * BLOCK..(i + n) * BLOCK];
+        // `O_DIRECT` devices need an aligned buffer; a network buffer
+        // rarely is one.
+        let result = if (bytes.as_ptr() as usize).is_multiple_of(DISK_ALIGN) {
+            disk.write_at(bytes, first.block * BLOCK_BYTES)
+        } else {
+            let mut buf = AlignedBuf::zeroed(bytes.len());
+            buf.as_mut_slice().copy_from_slice(bytes);
+            disk.write_at(buf.as_slice(), first.block * BLOCK_BYTES)
+        };
+        result.map_err(|e| (first.device, e.to_string()))?;
+        if !devices.contains(&first.device) {
+            devices.push(first.device);
+        }
+        i += n;
+    }
+    for d in devices {
+        if let Some(disk) = shared.disk(d) {
+            disk.sync().map_err(|e| (d, e.to_string()))?;
+        }
+    }
+    Ok(crcs)
 }
 
 fn space_of(c: &Component) -> ComponentSpace {

@@ -66,6 +66,14 @@ pub const CLONE_BLOCKS_MAX: u64 = 4096;
 /// ([`DiskGroupConfig::content_cache_bytes`]): 64 MiB, about 15,000 blocks.
 pub const CONTENT_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
+/// Writes of at least this many bytes bypass the write log (placed
+/// writes): their blocks go straight to newly allocated capacity blocks and
+/// are synced there, and only a record naming where they lie goes through
+/// the log, as ZFS does with indirect writes. Sequential data then reaches
+/// each device once instead of twice (log, then destage) and never waits in
+/// memory for the destager. Smaller writes gain more from group commit.
+pub const PLACED_WRITE_BYTES_MIN: u64 = 64 << 10;
+
 /// Largest write accepted in one call, in bytes: bounds the log space and
 /// memory one request holds (the replica service splits larger ones).
 pub const WRITE_BYTES_MAX: u64 = 4 << 20;

@@ -20,7 +20,7 @@ use crate::index::{IndexCache, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
 use crate::StoreError;
 use bytes::Bytes;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use tessera_env::{AlignedBuf, Disk};
 use tessera_format::{
@@ -323,6 +323,8 @@ pub(crate) fn load_state(
         alloc,
         pending_free: Vec::new(),
         shares: std::collections::HashMap::new(),
+        placed: std::collections::HashMap::new(),
+        replay_holds: std::collections::HashMap::new(),
         log_writing: false,
         queue: VecDeque::new(),
         destage: VecDeque::new(),
@@ -583,12 +585,49 @@ pub(crate) fn damage_was_synced(
     false
 }
 
+/// Holds every block that placed-write entries from `(v, seq)` on name
+/// (see [`crate::state::ReplayHold`]), following the records' headers the
+/// way replay will.
+fn hold_placed_blocks(shared: &Shared, mut v: u64, mut seq: u64) {
+    let (disk, geo) = (shared.cache_disk(), &shared.geo);
+    let l = geo.log_blocks;
+    let header_at = |v: u64, seq: u64| {
+        read_block(disk, geo.log_start + v % l, 1)
+            .ok()
+            .and_then(|b| LogRecordHeader::decode(b.as_slice()).ok())
+            .filter(|h| h.seq == seq)
+    };
+    let mut named: HashMap<u64, u32> = HashMap::new();
+    for _ in 0..l {
+        let found = header_at(v, seq).map(|h| (v, h)).or_else(|| {
+            let w = v + l - v % l;
+            (!v.is_multiple_of(l)).then(|| header_at(w, seq).map(|h| (w, h)))?
+        });
+        let Some((at, header)) = found else { break };
+        for e in &header.entries {
+            if let LogOp::Place { .. } = e.op {
+                *named.entry(BlockLoc::unpack(e.arg).0.pack(0)).or_insert(0) += 1;
+            }
+        }
+        v = at + header.record_blocks() as u64;
+        seq += 1;
+    }
+    let mut st = shared.state.lock();
+    for (key, remaining) in named {
+        let loc = BlockLoc::unpack(key).0;
+        let owned = st.alloc.contains(loc) && st.alloc.mark_used(loc);
+        st.replay_holds
+            .insert(key, crate::state::ReplayHold { remaining, owned });
+    }
+}
+
 /// Replays the log into the state. Returns the number of records replayed.
 pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     let (mut v, mut seq) = {
         let st = shared.state.lock();
         (st.vtail, st.tail_seq)
     };
+    hold_placed_blocks(shared, v, seq);
     let mut replayed = 0u64;
     let l = shared.geo.log_blocks;
     let (disk, geo) = (shared.cache_disk(), &shared.geo);
@@ -660,6 +699,15 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     st.head_seq = seq;
     st.written_vhead = v;
     st.written_seq = seq;
+    // Blocks held for entries that did not replay (past the torn tail, or
+    // of a component deleted later) were never referenced.
+    let unused: Vec<BlockLoc> = st
+        .replay_holds
+        .drain()
+        .filter(|(_, hold)| hold.owned)
+        .map(|(key, _)| BlockLoc::unpack(key).0)
+        .collect();
+    st.alloc.free_all(&unused);
     Ok(replayed)
 }
 
@@ -852,6 +900,47 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
                         }
                     }
                     Ok(Err(_)) | Err(StoreError::ComponentFailed { .. }) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            LogOp::Place { crc } => {
+                // The block was synced before this record was written. Its
+                // reference is taken first (the block may also be one the
+                // committed index still points to: this record's effect,
+                // already checkpointed, or a block a later record let go and
+                // the store reused; later records balance the count).
+                let (loc, _) = BlockLoc::unpack(e.arg);
+                let ops = with_pages(shared, |st| {
+                    let usable = st.components.get(&c).is_some_and(|comp| {
+                        comp.failed.is_none() && e.lba < comp.blocks() && st.alloc.contains(loc)
+                    });
+                    if !usable {
+                        return Ok(None);
+                    }
+                    let need = st.missing_pages(c, e.lba, e.lba + 1);
+                    if !need.0.is_empty() {
+                        return Err(need);
+                    }
+                    let staged = st.stage_placed(
+                        ComponentId(c),
+                        Lba(e.lba),
+                        &[(loc, crc)],
+                        Epoch(e.epoch),
+                        false,
+                    );
+                    if staged.is_ok() {
+                        st.take_replayed_ref(loc);
+                    }
+                    Ok(Some(staged))
+                });
+                match ops {
+                    Ok(Some(Ok(ops))) => {
+                        let mut st = shared.state.lock();
+                        for op in ops {
+                            st.replay_writes.push((c, e.lba, op));
+                        }
+                    }
+                    Ok(None) | Ok(Some(Err(_))) | Err(StoreError::ComponentFailed { .. }) => {}
                     Err(other) => return Err(other),
                 }
             }

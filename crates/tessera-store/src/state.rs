@@ -20,6 +20,9 @@
 //!   block that shared entries (copies by reference) point to.
 //! - Log records leave the log (the tail moves past them) only when a
 //!   checkpoint holds all their effects.
+//! - A placed block (a large write stored straight on the capacity tier)
+//!   holds one reference to its block from staging until the destager
+//!   either hands that reference to the index or drops it (`placed`).
 
 use crate::alloc::Allocator;
 use crate::index::{IndexCache, PageKey, RootEntry, LBAS_PER_PAGE};
@@ -112,6 +115,9 @@ pub(crate) struct Pending {
     pub(crate) crc: u32,
     /// The log record holding it was damaged: the data is lost.
     pub(crate) lost: bool,
+    /// A placed write: the block is already stored at this location (and
+    /// `data` is empty), only its log entry waits for the destager.
+    pub(crate) placed: Option<BlockLoc>,
 }
 
 /// A request waiting for the log writer.
@@ -172,6 +178,13 @@ pub(crate) struct State {
     /// References beyond the first to each shared capacity block (packed
     /// location). A block absent here has one reference (or none, if free).
     pub(crate) shares: HashMap<u64, u32>,
+    /// Placed blocks not yet in the index nor let go, by operation number,
+    /// with their CRC32C. Each holds one reference to its block: taken by
+    /// the allocator when a live write placed it, or by replay.
+    pub(crate) placed: HashMap<u64, (BlockLoc, u32)>,
+    /// Recovery only: blocks that placed writes still ahead in the log name
+    /// (packed location). See [`ReplayHold`].
+    pub(crate) replay_holds: HashMap<u64, ReplayHold>,
     pub(crate) queue: VecDeque<Request>,
     pub(crate) destage: VecDeque<LoggedRecord>,
     /// Write blocks in `destage` (logged, not yet on the capacity tier).
@@ -227,6 +240,21 @@ pub(crate) struct State {
     pub(crate) roots_max: u64,
     /// Writes staged by the record being replayed (recovery only).
     pub(crate) replay_writes: Vec<(u64, u64, u64)>,
+}
+
+/// A block that placed-write entries ahead of replay name. Before replay
+/// starts, every such block the committed index leaves free is marked used
+/// (the hold owns that mark), so nothing replay does meanwhile (destage
+/// passes, checkpoints) can hand it out and overwrite the data the entry
+/// vouches for: in the running store, the block was free until that write
+/// took it. When its last reference goes while entries still ahead name it,
+/// the block goes back to the hold instead of to the free-space map.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplayHold {
+    /// Placed entries ahead of replay that name the block.
+    pub(crate) remaining: u32,
+    /// The hold owns the block's used mark (it has no other reference).
+    pub(crate) owned: bool,
 }
 
 /// Capacity blocks kept back from components so the destager can always
@@ -308,8 +336,24 @@ impl State {
             Some(_) => {
                 self.shares.remove(&key);
             }
-            None => self.pending_free.push(loc),
+            None => match self.replay_holds.get_mut(&key) {
+                Some(hold) if hold.remaining > 0 => hold.owned = true,
+                _ => self.pending_free.push(loc),
+            },
         }
+    }
+
+    /// Takes the reference a replayed placed entry holds to `loc`: the
+    /// hold's mark if it owns one, else one more reference.
+    pub(crate) fn take_replayed_ref(&mut self, loc: BlockLoc) {
+        if let Some(hold) = self.replay_holds.get_mut(&loc.pack(0)) {
+            hold.remaining = hold.remaining.saturating_sub(1);
+            if hold.owned {
+                hold.owned = false;
+                return;
+            }
+        }
+        self.add_ref(loc);
     }
 
     /// Blocks committed by all components.
@@ -491,6 +535,18 @@ impl State {
         Ok(Some(entries))
     }
 
+    /// Fails with `NoSpace` unless `n` blocks from `lba` could be written
+    /// now; changes nothing. Pages must be cached.
+    pub(crate) fn check_write_space(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        n: u64,
+    ) -> Result<(), StoreError> {
+        let growth = self.growth(id, lba.0..lba.0 + n)?;
+        self.check_space(id, &growth)
+    }
+
     /// Puts blocks of a write into the overlay with its accounting. Checks
     /// space first and changes nothing when there is none. Pages must be
     /// cached (see [`State::missing_pages`]).
@@ -502,25 +558,63 @@ impl State {
         epoch: Epoch,
         check_space: bool,
     ) -> Result<Vec<u64>, StoreError> {
+        let pending = blocks.iter().map(|(data, crc, lost)| Pending {
+            op: 0,
+            data: data.clone(),
+            crc: *crc,
+            lost: *lost,
+            placed: None,
+        });
+        self.stage(id, lba, pending, epoch, check_space)
+    }
+
+    /// Puts the blocks of a placed write (already stored at their
+    /// locations, with these CRCs) into the overlay with its accounting,
+    /// and registers the reference each holds to its block (which the
+    /// caller took: see `placed`). Checks space first and changes nothing
+    /// when there is none. Pages must be cached.
+    pub(crate) fn stage_placed(
+        &mut self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: &[(BlockLoc, u32)],
+        epoch: Epoch,
+        check_space: bool,
+    ) -> Result<Vec<u64>, StoreError> {
+        let pending = blocks.iter().map(|(loc, crc)| Pending {
+            op: 0,
+            data: Bytes::new(),
+            crc: *crc,
+            lost: false,
+            placed: Some(*loc),
+        });
+        let ops = self.stage(id, lba, pending, epoch, check_space)?;
+        for (op, placed) in ops.iter().zip(blocks) {
+            self.placed.insert(*op, *placed);
+        }
+        Ok(ops)
+    }
+
+    fn stage(
+        &mut self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: impl ExactSizeIterator<Item = Pending>,
+        epoch: Epoch,
+        check_space: bool,
+    ) -> Result<Vec<u64>, StoreError> {
         let c = id.0;
         let n = blocks.len() as u64;
         let growth = self.growth(id, lba.0..lba.0 + n)?;
         if check_space {
             self.check_space(id, &growth)?;
         }
-        let mut ops = Vec::with_capacity(blocks.len());
-        for (i, (data, crc, lost)) in blocks.iter().enumerate() {
+        let mut ops = Vec::with_capacity(n as usize);
+        for (i, mut pending) in blocks.enumerate() {
             let op = self.next_op;
             self.next_op += 1;
-            self.overlay.insert(
-                (c, lba.0 + i as u64),
-                Pending {
-                    op,
-                    data: data.clone(),
-                    crc: *crc,
-                    lost: *lost,
-                },
-            );
+            pending.op = op;
+            self.overlay.insert((c, lba.0 + i as u64), pending);
             ops.push(op);
         }
         if let Some(comp) = self.components.get_mut(&c) {
@@ -666,10 +760,10 @@ impl State {
         let mut out = Vec::with_capacity(blocks as usize);
         for l in lba.0..lba.0 + blocks {
             if let Some(p) = self.overlay.get(&(c, l)) {
-                out.push(if p.lost {
-                    Source::Lost
-                } else {
-                    Source::Memory(p.data.clone(), p.crc)
+                out.push(match (p.lost, p.placed) {
+                    (true, _) => Source::Lost,
+                    (false, Some(loc)) => Source::Disk(loc, p.crc),
+                    (false, None) => Source::Memory(p.data.clone(), p.crc),
                 });
                 continue;
             }

@@ -73,7 +73,11 @@ async fn check(dg: &DiskGroup, ledger: &mut Ledger) -> Violations {
         let block = match dg.read(C, Lba(lba), 1).await {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("LBA {lba}: read failed: {e}");
+                eprintln!(
+                    "LBA {lba}: read failed: {e} (acknowledged {:?}, issued {:?})",
+                    ledger.acked.get(&lba),
+                    ledger.issued.get(&lba)
+                );
                 v.errors += 1;
                 continue;
             }
@@ -121,8 +125,23 @@ async fn check(dg: &DiskGroup, ledger: &mut Ledger) -> Violations {
     v
 }
 
-/// One writer: owns the LBAs congruent to `w` modulo [`WRITERS`], writes them
-/// one at a time (so versions of one LBA are ordered), records issue and ack.
+/// How the writers share the component.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    /// Writer `w` owns the LBAs congruent to `w` modulo [`WRITERS`] and
+    /// writes 1 to 4 blocks at a time: every write takes the log.
+    Logged,
+    /// Writer `w` owns a contiguous region and writes runs of 16 to 48
+    /// blocks (placed writes, stored straight on the capacity tier) and of
+    /// 1 to 4 blocks (logged) over each other.
+    Mixed,
+}
+
+/// Blocks of each writer's region in [`Writes::Mixed`].
+const REGION_BLOCKS: u64 = BLOCKS / WRITERS;
+
+/// One writer: writes the LBAs it owns, one write at a time (so versions of
+/// one LBA are ordered), and records issue and ack.
 async fn writer(
     dg: Arc<DiskGroup>,
     w: u64,
@@ -130,10 +149,41 @@ async fn writer(
     first_version: u64,
     ledger: Arc<parking_lot::Mutex<Ledger>>,
     acks: Arc<std::sync::atomic::AtomicU64>,
+    writes: Writes,
 ) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ w);
     let mut version = first_version + w;
     loop {
+        if writes == Writes::Mixed {
+            let blocks = if rng.gen_bool(0.5) {
+                rng.gen_range(16..=48u64)
+            } else {
+                rng.gen_range(1..=4u64)
+            };
+            let lba = w * REGION_BLOCKS + rng.gen_range(0..=REGION_BLOCKS - blocks);
+            let lbas: Vec<u64> = (lba..lba + blocks).collect();
+            let data: Vec<Vec<u8>> = lbas.iter().map(|l| payload(C.0, *l, version)).collect();
+            {
+                let mut l = ledger.lock();
+                for x in &lbas {
+                    l.issued.entry(*x).or_default().push(version);
+                }
+            }
+            if dg
+                .write(C, Lba(lba), bytes_of(&data), Epoch(1))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut l = ledger.lock();
+            for x in &lbas {
+                l.acked.insert(*x, version);
+            }
+            acks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            version += WRITERS;
+            continue;
+        }
         let blocks = rng.gen_range(1..=4u64);
         let lba = (rng.gen_range(0..BLOCKS / WRITERS - 4) * WRITERS + w).min(BLOCKS - blocks);
         let lbas: Vec<u64> = (0..blocks)
@@ -180,7 +230,15 @@ async fn writer(
 
 /// Runs power-cut cycles; returns violations summed.
 async fn power_cut_cycles(cycles: u64, ack_before_durable: bool, seed: u64) -> (Violations, u64) {
-    let (v, acked, _) = power_cut_cycles_on(cycles, ack_before_durable, seed, None, WRITERS).await;
+    let (v, acked, _) = power_cut_cycles_on(
+        cycles,
+        ack_before_durable,
+        seed,
+        None,
+        WRITERS,
+        Writes::Logged,
+    )
+    .await;
     (v, acked)
 }
 
@@ -193,6 +251,7 @@ async fn power_cut_cycles_on(
     seed: u64,
     cache_delay: Option<Duration>,
     writers: u64,
+    writes: Writes,
 ) -> (Violations, u64, tessera_store::LogStats) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut log = tessera_store::LogStats::default();
@@ -220,6 +279,7 @@ async fn power_cut_cycles_on(
                 (cycle + 1) * 1_000_000,
                 shared.clone(),
                 acks.clone(),
+                writes,
             )));
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(5..60))).await;
@@ -227,6 +287,8 @@ async fn power_cut_cycles_on(
         log.group_commits += stats.group_commits;
         log.overlapped_commits += stats.overlapped_commits;
         log.syncs += stats.syncs;
+        log.placed_writes += stats.placed_writes;
+        log.placed_blocks += stats.placed_blocks;
         let next = rig.power_cut(rng.gen());
         for t in tasks {
             let _ = t.await;
@@ -263,9 +325,27 @@ async fn power_cuts_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1).await;
+    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1, Writes::Logged).await;
     println!("power cut, one writer: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}");
     assert!(acked > 0, "nothing was acknowledged");
+    assert_eq!(v.total(), 0, "{v:?}");
+}
+
+/// Large writes bypass the log: their blocks are written and synced on the
+/// capacity tier, then a log record names where they lie. Power cuts land
+/// at every step of that (data written but not synced, synced but not
+/// logged, logged but not destaged), with logged writes replacing placed
+/// ones and the other way round: nothing acknowledged may be lost, no block
+/// torn, and no block of an unacknowledged placed write may appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_with_placed_writes_lose_no_acknowledged_write() {
+    let n = cycles();
+    let (v, acked, log) =
+        power_cut_cycles_on(n, false, 0x91ace, None, WRITERS, Writes::Mixed).await;
+    println!(
+        "power cut, placed and logged writes: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
+    );
+    assert!(log.placed_writes > 0, "no write bypassed the log: {log:?}");
     assert_eq!(v.total(), 0, "{v:?}");
 }
 
@@ -285,6 +365,7 @@ async fn power_cuts_with_commits_in_flight_together_lose_no_acknowledged_write()
         0x00f1_19b7,
         Some(Duration::from_micros(400)),
         WRITERS,
+        Writes::Logged,
     )
     .await;
     println!(
@@ -420,8 +501,13 @@ fn file_config(dir: &Path) -> DiskGroupConfig {
     }
 }
 
+/// Writers of the kill -9 child that write runs of 16 to 48 blocks (placed
+/// writes, past the LBAs of the other writers), each in a region of its own.
+const PLACED_WRITERS: u64 = 2;
+
 /// The child side of the kill -9 test: writes until killed, printing
-/// `I lba version` before each write and `A lba version` after its ack.
+/// `I lba version` before each write and `A lba version` after its ack
+/// (a line per block).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by kill9_loses_no_acknowledged_write as a child process"]
 async fn crash_child() {
@@ -440,10 +526,41 @@ async fn crash_child() {
         .await
         .unwrap();
     dg.set_ack_before_durable(std::env::var("TESSERA_CRASH_CHILD_UNSAFE").is_ok());
-    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
+    dg.create_component(C, 2 * BLOCKS * 4096, 0).await.unwrap();
     let out = Arc::new(parking_lot::Mutex::new(std::io::stdout()));
     writeln!(out.lock(), "READY").unwrap();
     let mut tasks = Vec::new();
+    for p in 0..PLACED_WRITERS {
+        let dg = dg.clone();
+        let out = out.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (WRITERS + p));
+            let region = BLOCKS / PLACED_WRITERS;
+            let mut version = first + WRITERS + p;
+            loop {
+                let blocks = rng.gen_range(16..=48u64);
+                let lba = BLOCKS + p * region + rng.gen_range(0..=region - blocks);
+                let data: Vec<Vec<u8>> = (lba..lba + blocks)
+                    .map(|l| payload(C.0, l, version))
+                    .collect();
+                {
+                    let mut o = out.lock();
+                    for l in lba..lba + blocks {
+                        writeln!(o, "I {l} {version}").unwrap();
+                    }
+                }
+                dg.write(C, Lba(lba), bytes_of(&data), Epoch(1))
+                    .await
+                    .unwrap();
+                let mut o = out.lock();
+                for l in lba..lba + blocks {
+                    writeln!(o, "A {l} {version}").unwrap();
+                }
+                o.flush().unwrap();
+                version += WRITERS + PLACED_WRITERS;
+            }
+        }));
+    }
     for w in 0..WRITERS {
         let dg = dg.clone();
         let out = out.clone();
@@ -464,7 +581,7 @@ async fn crash_child() {
                 let mut o = out.lock();
                 writeln!(o, "A {lba} {version}").unwrap();
                 o.flush().unwrap();
-                version += WRITERS;
+                version += WRITERS + PLACED_WRITERS;
             }
         }));
     }

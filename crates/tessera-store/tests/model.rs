@@ -5,6 +5,9 @@
 //! within a component and between the two) share blocks: once settled, the
 //! disk group must hold exactly one block per distinct piece of data.
 //!
+//! Writes come in both sizes: logged (a few blocks) and placed (large
+//! enough to bypass the log).
+//!
 //! Cases: `PROPTEST_CASES` (default 16 here, each up to 80 operations).
 
 mod common;
@@ -63,6 +66,9 @@ fn lba_of(big: bool, slot: u64) -> u64 {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (any::<bool>(), any::<u64>(), 1u64..6).prop_map(|(big, slot, blocks)| Op::Write { big, slot, blocks }),
+        // Placed writes (at least `PLACED_WRITE_BYTES_MIN`): stored straight
+        // on the capacity tier, overwriting and overwritten by logged ones.
+        3 => (any::<bool>(), any::<u64>(), 16u64..40).prop_map(|(big, slot, blocks)| Op::Write { big, slot, blocks }),
         3 => (any::<bool>(), any::<u64>(), 1u64..6, any::<bool>())
             .prop_map(|(big, slot, blocks, zero)| Op::Unmap { big, slot, blocks, zero }),
         3 => (any::<bool>(), any::<u64>(), any::<bool>(), any::<u64>(), 1u64..6)
@@ -147,7 +153,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Write { big, slot, blocks } => {
                 let c = if big { BIG } else { SMALL };
-                let lba = lba_of(big, slot);
+                let size = if big { BIG_BLOCKS } else { SMALL_BLOCKS };
+                let lba = lba_of(big, slot).min(size - blocks);
                 version += 1;
                 let data: Vec<Vec<u8>> = (0..blocks)
                     .map(|i| payload(c.0, lba + i, version))
