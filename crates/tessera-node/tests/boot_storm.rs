@@ -17,19 +17,26 @@
 //!
 //! A second test runs fio with CRC32C verification over one range of a
 //! volume while EXTENDED COPY, UNMAP and WRITE SAME change other ranges of
-//! it through iSCSI, then reads everything back.
+//! it through iSCSI, then reads everything back. A third writes passes of
+//! fio, each marking its blocks, and checks them through every host while
+//! the volume's owner moves (its host stops, later a resize hands it back),
+//! with the host read cache and the disk groups' content caches serving
+//! reads: no host ever serves a block of an older pass.
 
 mod fixture;
 
 use fixture::{
-    expect_fio_success, have, qemu_io, run, wait_for_target, xcopy, xcopy_client, Cluster,
+    expect_fio_success, fio_outcome, have, qemu_io, run, wait_for_target, xcopy, xcopy_client,
+    Cluster,
 };
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_node::control::{ClusterControl, CreatePolicy, CreateVolume, Health};
+use tessera_node::control::{
+    ClusterControl, CreatePolicy, CreateVolume, Health, ReadCacheView, ResizeVolume,
+};
 use tessera_store::ContentCacheStats;
 
 const MIB: u64 = 1 << 20;
@@ -604,10 +611,35 @@ async fn eight_clones_booting_at_once_read_each_shared_block_from_a_device_once(
     eprintln!("boot storm test took {:?}", began.elapsed());
 }
 
-/// fio over `[0, 64 MiB)` of the volume at `uri`: random 4 KiB writes with
-/// CRC32C in each block, then a read of every block it wrote, checked
-/// (`verify_only`: only the read and the check of what the same job wrote).
-fn fio_verify(uri: &str, verify_only: bool) -> std::process::Child {
+/// What fio writes in each 4 KiB block, and checks when it reads it back.
+#[derive(Clone, Copy, Debug)]
+enum Content {
+    /// Random data under a header with the block's offset and a CRC32C: a
+    /// torn, corrupt or misplaced block fails. The header does not say
+    /// which run of fio wrote the block, so a pass that only reads cannot
+    /// tell an older block from a newer one.
+    Crc32c,
+    /// Pass `n`'s mark (a byte, not 0) and the block's offset, over and
+    /// over (`verify=pattern`, every byte compared): a block that another
+    /// pass wrote fails too, as does a zeroed or misplaced one.
+    Pass(u8),
+}
+
+/// What one run of fio does.
+#[derive(Clone, Copy, Debug)]
+enum Phases {
+    /// Writes every block once, in random order.
+    Write,
+    /// Reads every block back and checks it.
+    Verify,
+    /// Both, one after the other.
+    WriteAndVerify,
+}
+
+/// fio over the first `mib` MiB of the volume at `uri`: random 4 KiB
+/// writes of every block with `content`, a read of every block checked, or
+/// both.
+fn fio_verify(uri: &str, mib: u64, content: Content, phases: Phases) -> std::process::Child {
     let mut args = vec![
         "--name=verify".to_string(),
         "--ioengine=nbd".into(),
@@ -616,15 +648,23 @@ fn fio_verify(uri: &str, verify_only: bool) -> std::process::Child {
         "--bs=4k".into(),
         "--iodepth=8".into(),
         "--offset=0".into(),
-        "--size=64M".into(),
-        "--verify=crc32c".into(),
-        "--do_verify=1".into(),
+        format!("--size={mib}M"),
         "--verify_fatal=1".into(),
         "--verify_state_save=0".into(),
         "--output-format=terse".into(),
     ];
-    if verify_only {
-        args.push("--verify_only".into());
+    match content {
+        Content::Crc32c => args.push("--verify=crc32c".into()),
+        Content::Pass(n) => {
+            assert_ne!(n, 0, "a pass's mark is not a byte of unwritten blocks");
+            args.push("--verify=pattern".into());
+            args.push(format!("--verify_pattern={n:#04x}%o"));
+        }
+    }
+    match phases {
+        Phases::Write => args.push("--do_verify=0".into()),
+        Phases::Verify => args.push("--verify_only".into()),
+        Phases::WriteAndVerify => args.push("--do_verify=1".into()),
     }
     Command::new("fio")
         .args(&args)
@@ -653,7 +693,12 @@ async fn fio_verify_stays_clean_while_xcopy_unmap_and_write_same_change_other_ra
     // [64M, 96M): the source of the copies; [128M, 160M): their target;
     // [192M, 224M): unmapped and zeroed; [224M, 256M): left alone.
     qemu_io(&url, &["write -P 0x3c 64M 32M", "write -P 0x77 224M 32M"]).await;
-    let mut fio = Some(fio_verify(&nbd, false));
+    let mut fio = Some(fio_verify(
+        &nbd,
+        64,
+        Content::Crc32c,
+        Phases::WriteAndVerify,
+    ));
     let mut rounds = 0;
     loop {
         qemu_io(&url, &["write -P 0xa5 192M 32M", "discard 128M 32M"]).await;
@@ -676,7 +721,7 @@ async fn fio_verify_stays_clean_while_xcopy_unmap_and_write_same_change_other_ra
 
     // fio reads back everything it wrote once more, now that nothing else
     // changes the volume; every other range holds what was last put there.
-    expect_fio_success(fio_verify(&nbd, true)).await;
+    expect_fio_success(fio_verify(&nbd, 64, Content::Crc32c, Phases::Verify)).await;
     for (pattern, range) in [
         (0x3c, "64M 32M"),
         (0x3c, "128M 32M"),
@@ -698,4 +743,221 @@ async fn fio_verify_stays_clean_while_xcopy_unmap_and_write_same_change_other_ra
     let report = cluster.control.verify_object("vm").await.unwrap();
     assert!(report.identical, "copies differ: {report:?}");
     cluster.stop().await;
+}
+
+/// What fio covers while the owner moves: small enough for the default
+/// read cache budget of a host with 5 GiB of memory or more (0.4% of it),
+/// so a pass read twice is served from memory the second time.
+const MOVE_RANGE_MIB: u64 = 16;
+
+/// Host `id`'s read cache, as `tessera host show` prints it.
+async fn read_cache_of(cluster: &Cluster, id: &str) -> ReadCacheView {
+    cluster
+        .control
+        .host(id)
+        .await
+        .unwrap()
+        .read_cache
+        .expect("a host of this process")
+}
+
+/// fio over [`MOVE_RANGE_MIB`] of volume `vm` through `host`'s NBD server.
+fn fio_on_vm(
+    cluster: &Cluster,
+    host: &str,
+    content: Content,
+    phases: Phases,
+) -> std::process::Child {
+    fio_verify(
+        &cluster.nbd_uri(host, "vm"),
+        MOVE_RANGE_MIB,
+        content,
+        phases,
+    )
+}
+
+/// [`fio_on_vm`], failing the test unless fio passed.
+async fn fio_through(cluster: &Cluster, host: &str, content: Content, phases: Phases) {
+    let started = Instant::now();
+    expect_fio_success(fio_on_vm(cluster, host, content, phases)).await;
+    eprintln!(
+        "{content:?} {phases:?} through {host}: {:?}",
+        started.elapsed()
+    );
+}
+
+/// With both read caches on (the host read cache of the volumes a host
+/// owns, and each disk group's content cache of capacity blocks), fio's
+/// checked reads through every host see the pass fio wrote last, while the
+/// volume's owner moves: from a host that stops to the host of the other
+/// copy, which serves the first pass from its disk group's content cache
+/// and the second pass from its read cache; and, once the first host has
+/// returned and its copy is resynced, back to it by a resize, while the
+/// second owner keeps running with the second pass in its read cache (a
+/// third pass is written through it after the move). Each pass marks its
+/// blocks, so a block of an earlier pass served from any cache fails the
+/// check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fio_verify_sees_the_newest_pass_through_every_host_while_the_owner_moves_with_both_read_caches_on(
+) {
+    if !have("fio") {
+        return;
+    }
+    let began = Instant::now();
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("vm", 64 * MIB).await;
+    let first = view.owner.clone().expect("an owner");
+    let first_epoch = view.epoch.expect("an epoch");
+    let hosts: Vec<String> = (1..=cluster.config.hosts)
+        .map(|k| format!("host-{k}"))
+        .collect();
+    let other = |not: &[&String]| -> String {
+        hosts
+            .iter()
+            .find(|h| !not.contains(h))
+            .expect("a host")
+            .clone()
+    };
+    assert!(
+        read_cache_of(&cluster, &first).await.budget_bytes > 0,
+        "the host read cache is on by default"
+    );
+    assert!(
+        content_cache(&cluster).budget_bytes > 0,
+        "the content cache is on by default"
+    );
+
+    // Pass 1, written and read back through the owner; read again through
+    // another host, whose reads the owner serves from its read cache.
+    fio_through(&cluster, &first, Content::Pass(1), Phases::WriteAndVerify).await;
+    let before = read_cache_of(&cluster, &first).await;
+    fio_through(
+        &cluster,
+        &other(&[&first]),
+        Content::Pass(1),
+        Phases::Verify,
+    )
+    .await;
+    let after = read_cache_of(&cluster, &first).await;
+    eprintln!("{first}'s read cache before and after reading pass 1 again: {before:?} {after:?}");
+    assert!(
+        after.hits > before.hits,
+        "the owner served reads from its read cache: {after:?}"
+    );
+    // The copies move to the capacity tier and are compared, which reads
+    // each copy through its disk group's content cache.
+    settle(&cluster).await;
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+
+    // The owner stops; the host of the other copy takes over.
+    cluster.control.stop_host(&first).await.unwrap();
+    let moved = cluster
+        .wait_for("vm", "a new owner", |v| {
+            v.owner.as_deref().is_some_and(|o| o != first)
+        })
+        .await;
+    let second = moved.owner.clone().unwrap();
+    let second_epoch = moved.epoch.unwrap();
+    assert!(second_epoch > first_epoch, "the epoch rises with the owner");
+    eprintln!("ownership moved from {first} ({first_epoch}) to {second} ({second_epoch})");
+    // Pass 1 is intact. The new owner has nothing in its read cache, so
+    // its disk groups serve the reads, from their content caches.
+    let content_before = content_cache(&cluster);
+    let before = read_cache_of(&cluster, &second).await;
+    fio_through(&cluster, &second, Content::Pass(1), Phases::Verify).await;
+    let content_after = content_cache(&cluster);
+    let after = read_cache_of(&cluster, &second).await;
+    eprintln!(
+        "reading pass 1 through the new owner: {} content cache hits, {} misses; read cache {after:?}",
+        content_after.hits - content_before.hits,
+        content_after.misses - content_before.misses
+    );
+    assert!(
+        content_after.hits > content_before.hits,
+        "the disk groups served blocks from their content caches"
+    );
+    assert!(after.misses > before.misses, "{after:?}");
+
+    // Pass 2 through a third host, to the new owner, whose read cache and
+    // disk group hold pass 1; read back through every running host once
+    // the blocks are in the capacity tier.
+    let third = other(&[&first, &second]);
+    fio_through(&cluster, &third, Content::Pass(2), Phases::Write).await;
+    settle(&cluster).await;
+    for host in hosts.iter().filter(|h| **h != first) {
+        fio_through(&cluster, host, Content::Pass(2), Phases::Verify).await;
+    }
+    let warm = read_cache_of(&cluster, &second).await;
+    assert!(
+        warm.hits > after.hits && warm.cached_bytes > 0,
+        "the new owner served pass 2 from its read cache: {warm:?}"
+    );
+
+    // The first host returns, and its copy is resynced; through it, pass 2
+    // reads back and pass 1 is nowhere.
+    cluster.control.start_host(&first).await.unwrap();
+    cluster
+        .wait_for("vm", "the returning copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    fio_through(&cluster, &first, Content::Pass(2), Phases::Verify).await;
+    let (passed, output) = fio_outcome(fio_on_vm(
+        &cluster,
+        &first,
+        Content::Pass(1),
+        Phases::Verify,
+    ))
+    .await;
+    assert!(
+        !passed && output.contains("got pattern"),
+        "no block of pass 1 is left: {output}"
+    );
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+
+    // A resize hands ownership over again: the owner steps down; the first
+    // host, which holds the first copy, takes over at its next look at the
+    // directory, the second only at its second look (should the first be
+    // that slow, another resize tries again). The second host keeps
+    // running, and drops what it cached as soon as it steps down.
+    let mut size = 64 * MIB;
+    let back = loop {
+        size += 64 * MIB;
+        cluster
+            .control
+            .resize_volume("vm", ResizeVolume { size_bytes: size })
+            .await
+            .unwrap();
+        let view = cluster
+            .wait_for("vm", "an owner of the grown volume", |v| {
+                v.owner.is_some() && v.state == Health::Healthy && v.size_bytes == size
+            })
+            .await;
+        if view.owner.as_deref() != Some(second.as_str()) {
+            break view;
+        }
+        assert!(size < 256 * MIB, "ownership stays with {second}");
+    };
+    let last = back.owner.clone().unwrap();
+    eprintln!(
+        "after growing to {size} bytes, {last} owns vm ({})",
+        back.epoch.unwrap()
+    );
+    assert!(back.epoch.unwrap() > second_epoch);
+    let dropped = read_cache_of(&cluster, &second).await;
+    assert_eq!(dropped.cached_bytes, 0, "{dropped:?}");
+    // The new owner starts with nothing cached and reads its own copy,
+    // resynced while its host was away.
+    fio_through(&cluster, &last, Content::Pass(2), Phases::Verify).await;
+    // Pass 3 through the second host, read back through every host.
+    fio_through(&cluster, &second, Content::Pass(3), Phases::WriteAndVerify).await;
+    for host in &hosts {
+        fio_through(&cluster, host, Content::Pass(3), Phases::Verify).await;
+    }
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+    eprintln!("owner-move test took {:?}", began.elapsed());
 }
