@@ -1397,14 +1397,16 @@ fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> Result<Vec<u
             .disk(first.device)
             .ok_or_else(|| (first.device, "no such capacity device".to_string()))?;
         let bytes = &data[i * BLOCK..(i + n) * BLOCK];
-        // `O_DIRECT` devices need an aligned buffer; a network buffer
-        // rarely is one.
+        // Past the page cache: copying large writes into it cost more CPU
+        // than the rest of their way through the store, and the sync below
+        // would then write back every dirty page of the device. Direct I/O
+        // needs an aligned buffer; a network buffer rarely is one.
         let result = if (bytes.as_ptr() as usize).is_multiple_of(DISK_ALIGN) {
-            disk.write_at(bytes, first.block * BLOCK_BYTES)
+            disk.write_uncached_at(bytes, first.block * BLOCK_BYTES)
         } else {
             let mut buf = AlignedBuf::zeroed(bytes.len());
             buf.as_mut_slice().copy_from_slice(bytes);
-            disk.write_at(buf.as_slice(), first.block * BLOCK_BYTES)
+            disk.write_uncached_at(buf.as_slice(), first.block * BLOCK_BYTES)
         };
         result.map_err(|e| (first.device, e.to_string()))?;
         if !devices.contains(&first.device) {
