@@ -131,6 +131,19 @@ impl AlignedBuf {
         AlignedBuf { raw, start, len }
     }
 
+    /// An aligned copy of `bytes`, without zeroing the buffer first.
+    pub fn copy_of(bytes: &[u8]) -> AlignedBuf {
+        let mut raw: Vec<u8> = Vec::with_capacity(bytes.len() + DISK_ALIGN);
+        let start = raw.as_ptr().align_offset(DISK_ALIGN).min(DISK_ALIGN);
+        raw.resize(start, 0);
+        raw.extend_from_slice(bytes);
+        AlignedBuf {
+            raw,
+            start,
+            len: bytes.len(),
+        }
+    }
+
     /// Bytes in the buffer.
     pub fn len(&self) -> usize {
         self.len
@@ -305,6 +318,10 @@ mod tests {
             assert_eq!(b.as_slice().as_ptr() as usize % DISK_ALIGN, 0);
             assert_eq!(b.len(), len);
             assert_eq!(b.into_bytes().len(), len);
+            let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let c = AlignedBuf::copy_of(&data);
+            assert_eq!(c.as_slice().as_ptr() as usize % DISK_ALIGN, 0);
+            assert_eq!(c.as_slice(), &data[..]);
         }
     }
 

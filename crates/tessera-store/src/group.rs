@@ -1404,8 +1404,7 @@ fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> Result<Vec<u
         let result = if (bytes.as_ptr() as usize).is_multiple_of(DISK_ALIGN) {
             disk.write_uncached_at(bytes, first.block * BLOCK_BYTES)
         } else {
-            let mut buf = AlignedBuf::zeroed(bytes.len());
-            buf.as_mut_slice().copy_from_slice(bytes);
+            let buf = AlignedBuf::copy_of(bytes);
             disk.write_uncached_at(buf.as_slice(), first.block * BLOCK_BYTES)
         };
         result.map_err(|e| (first.device, e.to_string()))?;
