@@ -586,36 +586,49 @@ impl DiskGroup {
                 (b, crc, false)
             })
             .collect();
+        let (rx, inline) = self
+            .with_write_pages(id, lba, n, epoch, |st| {
+                let ops = st.stage_write(id, lba, &blocks, epoch, true)?;
+                let (req, rx) = write_request(
+                    id,
+                    lba,
+                    epoch,
+                    &ops,
+                    |i| (LogOp::Write { crc: blocks[i].1 }, 0),
+                    blocks.iter().map(|b| b.0.clone()).collect(),
+                );
+                Ok((rx, self.commit_or_queue(st, req)))
+            })
+            .await?;
+        if let Some(req) = inline {
+            engine::commit_inline(&self.shared, req);
+        }
+        Self::wait(rx).await
+    }
+
+    /// Runs `f` under the state lock once the range and the epoch of a
+    /// write are checked and the index pages of the range are cached,
+    /// loading them as needed.
+    async fn with_write_pages<T>(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        n: u64,
+        epoch: Epoch,
+        mut f: impl FnMut(&mut State) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         for _ in 0..LOAD_ATTEMPTS_MAX {
-            let step = {
+            let need = {
                 let mut st = self.shared.state.lock();
                 st.check_range(id, lba, n)?;
                 st.check_epoch(id, epoch)?;
                 let need = st.missing_pages(id.0, lba.0, lba.0 + n);
                 if need.0.is_empty() {
-                    let ops = st.stage_write(id, lba, &blocks, epoch, true)?;
-                    let (req, rx) = write_request(
-                        id,
-                        lba,
-                        epoch,
-                        &ops,
-                        |i| (LogOp::Write { crc: blocks[i].1 }, 0),
-                        blocks.iter().map(|b| b.0.clone()).collect(),
-                    );
-                    Ok((rx, self.commit_or_queue(&mut st, req)))
-                } else {
-                    Err(need)
+                    return f(&mut st);
                 }
+                need
             };
-            match step {
-                Ok((rx, inline)) => {
-                    if let Some(req) = inline {
-                        engine::commit_inline(&self.shared, req);
-                    }
-                    return Self::wait(rx).await;
-                }
-                Err(need) => self.load(need).await?,
-            }
+            self.load(need).await?;
         }
         Err(StoreError::DiskGroupFailed {
             reason: "index cache too small for one write".into(),
@@ -654,25 +667,15 @@ impl DiskGroup {
         epoch: Epoch,
     ) -> Result<bool, StoreError> {
         let n = data.len() as u64 / BLOCK_BYTES;
-        let mut locs = None;
-        for _ in 0..LOAD_ATTEMPTS_MAX {
-            let need = {
-                let mut st = self.shared.state.lock();
-                st.check_range(id, lba, n)?;
-                st.check_epoch(id, epoch)?;
-                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
-                if need.0.is_empty() {
-                    st.check_write_space(id, lba, n)?;
-                    if st.alloc.free_blocks() < n + PLACED_RESERVE_BLOCKS {
-                        return Ok(false);
-                    }
-                    locs = st.alloc.allocate(n as usize);
-                    break;
+        let locs = self
+            .with_write_pages(id, lba, n, epoch, |st| {
+                st.check_write_space(id, lba, n)?;
+                if st.alloc.free_blocks() < n + PLACED_RESERVE_BLOCKS {
+                    return Ok(None);
                 }
-                need
-            };
-            self.load(need).await?;
-        }
+                Ok(st.alloc.allocate(n as usize))
+            })
+            .await?;
         let Some(locs) = locs else {
             return Ok(false);
         };
@@ -720,33 +723,21 @@ impl DiskGroup {
         blocks: &[(BlockLoc, u32)],
     ) -> Result<(Acknowledgement, Option<Request>), StoreError> {
         let n = blocks.len() as u64;
-        for _ in 0..LOAD_ATTEMPTS_MAX {
-            let need = {
-                let mut st = self.shared.state.lock();
-                st.check_range(id, lba, n)?;
-                st.check_epoch(id, epoch)?;
-                let need = st.missing_pages(id.0, lba.0, lba.0 + n);
-                if need.0.is_empty() {
-                    let ops = st.stage_placed(id, lba, blocks, epoch, true)?;
-                    st.log_stats.placed_writes += 1;
-                    st.log_stats.placed_blocks += n;
-                    let (req, rx) = write_request(
-                        id,
-                        lba,
-                        epoch,
-                        &ops,
-                        |i| (LogOp::Place { crc: blocks[i].1 }, blocks[i].0.pack(0)),
-                        Vec::new(),
-                    );
-                    return Ok((rx, self.commit_or_queue(&mut st, req)));
-                }
-                need
-            };
-            self.load(need).await?;
-        }
-        Err(StoreError::DiskGroupFailed {
-            reason: "index cache too small for one write".into(),
+        self.with_write_pages(id, lba, n, epoch, |st| {
+            let ops = st.stage_placed(id, lba, blocks, epoch, true)?;
+            st.log_stats.placed_writes += 1;
+            st.log_stats.placed_blocks += n;
+            let (req, rx) = write_request(
+                id,
+                lba,
+                epoch,
+                &ops,
+                |i| (LogOp::Place { crc: blocks[i].1 }, blocks[i].0.pack(0)),
+                Vec::new(),
+            );
+            Ok((rx, self.commit_or_queue(st, req)))
         })
+        .await
     }
 
     /// Plans a scrub of blocks (the caller holds the component's lock).
