@@ -657,8 +657,8 @@ impl DiskGroup {
     /// devices once, and the destager only moves index entries. The caller
     /// holds the component's lock. Returns false, having changed nothing,
     /// when the write should take the log instead: too little free space
-    /// beyond what the destager keeps for itself, or a capacity device
-    /// failed under it.
+    /// beyond what the destager keeps for itself, free space too scattered
+    /// ([`PLACED_RUNS_MAX`]), or a capacity device failed under it.
     async fn write_placed(
         &self,
         id: ComponentId,
@@ -673,7 +673,18 @@ impl DiskGroup {
                 if st.alloc.free_blocks() < n + PLACED_RESERVE_BLOCKS {
                     return Ok(None);
                 }
-                Ok(st.alloc.allocate(n as usize))
+                let locs = st.alloc.allocate(n as usize);
+                // Each run of adjacent blocks is one device write on one
+                // thread: in free space full of holes (after random
+                // overwrites) the log, written in one piece and destaged by
+                // several writers at once, is faster.
+                match locs {
+                    Some(l) if runs(&l) > PLACED_RUNS_MAX => {
+                        st.alloc.free_all(&l);
+                        Ok(None)
+                    }
+                    other => Ok(other),
+                }
             })
             .await?;
         let Some(locs) = locs else {
@@ -1333,6 +1344,18 @@ impl Drop for DiskGroup {
 /// checkpoints to get replaced blocks back when it runs short, finds room.
 const PLACED_RESERVE_BLOCKS: u64 = crate::state::HEADROOM_BLOCKS_MIN;
 
+/// Most runs of adjacent blocks a placed write's blocks may fall in; with
+/// more, the write takes the log (see `DiskGroup::write_placed`).
+const PLACED_RUNS_MAX: usize = 4;
+
+/// Runs of adjacent blocks (same device, consecutive) in `locs`, in order.
+fn runs(locs: &[BlockLoc]) -> usize {
+    locs.windows(2)
+        .filter(|w| w[1].device != w[0].device || w[1].block != w[0].block + 1)
+        .count()
+        + usize::from(!locs.is_empty())
+}
+
 /// Where a write's acknowledgement arrives.
 type Acknowledgement = tokio::sync::oneshot::Receiver<Result<(), StoreError>>;
 
@@ -1564,4 +1587,20 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
     let cleared = recovery::clear_unsynced_records(&shared)?;
     tracing::info!(replayed, cleared, "disk group mounted");
     Ok(shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_count_adjacent_blocks_on_one_device() {
+        let at = |device: u8, block: u64| BlockLoc { device, block };
+        assert_eq!(runs(&[]), 0);
+        assert_eq!(runs(&[at(1, 5)]), 1);
+        assert_eq!(runs(&[at(1, 5), at(1, 6), at(1, 7)]), 1);
+        assert_eq!(runs(&[at(1, 5), at(1, 7)]), 2);
+        assert_eq!(runs(&[at(1, 5), at(2, 6)]), 2);
+        assert_eq!(runs(&[at(1, 6), at(1, 5)]), 2);
+    }
 }
