@@ -277,17 +277,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
             }
         }
         let mut reqs: Vec<Request> = Vec::new();
-        let mut blocks = 0u64;
-        while let Some(r) = st.queue.front() {
-            let rb = request_blocks(r);
-            if !reqs.is_empty() && blocks + rb > COMMIT_BLOCKS_MAX {
-                break;
-            }
-            blocks += rb;
-            if let Some(r) = st.queue.pop_front() {
-                reqs.push(r);
-            }
-        }
+        take_queued(&mut st, &mut reqs, COMMIT_BLOCKS_MAX);
         st.log_writing = true;
         let (_st, written) = write_batch(&shared, st, reqs);
         if written.is_some() {
@@ -314,16 +304,40 @@ pub(crate) fn can_commit_inline(shared: &Shared, st: &State) -> bool {
         && !shared.stop.load(Ordering::Acquire)
 }
 
-/// Writes and syncs one request as its own group commit on the calling
-/// thread, exactly as the log writer and a syncer would (same layout, same
-/// records, acknowledgement after the sync): at queue depth 1 this saves
-/// the two thread hand-offs, each of which costs about as much as the
-/// write itself on a fast device. Requests that arrive meanwhile queue for
-/// the log writer, which writes them while this sync runs. The caller set
-/// `log_writing` (see [`can_commit_inline`]).
+/// Moves requests from the head of the queue into `reqs` while the batch
+/// stays within `max_blocks` (a batch always takes at least one).
+fn take_queued(st: &mut State, reqs: &mut Vec<Request>, max_blocks: u64) {
+    let mut blocks: u64 = reqs.iter().map(request_blocks).sum();
+    while let Some(r) = st.queue.front() {
+        let rb = request_blocks(r);
+        if !reqs.is_empty() && blocks + rb > max_blocks {
+            break;
+        }
+        blocks += rb;
+        if let Some(r) = st.queue.pop_front() {
+            reqs.push(r);
+        }
+    }
+}
+
+/// Writes and syncs one request, with the requests that queued behind it
+/// since it was staged, as one group commit on the calling thread, exactly
+/// as the log writer and a syncer would (same layout, same records,
+/// acknowledgement after the sync): this saves the two thread hand-offs,
+/// each of which costs about as much as the write itself on a fast device.
+/// Requests that arrive meanwhile queue for the log writer, which writes
+/// them while this sync runs. The caller set `log_writing` (see
+/// [`can_commit_inline`]).
 pub(crate) fn commit_inline(shared: &Shared, req: Request) {
-    let st = shared.state.lock();
-    let (mut st, written) = write_batch(shared, st, vec![req]);
+    let mut st = shared.state.lock();
+    let mut reqs = vec![req];
+    // Followers only while the whole batch surely fits in the log's free
+    // half (room for a record that starts over at the log's beginning
+    // included), so the caller never waits for log space.
+    let used = st.written_vhead - st.vtail;
+    let room = (shared.geo.log_blocks / 2).saturating_sub(used);
+    take_queued(&mut st, &mut reqs, room.min(COMMIT_BLOCKS_MAX));
+    let (mut st, written) = write_batch(shared, st, reqs);
     let Some(first_seq) = written else {
         return;
     };

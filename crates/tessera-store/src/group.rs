@@ -361,7 +361,10 @@ impl DiskGroup {
 
     fn enqueue(st: &mut State, shared: &Shared, req: Request) {
         st.queue.push_back(req);
-        shared.log_work.notify_one();
+        // Whoever is writing the log wakes the log writer when done.
+        if !st.log_writing {
+            shared.log_work.notify_one();
+        }
     }
 
     async fn wait(
@@ -601,7 +604,7 @@ impl DiskGroup {
             })
             .await?;
         if let Some(req) = inline {
-            engine::commit_inline(&self.shared, req);
+            InlineCommit::new(&self.shared, req).run().await;
         }
         Self::wait(rx).await
     }
@@ -636,9 +639,8 @@ impl DiskGroup {
     }
 
     /// A lone request is committed on the caller's thread (as a lone read
-    /// is read on it: see `engine::commit_inline`), and is returned for
-    /// that once the lock is released; otherwise it joins the log writer's
-    /// queue.
+    /// is read on it: see [`InlineCommit`]), and is returned for that once
+    /// the lock is released; otherwise it joins the log writer's queue.
     fn commit_or_queue(&self, st: &mut State, req: Request) -> Option<Request> {
         if engine::can_commit_inline(&self.shared, st) {
             st.log_writing = true;
@@ -717,7 +719,7 @@ impl DiskGroup {
         }
         let (rx, inline) = staged?;
         if let Some(req) = inline {
-            engine::commit_inline(&self.shared, req);
+            InlineCommit::new(&self.shared, req).run().await;
         }
         Self::wait(rx).await.map(|()| true)
     }
@@ -872,29 +874,34 @@ impl DiskGroup {
         // from memory never waits for a reader thread.
         // A lone read runs on the calling thread: handing it to a reader
         // thread and back costs two cross-core wake-ups, more than the read.
-        // As soon as another read is in flight (inline or on a reader
-        // thread), reads go to the reader threads, so they reach the device
-        // together and no runtime thread sits blocked in a device read while
-        // completions wait for it.
+        // It yields once first, so the reads its task starts next (a
+        // connection polls its requests one after another in one task) count
+        // as in flight before it decides, instead of each finding itself
+        // alone and blocking the task in turn. As soon as another read is in
+        // flight (inline or on a reader thread), reads go to the reader
+        // threads, so they reach the device together and no runtime thread
+        // sits blocked in a device read while completions wait for it.
         let result = if disk_blocks == 0 {
             assemble(&shared, lba, plan, fill)
-        } else if self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0
-            && disk_blocks == 1
-        {
-            let r = assemble(&shared, lba, plan, fill);
-            self.shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
-            r
         } else {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let job_shared = shared.clone();
-            self.shared.readers.submit(Box::new(move || {
-                let r = assemble(&job_shared, lba, plan, fill);
-                job_shared.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
-                let _ = tx.send(r);
-            }));
-            rx.await.map_err(|_| StoreError::DiskGroupFailed {
-                reason: "a reader thread stopped".into(),
-            })?
+            let first = self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+            let _in_flight = ReadInFlight(&self.shared);
+            let alone = first && disk_blocks == 1 && {
+                tokio::task::yield_now().await;
+                self.shared.reads_in_flight.load(Ordering::Acquire) == 1
+            };
+            if alone {
+                assemble(&shared, lba, plan, fill)
+            } else {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let job_shared = shared.clone();
+                self.shared.readers.submit(Box::new(move || {
+                    let _ = tx.send(assemble(&job_shared, lba, plan, fill));
+                }));
+                rx.await.map_err(|_| StoreError::DiskGroupFailed {
+                    reason: "a reader thread stopped".into(),
+                })?
+            }
         };
         match result {
             Ok(v) => Ok(v),
@@ -1388,6 +1395,58 @@ fn write_request(
         done: Some(tx),
     };
     (req, rx)
+}
+
+/// One read counted in `reads_in_flight` until it is dropped.
+struct ReadInFlight<'a>(&'a Shared);
+
+impl Drop for ReadInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request its caller commits on its own thread (`engine::commit_inline`)
+/// after yielding once. A connection serving a queue of requests polls
+/// them one after another in one task: committed at its first poll, each
+/// would find the log idle again, be written and synced alone, and block
+/// the task (and every request behind it) for a device round trip. After
+/// the yield, the requests the task started meanwhile are queued behind
+/// this one and go out in its group commit; alone, it is committed with
+/// no hand-off to the log writer and a syncer.
+struct InlineCommit<'a> {
+    shared: &'a Shared,
+    req: Option<Request>,
+}
+
+impl<'a> InlineCommit<'a> {
+    fn new(shared: &'a Shared, req: Request) -> Self {
+        InlineCommit {
+            shared,
+            req: Some(req),
+        }
+    }
+
+    async fn run(mut self) {
+        tokio::task::yield_now().await;
+        if let Some(req) = self.req.take() {
+            engine::commit_inline(self.shared, req);
+        }
+    }
+}
+
+impl Drop for InlineCommit<'_> {
+    /// Dropped before it committed (its caller's future was dropped during
+    /// the yield): the request is staged and holds `log_writing`, so it
+    /// goes to the log writer, ahead of the requests queued behind it.
+    fn drop(&mut self) {
+        if let Some(req) = self.req.take() {
+            let mut st = self.shared.state.lock();
+            st.queue.push_front(req);
+            st.log_writing = false;
+            self.shared.log_work.notify_one();
+        }
+    }
 }
 
 /// Writes a placed write's blocks to `locs` (block i to `locs[i]`, each
