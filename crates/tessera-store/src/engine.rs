@@ -413,8 +413,11 @@ fn write_batch<'a>(
     let result = write_records(shared, &records);
     let mut st = shared.state.lock();
     st.log_writing = false;
-    // Requests that queued while this batch was written are the writer's.
-    shared.log_work.notify_one();
+    // Requests that queued while this batch was written are the writer's
+    // (a wake-up with nothing queued would only cost two context switches).
+    if !st.queue.is_empty() {
+        shared.log_work.notify_one();
+    }
     match result {
         Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {
             let mut tokens = Vec::new();
@@ -545,7 +548,13 @@ fn sync_and_acknowledge<'a>(
         shared.log_space.notify_all();
     }
     // Batches written during this sync may wait for a free syncer.
-    shared.sync_work.notify_one();
+    if st
+        .unsynced
+        .back()
+        .is_some_and(|b| b.first_seq >= st.sync_uncovered_seq)
+    {
+        shared.sync_work.notify_one();
+    }
     drop(st);
     for mut r in done {
         if let Some(done) = r.done.take() {
