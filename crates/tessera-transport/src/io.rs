@@ -21,15 +21,29 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// [`tessera_wire::MAX_FRAME_BYTES`] per connection.
 pub(crate) const HANDSHAKE_FRAME_BYTES_MAX: usize = 4096;
 
-/// Most chunks handed to one vectored write (a frame has a few).
-const IO_SLICES_MAX: usize = 16;
+/// Most chunks handed to one vectored write (a frame has a few; a batch
+/// of small answers one or two each).
+const IO_SLICES_MAX: usize = 64;
 
 /// Writes all of `frame`.
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     writer: &mut W,
     frame: &EncodedFrame,
 ) -> std::io::Result<()> {
-    let chunks = frame.chunks();
+    write_frames(writer, std::slice::from_ref(frame)).await
+}
+
+/// Writes all of `frames`, one after the other, with as few vectored writes
+/// as their chunks allow (one for a handful of small frames).
+pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frames: &[EncodedFrame],
+) -> std::io::Result<()> {
+    let chunks: Vec<&[u8]> = frames
+        .iter()
+        .flat_map(|f| f.chunks().iter().map(|c| &c[..]))
+        .filter(|c| !c.is_empty())
+        .collect();
     let mut index = 0;
     let mut offset = 0;
     while index < chunks.len() {
@@ -37,7 +51,7 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
             .iter()
             .take(IO_SLICES_MAX)
             .enumerate()
-            .map(|(i, c)| IoSlice::new(if i == 0 { &c[offset..] } else { &c[..] }))
+            .map(|(i, c)| IoSlice::new(if i == 0 { &c[offset..] } else { c }))
             .collect();
         let mut written = writer.write_vectored(&slices).await?;
         if written == 0 {

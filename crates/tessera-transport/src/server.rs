@@ -3,7 +3,8 @@
 //! Owns: the accept loop, the handshake a new connection must pass, and one
 //! task per connection that reads requests and serves them concurrently
 //! inside itself (no task per request), so a slow request (a resync read, a
-//! flush) never holds back the ones behind it.
+//! flush) never holds back the ones behind it. That task alone writes the
+//! answers: those ready at the same moment go out in one vectored write.
 //!
 //! Invariants: a connection serves requests only after a successful `Hello`;
 //! at most [`MAX_IN_FLIGHT_PER_CONNECTION`] requests of one connection run at
@@ -12,11 +13,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tessera_types::HostId;
 use tessera_wire::{
-    encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
+    encode_frame, EncodedFrame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -24,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::faults::{FaultHooks, FrameFate};
-use crate::io::{write_frame, FrameReader, HANDSHAKE_FRAME_BYTES_MAX};
+use crate::io::{write_frames, FrameReader, HANDSHAKE_FRAME_BYTES_MAX};
 use crate::stats::{bump, Counters};
 use crate::{RequestHandler, TransportConfig, MAX_IN_FLIGHT_PER_CONNECTION};
 
@@ -70,15 +72,16 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 
 type SharedWriter = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
 
-async fn send_response(
-    writer: &SharedWriter,
+/// The frame answering `request_id`, once any delay the fault hooks ask
+/// for has passed; `None` when they drop it.
+async fn response_frame(
     context: &ServerContext,
     peer: &HostId,
     version: WireVersion,
     request_id: u64,
     class: QueueClass,
     response: Response,
-) {
+) -> Option<EncodedFrame> {
     let message = Message::Response(response);
     let frame = match encode_frame(version, request_id, class, &message) {
         Ok(frame) => frame,
@@ -90,24 +93,54 @@ async fn send_response(
                 WireErrorKind::Io,
                 format!("host {} cannot send the response: {e}", context.host),
             ));
-            match encode_frame(version, request_id, class, &error) {
-                Ok(frame) => frame,
-                Err(_) => return,
-            }
+            encode_frame(version, request_id, class, &error).ok()?
         }
     };
     match context.faults.fate(&context.host, peer) {
-        FrameFate::Drop => bump(&context.counters.frames_lost_to_faults),
+        FrameFate::Drop => {
+            bump(&context.counters.frames_lost_to_faults);
+            None
+        }
         FrameFate::Deliver(delay) => {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let mut w = writer.lock().await;
-            if let Err(e) = write_frame(&mut *w, &frame).await {
-                tracing::debug!(host = %context.host, %peer, error = %e, "response not sent");
-            }
+            Some(frame)
         }
     }
+}
+
+/// Sends one answer (the handshake's).
+async fn send_response(
+    writer: &SharedWriter,
+    context: &ServerContext,
+    peer: &HostId,
+    version: WireVersion,
+    request_id: u64,
+    class: QueueClass,
+    response: Response,
+) {
+    let frame = response_frame(context, peer, version, request_id, class, response).await;
+    send_responses(writer, context, peer, &mut frame.into_iter().collect()).await;
+}
+
+/// Sends the answers in `out` (and empties it) with as few writes as
+/// their size allows.
+async fn send_responses(
+    writer: &SharedWriter,
+    context: &ServerContext,
+    peer: &HostId,
+    out: &mut Vec<EncodedFrame>,
+) {
+    if out.is_empty() {
+        return;
+    }
+    let mut w = writer.lock().await;
+    bump(&context.counters.answer_writes);
+    if let Err(e) = write_frames(&mut *w, out).await {
+        tracing::debug!(host = %context.host, %peer, error = %e, "responses not sent");
+    }
+    out.clear();
 }
 
 async fn serve_connection(
@@ -148,15 +181,27 @@ async fn serve_connection(
     // The requests being served, polled by this task: no task is spawned
     // per request, so a request and its answer cost no hand-off between
     // threads. They still run concurrently: a slow one (a resync read, a
-    // flush) does not hold back the ones behind it.
+    // flush) does not hold back the ones behind it. Answers that are ready
+    // together (a group commit acknowledges many writes at once) go out
+    // together, in one vectored write instead of one each.
     let mut serving = FuturesUnordered::new();
+    let mut out: Vec<EncodedFrame> = Vec::new();
     loop {
+        if !out.is_empty() {
+            while let Poll::Ready(Some(answer)) = futures::poll!(serving.next()) {
+                out.extend(answer);
+            }
+            send_responses(&writer, &context, &peer, &mut out).await;
+        }
         let full = serving.len() >= MAX_IN_FLIGHT_PER_CONNECTION;
         let next = tokio::select! {
             // Reading a frame is cancel-safe: bytes read stay in the
             // reader's buffer for the next call.
             next = reader.next(), if !full => next,
-            Some(()) = serving.next(), if !serving.is_empty() => continue,
+            Some(answer) = serving.next(), if !serving.is_empty() => {
+                out.extend(answer);
+                continue;
+            }
             _ = stopped(&mut shutdown) => break,
         };
         let frame = match next {
@@ -183,7 +228,6 @@ async fn serve_connection(
             }
             Message::Request(request) => request,
         };
-        let writer = writer.clone();
         let context = context.clone();
         let peer = peer.clone();
         let header = frame.header;
@@ -196,8 +240,7 @@ async fn serve_connection(
                     response
                 }
             };
-            send_response(
-                &writer,
+            response_frame(
                 &context,
                 &peer,
                 version,
@@ -205,14 +248,17 @@ async fn serve_connection(
                 header.class,
                 response,
             )
-            .await;
+            .await
         });
     }
     // Requests already read are answered before the connection closes,
     // unless the transport is shutting down.
     if !*shutdown.borrow() {
-        while serving.next().await.is_some() {}
+        while let Some(answer) = serving.next().await {
+            out.extend(answer);
+        }
     }
+    send_responses(&writer, &context, &peer, &mut out).await;
     let _ = writer.lock().await.shutdown().await;
 }
 

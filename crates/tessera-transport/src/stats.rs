@@ -15,6 +15,7 @@ pub(crate) struct Counters {
     pub(crate) connections_opened: AtomicU64,
     pub(crate) connections_accepted: AtomicU64,
     pub(crate) requests_served: AtomicU64,
+    pub(crate) answer_writes: AtomicU64,
     pub(crate) frames_lost_to_faults: AtomicU64,
     pub(crate) connections_closed_malformed: AtomicU64,
 }
@@ -33,6 +34,7 @@ impl Counters {
             connections_opened: get(&self.connections_opened),
             connections_accepted: get(&self.connections_accepted),
             requests_served: get(&self.requests_served),
+            answer_writes: get(&self.answer_writes),
             frames_lost_to_faults: get(&self.frames_lost_to_faults),
             connections_closed_malformed: get(&self.connections_closed_malformed),
         }
@@ -54,6 +56,9 @@ pub struct TransportStats {
     pub connections_accepted: u64,
     /// Requests this host's handler answered.
     pub requests_served: u64,
+    /// Writes to peers' sockets that carried those answers: answers ready
+    /// together (a group commit acknowledges many writes at once) share one.
+    pub answer_writes: u64,
     /// Frames this host did not send or did not accept because of a fault
     /// hook (drop probability, partition, isolation).
     pub frames_lost_to_faults: u64,

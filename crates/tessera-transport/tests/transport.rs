@@ -25,6 +25,10 @@ const SLOW_ANSWER: Duration = Duration::from_millis(1000);
 /// Reads of this volume stand for bulk resync reads and take this long.
 const RESYNC_VOLUME: &str = "resync-source";
 const RESYNC_READ: Duration = Duration::from_millis(1000);
+/// Writes to this volume are answered only once [`GATED_WRITES`] of them
+/// arrived, all at the same moment.
+const GATED_VOLUME: &str = "gated";
+const GATED_WRITES: usize = 32;
 
 fn host(name: &str) -> HostId {
     HostId::new(name).unwrap()
@@ -96,9 +100,18 @@ fn answer(request: &Request) -> Response {
 }
 
 /// A replica service stand-in that records what it was asked.
-#[derive(Default)]
 struct RecordingReplica {
     seen: Mutex<Vec<(HostId, Request)>>,
+    gate: tokio::sync::Barrier,
+}
+
+impl Default for RecordingReplica {
+    fn default() -> Self {
+        RecordingReplica {
+            seen: Mutex::default(),
+            gate: tokio::sync::Barrier::new(GATED_WRITES),
+        }
+    }
 }
 
 impl RecordingReplica {
@@ -115,6 +128,9 @@ impl RequestHandler for RecordingReplica {
             Request::Read { lba, .. } if lba.0 == SLOW_LBA => tokio::time::sleep(SLOW_ANSWER).await,
             Request::Read { component, .. } if component.volume.as_str() == RESYNC_VOLUME => {
                 tokio::time::sleep(RESYNC_READ).await
+            }
+            Request::Write { component, .. } if component.volume.as_str() == GATED_VOLUME => {
+                self.gate.wait().await;
             }
             _ => {}
         }
@@ -944,6 +960,44 @@ async fn concurrent_calls_of_mixed_sizes_arrive_intact_on_both_queues() {
     seen.sort_by_key(key);
     assert_eq!(seen.len(), sent.len());
     assert!(seen == sent, "a request arrived altered");
+}
+
+/// Answers that are ready at the same moment (as a group commit
+/// acknowledges many writes at once) reach the caller in one write of the
+/// socket, not one each, and each still reaches its own caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_ready_together_go_out_together() {
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    // Open the connection first, so the handshake's answer is not counted.
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+    let before = b.transport.stats();
+    let (to, addr) = (b.host(), b.addr());
+    let calls = (0..GATED_WRITES as u64).map(|i| {
+        let write = Request::Write {
+            component: ComponentRef {
+                volume: volume(GATED_VOLUME),
+                id: ComponentId(1),
+            },
+            lba: Lba(i),
+            epoch: Epoch(1),
+            data: pattern(i, 4096),
+        };
+        let (a, to) = (a.transport.clone(), to.clone());
+        async move { a.call(&to, addr, QueueClass::Guest, write).await }
+    });
+    for answer in futures::future::join_all(calls).await {
+        assert_eq!(answer.unwrap(), Response::Ok);
+    }
+    let after = b.transport.stats();
+    assert_eq!(
+        after.requests_served - before.requests_served,
+        GATED_WRITES as u64
+    );
+    let writes = after.answer_writes - before.answer_writes;
+    assert!(
+        writes <= 4,
+        "{GATED_WRITES} answers ready together took {writes} writes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
