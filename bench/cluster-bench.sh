@@ -8,8 +8,14 @@
 #   nbdkit      nbdkit's file plugin, acknowledging writes from the page cache
 #   nbdkit-fua  the same plugin with every write forced to FUA
 #               (--filter=fua fuamode=force): Tessera's durability, one copy
+#   nbdkit-dev  the FUA plugin with cache=none: reads come from the device
+#               and not from the page cache, as Tessera's reads of data
+#               written in large writes do (placed writes go past it)
 #   raw         fio on a file of its own, no network: O_DIRECT, and for
 #               writes an fdatasync after each (the device's own bound)
+#   raw x2      for seqwrite, two such fio jobs at once on two files: what
+#               the disk gives two copies, halved (every mirrored byte is
+#               written twice to the same disk here)
 #
 # Profiles (issue targets in brackets, against nbdkit-fua unless said):
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8           [MB/s >= 0.6x]
@@ -115,6 +121,19 @@ run_raw() { # profile
   fio_figures
 }
 
+# Two raw jobs at once, each on a file of its own: the disk's bandwidth for
+# two copies of a sequential stream, halved, in KiB/s.
+run_raw_two_copies() {
+  # shellcheck disable=SC2046
+  fio --name=bench --directory="$work" --filename_format='raw-copy.$jobnum' --numjobs=2 \
+      --ioengine=libaio --direct=1 --fdatasync=1 $(profile_args seqwrite | sed 's/--numjobs=1//') \
+      --size="$SIZE" --time_based --runtime="$RUNTIME" --group_reporting --output-format=json \
+      > "$work/fio.json"
+  read -r _ _ bw <<<"$(fio_figures)"
+  rm -f "$work"/raw-copy.*
+  echo $(( bw / 2 ))
+}
+
 fill() { # uri
   fio --name=fill --ioengine=nbd --uri="$1" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
       --output-format=terse >/dev/null
@@ -164,35 +183,77 @@ nbdkit_fua_port=$(free_port)
 truncate -s "$SIZE" "$work/nbdkit-fua.img"
 nbdkit --foreground --exit-with-parent --port "$nbdkit_fua_port" --ipaddr 127.0.0.1 \
   --filter=fua file "$work/nbdkit-fua.img" fuamode=force &
-pids+=("$!")
+nbdkit_fua_pid=$!
+pids+=("$nbdkit_fua_pid")
 wait_port 127.0.0.1 "$nbdkit_fua_port"
 nbdkit_fua_uri="nbd://127.0.0.1:$nbdkit_fua_port"
+
+# The same with the page cache kept out (cache=none: each block read or
+# written is dropped from it), so its reads come from the device.
+nbdkit_dev_port=$(free_port)
+truncate -s "$SIZE" "$work/nbdkit-dev.img"
+nbdkit --foreground --exit-with-parent --port "$nbdkit_dev_port" --ipaddr 127.0.0.1 \
+  --filter=fua file "$work/nbdkit-dev.img" fuamode=force cache=none &
+nbdkit_dev_pid=$!
+pids+=("$nbdkit_dev_pid")
+wait_port 127.0.0.1 "$nbdkit_dev_port"
+nbdkit_dev_uri="nbd://127.0.0.1:$nbdkit_dev_port"
 
 fill "$tessera_uri"
 fill "$nbdkit_uri"
 fill "$nbdkit_fua_uri"
+fill "$nbdkit_dev_uri"
 fio --name=fill --filename="$work/raw.img" --rw=write --bs=1m --iodepth=8 --ioengine=libaio \
     --direct=1 --size="$SIZE" --output-format=terse >/dev/null
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-printf '%-9s %14s %14s %14s %14s %6s %6s %6s %8s %s\n' profile tessera nbdkit nbdkit-fua raw \
-  ratio r-fua r-raw cpu/io target
+# Columns: Tessera, the four references, then Tessera / each reference
+# (r-dev: against nbdkit-dev), and the CPU time (user + system) per I/O of
+# `tessera up` (two copies of every write) and of the nbdkit-fua and
+# nbdkit-dev servers (one copy): what a plain server spends per I/O on
+# this machine's syscalls, wake-ups and device doorbells.
+printf '%-9s %14s %14s %14s %14s %14s %6s %6s %6s %6s %8s %8s %8s %s\n' profile tessera nbdkit \
+  nbdkit-fua nbdkit-dev raw ratio r-fua r-dev r-raw cpu/io fua-cpu dev-cpu target
+# CPU microseconds per I/O of process $1 since $2, for $3 I/Os per second
+# over RUNTIME.
+cpu_per_io() {
+  local ios
+  ios=$(python3 -c "print(max(1, round($3 * $RUNTIME)))")
+  echo "$(( ($(cpu_us "$1") - $2) / ios ))us"
+}
 for profile in $PROFILES; do
   cpu_before=$(cpu_us "$up_pid")
   read -r t_iops t_lat t_bw <<<"$(run_fio "$tessera_uri" "$profile")"
-  cpu=$(( $(cpu_us "$up_pid") - cpu_before ))
-  ios=$(python3 -c "print(max(1, round($t_iops * $RUNTIME)))")
-  cpu_per_io="$(( cpu / ios ))us"
+  cpu_per_io=$(cpu_per_io "$up_pid" "$cpu_before" "$t_iops")
   read -r n_iops n_lat n_bw <<<"$(run_fio "$nbdkit_uri" "$profile")"
+  cpu_before=$(cpu_us "$nbdkit_fua_pid")
   read -r f_iops f_lat f_bw <<<"$(run_fio "$nbdkit_fua_uri" "$profile")"
+  fua_cpu=$(cpu_per_io "$nbdkit_fua_pid" "$cpu_before" "$f_iops")
+  cpu_before=$(cpu_us "$nbdkit_dev_pid")
+  read -r d_iops d_lat d_bw <<<"$(run_fio "$nbdkit_dev_uri" "$profile")"
+  dev_cpu=$(cpu_per_io "$nbdkit_dev_pid" "$cpu_before" "$d_iops")
   read -r r_iops r_lat r_bw <<<"$(run_raw "$profile")"
   case $profile in
-    mixed) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %9s IOPS %6s %6s %6s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$r_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" "$(ratio "$t_iops" "$r_iops")" "$cpu_per_io" ">= 1.2 of nbdkit-fua" ;;
-    qd1write) printf '%-9s %11s us %11s us %11s us %11s us %6s %6s %6s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$r_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "$(ratio "$t_lat" "$r_lat")" "$cpu_per_io" "<= 1.3 of nbdkit-fua (latency)" ;;
-    qd1read) printf '%-9s %11s us %11s us %11s us %11s us %6s %6s %6s %8s %s\n' "$profile" "$t_lat" "$n_lat" "$f_lat" "$r_lat" "$(ratio "$t_lat" "$n_lat")" "$(ratio "$t_lat" "$f_lat")" "$(ratio "$t_lat" "$r_lat")" "$cpu_per_io" "<= 1.1 of nbdkit (latency)" ;;
-    randwrite|randread) printf '%-9s %9s IOPS %9s IOPS %9s IOPS %9s IOPS %6s %6s %6s %8s %s\n' "$profile" "$t_iops" "$n_iops" "$f_iops" "$r_iops" "$(ratio "$t_iops" "$n_iops")" "$(ratio "$t_iops" "$f_iops")" "$(ratio "$t_iops" "$r_iops")" "$cpu_per_io" "cpu/io <= $([ "$profile" = randwrite ] && echo 15 || echo 8) us" ;;
-    seqwrite) printf '%-9s %8s KiB/s %8s KiB/s %8s KiB/s %8s KiB/s %6s %6s %6s %8s %s\n' "$profile" "$t_bw" "$n_bw" "$f_bw" "$r_bw" "$(ratio "$t_bw" "$n_bw")" "$(ratio "$t_bw" "$f_bw")" "$(ratio "$t_bw" "$r_bw")" "$cpu_per_io" ">= 0.6 of nbdkit-fua" ;;
+    qd1write|qd1read) t=$t_lat n=$n_lat f=$f_lat d=$d_lat r=$r_lat unit=us ;;
+    seqwrite) t=$t_bw n=$n_bw f=$f_bw d=$d_bw r=$r_bw unit=KiB/s ;;
+    *) t=$t_iops n=$n_iops f=$f_iops d=$d_iops r=$r_iops unit=IOPS ;;
   esac
+  case $profile in
+    mixed) target=">= 1.2 of nbdkit-fua" ;;
+    qd1write) target="<= 1.3 of nbdkit-fua (latency)" ;;
+    qd1read) target="<= 1.1 of nbdkit (latency)" ;;
+    randwrite) target="cpu/io <= 15 us" ;;
+    randread) target="cpu/io <= 8 us" ;;
+    seqwrite) target=">= 0.6 of nbdkit-fua" ;;
+  esac
+  printf "%-9s %8s %-5s %8s %-5s %8s %-5s %8s %-5s %8s %-5s %6s %6s %6s %6s %8s %8s %8s %s\n" "$profile" \
+    "$t" "$unit" "$n" "$unit" "$f" "$unit" "$d" "$unit" "$r" "$unit" \
+    "$(ratio "$t" "$n")" "$(ratio "$t" "$f")" "$(ratio "$t" "$d")" "$(ratio "$t" "$r")" \
+    "$cpu_per_io" "$fua_cpu" "$dev_cpu" "$target"
+  if [ "$profile" = seqwrite ]; then
+    two=$(run_raw_two_copies)
+    echo "seqwrite  raw x2: $two KiB/s per copy with two copies at once on this disk; tessera / that: $(ratio "$t_bw" "$two")"
+  fi
 done
 
 if [ "$MEMORY_WRITE" != "0" ]; then
