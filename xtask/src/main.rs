@@ -27,6 +27,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
     ("tessera-format", Some(2)),
     ("tessera-wire", Some(2)),
     ("tessera-placement", Some(2)),
+    ("tessera-control", Some(2)),
     ("tessera-erasure", Some(2)),
     ("tessera-blockdev", Some(2)),
     ("tessera-env", Some(2)),
@@ -53,6 +54,7 @@ const PURE: &[&str] = &[
     "tessera-format",
     "tessera-wire",
     "tessera-placement",
+    "tessera-control",
     "tessera-erasure",
     "tessera-blockdev",
 ];

@@ -15,6 +15,10 @@
 //! host that loses its lease drops every coordinator at once; a coordinator
 //! the host drops leaves nothing in its read cache.
 
+mod control_loop;
+mod layout_record;
+mod rpc;
+
 use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
 use crate::config::{DirectoryConfig, HostConfig};
@@ -23,26 +27,26 @@ use crate::iscsi::{HostTargets, ReservationTable};
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
 use crate::routing::{HostCatalog, VolumeHandle};
-use async_trait::async_trait;
+use control_loop::ControlState;
 use parking_lot::{Mutex, RwLock};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_control::{ControlConfig, HostControl};
 use tessera_directory::keys::{
     self, DiskGroupRecord, DiskGroupState, HostAddresses, HostDiskGroup, HostRecord, OwnerRecord,
-    VolumeRecord, VolumeState,
+    VolumeRecord,
 };
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
 use tessera_env::{Clock, Rng, SeededRng, SystemClock};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
-use tessera_object::{Coordinator, LayoutRecorder, ReadCache};
+use tessera_object::{Coordinator, ReadCache};
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup};
-use tessera_transport::{RequestHandler, Transport, TransportConfig};
-use tessera_types::layout::{ComponentRole, ComponentState, Layout};
+use tessera_transport::{Transport, TransportConfig};
+use tessera_types::layout::Layout;
 use tessera_types::{ComponentId, HostId, VolumeId};
-use tessera_wire::{Request, Response, WireErrorKind};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -112,14 +116,8 @@ pub struct Host {
     board: Arc<ResyncBoard>,
     clock: Arc<dyn Clock>,
     rng: Arc<dyn Rng>,
-    /// When each absent component was first seen absent (monotonic).
-    absent_since: Mutex<HashMap<(VolumeId, ComponentId), Duration>>,
-    /// Components with a resync task running.
-    resyncing: Arc<Mutex<HashSet<(VolumeId, ComponentId)>>>,
-    /// When a component whose resync failed may be tried again (monotonic).
-    resync_not_before: Arc<Mutex<HashMap<(VolumeId, ComponentId), Duration>>>,
-    /// Ticks a volume has been seen without an owner.
-    ownerless_ticks: Mutex<HashMap<VolumeId, u32>>,
+    /// The host's decisions (`tessera_control`) and what it was told.
+    control: Mutex<ControlState>,
     /// What this host registers in the directory (again after losing its lease).
     record: HostRecord,
     /// Set first thing when the host stops.
@@ -155,94 +153,6 @@ pub async fn open_directory(
             .await
             .map(|d| Arc::new(d) as Arc<dyn Directory>)
             .map_err(|e| format!("etcd at {}: {e}", endpoints.join(","))),
-    }
-}
-
-struct HostHandler {
-    replica: Arc<ReplicaService>,
-    owned: Owned,
-}
-
-impl HostHandler {
-    fn coordinator(&self, volume: &VolumeId) -> Result<Arc<Coordinator>, Response> {
-        self.owned.read().get(volume).cloned().ok_or_else(|| {
-            Response::error(
-                WireErrorKind::NotOwner,
-                format!("this host does not own volume {volume}"),
-            )
-        })
-    }
-}
-
-#[async_trait]
-impl RequestHandler for HostHandler {
-    async fn handle(&self, _from: HostId, request: Request) -> Response {
-        let volume = match &request {
-            Request::VolumeRead { volume, .. }
-            | Request::VolumeWrite { volume, .. }
-            | Request::VolumeFlush { volume }
-            | Request::VolumeUnmap { volume, .. }
-            | Request::VolumeWriteZeroes { volume, .. }
-            | Request::VolumeCompareAndWrite { volume, .. }
-            | Request::VolumeBlockStatus { volume, .. } => volume.clone(),
-            Request::Ping => return Response::Pong,
-            _ => return self.replica.handle(request).await,
-        };
-        match self.coordinator(&volume) {
-            Ok(c) => crate::routing::execute(&c, request).await,
-            Err(response) => response,
-        }
-    }
-}
-
-/// Records an owner's layout changes in the directory, but only while the
-/// directory still names this epoch as the volume's highest: a stale owner
-/// can never overwrite its successor's layout.
-struct DirectoryLayouts {
-    /// Set when the host stops: a stopping host records nothing, as a
-    /// crashed one could not, so its last writes are never acknowledged on
-    /// the strength of a layout change its successor would not see.
-    halted: Arc<std::sync::atomic::AtomicBool>,
-    directory: Arc<dyn Directory>,
-    keys: Keyspace,
-    volume: VolumeId,
-    epoch: tessera_types::Epoch,
-}
-
-#[async_trait]
-impl LayoutRecorder for DirectoryLayouts {
-    async fn record(&self, layout: &Layout) -> Result<(), String> {
-        if self.halted.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(format!(
-                "host coordinating volume {} is stopping",
-                self.volume
-            ));
-        }
-        let epoch_key = self.keys.owner_epoch(&self.volume);
-        let holds = epoch_key
-            .holds(&keys::OwnerEpochRecord {
-                volume: self.volume.clone(),
-                epoch: self.epoch,
-            })
-            .map_err(|e| e.to_string())?;
-        let put = self
-            .keys
-            .layout(&self.volume)
-            .put_op(layout, None)
-            .map_err(|e| e.to_string())?;
-        let outcome = self
-            .directory
-            .txn(tessera_directory::Txn::new().when([holds]).and_then([put]))
-            .await
-            .map_err(|e| e.to_string())?;
-        if outcome.succeeded {
-            Ok(())
-        } else {
-            Err(format!(
-                "volume {} is now owned at a newer epoch than {}",
-                self.volume, self.epoch
-            ))
-        }
     }
 }
 
@@ -295,7 +205,7 @@ impl Host {
         }
         let replica = Arc::new(ReplicaService::new(groups));
         let owned: Owned = Arc::default();
-        let handler = Arc::new(HostHandler {
+        let handler = Arc::new(rpc::HostHandler {
             replica: Arc::clone(&replica),
             owned: Arc::clone(&owned),
         });
@@ -404,10 +314,17 @@ impl Host {
             board,
             clock: Arc::new(SystemClock::default()),
             rng: Arc::new(SeededRng::from_entropy()),
-            absent_since: Mutex::new(HashMap::new()),
-            resyncing: Arc::new(Mutex::new(HashSet::new())),
-            resync_not_before: Arc::new(Mutex::new(HashMap::new())),
-            ownerless_ticks: Mutex::new(HashMap::new()),
+            control: Mutex::new(ControlState {
+                core: HostControl::new(
+                    id.clone(),
+                    ControlConfig {
+                        repair_delay: Duration::from_secs(config.repair_delay_s),
+                        resync_backoff: Duration::from_millis(config.lease_ttl_ms),
+                    },
+                ),
+                reported: Default::default(),
+                inbox: Vec::new(),
+            }),
             record,
             halted: Arc::default(),
             stop,
@@ -572,9 +489,10 @@ impl Host {
     /// this host owns ends (and a rebuild elsewhere starts); None when this
     /// host is not counting for it.
     pub fn repair_in(&self, volume: &VolumeId, component: ComponentId) -> Option<Duration> {
-        let since = *self.absent_since.lock().get(&(volume.clone(), component))?;
-        let elapsed = self.clock.monotonic().saturating_sub(since);
-        Some(Duration::from_secs(self.config.repair_delay_s).saturating_sub(elapsed))
+        self.control
+            .lock()
+            .core
+            .repair_in(volume, component, self.clock.monotonic())
     }
 
     /// Volumes this host's clients (NBD connections, iSCSI sessions) have open.
@@ -699,329 +617,6 @@ impl Host {
             }
         }
     }
-
-    fn lease_held(&self) -> bool {
-        self.session
-            .lock()
-            .as_ref()
-            .is_some_and(|s| s.state() != tessera_directory::membership::SessionState::Lost)
-    }
-
-    async fn control_tick(self: &Arc<Self>, tick: u64) {
-        self.refresh().await;
-        if tick.is_multiple_of(USAGE_TICKS) {
-            self.publish_usage().await;
-        }
-        self.publish_attachments().await;
-        if !self.lease_held() {
-            if !self.owned.read().is_empty() {
-                tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
-                self.drop_coordinators();
-            }
-            // Rejoin with a new lease (a host that was frozen or cut off
-            // comes back as a host without volumes; owners resync its copies).
-            let rejoined = tessera_directory::register_host(
-                Arc::clone(&self.directory),
-                &self.keys,
-                self.record.clone(),
-                Duration::from_millis(self.config.lease_ttl_ms),
-            )
-            .await;
-            match rejoined {
-                Ok(session) => {
-                    tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
-                    self.read_cache.set_ownership_check(lease_check(&session));
-                    *self.session.lock() = Some(session);
-                    // The old lease took the open-volume record with it.
-                    self.attachments_published
-                        .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(e) => tracing::warn!(host = %self.id, error = %e, "cannot rejoin yet"),
-            }
-            return;
-        }
-        let volumes: Vec<VolumeRecord> = self.view.volumes.read().values().cloned().collect();
-        let present: HashSet<VolumeId> = volumes
-            .iter()
-            .filter(|v| v.state == VolumeState::Ready)
-            .map(|v| v.name.clone())
-            .collect();
-        // Drop coordinators of deleted volumes and of volumes owned elsewhere now.
-        let owners = self.view.owners.read().clone();
-        let mut dropped = Vec::new();
-        self.owned.write().retain(|volume, coordinator| {
-            let still_ours = owners
-                .get(volume)
-                .is_some_and(|o| o.host == self.id && o.epoch == coordinator.epoch());
-            let keep = present.contains(volume) && still_ours && coordinator.superseded().is_none();
-            if !keep {
-                // Requests still under way read from the copies from now on.
-                coordinator.forget_cached();
-                dropped.push(volume.clone());
-            }
-            keep
-        });
-        for volume in dropped {
-            tracing::info!(host = %self.id, %volume, "no longer coordinating volume");
-        }
-        for volume in volumes.iter().filter(|v| v.state == VolumeState::Ready) {
-            let coordinator = self.owned.read().get(&volume.name).cloned();
-            match coordinator {
-                Some(c) => {
-                    self.maintain(&volume.name, &c).await;
-                    if tick.is_multiple_of(USAGE_TICKS) {
-                        c.refresh_space().await;
-                    }
-                }
-                None if !owners.contains_key(&volume.name) => {
-                    self.try_take_ownership(volume).await;
-                }
-                None => {
-                    self.ownerless_ticks.lock().remove(&volume.name);
-                }
-            }
-        }
-    }
-
-    /// Takes ownership of an ownerless volume if this host should: the first
-    /// live host holding a data copy tries at once, other hosts holding one
-    /// after a tick, any live host after three (so a volume whose data hosts
-    /// are all gone still gets an owner that reports it unavailable).
-    async fn try_take_ownership(self: &Arc<Self>, volume: &VolumeRecord) {
-        let Some(layout) = self.view.layouts.read().get(&volume.name).cloned() else {
-            return;
-        };
-        let ticks = {
-            let mut t = self.ownerless_ticks.lock();
-            let n = t.entry(volume.name.clone()).or_default();
-            *n += 1;
-            *n
-        };
-        let data_hosts: Vec<HostId> = layout
-            .columns
-            .iter()
-            .flat_map(|m| m.copies.iter())
-            .filter(|c| c.state == ComponentState::Active)
-            .map(|c| c.host.clone())
-            .filter(|h| h == &self.id || self.peers.is_live(h))
-            .collect();
-        let preferred = data_hosts.first() == Some(&self.id);
-        let holder = data_hosts.contains(&self.id);
-        let eligible = preferred || (holder && ticks >= 2) || ticks >= 6;
-        if !eligible {
-            return;
-        }
-        let lease = match self.session.lock().as_ref() {
-            Some(s) => s.lease(),
-            None => return,
-        };
-        let record = match tessera_directory::acquire_owner(
-            self.directory.as_ref(),
-            &self.keys,
-            &volume.name,
-            &self.id,
-            lease,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(host = %self.id, volume = %volume.name, error = %e, "did not take ownership");
-                return;
-            }
-        };
-        // Re-read the layout: the previous owner may have changed it.
-        let layout = match keys::get(self.directory.as_ref(), &self.keys.layout(&volume.name)).await
-        {
-            Ok(Some(r)) => r.value,
-            _ => layout,
-        };
-        let recorder = Arc::new(DirectoryLayouts {
-            halted: Arc::clone(&self.halted),
-            directory: Arc::clone(&self.directory),
-            keys: self.keys.clone(),
-            volume: volume.name.clone(),
-            epoch: record.epoch,
-        });
-        let serial = serial_of(volume);
-        match Coordinator::take_over_cached(
-            layout,
-            record.epoch,
-            serial,
-            self.components(&volume.name),
-            recorder,
-            &self.read_cache,
-        )
-        .await
-        {
-            Ok(c) => {
-                tracing::info!(host = %self.id, volume = %volume.name, epoch = %record.epoch, "coordinating volume");
-                self.ownerless_ticks.lock().remove(&volume.name);
-                self.owned.write().insert(volume.name.clone(), c);
-            }
-            Err(e) => {
-                tracing::warn!(host = %self.id, volume = %volume.name, error = %e, "could not take over; releasing ownership");
-                let _ =
-                    tessera_directory::release_owner(self.directory.as_ref(), &self.keys, &record)
-                        .await;
-            }
-        }
-    }
-
-    /// Reacts to component hosts leaving and returning.
-    async fn maintain(self: &Arc<Self>, volume: &VolumeId, coordinator: &Arc<Coordinator>) {
-        let layout = coordinator.layout();
-        let now = self.clock.monotonic();
-        let repair_delay = Duration::from_secs(self.config.repair_delay_s);
-        let mut absent_hosts = HashSet::new();
-        for c in layout.components() {
-            let live = c.host == self.id || self.peers.is_live(&c.host);
-            let key = (volume.clone(), c.id);
-            match (c.state, live) {
-                (ComponentState::Active | ComponentState::Resyncing, false) => {
-                    absent_hosts.insert(c.host.clone());
-                }
-                (ComponentState::Absent, true) if c.role == ComponentRole::Witness => {
-                    self.absent_since.lock().remove(&key);
-                    if let Err(e) = coordinator.witness_present(&c.host).await {
-                        tracing::warn!(%volume, component = %c.id, error = %e, "witness not back yet");
-                    }
-                }
-                (ComponentState::Absent | ComponentState::Resyncing, true) => {
-                    self.absent_since.lock().remove(&key);
-                    self.spawn_resync(volume, coordinator, c.id, &c.host, "resync");
-                }
-                (ComponentState::Absent, false) => {
-                    // A failed resync of it is tried again when its host returns.
-                    self.board
-                        .retry_pending(volume, c.id, dirty_bytes_of(coordinator, c.id));
-                    let since = *self.absent_since.lock().entry(key.clone()).or_insert(now);
-                    if now.saturating_sub(since) >= repair_delay {
-                        self.rebuild(volume, coordinator, c.id).await;
-                    }
-                }
-                (ComponentState::Degraded, _) => self.rebuild(volume, coordinator, c.id).await,
-                _ => {}
-            }
-        }
-        for host in absent_hosts {
-            tracing::warn!(%volume, %host, "host is absent: its components miss writes until it returns");
-            if let Err(e) = coordinator.host_absent(&host).await {
-                tracing::warn!(%volume, %host, error = %e, "could not record absence");
-            }
-        }
-    }
-
-    fn spawn_resync(
-        self: &Arc<Self>,
-        volume: &VolumeId,
-        coordinator: &Arc<Coordinator>,
-        component: ComponentId,
-        host: &HostId,
-        kind: &'static str,
-    ) {
-        let key = (volume.clone(), component);
-        let now = self.clock.monotonic();
-        if self
-            .resync_not_before
-            .lock()
-            .get(&key)
-            .is_some_and(|&t| now < t)
-        {
-            self.board
-                .retry_pending(volume, component, dirty_bytes_of(coordinator, component));
-            return;
-        }
-        if !self.resyncing.lock().insert(key.clone()) {
-            return;
-        }
-        // A host that just stopped still looks live until its lease lapses:
-        // after a failed attempt, wait one lease before trying again.
-        let backoff = Duration::from_millis(self.config.lease_ttl_ms);
-        let not_before = Arc::clone(&self.resync_not_before);
-        let clock = Arc::clone(&self.clock);
-        let attempt = self.board.start(volume, component, host, kind);
-        let coordinator = Arc::clone(coordinator);
-        let resyncing = Arc::clone(&self.resyncing);
-        let volume = volume.clone();
-        let task = tokio::spawn(async move {
-            let result = coordinator.resync(component, attempt.progress()).await;
-            match &result {
-                Ok(report) => {
-                    tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
-                }
-                Err(e) => tracing::warn!(%volume, %component, error = %e, "{kind} stopped"),
-            }
-            if result.is_err() {
-                not_before
-                    .lock()
-                    .insert(key.clone(), clock.monotonic() + backoff);
-            } else {
-                not_before.lock().remove(&key);
-            }
-            attempt.finish(&result);
-            resyncing.lock().remove(&key);
-        });
-        self.tasks.lock().push(task);
-    }
-
-    /// Replaces a component that has been away too long (or failed) with a
-    /// new one that placement chooses, then copies the data to it.
-    async fn rebuild(
-        self: &Arc<Self>,
-        volume: &VolumeId,
-        coordinator: &Arc<Coordinator>,
-        lost: ComponentId,
-    ) {
-        let Some(record) = self.view.volumes.read().get(volume).cloned() else {
-            return;
-        };
-        let policy =
-            match keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy)).await {
-                Ok(Some(p)) => p.value,
-                _ => return,
-            };
-        let map = match crate::control_plane::cluster_map(self.directory.as_ref(), &self.keys).await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(%volume, error = %e, "cannot rebuild: no cluster map");
-                return;
-            }
-        };
-        let layout = coordinator.layout();
-        let rng = Arc::clone(&self.rng);
-        let mut next_id = move || ComponentId(rng.next_u64() >> 1);
-        let target =
-            match tessera_placement::rebuild_target(&policy, &layout, lost, &map, &mut next_id) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!(%volume, component = %lost, error = %e, "cannot rebuild yet");
-                    return;
-                }
-            };
-        let reserve =
-            tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
-        let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
-        tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
-        if let Err(e) = coordinator.replace_component(lost, target, reserve).await {
-            tracing::warn!(%volume, error = %e, "rebuild could not start");
-            return;
-        }
-        self.absent_since.lock().remove(&(volume.clone(), lost));
-        if role == ComponentRole::Data {
-            self.spawn_resync(volume, coordinator, new_id, &new_host, "rebuild");
-        }
-    }
-}
-
-/// Bytes of `component` still to copy from its column's other copies.
-fn dirty_bytes_of(coordinator: &Coordinator, component: ComponentId) -> u64 {
-    coordinator
-        .dirty_bytes()
-        .into_iter()
-        .find(|(id, _)| *id == component)
-        .map_or(0, |(_, bytes)| bytes)
 }
 
 /// A stable serial for a volume's SCSI/NBD identity: the same on every host

@@ -35,6 +35,11 @@ impl Peers {
         self.live.read().contains(host)
     }
 
+    /// The hosts whose liveness lease is held.
+    pub fn live_hosts(&self) -> Vec<HostId> {
+        self.live.read().iter().cloned().collect()
+    }
+
     /// Every known host record.
     pub fn records(&self) -> Vec<HostRecord> {
         let mut out: Vec<HostRecord> = self.records.read().values().cloned().collect();

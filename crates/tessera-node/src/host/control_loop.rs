@@ -1,0 +1,463 @@
+//! The host's control loop: it tells the host's control core
+//! ([`tessera_control::HostControl`]) what changed and carries out what the
+//! core decides.
+//!
+//! Owns: turning what the host reads (directory records, host liveness,
+//! its own lease, its coordinators' layouts) into the core's events, once
+//! per change; the inbox of events from the tasks the loop starts (resyncs
+//! ending); and the I/O of every action: owner election and take-over,
+//! absence and witness records, resync tasks with their rows on the resync
+//! board, rebuilds through placement, rejoining after a lost lease.
+//! Must not touch: the decisions (when to take a volume, to resync, to
+//! rebuild): they are the core's, so a simulator can run them without
+//! this I/O.
+//! Invariant: the core hears of a change before the tick that acts on it,
+//! and hears of every coordinator this host starts or stops.
+
+use super::layout_record::DirectoryLayouts;
+use super::{lease_check, serial_of, Host, USAGE_TICKS};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_control::{Action, Event, HostControl, ResyncKind};
+use tessera_directory::keys::{self, VolumeState};
+use tessera_object::Coordinator;
+use tessera_types::layout::ComponentRole;
+use tessera_types::{ComponentId, Epoch, HostId, VolumeId};
+
+/// What the core was last told, to tell it only what changed.
+pub(super) struct Reported {
+    lease_held: bool,
+    live: BTreeSet<HostId>,
+    volumes: HashMap<VolumeId, bool>,
+    owners: HashMap<VolumeId, (HostId, Epoch)>,
+    /// Layout records, by generation.
+    layouts: HashMap<VolumeId, u64>,
+    /// Coordinators' layouts, by generation.
+    coordinator_layouts: HashMap<VolumeId, u64>,
+    superseded: HashSet<VolumeId>,
+}
+
+impl Default for Reported {
+    fn default() -> Reported {
+        // A host starts with the lease it registered with.
+        Reported {
+            lease_held: true,
+            live: BTreeSet::new(),
+            volumes: HashMap::new(),
+            owners: HashMap::new(),
+            layouts: HashMap::new(),
+            coordinator_layouts: HashMap::new(),
+            superseded: HashSet::new(),
+        }
+    }
+}
+
+/// The core and what it was told, behind one lock the control loop holds
+/// only between awaits.
+pub(super) struct ControlState {
+    pub(super) core: HostControl,
+    pub(super) reported: Reported,
+    /// Events from tasks the loop started, for the next tick.
+    pub(super) inbox: Vec<Event>,
+}
+
+impl Host {
+    pub(super) fn lease_held(&self) -> bool {
+        self.session
+            .lock()
+            .as_ref()
+            .is_some_and(|s| s.state() != tessera_directory::membership::SessionState::Lost)
+    }
+
+    /// One turn of the control loop: reads the directory, tells the core
+    /// what changed and the time, and carries out its decisions.
+    pub(super) async fn control_tick(self: &Arc<Self>, tick: u64) {
+        self.refresh().await;
+        if tick.is_multiple_of(USAGE_TICKS) {
+            self.publish_usage().await;
+            let owned: Vec<Arc<Coordinator>> = self.owned.read().values().cloned().collect();
+            for c in owned {
+                c.refresh_space().await;
+            }
+        }
+        self.publish_attachments().await;
+        let mut actions = VecDeque::new();
+        {
+            let mut state = self.control.lock();
+            let mut events = std::mem::take(&mut state.inbox);
+            events.extend(self.changes(&mut state.reported));
+            events.push(Event::Tick {
+                now: self.clock.monotonic(),
+            });
+            for event in events {
+                actions.extend(state.core.handle(event));
+            }
+        }
+        while let Some(action) = actions.pop_front() {
+            if let Some(event) = self.carry_out(action).await {
+                let mut state = self.control.lock();
+                if let Event::Coordinating { volume, layout, .. } = &event {
+                    state
+                        .reported
+                        .coordinator_layouts
+                        .insert(volume.clone(), layout.generation);
+                }
+                actions.extend(state.core.handle(event));
+            }
+        }
+    }
+
+    /// What changed since the core was last told, as events: the lease,
+    /// host liveness, volume, owner and layout records, and this host's
+    /// coordinators.
+    fn changes(&self, reported: &mut Reported) -> Vec<Event> {
+        let mut events = Vec::new();
+        let held = self.lease_held();
+        if held != reported.lease_held {
+            reported.lease_held = held;
+            events.push(if held {
+                Event::LeaseHeld
+            } else {
+                Event::LeaseLost
+            });
+        }
+        let live: BTreeSet<HostId> = self.peers.live_hosts().into_iter().collect();
+        for host in live.symmetric_difference(&reported.live) {
+            events.push(Event::HostLiveness {
+                host: host.clone(),
+                live: live.contains(host),
+            });
+        }
+        reported.live = live;
+        {
+            let volumes = self.view.volumes.read();
+            for (name, record) in volumes.iter() {
+                let ready = record.state == VolumeState::Ready;
+                if reported.volumes.insert(name.clone(), ready) != Some(ready) {
+                    events.push(Event::VolumeRecorded {
+                        volume: name.clone(),
+                        ready,
+                    });
+                }
+            }
+            reported.volumes.retain(|name, _| {
+                let keep = volumes.contains_key(name);
+                if !keep {
+                    events.push(Event::VolumeRemoved {
+                        volume: name.clone(),
+                    });
+                }
+                keep
+            });
+        }
+        {
+            let owners = self.view.owners.read();
+            for (name, record) in owners.iter() {
+                let owner = (record.host.clone(), record.epoch);
+                if reported.owners.get(name) != Some(&owner) {
+                    reported.owners.insert(name.clone(), owner);
+                    events.push(Event::OwnerRecorded {
+                        volume: name.clone(),
+                        host: record.host.clone(),
+                        epoch: record.epoch,
+                    });
+                }
+            }
+            reported.owners.retain(|name, _| {
+                let keep = owners.contains_key(name);
+                if !keep {
+                    events.push(Event::OwnerRemoved {
+                        volume: name.clone(),
+                    });
+                }
+                keep
+            });
+        }
+        {
+            let layouts = self.view.layouts.read();
+            for (name, layout) in layouts.iter() {
+                if reported.layouts.insert(name.clone(), layout.generation)
+                    != Some(layout.generation)
+                {
+                    events.push(Event::LayoutRecorded {
+                        layout: layout.clone(),
+                    });
+                }
+            }
+            reported.layouts.retain(|name, _| {
+                let keep = layouts.contains_key(name);
+                if !keep {
+                    events.push(Event::LayoutRemoved {
+                        volume: name.clone(),
+                    });
+                }
+                keep
+            });
+        }
+        let owned: Vec<(VolumeId, Arc<Coordinator>)> = self
+            .owned
+            .read()
+            .iter()
+            .map(|(v, c)| (v.clone(), Arc::clone(c)))
+            .collect();
+        for (volume, c) in &owned {
+            let layout = c.layout();
+            if reported.coordinator_layouts.get(volume) != Some(&layout.generation) {
+                reported
+                    .coordinator_layouts
+                    .insert(volume.clone(), layout.generation);
+                events.push(Event::CoordinatorLayout { layout });
+            }
+            if c.superseded().is_some() && reported.superseded.insert(volume.clone()) {
+                events.push(Event::CoordinatorSuperseded {
+                    volume: volume.clone(),
+                });
+            }
+        }
+        reported
+            .coordinator_layouts
+            .retain(|v, _| owned.iter().any(|(o, _)| o == v));
+        reported
+            .superseded
+            .retain(|v| owned.iter().any(|(o, _)| o == v));
+        events
+    }
+
+    /// Carries out one decision of the core; returns what the core should
+    /// hear of its outcome, if anything.
+    async fn carry_out(self: &Arc<Self>, action: Action) -> Option<Event> {
+        let coordinator = |volume: &VolumeId| self.owned.read().get(volume).cloned();
+        match action {
+            Action::DropAllCoordinators => {
+                tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
+                self.drop_coordinators();
+            }
+            Action::Rejoin => self.rejoin().await,
+            Action::StopCoordinating { volume } => {
+                if let Some(c) = self.owned.write().remove(&volume) {
+                    // Requests still under way read from the copies from now on.
+                    c.forget_cached();
+                    tracing::info!(host = %self.id, %volume, "no longer coordinating volume");
+                }
+            }
+            Action::TakeOwnership { volume } => return self.take_ownership(&volume).await,
+            Action::RecordHostAbsent { volume, host } => {
+                let c = coordinator(&volume)?;
+                tracing::warn!(%volume, %host, "host is absent: its components miss writes until it returns");
+                if let Err(e) = c.host_absent(&host).await {
+                    tracing::warn!(%volume, %host, error = %e, "could not record absence");
+                }
+            }
+            Action::RecordWitnessPresent { volume, host } => {
+                let c = coordinator(&volume)?;
+                if let Err(e) = c.witness_present(&host).await {
+                    tracing::warn!(%volume, %host, error = %e, "witness not back yet");
+                }
+            }
+            Action::StartResync {
+                volume,
+                component,
+                host,
+                kind,
+            } => match coordinator(&volume) {
+                Some(c) => self.spawn_resync(&volume, &c, component, &host, kind),
+                // Stopped coordinating since: the core hears it ended.
+                None => {
+                    return Some(Event::ResyncEnded {
+                        volume,
+                        component,
+                        ok: false,
+                    })
+                }
+            },
+            Action::ResyncWaiting { volume, component } => {
+                let c = coordinator(&volume)?;
+                self.board
+                    .retry_pending(&volume, component, dirty_bytes_of(&c, component));
+            }
+            Action::Rebuild { volume, component } => {
+                let c = coordinator(&volume)?;
+                return self.rebuild(&volume, &c, component).await;
+            }
+        }
+        None
+    }
+
+    /// Registers again with a new lease: a host that was frozen or cut off
+    /// comes back as a host without volumes, and owners resync its copies.
+    async fn rejoin(&self) {
+        let rejoined = tessera_directory::register_host(
+            Arc::clone(&self.directory),
+            &self.keys,
+            self.record.clone(),
+            Duration::from_millis(self.config.lease_ttl_ms),
+        )
+        .await;
+        match rejoined {
+            Ok(session) => {
+                tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
+                self.read_cache.set_ownership_check(lease_check(&session));
+                *self.session.lock() = Some(session);
+                // The old lease took the open-volume record with it.
+                self.attachments_published
+                    .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(host = %self.id, error = %e, "cannot rejoin yet"),
+        }
+    }
+
+    /// Becomes `volume`'s owner at a new epoch and starts coordinating it.
+    async fn take_ownership(self: &Arc<Self>, volume: &VolumeId) -> Option<Event> {
+        let record = self.view.volumes.read().get(volume).cloned()?;
+        let lease = self.session.lock().as_ref().map(|s| s.lease())?;
+        let owner = match tessera_directory::acquire_owner(
+            self.directory.as_ref(),
+            &self.keys,
+            volume,
+            &self.id,
+            lease,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(host = %self.id, %volume, error = %e, "did not take ownership");
+                return None;
+            }
+        };
+        // Read the layout again: the previous owner may have changed it.
+        let layout = match keys::get(self.directory.as_ref(), &self.keys.layout(volume)).await {
+            Ok(Some(r)) => r.value,
+            _ => self.view.layouts.read().get(volume).cloned()?,
+        };
+        let recorder = Arc::new(DirectoryLayouts {
+            halted: Arc::clone(&self.halted),
+            directory: Arc::clone(&self.directory),
+            keys: self.keys.clone(),
+            volume: volume.clone(),
+            epoch: owner.epoch,
+        });
+        match Coordinator::take_over_cached(
+            layout,
+            owner.epoch,
+            serial_of(&record),
+            self.components(volume),
+            recorder,
+            &self.read_cache,
+        )
+        .await
+        {
+            Ok(c) => {
+                tracing::info!(host = %self.id, %volume, epoch = %owner.epoch, "coordinating volume");
+                let layout = c.layout();
+                self.owned.write().insert(volume.clone(), c);
+                Some(Event::Coordinating {
+                    volume: volume.clone(),
+                    epoch: owner.epoch,
+                    layout,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(host = %self.id, %volume, error = %e, "could not take over; releasing ownership");
+                let _ =
+                    tessera_directory::release_owner(self.directory.as_ref(), &self.keys, &owner)
+                        .await;
+                None
+            }
+        }
+    }
+
+    /// Copies to `component` what it misses, as a task with a row on the
+    /// resync board; the core hears when it ends.
+    fn spawn_resync(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        component: ComponentId,
+        host: &HostId,
+        kind: ResyncKind,
+    ) {
+        let attempt = self.board.start(volume, component, host, kind.as_str());
+        let coordinator = Arc::clone(coordinator);
+        let volume = volume.clone();
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let result = coordinator.resync(component, attempt.progress()).await;
+            let kind = kind.as_str();
+            match &result {
+                Ok(report) => {
+                    tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
+                }
+                Err(e) => tracing::warn!(%volume, %component, error = %e, "{kind} stopped"),
+            }
+            let ok = result.is_ok();
+            attempt.finish(&result);
+            if let Some(host) = weak.upgrade() {
+                host.control.lock().inbox.push(Event::ResyncEnded {
+                    volume,
+                    component,
+                    ok,
+                });
+            }
+        });
+        self.tasks.lock().push(task);
+    }
+
+    /// Replaces a component that has been away too long (or failed) with a
+    /// new one that placement chooses; the core then has it filled.
+    async fn rebuild(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        lost: ComponentId,
+    ) -> Option<Event> {
+        let record = self.view.volumes.read().get(volume).cloned()?;
+        let policy =
+            match keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy)).await {
+                Ok(Some(p)) => p.value,
+                _ => return None,
+            };
+        let map = match crate::control_plane::cluster_map(self.directory.as_ref(), &self.keys).await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot rebuild: no cluster map");
+                return None;
+            }
+        };
+        let layout = coordinator.layout();
+        let rng = Arc::clone(&self.rng);
+        let mut next_id = move || ComponentId(rng.next_u64() >> 1);
+        let target =
+            match tessera_placement::rebuild_target(&policy, &layout, lost, &map, &mut next_id) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(%volume, component = %lost, error = %e, "cannot rebuild yet");
+                    return None;
+                }
+            };
+        let reserve =
+            tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
+        let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
+        tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
+        if let Err(e) = coordinator.replace_component(lost, target, reserve).await {
+            tracing::warn!(%volume, error = %e, "rebuild could not start");
+            return None;
+        }
+        Some(Event::Rebuilt {
+            volume: volume.clone(),
+            lost,
+            replacement: (role == ComponentRole::Data).then_some((new_id, new_host)),
+        })
+    }
+}
+
+/// Bytes of `component` still to copy from its column's other copies.
+fn dirty_bytes_of(coordinator: &Coordinator, component: ComponentId) -> u64 {
+    coordinator
+        .dirty_bytes()
+        .into_iter()
+        .find(|(id, _)| *id == component)
+        .map_or(0, |(_, bytes)| bytes)
+}

@@ -1,0 +1,66 @@
+//! Where an owner's layout changes go: the directory, fenced by epoch.
+//!
+//! Owns: [`DirectoryLayouts`], the `LayoutRecorder` each coordinator of
+//! this host is given.
+//! Must not touch: what a layout change means (the coordinator's).
+//! Invariant: a layout is written only while the directory still names the
+//! recorder's epoch as the volume's highest, and never by a stopping host.
+
+use async_trait::async_trait;
+use std::sync::Arc;
+use tessera_directory::keys;
+use tessera_directory::{Directory, Keyspace};
+use tessera_object::LayoutRecorder;
+use tessera_types::layout::Layout;
+use tessera_types::VolumeId;
+
+/// Records an owner's layout changes in the directory, but only while the
+/// directory still names this epoch as the volume's highest: a stale owner
+/// can never overwrite its successor's layout.
+pub(super) struct DirectoryLayouts {
+    /// Set when the host stops: a stopping host records nothing, as a
+    /// crashed one could not, so its last writes are never acknowledged on
+    /// the strength of a layout change its successor would not see.
+    pub(super) halted: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) directory: Arc<dyn Directory>,
+    pub(super) keys: Keyspace,
+    pub(super) volume: VolumeId,
+    pub(super) epoch: tessera_types::Epoch,
+}
+
+#[async_trait]
+impl LayoutRecorder for DirectoryLayouts {
+    async fn record(&self, layout: &Layout) -> Result<(), String> {
+        if self.halted.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(format!(
+                "host coordinating volume {} is stopping",
+                self.volume
+            ));
+        }
+        let epoch_key = self.keys.owner_epoch(&self.volume);
+        let holds = epoch_key
+            .holds(&keys::OwnerEpochRecord {
+                volume: self.volume.clone(),
+                epoch: self.epoch,
+            })
+            .map_err(|e| e.to_string())?;
+        let put = self
+            .keys
+            .layout(&self.volume)
+            .put_op(layout, None)
+            .map_err(|e| e.to_string())?;
+        let outcome = self
+            .directory
+            .txn(tessera_directory::Txn::new().when([holds]).and_then([put]))
+            .await
+            .map_err(|e| e.to_string())?;
+        if outcome.succeeded {
+            Ok(())
+        } else {
+            Err(format!(
+                "volume {} is now owned at a newer epoch than {}",
+                self.volume, self.epoch
+            ))
+        }
+    }
+}
