@@ -5,8 +5,9 @@
 //! (and after how long), which coordinators it stops (ownership moved, the
 //! volume went, its lease was lost), which components it records absent,
 //! when a returning copy is resynced, when an absent or failed one is
-//! rebuilt elsewhere, and how long a failed resync waits before it is tried
-//! again. [`HostControl`] learns the cluster from [`Event`]s (changes of
+//! rebuilt elsewhere (at once for a copy whose disk group or capacity
+//! device failed: no resync can bring its data back), and how long a failed
+//! resync waits before it is tried again. [`HostControl`] learns the cluster from [`Event`]s (changes of
 //! directory records, its lease, its coordinators' layouts, the ends of the
 //! resyncs it started, the time) and answers each with [`Action`]s for the
 //! host to carry out.
@@ -32,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tessera_types::layout::{ComponentRole, ComponentState, Layout};
-use tessera_types::{ComponentId, Epoch, HostId, VolumeId};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId};
 
 /// Ticks a volume stays ownerless before a host holding one of its data
 /// copies, though not the first, takes it.
@@ -90,6 +91,20 @@ pub enum Event {
         host: HostId,
         /// Whether its lease is held.
         live: bool,
+    },
+    /// A disk group's record says what failed in it: the whole group
+    /// (`failed`: its cache device, log or checkpoint), or the components
+    /// of its failed capacity devices. Empty and false: healthy again (or
+    /// the group is gone).
+    DiskGroupHealth {
+        /// Its host.
+        host: HostId,
+        /// The disk group.
+        disk_group: DiskGroupId,
+        /// The whole group failed.
+        failed: bool,
+        /// Components lost with a failed capacity device.
+        failed_components: BTreeSet<ComponentId>,
     },
     /// A volume record was written.
     VolumeRecorded {
@@ -223,9 +238,9 @@ pub enum Action {
         /// The component.
         component: ComponentId,
     },
-    /// Replace `component` of `volume` (absent past the repair delay, or
-    /// failed) with a new one elsewhere; on success the host sends
-    /// [`Event::Rebuilt`].
+    /// Replace `component` of `volume` (absent past the repair delay,
+    /// Degraded, or on a disk group or device that failed) with a new one
+    /// elsewhere; on success the host sends [`Event::Rebuilt`].
     Rebuild {
         /// The volume.
         volume: VolumeId,
@@ -239,6 +254,13 @@ pub enum Action {
 struct Owner {
     host: HostId,
     epoch: Epoch,
+}
+
+/// What failed in one disk group.
+#[derive(Clone, Debug, Default)]
+struct FailedStorage {
+    whole_group: bool,
+    components: BTreeSet<ComponentId>,
 }
 
 /// A volume this host coordinates.
@@ -264,6 +286,8 @@ pub struct HostControl {
     owners: BTreeMap<VolumeId, Owner>,
     /// Layout records of the directory.
     layouts: BTreeMap<VolumeId, Layout>,
+    /// What failed in each disk group that reported a failure.
+    failed_storage: BTreeMap<(HostId, DiskGroupId), FailedStorage>,
     coordinating: BTreeMap<VolumeId, Coordinated>,
     /// Ticks each volume has been seen without an owner.
     ownerless_ticks: BTreeMap<VolumeId, u32>,
@@ -288,6 +312,7 @@ impl HostControl {
             volumes: BTreeMap::new(),
             owners: BTreeMap::new(),
             layouts: BTreeMap::new(),
+            failed_storage: BTreeMap::new(),
             coordinating: BTreeMap::new(),
             ownerless_ticks: BTreeMap::new(),
             absent_since: BTreeMap::new(),
@@ -357,6 +382,24 @@ impl HostControl {
                     self.live.insert(host);
                 } else {
                     self.live.remove(&host);
+                }
+            }
+            Event::DiskGroupHealth {
+                host,
+                disk_group,
+                failed,
+                failed_components,
+            } => {
+                if failed || !failed_components.is_empty() {
+                    self.failed_storage.insert(
+                        (host, disk_group),
+                        FailedStorage {
+                            whole_group: failed,
+                            components: failed_components,
+                        },
+                    );
+                } else {
+                    self.failed_storage.remove(&(host, disk_group));
                 }
             }
             Event::VolumeRecorded { volume, ready } => {
@@ -530,6 +573,17 @@ impl HostControl {
         for c in layout.components() {
             let live = c.host == self.host || self.live.contains(&c.host);
             let key = (volume.clone(), c.id);
+            if self.storage_failed(&c.host, &c.disk_group, c.id) {
+                // Its data is gone with the device: no resync can bring it
+                // back, and waiting out the repair delay only leaves the
+                // volume with one copy fewer for longer.
+                self.absent_since.remove(&key);
+                actions.push(Action::Rebuild {
+                    volume: volume.clone(),
+                    component: c.id,
+                });
+                continue;
+            }
             match (c.state, live) {
                 (ComponentState::Active | ComponentState::Resyncing, false) => {
                     absent_hosts.insert(c.host.clone());
@@ -572,6 +626,19 @@ impl HostControl {
                 host,
             });
         }
+    }
+
+    /// Whether `component` on `host`'s `disk_group` was lost with its disk
+    /// group or capacity device.
+    fn storage_failed(
+        &self,
+        host: &HostId,
+        disk_group: &DiskGroupId,
+        component: ComponentId,
+    ) -> bool {
+        self.failed_storage
+            .get(&(host.clone(), disk_group.clone()))
+            .is_some_and(|f| f.whole_group || f.components.contains(&component))
     }
 
     /// Starts a resync of `component` unless one runs or a failed one waits

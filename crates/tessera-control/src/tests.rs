@@ -341,6 +341,49 @@ fn a_returning_witness_votes_again_and_a_failed_copy_is_rebuilt_at_once() {
 }
 
 #[test]
+fn a_copy_on_a_failed_disk_group_or_device_is_rebuilt_at_once_not_resynced() {
+    let rebuild = |id| Action::Rebuild {
+        volume: volume(1),
+        component: ComponentId(id),
+    };
+    let mut c = cluster(1);
+    coordinate(&mut c, layout(1, 1, 2, 3, ACTIVE, 1));
+    // Host 2's disk group lost its cache device: its copy is gone though
+    // the host is up.
+    c.handle(Event::DiskGroupHealth {
+        host: host(2),
+        disk_group: DiskGroupId("dg-0".into()),
+        failed: true,
+        failed_components: BTreeSet::new(),
+    });
+    assert_eq!(tick(&mut c, TICK), vec![rebuild(12)]);
+    // Marked absent by a failed write meanwhile: still rebuilt, never resynced.
+    use ComponentState::{Absent, Active};
+    c.handle(Event::CoordinatorLayout {
+        layout: layout(1, 1, 2, 3, [Active, Absent, Active], 2),
+    });
+    assert_eq!(tick(&mut c, 2 * TICK), vec![rebuild(12)]);
+    // A failed capacity device names the components it took.
+    let mut c = cluster(1);
+    coordinate(&mut c, layout(1, 1, 2, 3, ACTIVE, 1));
+    c.handle(Event::DiskGroupHealth {
+        host: host(1),
+        disk_group: DiskGroupId("dg-0".into()),
+        failed: false,
+        failed_components: [ComponentId(11)].into(),
+    });
+    assert_eq!(tick(&mut c, TICK), vec![rebuild(11)]);
+    // Healthy again (a replaced device): nothing more to do.
+    c.handle(Event::DiskGroupHealth {
+        host: host(1),
+        disk_group: DiskGroupId("dg-0".into()),
+        failed: false,
+        failed_components: BTreeSet::new(),
+    });
+    assert!(tick(&mut c, 2 * TICK).is_empty());
+}
+
+#[test]
 fn an_older_coordinator_layout_changes_nothing() {
     use ComponentState::{Absent, Active};
     let mut c = cluster(1);
@@ -387,6 +430,12 @@ fn any_event() -> impl Strategy<Value = Event> {
         1 => Just(Event::LeaseLost),
         1 => Just(Event::LeaseHeld),
         2 => (1..=HOSTS, any::<bool>()).prop_map(|(h, live)| Event::HostLiveness { host: host(h), live }),
+        1 => (1..=HOSTS, any::<bool>(), proptest::collection::btree_set(1..40u64, 0..3)).prop_map(|(h, failed, ids)| Event::DiskGroupHealth {
+            host: host(h),
+            disk_group: DiskGroupId("dg-0".into()),
+            failed,
+            failed_components: ids.into_iter().map(ComponentId).collect(),
+        }),
         2 => (1..=VOLUMES, any::<bool>()).prop_map(|(v, ready)| Event::VolumeRecorded { volume: volume(v), ready }),
         1 => (1..=VOLUMES).prop_map(|v| Event::VolumeRemoved { volume: volume(v) }),
         2 => (1..=VOLUMES, 1..=HOSTS, 1..4u64).prop_map(|(v, h, e)| Event::OwnerRecorded { volume: volume(v), host: host(h), epoch: Epoch(e) }),

@@ -804,6 +804,11 @@ pub struct DiskGroupRecord {
     /// Bytes promised to thick volumes but not yet written.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// Components lost with a failed capacity device (every component of
+    /// the group is lost when `state` is `Failed`); owners rebuild them
+    /// elsewhere at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_components: Vec<ComponentId>,
 }
 
 /// Where a volume is in its life.

@@ -10,9 +10,11 @@
 
 pub mod disk;
 pub mod disk_fault;
+pub mod disk_switch;
 
 pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, DISK_ALIGN};
 pub use disk_fault::{FaultDisk, FaultOps};
+pub use disk_switch::{FailSwitch, SwitchedDisk};
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -101,6 +101,11 @@ pub struct HostConfig {
     /// log bypasses the page cache and the capacity devices use it.
     #[serde(default)]
     pub direct_io: bool,
+    /// Accept fault injection (devices made to fail on request), for test
+    /// clusters only. Off by default: a request to inject a fault is then
+    /// refused.
+    #[serde(default)]
+    pub fault_injection: bool,
 }
 
 impl HostConfig {

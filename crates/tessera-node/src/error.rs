@@ -3,7 +3,7 @@
 //! Owns: [`NodeError`], which names the host and the part that failed so
 //! that a user reading `tessera up`'s output knows what to fix.
 
-use tessera_types::HostId;
+use tessera_types::{DiskGroupId, HostId};
 
 /// Why a host (or `tessera up`) could not start or keep running.
 #[derive(Debug, thiserror::Error)]
@@ -38,5 +38,28 @@ pub enum NodeError {
         what: &'static str,
         /// What failed.
         detail: String,
+    },
+}
+
+/// Why a fault could not be injected into a host.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// The host's configuration does not accept fault injection.
+    #[error(
+        "host {host} does not accept fault injection (fault_injection is off in its configuration)"
+    )]
+    NotAccepted {
+        /// The host.
+        host: HostId,
+    },
+    /// No such device.
+    #[error("host {host} has no device {device} in disk group {disk_group} (0 is the cache device, 1 and up the capacity devices)")]
+    NoSuchDevice {
+        /// The host.
+        host: HostId,
+        /// The disk group named.
+        disk_group: DiskGroupId,
+        /// The device index named.
+        device: usize,
     },
 }

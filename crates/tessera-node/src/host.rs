@@ -2,13 +2,13 @@
 //! the coordinators of the volumes it owns, its NBD exports and its iSCSI
 //! targets.
 //!
-//! Owns: the host's control loop, which every [`TICK`] refreshes what the
-//! directory says (hosts, liveness, volumes, owners), takes ownership of
-//! volumes that have none, drops coordinators whose ownership moved, marks
-//! components of absent hosts, starts delta resyncs when hosts return and
-//! rebuilds when they stay away past the repair delay; and the host read
-//! cache every coordinator it runs shares, sized by the cluster setting
-//! `read_cache_bytes` (read every tick, applied at once).
+//! Owns: starting and stopping all of these; the host's view of the
+//! directory (kept by one watch: `directory_mirror`); its control loop,
+//! which every [`TICK`] tells the host's control core
+//! (`tessera_control::HostControl`) what changed and carries out what it
+//! decides (`control_loop`); the requests other hosts send (`rpc`); and the
+//! host read cache every coordinator it runs shares, sized by the cluster
+//! setting `read_cache_bytes` (applied as soon as the setting changes).
 //! Must not touch: I/O logic (the coordinator's) or on-disk formats.
 //! Invariants: a host serves I/O for a volume only while its liveness lease
 //! is held and the directory names it owner at the coordinator's epoch; a
@@ -16,13 +16,14 @@
 //! the host drops leaves nothing in its read cache.
 
 mod control_loop;
+mod directory_mirror;
 mod layout_record;
 mod rpc;
 
 use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
 use crate::config::{DirectoryConfig, HostConfig};
-use crate::error::NodeError;
+use crate::error::{FaultError, NodeError};
 use crate::iscsi::{HostTargets, ReservationTable};
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
@@ -39,14 +40,14 @@ use tessera_directory::keys::{
     VolumeRecord,
 };
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
-use tessera_env::{Clock, Rng, SeededRng, SystemClock};
+use tessera_env::{Clock, FailSwitch, Rng, SeededRng, SwitchedDisk, SystemClock};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
 use tessera_object::{Coordinator, ReadCache};
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup};
 use tessera_transport::{Transport, TransportConfig};
 use tessera_types::layout::Layout;
-use tessera_types::{ComponentId, HostId, VolumeId};
+use tessera_types::{ComponentId, DiskGroupId, HostId, VolumeId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -118,6 +119,14 @@ pub struct Host {
     rng: Arc<dyn Rng>,
     /// The host's decisions (`tessera_control`) and what it was told.
     control: Mutex<ControlState>,
+    /// Where the view stands against the directory.
+    mirror: directory_mirror::Mirror,
+    /// Each disk group's health as last written to the directory.
+    published_health: Mutex<Vec<(DiskGroupState, Vec<ComponentId>)>>,
+    /// Fault injection's switches of each disk group's devices: the cache
+    /// device first, then the capacity devices (tripped only when the
+    /// configuration accepts fault injection).
+    device_switches: HashMap<DiskGroupId, Vec<FailSwitch>>,
     /// What this host registers in the directory (again after losing its lease).
     record: HostRecord,
     /// Set first thing when the host stops.
@@ -171,6 +180,7 @@ impl Host {
             source,
         })?;
         let mut groups = Vec::new();
+        let mut device_switches = HashMap::new();
         for dg in &config.disk_groups {
             let store_config = tessera_store::DiskGroupConfig {
                 id: dg.id.clone(),
@@ -194,13 +204,28 @@ impl Host {
                     tessera_store::DirectIo::Log
                 },
             };
-            let group = DiskGroup::open_or_create(store_config)
+            // Behind switches only where fault injection is on: the
+            // devices of a production host are never one call away from
+            // failing on request.
+            let switches: Vec<FailSwitch> = (0..=dg.capacity.len())
+                .map(|_| FailSwitch::default())
+                .collect();
+            let mut next = switches.clone().into_iter();
+            let group = if config.fault_injection {
+                DiskGroup::open_or_create_wrapped(store_config, |device| {
+                    let switch = next.next().unwrap_or_default();
+                    Arc::new(SwitchedDisk::new(device, switch))
+                })
                 .await
-                .map_err(|source| NodeError::Store {
-                    host: id.clone(),
-                    disk_group: dg.id.to_string(),
-                    source,
-                })?;
+            } else {
+                DiskGroup::open_or_create(store_config).await
+            }
+            .map_err(|source| NodeError::Store {
+                host: id.clone(),
+                disk_group: dg.id.to_string(),
+                source,
+            })?;
+            device_switches.insert(dg.id.clone(), switches);
             groups.push(group);
         }
         let replica = Arc::new(ReplicaService::new(groups));
@@ -325,6 +350,9 @@ impl Host {
                 reported: Default::default(),
                 inbox: Vec::new(),
             }),
+            mirror: Default::default(),
+            published_health: Mutex::new(Vec::new()),
+            device_switches,
             record,
             halted: Arc::default(),
             stop,
@@ -338,7 +366,13 @@ impl Host {
             config,
         });
         host.publish_usage().await;
-        host.refresh().await;
+        if let Err(e) = host.load_directory().await {
+            tracing::warn!(host = %id, error = %e, "cannot read the directory yet");
+        }
+        let follow_directory = tokio::spawn(Host::follow_directory(
+            Arc::downgrade(&host),
+            host.stop.subscribe(),
+        ));
         let mut stop_rx = host.stop.subscribe();
         let nbd = tokio::spawn(async move {
             let shutdown = async move {
@@ -372,7 +406,9 @@ impl Host {
                 tick += 1;
             }
         });
-        host.tasks.lock().extend([nbd, iscsi, follow, control]);
+        host.tasks
+            .lock()
+            .extend([nbd, iscsi, follow, follow_directory, control]);
         tracing::info!(host = %id, nbd = %host.config.nbd_addr, iscsi = %host.config.iscsi_portal(), transport = %host.transport.local_addr(), "host started");
         Ok(host)
     }
@@ -485,6 +521,30 @@ impl Host {
         tracing::info!(host = %self.id, clean, "host stopped");
     }
 
+    /// Makes a device of one of this host's disk groups fail from now on,
+    /// as a device that dies does (fault injection: refused unless the
+    /// host's configuration accepts it). `device` 0 is the cache device,
+    /// 1 and up the capacity devices in order.
+    pub fn fail_device(&self, disk_group: &DiskGroupId, device: usize) -> Result<(), FaultError> {
+        if !self.config.fault_injection {
+            return Err(FaultError::NotAccepted {
+                host: self.id.clone(),
+            });
+        }
+        let switch = self
+            .device_switches
+            .get(disk_group)
+            .and_then(|s| s.get(device))
+            .ok_or_else(|| FaultError::NoSuchDevice {
+                host: self.id.clone(),
+                disk_group: disk_group.clone(),
+                device,
+            })?;
+        tracing::warn!(host = %self.id, %disk_group, device, "fault injected: device fails from now on");
+        switch.trip();
+        Ok(())
+    }
+
     /// How long until the repair delay of an absent component of a volume
     /// this host owns ends (and a rebuild elsewhere starts); None when this
     /// host is not counting for it.
@@ -545,64 +605,18 @@ impl Host {
     }
 
     async fn refresh(&self) {
-        self.refresh_peers().await;
-        let directory = self.directory.as_ref();
-        if let Ok(volumes) = keys::list(directory, &self.keys.volumes()).await {
-            *self.view.volumes.write() = volumes
-                .records
-                .into_iter()
-                .map(|r| (r.value.name.clone(), r.value))
-                .collect();
+        if let Err(e) = self.load_directory().await {
+            tracing::debug!(host = %self.id, error = %e, "cannot read the directory now");
         }
-        if let Ok(owners) = keys::list(directory, &self.keys.owners()).await {
-            *self.view.owners.write() = owners
-                .records
-                .into_iter()
-                .map(|r| (r.value.volume.clone(), r.value))
-                .collect();
-        }
-        if let Ok(layouts) = keys::list(directory, &self.keys.layouts()).await {
-            *self.view.layouts.write() = layouts
-                .records
-                .into_iter()
-                .map(|r| (r.value.volume.clone(), r.value))
-                .collect();
-        }
-        if let Ok(access) = keys::list(directory, &self.keys.iscsi_accesses()).await {
-            *self.view.iscsi_access.write() = access
-                .records
-                .into_iter()
-                .map(|r| (r.value.volume.clone(), r.value))
-                .collect();
-        }
-        if let Ok(settings) = keys::get(directory, &self.keys.settings()).await {
-            let settings = settings.map(|r| r.value).unwrap_or_default();
-            let budget = settings.read_cache_budget(self.memory_bytes);
-            if budget != self.read_cache.budget_bytes() {
-                tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");
-                self.read_cache.set_budget(budget);
-            }
-        }
-        if let Ok(groups) = keys::list(directory, &self.keys.disk_groups()).await {
-            let (used, capacity) = groups.records.iter().fold((0, 0), |(u, c), r| {
-                (u + r.value.used_bytes, c + r.value.capacity_bytes)
-            });
-            *self.view.datastore.write() = (capacity > 0).then_some(DatastoreSpace {
-                used_bytes: used,
-                capacity_bytes: capacity,
-            });
-        }
-        self.targets.prune();
     }
 
-    /// Writes this host's disk group usage to the directory, for placement.
+    /// Writes this host's disk group usage and health to the directory
+    /// (placement reads the space, owners the health).
     async fn publish_usage(&self) {
+        let mut published = Vec::new();
         for group in self.replica.disk_groups() {
             let space = group.space();
-            let state = match group.health() {
-                tessera_store::DiskGroupHealth::Failed { .. } => DiskGroupState::Failed,
-                _ => DiskGroupState::Healthy,
-            };
+            let (state, failed_components) = storage_health(&group.health());
             let record = DiskGroupRecord {
                 host: self.id.clone(),
                 id: group.id().clone(),
@@ -610,12 +624,43 @@ impl Host {
                 capacity_bytes: space.capacity_bytes,
                 used_bytes: space.used_bytes,
                 reserved_bytes: space.reserved_bytes,
+                failed_components,
             };
             let key = self.keys.disk_group(&self.id, group.id());
-            if let Err(e) = keys::put(self.directory.as_ref(), &key, &record, None).await {
-                tracing::debug!(host = %self.id, error = %e, "could not publish disk group usage");
+            match keys::put(self.directory.as_ref(), &key, &record, None).await {
+                Ok(_) => published.push((record.state, record.failed_components)),
+                Err(e) => {
+                    tracing::debug!(host = %self.id, error = %e, "could not publish disk group usage");
+                    return;
+                }
             }
         }
+        *self.published_health.lock() = published;
+    }
+
+    /// Whether a disk group's health changed since it was last written to
+    /// the directory: a failure is published at the next tick, not with
+    /// the next usage refresh.
+    fn storage_health_changed(&self) -> bool {
+        let now: Vec<_> = self
+            .replica
+            .disk_groups()
+            .iter()
+            .map(|g| storage_health(&g.health()))
+            .collect();
+        *self.published_health.lock() != now
+    }
+}
+
+/// A disk group's health as its directory record says it: the state, and
+/// the components its failed capacity devices took.
+fn storage_health(health: &tessera_store::DiskGroupHealth) -> (DiskGroupState, Vec<ComponentId>) {
+    match health {
+        tessera_store::DiskGroupHealth::Healthy => (DiskGroupState::Healthy, Vec::new()),
+        tessera_store::DiskGroupHealth::Degraded {
+            failed_components, ..
+        } => (DiskGroupState::Degraded, failed_components.clone()),
+        tessera_store::DiskGroupHealth::Failed { .. } => (DiskGroupState::Failed, Vec::new()),
     }
 }
 

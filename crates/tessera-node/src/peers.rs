@@ -25,6 +25,25 @@ impl Peers {
         *self.live.write() = live.into_iter().collect();
     }
 
+    /// Adds or replaces one host's record.
+    pub fn set_record(&self, record: HostRecord) {
+        self.records.write().insert(record.id.clone(), record);
+    }
+
+    /// Forgets one host's record.
+    pub fn remove_record(&self, host: &HostId) {
+        self.records.write().remove(host);
+    }
+
+    /// Records whether `host`'s liveness lease is held.
+    pub fn set_live(&self, host: HostId, live: bool) {
+        if live {
+            self.live.write().insert(host);
+        } else {
+            self.live.write().remove(&host);
+        }
+    }
+
     /// The transport address of `host`.
     pub fn transport_addr(&self, host: &HostId) -> Option<SocketAddr> {
         self.records.read().get(host).map(|r| r.addresses.transport)

@@ -40,6 +40,9 @@ pub struct UpConfig {
     pub repair_delay_s: u64,
     /// Capacity of each host's capacity device.
     pub host_capacity_bytes: u64,
+    /// Whether hosts accept fault injection (devices made to fail on
+    /// request); for test clusters.
+    pub fault_injection: bool,
 }
 
 /// Hosts `tessera up` can run: enough for FTT=3 (7 fault domains), few
@@ -76,6 +79,7 @@ impl UpConfig {
             repair_delay_s: self.repair_delay_s,
             index_cache_bytes: 32 << 20,
             direct_io: false,
+            fault_injection: self.fault_injection,
         }
     }
 }
@@ -110,12 +114,8 @@ pub async fn run(
 
 /// Starts every host and creates the `default` policy on first start.
 pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
-    if config.hosts == 0 || config.hosts > UP_HOSTS_MAX {
-        return Err(NodeError::Config(format!(
-            "--hosts must be 1 to {UP_HOSTS_MAX}, not {}",
-            config.hosts
-        )));
-    }
+    // Refused before anything is made on disk.
+    check_hosts(config).map_err(NodeError::Config)?;
     std::fs::create_dir_all(&config.data_dir).map_err(|e| {
         NodeError::Config(format!("cannot create {}: {e}", config.data_dir.display()))
     })?;
@@ -123,6 +123,24 @@ pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
     let directory = crate::host::open_directory(&first.directory, Arc::new(SystemClock::default()))
         .await
         .map_err(NodeError::Config)?;
+    start_on(config, directory).await
+}
+
+/// Refuses a number of hosts `tessera up` cannot run.
+fn check_hosts(config: &UpConfig) -> Result<(), String> {
+    match config.hosts {
+        1..=UP_HOSTS_MAX => Ok(()),
+        n => Err(format!("--hosts must be 1 to {UP_HOSTS_MAX}, not {n}")),
+    }
+}
+
+/// Starts every host on `directory` (the one `config` names, opened by
+/// the caller) and creates the `default` policy on first start.
+pub async fn start_on(
+    config: &UpConfig,
+    directory: Arc<dyn tessera_directory::Directory>,
+) -> Result<Arc<ControlPlane>, NodeError> {
+    check_hosts(config).map_err(NodeError::Config)?;
     let board = Arc::new(ResyncBoard::default());
     let mut slots = Vec::new();
     for k in 1..=config.hosts {
@@ -306,6 +324,7 @@ mod tests {
             transport_port: 9500,
             repair_delay_s: 3600,
             host_capacity_bytes: 8 << 30,
+            fault_injection: false,
         }
     }
 

@@ -494,6 +494,68 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
     cluster.stop().await;
 }
 
+/// Fails a device of the disk group holding `volume`'s copy on a host that
+/// does not own it while fio verifies, and waits for the copy to be rebuilt
+/// elsewhere; the repair delay is an hour, so only the failure can start it.
+async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: usize) {
+    let view = cluster.create(volume, 128 << 20).await;
+    let owner = view.owner.clone().unwrap();
+    let lost = view
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && c.host != owner)
+        .unwrap()
+        .clone();
+    let fio = fio(&cluster.nbd_uri(&owner, volume), 12);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let disk_group = tessera_types::DiskGroupId(lost.disk_group.clone());
+    cluster
+        .host(&lost.host)
+        .fail_device(&disk_group, device)
+        .unwrap();
+    let rebuilt = cluster
+        .wait_for(volume, "the lost copy rebuilt elsewhere", |v| {
+            v.state == Health::Healthy && v.components.iter().all(|c| c.id != lost.id)
+        })
+        .await;
+    fixture::expect_fio_success(fio).await;
+    assert!(
+        rebuilt
+            .components
+            .iter()
+            .all(|c| !(c.host == lost.host && c.disk_group == lost.disk_group)),
+        "nothing is placed on the failed disk group: {rebuilt:#?}"
+    );
+    let report = cluster.control.verify_object(volume).await.unwrap();
+    assert!(report.identical, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_a_failed_cache_device_or_capacity_device_is_rebuilt_at_once() {
+    if !have("fio") {
+        return;
+    }
+    // Each on a cluster of its own: four hosts leave exactly one spare
+    // fault domain for an FTT=1 volume's rebuild.
+    // The cache device: the whole disk group is lost.
+    let cluster = Cluster::start_faulty(3600).await;
+    fail_a_copy_device_under_fio(&cluster, "cache-lost", 0).await;
+    cluster.stop().await;
+    // The capacity device (the disk group's only one): the components on
+    // it are lost.
+    let cluster = Cluster::start_faulty(3600).await;
+    fail_a_copy_device_under_fio(&cluster, "capacity-lost", 1).await;
+    cluster.stop().await;
+    // A host that does not accept fault injection refuses it.
+    let plain = Cluster::start(3600).await;
+    let refused = plain
+        .host("host-1")
+        .fail_device(&tessera_types::DiskGroupId("dg0".into()), 0)
+        .unwrap_err();
+    assert!(refused.to_string().contains("fault injection"), "{refused}");
+    plain.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
     if !have("qemu-img") {

@@ -281,6 +281,11 @@ impl Allocator {
         }
     }
 
+    /// Whether every capacity device failed: nothing can be stored or read.
+    pub(crate) fn all_failed(&self) -> bool {
+        self.devices.iter().all(|d| d.failed)
+    }
+
     /// Blocks free on healthy devices.
     pub(crate) fn free_blocks(&self) -> u64 {
         self.devices

@@ -260,15 +260,33 @@ impl DiskGroup {
 
     /// Opens the disk group if its cache device holds one, else creates it.
     pub async fn open_or_create(config: DiskGroupConfig) -> Result<Arc<DiskGroup>, StoreError> {
+        Self::open_or_create_wrapped(config, |device| device).await
+    }
+
+    /// Opens or creates the disk group as [`DiskGroup::open_or_create`]
+    /// does, with each device opened passed through `wrap` first (cache
+    /// device, then capacity devices in order): how a host puts its devices
+    /// behind fault-injection switches.
+    pub async fn open_or_create_wrapped(
+        config: DiskGroupConfig,
+        mut wrap: impl FnMut(Arc<dyn Disk>) -> Arc<dyn Disk>,
+    ) -> Result<Arc<DiskGroup>, StoreError> {
         let formatted = config.cache.path.exists() && {
             let devices = open_files(&config, false)?;
             recovery::read_superblock(&devices.cache).is_ok()
         };
-        if formatted {
-            Self::open(config).await
+        let devices = open_files(&config, !formatted)?;
+        let devices = GroupDevices {
+            cache: wrap(devices.cache),
+            capacity: devices.capacity.into_iter().map(&mut wrap).collect(),
+        };
+        let dg = if formatted {
+            Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await?
         } else {
-            Self::create(config).await
-        }
+            Self::create_on(config.id.clone(), devices, config.index_cache_bytes, true).await?
+        };
+        dg.set_content_cache_bytes(config.content_cache_bytes);
+        Ok(dg)
     }
 
     /// Formats `devices` and opens them, with a content cache of

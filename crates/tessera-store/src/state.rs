@@ -827,7 +827,7 @@ impl State {
     }
 
     /// Fails a capacity device: no more allocation there, and every component
-    /// holding blocks on it fails.
+    /// holding blocks on it fails; the last one fails the disk group.
     pub(crate) fn fail_capacity_device(&mut self, device: u8, reason: &str) {
         self.alloc.fail_device(device);
         self.failed_devices
@@ -842,6 +842,14 @@ impl State {
             if holds && comp.failed.is_none() {
                 comp.failed = Some(format!("capacity device {device} failed: {reason}"));
             }
+        }
+        // With no capacity device left (the index lives there too) every
+        // component is lost, including those whose blocks were all still
+        // in the log.
+        if self.alloc.all_failed() {
+            self.fail_group(format!(
+                "every capacity device failed (device {device}: {reason})"
+            ));
         }
     }
 

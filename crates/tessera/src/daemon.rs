@@ -44,6 +44,10 @@ pub struct UpArgs {
     /// Capacity of each host's file-backed devices, e.g. 8G (a multiple of 4 KiB).
     #[arg(long, default_value = "8G", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub host_capacity: u64,
+    /// Let `tessera fault` make devices fail, to see how the cluster copes
+    /// (for test clusters: off unless given).
+    #[arg(long)]
+    pub fault_injection: bool,
 }
 
 impl UpArgs {
@@ -59,6 +63,7 @@ impl UpArgs {
             transport_port: self.transport_port,
             repair_delay_s: self.repair_delay,
             host_capacity_bytes: self.host_capacity,
+            fault_injection: self.fault_injection,
         }
     }
 }

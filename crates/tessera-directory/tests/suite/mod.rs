@@ -673,6 +673,7 @@ pub async fn typed_records(env: Env) -> Result<()> {
         capacity_bytes: 100 << 30,
         used_bytes: 4096,
         reserved_bytes: 0,
+        failed_components: Vec::new(),
     };
     keys::put(d, &ks.disk_group(&h1.id, &dg.id), &dg, None).await?;
     let dgs = keys::list(d, &ks.disk_groups_of(&h1.id)).await?;

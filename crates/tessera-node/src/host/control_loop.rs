@@ -20,10 +20,10 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_control::{Action, Event, HostControl, ResyncKind};
-use tessera_directory::keys::{self, VolumeState};
+use tessera_directory::keys::{self, DiskGroupState, VolumeState};
 use tessera_object::Coordinator;
 use tessera_types::layout::ComponentRole;
-use tessera_types::{ComponentId, Epoch, HostId, VolumeId};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId};
 
 /// What the core was last told, to tell it only what changed.
 pub(super) struct Reported {
@@ -36,6 +36,8 @@ pub(super) struct Reported {
     /// Coordinators' layouts, by generation.
     coordinator_layouts: HashMap<VolumeId, u64>,
     superseded: HashSet<VolumeId>,
+    /// Disk groups reported failed, whole or in part.
+    failed_storage: HashMap<(HostId, DiskGroupId), (bool, BTreeSet<ComponentId>)>,
 }
 
 impl Default for Reported {
@@ -49,6 +51,7 @@ impl Default for Reported {
             layouts: HashMap::new(),
             coordinator_layouts: HashMap::new(),
             superseded: HashSet::new(),
+            failed_storage: HashMap::new(),
         }
     }
 }
@@ -70,10 +73,13 @@ impl Host {
             .is_some_and(|s| s.state() != tessera_directory::membership::SessionState::Lost)
     }
 
-    /// One turn of the control loop: reads the directory, tells the core
-    /// what changed and the time, and carries out its decisions.
+    /// One turn of the control loop: tells the core what changed in the
+    /// view since the last turn and the time, and carries out its decisions.
     pub(super) async fn control_tick(self: &Arc<Self>, tick: u64) {
-        self.refresh().await;
+        // The view is current: the directory mirror follows a watch.
+        if self.storage_health_changed() {
+            self.publish_usage().await;
+        }
         if tick.is_multiple_of(USAGE_TICKS) {
             self.publish_usage().await;
             let owned: Vec<Arc<Coordinator>> = self.owned.read().values().cloned().collect();
@@ -130,6 +136,39 @@ impl Host {
             });
         }
         reported.live = live;
+        let failed: HashMap<(HostId, DiskGroupId), (bool, BTreeSet<ComponentId>)> = self
+            .mirror
+            .disk_groups
+            .lock()
+            .values()
+            .filter(|g| g.state == DiskGroupState::Failed || !g.failed_components.is_empty())
+            .map(|g| {
+                let whole = g.state == DiskGroupState::Failed;
+                let components = g.failed_components.iter().copied().collect();
+                ((g.host.clone(), g.id.clone()), (whole, components))
+            })
+            .collect();
+        for (at, health) in &failed {
+            if reported.failed_storage.get(at) != Some(health) {
+                events.push(Event::DiskGroupHealth {
+                    host: at.0.clone(),
+                    disk_group: at.1.clone(),
+                    failed: health.0,
+                    failed_components: health.1.clone(),
+                });
+            }
+        }
+        for at in reported.failed_storage.keys() {
+            if !failed.contains_key(at) {
+                events.push(Event::DiskGroupHealth {
+                    host: at.0.clone(),
+                    disk_group: at.1.clone(),
+                    failed: false,
+                    failed_components: BTreeSet::new(),
+                });
+            }
+        }
+        reported.failed_storage = failed;
         {
             let volumes = self.view.volumes.read();
             for (name, record) in volumes.iter() {

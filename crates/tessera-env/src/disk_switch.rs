@@ -1,0 +1,106 @@
+//! A device that can be made to fail while it is in use: a real device
+//! (a file, a block device) behind a switch that fault injection trips.
+//!
+//! Owns: [`FailSwitch`] and [`SwitchedDisk`]. Once the switch is tripped
+//! every read, write and sync of the device fails with an I/O error, as a
+//! device that died does; until then every call goes straight through.
+//! Must not touch: the device's contents: a tripped device loses nothing
+//! that was already durable, it only stops answering.
+//! Invariant: a call that starts after [`FailSwitch::trip`] returned fails.
+
+use crate::disk::{Disk, DiskError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Trips a [`SwitchedDisk`]; cloned handles trip the same device.
+#[derive(Clone, Debug, Default)]
+pub struct FailSwitch(Arc<AtomicBool>);
+
+impl FailSwitch {
+    /// Makes the device fail every call from now on.
+    pub fn trip(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the switch was tripped.
+    pub fn is_tripped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A device behind a [`FailSwitch`].
+pub struct SwitchedDisk {
+    inner: Arc<dyn Disk>,
+    switch: FailSwitch,
+}
+
+impl SwitchedDisk {
+    /// `inner` behind `switch`.
+    pub fn new(inner: Arc<dyn Disk>, switch: FailSwitch) -> SwitchedDisk {
+        SwitchedDisk { inner, switch }
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.switch.is_tripped() {
+            let e = std::io::Error::other("device failed (fault injected)");
+            return Err(DiskError::from_io(&self.inner.name(), op, offset, len, &e));
+        }
+        Ok(())
+    }
+}
+
+impl Disk for SwitchedDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.check("read", offset, buf.len() as u64)?;
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.check("write", offset, buf.len() as u64)?;
+        self.inner.write_at(buf, offset)
+    }
+
+    fn sync(&self) -> Result<(), DiskError> {
+        self.check("sync", 0, 0)?;
+        self.inner.sync()
+    }
+
+    fn write_uncached_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.check("write", offset, buf.len() as u64)?;
+        self.inner.write_uncached_at(buf, offset)
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::AlignedBuf;
+    use crate::FaultDisk;
+
+    #[test]
+    fn a_tripped_device_fails_every_call_and_keeps_what_it_held() {
+        let inner = Arc::new(FaultDisk::new("d", 1 << 20));
+        let switch = FailSwitch::default();
+        let disk = SwitchedDisk::new(inner.clone(), switch.clone());
+        let block = AlignedBuf::copy_of(&[7u8; 4096]);
+        disk.write_at(block.as_slice(), 4096).unwrap();
+        disk.sync().unwrap();
+        switch.trip();
+        let mut buf = AlignedBuf::zeroed(4096);
+        let err = disk.read_at(buf.as_mut_slice(), 4096).unwrap_err();
+        assert!(err.to_string().contains("fault injected"), "{err}");
+        assert!(disk.write_at(block.as_slice(), 0).is_err());
+        assert!(disk.write_uncached_at(block.as_slice(), 0).is_err());
+        assert!(disk.sync().is_err());
+        assert_eq!(inner.peek(4096, 4096), vec![7u8; 4096]);
+        assert_eq!(inner.peek(0, 4096), vec![0u8; 4096]);
+    }
+}

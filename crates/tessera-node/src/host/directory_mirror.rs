@@ -1,0 +1,307 @@
+//! The host's copy of the directory records it works from, kept current by
+//! one watch of the cluster's keys instead of listings every tick.
+//!
+//! Owns: loading every record of the cluster in one listing (at start, after
+//! a watch ended, and when the control plane asks for a fresh view), then
+//! applying each change the watch reports: host records and liveness (to
+//! [`crate::peers::Peers`]), volumes, owners, layouts and iSCSI access (to
+//! the host's `VolumeView`), the read cache budget of the cluster settings,
+//! and disk group records (their health for the control loop, their space
+//! summed as the datastore's).
+//! Must not touch: decisions (the control core's) or writes to the directory.
+//! Invariants: a change older than the last full listing is never applied
+//! over it (each change carries its revision); when the watch ends (the
+//! directory lost history, the host fell behind, a connection dropped) the
+//! host lists once and watches again from that listing, so no change is
+//! missed; in steady state the host reads nothing but the watch.
+
+use super::{Host, TICK};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use tessera_directory::keys::{
+    self, ClusterSettings, DiskGroupRecord, HostRecord, IscsiAccessRecord, OwnerRecord, Prefix,
+    VolumeRecord,
+};
+use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
+use tessera_iscsi::scsi::environment::DatastoreSpace;
+use tessera_types::layout::Layout;
+use tessera_types::{HostId, VolumeId};
+use tokio::sync::watch;
+
+/// What the mirror keeps beside the view: where it stands and the space of
+/// each disk group.
+#[derive(Default)]
+pub(super) struct DirectoryMirror {
+    /// Revision of the last full listing applied.
+    listed: AtomicU64,
+    /// Full listings made (at start, after a watch ended, on request).
+    listings: AtomicU64,
+    /// Each disk group's record, by key.
+    pub(super) disk_groups: Mutex<HashMap<String, DiskGroupRecord>>,
+}
+
+impl Host {
+    /// Keeps the view current until the host stops: one listing, then the
+    /// watch from the listing's revision; a listing again whenever the watch
+    /// ends.
+    pub(super) async fn follow_directory(weak: Weak<Host>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let Some(host) = weak.upgrade() else { return };
+            let watched = match host.load_directory().await {
+                Ok(revision) => host.directory.watch(host.keys.root(), revision + 1).await,
+                Err(e) => Err(e),
+            };
+            drop(host);
+            let mut events = match watched {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot follow the directory yet");
+                    tokio::select! {
+                        _ = tokio::time::sleep(TICK) => continue,
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            };
+            loop {
+                let event = tokio::select! {
+                    e = events.recv() => e,
+                    _ = stop.wait_for(|s| *s) => return,
+                };
+                let Some(host) = weak.upgrade() else { return };
+                match event {
+                    Ok(event) => host.apply_change(&event),
+                    Err(e) => {
+                        tracing::info!(host = %host.id, error = %e, "directory watch ended; listing again");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads every record of the cluster in one listing and makes the view
+    /// what it says, each part replaced at once (readers never see it
+    /// half-loaded); returns the listing's revision.
+    pub(super) async fn load_directory(&self) -> tessera_directory::Result<Revision> {
+        let listing = self.directory.list(self.keys.root()).await?;
+        self.mirror.listings.fetch_add(1, Ordering::Relaxed);
+        let mut loaded = Loaded::default();
+        for kv in listing.entries {
+            let put = WatchEvent {
+                kind: WatchEventKind::Put,
+                kv,
+            };
+            route(&self.keys, &put, &mut loaded);
+        }
+        self.peers.update(
+            loaded.hosts.into_values().collect(),
+            loaded.live.into_iter().collect(),
+        );
+        *self.view.volumes.write() = loaded.volumes;
+        *self.view.owners.write() = loaded.owners;
+        *self.view.layouts.write() = loaded.layouts;
+        *self.view.iscsi_access.write() = loaded.iscsi_access;
+        *self.mirror.disk_groups.lock() = loaded.disk_groups;
+        self.sum_datastore();
+        self.apply_settings(loaded.settings.unwrap_or_default());
+        self.mirror
+            .listed
+            .fetch_max(listing.revision, Ordering::SeqCst);
+        self.targets.prune();
+        Ok(listing.revision)
+    }
+
+    /// Full listings of the directory made so far.
+    pub fn directory_listings(&self) -> u64 {
+        self.mirror.listings.load(Ordering::Relaxed)
+    }
+
+    /// Applies one change the watch reported, unless a later listing
+    /// already holds it.
+    fn apply_change(&self, event: &WatchEvent) {
+        if event.kv.mod_revision <= self.mirror.listed.load(Ordering::SeqCst) {
+            return;
+        }
+        route(&self.keys, event, &mut LiveView(self));
+        if event.kv.key.starts_with(self.keys.volumes().as_str()) {
+            self.targets.prune();
+        }
+    }
+
+    /// The datastore's space: every disk group record summed.
+    fn sum_datastore(&self) {
+        let (used, capacity) = self
+            .mirror
+            .disk_groups
+            .lock()
+            .values()
+            .fold((0, 0), |(u, c), g| (u + g.used_bytes, c + g.capacity_bytes));
+        *self.view.datastore.write() = (capacity > 0).then_some(DatastoreSpace {
+            used_bytes: used,
+            capacity_bytes: capacity,
+        });
+    }
+
+    /// Applies the cluster settings this host follows: the read cache's
+    /// budget.
+    fn apply_settings(&self, settings: keys::ClusterSettings) {
+        let budget = settings.read_cache_budget(self.memory_bytes);
+        if budget != self.read_cache.budget_bytes() {
+            tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");
+            self.read_cache.set_budget(budget);
+        }
+    }
+}
+
+/// Where the records of a listing or the changes of a watch go, each kind
+/// by itself (`None`: the record was deleted).
+trait RecordSink {
+    fn host(&mut self, id: HostId, record: Option<HostRecord>);
+    fn liveness(&mut self, id: HostId, live: bool);
+    fn volume(&mut self, name: VolumeId, record: Option<VolumeRecord>);
+    fn owner(&mut self, name: VolumeId, record: Option<OwnerRecord>);
+    fn layout(&mut self, name: VolumeId, layout: Option<Layout>);
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>);
+    fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
+    fn settings(&mut self, settings: ClusterSettings);
+}
+
+/// Sends one put or delete to the sink method of its key's kind; keys of
+/// other kinds are not kept.
+fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
+    let key = event.kv.key.as_str();
+    if let Some(name) = under(&keys.hosts(), key) {
+        sink.host(HostId(name.to_string()), decoded(&keys.hosts(), event));
+    } else if let Some(name) = under(&keys.liveness_all(), key) {
+        sink.liveness(HostId(name.to_string()), event.kind == WatchEventKind::Put);
+    } else if let Some(name) = under(&keys.volumes(), key) {
+        sink.volume(VolumeId(name.to_string()), decoded(&keys.volumes(), event));
+    } else if let Some(name) = under(&keys.owners(), key) {
+        sink.owner(VolumeId(name.to_string()), decoded(&keys.owners(), event));
+    } else if let Some(name) = under(&keys.layouts(), key) {
+        sink.layout(VolumeId(name.to_string()), decoded(&keys.layouts(), event));
+    } else if let Some(name) = under(&keys.iscsi_accesses(), key) {
+        let access = decoded(&keys.iscsi_accesses(), event);
+        sink.iscsi_access(VolumeId(name.to_string()), access);
+    } else if under(&keys.disk_groups(), key).is_some() {
+        sink.disk_group(key, decoded(&keys.disk_groups(), event));
+    } else if key == keys.settings().as_str() {
+        match event.kind {
+            WatchEventKind::Put => match serde_json::from_slice(&event.kv.value) {
+                Ok(settings) => sink.settings(settings),
+                Err(e) => tracing::warn!(%key, error = %e, "cannot read the cluster settings"),
+            },
+            WatchEventKind::Delete => sink.settings(ClusterSettings::default()),
+        }
+    }
+}
+
+/// A listing being loaded, installed once complete.
+#[derive(Default)]
+struct Loaded {
+    hosts: HashMap<HostId, HostRecord>,
+    live: HashSet<HostId>,
+    volumes: HashMap<VolumeId, VolumeRecord>,
+    owners: HashMap<VolumeId, OwnerRecord>,
+    layouts: HashMap<VolumeId, Layout>,
+    iscsi_access: HashMap<VolumeId, IscsiAccessRecord>,
+    disk_groups: HashMap<String, DiskGroupRecord>,
+    settings: Option<ClusterSettings>,
+}
+
+/// Puts `value` at `key` of `map`, or removes the key for `None`.
+fn set<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, key: K, value: Option<V>) {
+    match value {
+        Some(v) => map.insert(key, v),
+        None => map.remove(&key),
+    };
+}
+
+impl RecordSink for Loaded {
+    fn host(&mut self, id: HostId, record: Option<HostRecord>) {
+        set(&mut self.hosts, id, record);
+    }
+    fn liveness(&mut self, id: HostId, live: bool) {
+        if live {
+            self.live.insert(id);
+        }
+    }
+    fn volume(&mut self, name: VolumeId, record: Option<VolumeRecord>) {
+        set(&mut self.volumes, name, record);
+    }
+    fn owner(&mut self, name: VolumeId, record: Option<OwnerRecord>) {
+        set(&mut self.owners, name, record);
+    }
+    fn layout(&mut self, name: VolumeId, layout: Option<Layout>) {
+        set(&mut self.layouts, name, layout);
+    }
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
+        set(&mut self.iscsi_access, name, access);
+    }
+    fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>) {
+        set(&mut self.disk_groups, key.to_string(), record);
+    }
+    fn settings(&mut self, settings: ClusterSettings) {
+        self.settings = Some(settings);
+    }
+}
+
+/// The host's view itself, for changes one at a time.
+struct LiveView<'h>(&'h Host);
+
+impl RecordSink for LiveView<'_> {
+    fn host(&mut self, id: HostId, record: Option<HostRecord>) {
+        match record {
+            Some(r) => self.0.peers.set_record(r),
+            None => self.0.peers.remove_record(&id),
+        }
+    }
+    fn liveness(&mut self, id: HostId, live: bool) {
+        self.0.peers.set_live(id, live);
+    }
+    fn volume(&mut self, name: VolumeId, record: Option<VolumeRecord>) {
+        set(&mut self.0.view.volumes.write(), name, record);
+    }
+    fn owner(&mut self, name: VolumeId, record: Option<OwnerRecord>) {
+        set(&mut self.0.view.owners.write(), name, record);
+    }
+    fn layout(&mut self, name: VolumeId, layout: Option<Layout>) {
+        set(&mut self.0.view.layouts.write(), name, layout);
+    }
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
+        set(&mut self.0.view.iscsi_access.write(), name, access);
+    }
+    fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>) {
+        set(
+            &mut self.0.mirror.disk_groups.lock(),
+            key.to_string(),
+            record,
+        );
+        self.0.sum_datastore();
+    }
+    fn settings(&mut self, settings: ClusterSettings) {
+        self.0.apply_settings(settings);
+    }
+}
+
+/// The rest of `key` after `prefix`, if the key is directly under it.
+fn under<'k, T>(prefix: &Prefix<T>, key: &'k str) -> Option<&'k str> {
+    key.strip_prefix(prefix.as_str())
+}
+
+/// The record a put stores, or None for a delete (and for a value that does
+/// not decode, which is logged: the view keeps no half-read record).
+fn decoded<T: serde::de::DeserializeOwned>(prefix: &Prefix<T>, event: &WatchEvent) -> Option<T> {
+    match prefix.decode_event(event) {
+        Ok(record) => record,
+        Err(e) => {
+            tracing::warn!(key = %event.kv.key, error = %e, "cannot read a directory record");
+            None
+        }
+    }
+}
+
+/// Shared with the host: the mirror's state.
+pub(super) type Mirror = Arc<DirectoryMirror>;
