@@ -40,8 +40,8 @@
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 
 use crate::control::{
-    ClusterControl, ControlError, CreatePolicy, CreateVolume, IscsiAccess, RenameVolume,
-    ResizeVolume, UpdatePolicy, UpdateSettings,
+    ClusterControl, ControlError, CreatePolicy, CreateVolume, InjectFault, IscsiAccess,
+    RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -65,6 +65,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/hosts/{id}", get(host))
         .route("/v1/hosts/{id}/stop", post(stop_host))
         .route("/v1/hosts/{id}/start", post(start_host))
+        .route("/v1/hosts/{id}/faults", post(inject_fault))
         .route("/v1/policies", get(policies).post(create_policy))
         .route(
             "/v1/policies/{name}",
@@ -115,6 +116,17 @@ async fn stop_host(State(control): State<Control>, Path(id): Path<String>) -> Re
 
 async fn start_host(State(control): State<Control>, Path(id): Path<String>) -> Response {
     respond_empty(control.start_host(&id).await)
+}
+
+async fn inject_fault(
+    State(control): State<Control>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<InjectFault>(&body) {
+        Ok(fault) => respond_empty(control.inject_fault(&id, fault).await),
+        Err(e) => error_response(e),
+    }
 }
 
 async fn policies(State(control): State<Control>) -> Response {

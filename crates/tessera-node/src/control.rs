@@ -801,6 +801,28 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn stop_host(&self, host: &str) -> Result<(), ControlError>;
     /// Starts a stopped host again (only in `tessera up`).
     async fn start_host(&self, host: &str) -> Result<(), ControlError>;
+    /// Injects a fault into one host (only on hosts whose configuration
+    /// accepts fault injection: test clusters).
+    async fn inject_fault(&self, host: &str, fault: InjectFault) -> Result<(), ControlError> {
+        let _ = fault;
+        Err(ControlError::Invalid(format!(
+            "host {host} does not accept fault injection here"
+        )))
+    }
+}
+
+/// A fault to inject into a host, for testing how the cluster copes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum InjectFault {
+    /// A device of a disk group fails from now on (every read, write and
+    /// sync returns an I/O error), as a device that dies does.
+    FailDevice {
+        /// The disk group, e.g. dg0.
+        disk_group: String,
+        /// 0 for the cache device, 1 and up for the capacity devices.
+        device: usize,
+    },
 }
 
 impl IscsiAccess {

@@ -1431,6 +1431,32 @@ impl ClusterControl for ControlPlane {
         Ok(self.board.views())
     }
 
+    async fn inject_fault(&self, host: &str, fault: InjectFault) -> Result<(), ControlError> {
+        let slot = self.hosts.slot(host).ok_or_else(|| {
+            ControlError::NotFound(format!("no host named {host} in this process"))
+        })?;
+        let running = slot.host.lock().clone();
+        let Some(running) = running else {
+            return Err(ControlError::Conflict(format!("host {host} is stopped")));
+        };
+        match fault {
+            InjectFault::FailDevice { disk_group, device } => {
+                let disk_group = tessera_types::DiskGroupId::new(disk_group)
+                    .map_err(|e| ControlError::Invalid(e.to_string()))?;
+                running
+                    .fail_device(&disk_group, device)
+                    .map_err(|e| match e {
+                        crate::error::FaultError::NotAccepted { .. } => {
+                            ControlError::Invalid(e.to_string())
+                        }
+                        crate::error::FaultError::NoSuchDevice { .. } => {
+                            ControlError::NotFound(e.to_string())
+                        }
+                    })
+            }
+        }
+    }
+
     async fn stop_host(&self, host: &str) -> Result<(), ControlError> {
         let slot = self.hosts.slot(host).ok_or_else(|| {
             ControlError::NotFound(format!("no host named {host} in this process"))

@@ -65,6 +65,10 @@ pub enum Command {
     /// Resyncs and rebuilds with their progress.
     #[command(subcommand)]
     Resync(ResyncCommand),
+    /// Inject faults into a test cluster's hosts (`tessera up
+    /// --fault-injection`; refused by any other cluster).
+    #[command(subcommand)]
+    Fault(FaultCommand),
     /// Offline tools for a host's devices.
     #[command(subcommand)]
     Store(StoreCommand),
@@ -93,6 +97,25 @@ pub enum HostCommand {
     Start {
         /// Host id, e.g. host-2.
         host: String,
+    },
+}
+
+/// `tessera fault ...`
+#[derive(Debug, Subcommand)]
+pub enum FaultCommand {
+    /// Make one device of a host's disk group fail from now on, as a device
+    /// that dies does: the cache device takes the whole disk group with it,
+    /// a capacity device the components on it; their copies are rebuilt
+    /// elsewhere at once.
+    FailDevice {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// The disk group, e.g. dg0.
+        #[arg(long, default_value = "dg0")]
+        disk_group: String,
+        /// 0 for the cache device, 1 and up for the capacity devices.
+        #[arg(long)]
+        device: usize,
     },
 }
 

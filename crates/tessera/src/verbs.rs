@@ -9,8 +9,8 @@
 //! (stop, start, delete) print nothing with `--json`.
 
 use crate::args::{
-    Command, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand, SettingsCommand,
-    StoreCommand, VolumeCommand,
+    Command, FaultCommand, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand,
+    SettingsCommand, StoreCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
@@ -162,6 +162,26 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             client.post_json(&format!("/v1/hosts/{}/stop", segment(host)), &json!({}))?;
             if !output.json {
                 output.text(&format!("stopped host {host}\n"))?;
+            }
+        }
+        Command::Fault(FaultCommand::FailDevice {
+            host,
+            disk_group,
+            device,
+        }) => {
+            client.post_json(
+                &format!("/v1/hosts/{}/faults", segment(host)),
+                &json!({"kind": "fail-device", "disk_group": disk_group, "device": device}),
+            )?;
+            if !output.json {
+                let which = if *device == 0 {
+                    "cache device".to_string()
+                } else {
+                    format!("capacity device {device}")
+                };
+                output.text(&format!(
+                    "{which} of {host}'s disk group {disk_group} fails from now on\n"
+                ))?;
             }
         }
         Command::Host(HostCommand::Start { host }) => {

@@ -379,6 +379,20 @@ fn host_stop_and_start_show_in_status_and_host_list() {
 }
 
 #[test]
+fn a_cluster_without_fault_injection_refuses_a_fault() {
+    let api = ApiServer::start();
+    let refused = tessera(&api, &["fault", "fail-device", "host-2", "--device", "0"]);
+    assert_eq!(code(&refused), 1);
+    assert!(
+        stderr(&refused).contains("does not accept fault injection"),
+        "{}",
+        stderr(&refused)
+    );
+    let usage = tessera(&api, &["fault", "fail-device", "host-2"]);
+    assert_eq!(code(&usage), 2, "--device is required");
+}
+
+#[test]
 fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
     let api = ApiServer::start();
     let shown = stdout(&tessera(&api, &["host", "show", "host-1"]));
