@@ -24,7 +24,8 @@
 //!   its coordinators and rejoining; after [`Event::LeaseLost`] it
 //!   coordinates nothing;
 //! - it asks to take ownership only of a ready volume with no owner that
-//!   it does not coordinate;
+//!   it does not coordinate, and to release an owner record only of a
+//!   volume it does not coordinate;
 //! - it acts on a volume's components (absence, witness, resync, rebuild)
 //!   only while it coordinates that volume;
 //! - at most one resync of a component runs at a time: a second start
@@ -201,6 +202,17 @@ pub enum Action {
     TakeOwnership {
         /// The volume.
         volume: VolumeId,
+    },
+    /// The directory names this host `volume`'s owner at `epoch`, but it
+    /// does not coordinate it (it stepped down on news older than its own
+    /// take-over, or the take-over failed and the release did not reach
+    /// the directory): delete that owner record, if it still says so, so
+    /// the volume can be taken again.
+    ReleaseOwnership {
+        /// The volume.
+        volume: VolumeId,
+        /// The epoch of the record to delete.
+        epoch: Epoch,
     },
     /// Record `host`'s components of `volume` absent: they miss writes,
     /// which are tracked for a delta resync.
@@ -436,6 +448,15 @@ impl HostControl {
                     return vec![Action::StopCoordinating { volume }];
                 }
                 self.ownerless_ticks.remove(&volume);
+                // The host wrote this owner record itself; the directory's
+                // news of it may come after the next tick.
+                self.owners.insert(
+                    volume.clone(),
+                    Owner {
+                        host: self.host.clone(),
+                        epoch,
+                    },
+                );
                 self.coordinating.insert(
                     volume,
                     Coordinated {
@@ -513,9 +534,11 @@ impl HostControl {
             })
             .map(|(volume, _)| volume.clone())
             .collect();
-        for volume in stopped {
-            self.coordinating.remove(&volume);
-            actions.push(Action::StopCoordinating { volume });
+        for volume in &stopped {
+            self.coordinating.remove(volume);
+            actions.push(Action::StopCoordinating {
+                volume: volume.clone(),
+            });
         }
         let ready: Vec<VolumeId> = self
             .volumes
@@ -526,12 +549,24 @@ impl HostControl {
         for volume in ready {
             if self.coordinating.contains_key(&volume) {
                 self.maintain(&volume, &mut actions);
-            } else if !self.owners.contains_key(&volume) {
-                if self.should_take(&volume) {
-                    actions.push(Action::TakeOwnership { volume });
-                }
             } else {
-                self.ownerless_ticks.remove(&volume);
+                match self.owners.get(&volume) {
+                    None => {
+                        if self.should_take(&volume) {
+                            actions.push(Action::TakeOwnership { volume });
+                        }
+                    }
+                    // Stepped down this tick: the record naming this host
+                    // is likely old news, replaced soon.
+                    Some(owner) if owner.host == self.host && !stopped.contains(&volume) => {
+                        let epoch = owner.epoch;
+                        self.ownerless_ticks.remove(&volume);
+                        actions.push(Action::ReleaseOwnership { volume, epoch });
+                    }
+                    Some(_) => {
+                        self.ownerless_ticks.remove(&volume);
+                    }
+                }
             }
         }
         // Forget what belongs to volumes no longer coordinated here.
@@ -697,6 +732,14 @@ impl HostControl {
                 assert!(
                     self.volumes.get(volume) == Some(&true),
                     "{}: {action:?} of a volume not ready",
+                    self.host
+                );
+            }
+            Action::ReleaseOwnership { volume, .. } => {
+                assert!(self.lease_held, "{}: {action:?} without a lease", self.host);
+                assert!(
+                    !self.coordinating.contains_key(volume),
+                    "{}: {action:?} of a volume it coordinates",
                     self.host
                 );
             }

@@ -195,6 +195,47 @@ fn coordinators_stop_when_ownership_moves_the_volume_goes_or_a_higher_epoch_is_m
 }
 
 #[test]
+fn a_take_over_holds_before_the_directory_reports_its_owner_record() {
+    let mut c = cluster(1);
+    assert_eq!(
+        tick(&mut c, TICK),
+        vec![Action::TakeOwnership { volume: volume(1) }]
+    );
+    c.handle(Event::Coordinating {
+        volume: volume(1),
+        epoch: Epoch(3),
+        layout: layout(1, 1, 2, 3, ACTIVE, 1),
+    });
+    // The watch has not brought the owner record yet: still coordinating.
+    assert!(tick(&mut c, 2 * TICK).is_empty());
+    assert_eq!(c.coordinating().count(), 1);
+}
+
+#[test]
+fn an_owner_record_naming_this_host_without_its_coordinator_is_released() {
+    // Stepped down on older news (the previous owner's record going
+    // away, heard after its own take-over), then its own record arrives.
+    let mut c = cluster(1);
+    c.handle(Event::OwnerRecorded {
+        volume: volume(1),
+        host: host(1),
+        epoch: Epoch(3),
+    });
+    assert_eq!(
+        tick(&mut c, TICK),
+        vec![Action::ReleaseOwnership {
+            volume: volume(1),
+            epoch: Epoch(3)
+        }]
+    );
+    c.handle(Event::OwnerRemoved { volume: volume(1) });
+    assert_eq!(
+        tick(&mut c, 2 * TICK),
+        vec![Action::TakeOwnership { volume: volume(1) }]
+    );
+}
+
+#[test]
 fn a_lost_lease_drops_every_coordinator_and_asks_only_to_rejoin() {
     let mut c = cluster(1);
     coordinate(&mut c, layout(1, 1, 2, 3, ACTIVE, 1));

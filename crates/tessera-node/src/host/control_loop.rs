@@ -281,6 +281,22 @@ impl Host {
                 }
             }
             Action::TakeOwnership { volume } => return self.take_ownership(&volume).await,
+            Action::ReleaseOwnership { volume, epoch } => {
+                let record = self.view.owners.read().get(&volume).cloned();
+                // Only the record the core saw: deleted if it still holds.
+                if let Some(record) = record.filter(|r| r.host == self.id && r.epoch == epoch) {
+                    tracing::info!(host = %self.id, %volume, %epoch, "releasing an owner record this host does not act on");
+                    if let Err(e) = tessera_directory::release_owner(
+                        self.directory.as_ref(),
+                        &self.keys,
+                        &record,
+                    )
+                    .await
+                    {
+                        tracing::warn!(host = %self.id, %volume, error = %e, "could not release ownership");
+                    }
+                }
+            }
             Action::RecordHostAbsent { volume, host } => {
                 let c = coordinator(&volume)?;
                 tracing::warn!(%volume, %host, "host is absent: its components miss writes until it returns");
