@@ -3,6 +3,9 @@
 //! CRC32C while hosts are killed with SIGKILL (a replica host, then the
 //! owner) and while the owner is frozen with SIGSTOP past its lease.
 
+mod common;
+
+use common::{free_port, have};
 use serde_json::Value;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -10,31 +13,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const HOSTS: usize = 4;
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "{tool} is required (TESSERA_REQUIRE_TOOLS=1) but not installed"
-        );
-        eprintln!("skipping: {tool} is not installed");
-    }
-    found
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Kills its process when dropped, so a failing test leaves nothing behind.
 struct Proc(Child);

@@ -5,30 +5,12 @@
 //! the failure pass afterwards, and `tessera object verify` finds the copies
 //! identical. Skips without fio.
 
+mod common;
+
+use common::{free_port, have};
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        eprintln!("skipping: {tool} is not installed");
-    }
-    found
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `tessera up`, stopped when dropped.
 struct Up(Child);

@@ -169,71 +169,39 @@ impl Host {
             }
         }
         reported.failed_storage = failed;
-        {
-            let volumes = self.view.volumes.read();
-            for (name, record) in volumes.iter() {
-                let ready = record.state == VolumeState::Ready;
-                if reported.volumes.insert(name.clone(), ready) != Some(ready) {
-                    events.push(Event::VolumeRecorded {
-                        volume: name.clone(),
-                        ready,
-                    });
-                }
-            }
-            reported.volumes.retain(|name, _| {
-                let keep = volumes.contains_key(name);
-                if !keep {
-                    events.push(Event::VolumeRemoved {
-                        volume: name.clone(),
-                    });
-                }
-                keep
-            });
-        }
-        {
-            let owners = self.view.owners.read();
-            for (name, record) in owners.iter() {
-                let owner = (record.host.clone(), record.epoch);
-                if reported.owners.get(name) != Some(&owner) {
-                    reported.owners.insert(name.clone(), owner);
-                    events.push(Event::OwnerRecorded {
-                        volume: name.clone(),
-                        host: record.host.clone(),
-                        epoch: record.epoch,
-                    });
-                }
-            }
-            reported.owners.retain(|name, _| {
-                let keep = owners.contains_key(name);
-                if !keep {
-                    events.push(Event::OwnerRemoved {
-                        volume: name.clone(),
-                    });
-                }
-                keep
-            });
-        }
-        {
-            let layouts = self.view.layouts.read();
-            for (name, layout) in layouts.iter() {
-                if reported.layouts.insert(name.clone(), layout.generation)
-                    != Some(layout.generation)
-                {
-                    events.push(Event::LayoutRecorded {
-                        layout: layout.clone(),
-                    });
-                }
-            }
-            reported.layouts.retain(|name, _| {
-                let keep = layouts.contains_key(name);
-                if !keep {
-                    events.push(Event::LayoutRemoved {
-                        volume: name.clone(),
-                    });
-                }
-                keep
-            });
-        }
+        report_changes(
+            &self.view.volumes.read(),
+            &mut reported.volumes,
+            |record| record.state == VolumeState::Ready,
+            |volume, _, &ready| Event::VolumeRecorded {
+                volume: volume.clone(),
+                ready,
+            },
+            |volume| Event::VolumeRemoved { volume },
+            &mut events,
+        );
+        report_changes(
+            &self.view.owners.read(),
+            &mut reported.owners,
+            |record| (record.host.clone(), record.epoch),
+            |volume, record, _| Event::OwnerRecorded {
+                volume: volume.clone(),
+                host: record.host.clone(),
+                epoch: record.epoch,
+            },
+            |volume| Event::OwnerRemoved { volume },
+            &mut events,
+        );
+        report_changes(
+            &self.view.layouts.read(),
+            &mut reported.layouts,
+            |layout| layout.generation,
+            |_, layout, _| Event::LayoutRecorded {
+                layout: layout.clone(),
+            },
+            |volume| Event::LayoutRemoved { volume },
+            &mut events,
+        );
         let owned: Vec<(VolumeId, Arc<Coordinator>)> = self
             .owned
             .read()
@@ -506,6 +474,33 @@ impl Host {
             replacement: (role == ComponentRole::Data).then_some((new_id, new_host)),
         })
     }
+}
+
+/// Adds to `events` what changed in `current` since `reported`, which
+/// then matches it: `put` for each record new or changed (as `summary`
+/// tells them apart), `gone` for each record removed.
+fn report_changes<V, S: PartialEq>(
+    current: &HashMap<VolumeId, V>,
+    reported: &mut HashMap<VolumeId, S>,
+    summary: impl Fn(&V) -> S,
+    put: impl Fn(&VolumeId, &V, &S) -> Event,
+    gone: impl Fn(VolumeId) -> Event,
+    events: &mut Vec<Event>,
+) {
+    for (volume, record) in current {
+        let now = summary(record);
+        if reported.get(volume) != Some(&now) {
+            events.push(put(volume, record, &now));
+            reported.insert(volume.clone(), now);
+        }
+    }
+    reported.retain(|volume, _| {
+        let keep = current.contains_key(volume);
+        if !keep {
+            events.push(gone(volume.clone()));
+        }
+        keep
+    });
 }
 
 /// Bytes of `component` still to copy from its column's other copies.
