@@ -88,8 +88,9 @@ fn main() -> Result<()> {
         "layers" => layers(),
         "tidy" => tidy(),
         "fresh-machine" => fresh_machine(),
+        "sim" => sim(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
-            eprintln!("usage: cargo xtask <ci|layers|tidy|fresh-machine>");
+            eprintln!("usage: cargo xtask <ci|layers|tidy|fresh-machine|sim>");
             eprintln!("  ci             fmt check, layers, tidy, clippy -D warnings, fresh-machine, all tests");
             eprintln!("  layers         check that every crate depends only on lower layers");
             eprintln!("  tidy           module docs present, no dbg!/todo! in libraries");
@@ -98,9 +99,56 @@ fn main() -> Result<()> {
             );
             eprintln!("                 PATH and PROTOC unset: builds, prints its banner, answers");
             eprintln!("                 `tessera status`, stops cleanly on SIGINT");
+            eprintln!("  sim [--seeds N] [--first S]");
+            eprintln!("                 the cluster simulator over N seeds from S (default 10000 from 1),");
+            eprintln!(
+                "                 release build; a breach prints its seed and how to replay it"
+            );
             std::process::exit(2);
         }
     }
+}
+
+/// `cargo xtask sim [--seeds N] [--first S]`: the simulator's seed test
+/// over more seeds than CI runs.
+fn sim(args: &[String]) -> Result<()> {
+    let mut seeds = 10_000u64;
+    let mut first = 1u64;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let value = |v: Option<&String>| -> Result<u64> {
+            v.with_context(|| format!("{arg} needs a number"))?
+                .parse()
+                .with_context(|| format!("{arg} needs a number"))
+        };
+        match arg.as_str() {
+            "--seeds" => seeds = value(rest.next())?,
+            "--first" => first = value(rest.next())?,
+            other => bail!("unknown argument {other:?}: use --seeds N and --first S"),
+        }
+    }
+    eprintln!("$ TESSERA_SIM_SEEDS={seeds} TESSERA_SIM_FIRST_SEED={first} cargo test -p tessera-sim --release");
+    let status = Command::new("cargo")
+        .args([
+            "test",
+            "-p",
+            "tessera-sim",
+            "--release",
+            "--test",
+            "seeds",
+            "no_seed_breaks_an_invariant",
+            "--",
+            "--nocapture",
+        ])
+        .env("TESSERA_SIM_SEEDS", seeds.to_string())
+        .env("TESSERA_SIM_FIRST_SEED", first.to_string())
+        .current_dir(workspace_root())
+        .status()
+        .context("starting cargo")?;
+    if !status.success() {
+        bail!("the simulator found a breach (its seed is printed above)");
+    }
+    Ok(())
 }
 
 fn workspace_root() -> PathBuf {
