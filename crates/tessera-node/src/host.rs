@@ -85,7 +85,8 @@ fn parse_mem_total(text: &str) -> Option<u64> {
 /// Coordinators of the volumes a host owns, shared with its request handler.
 pub type Owned = Arc<RwLock<HashMap<VolumeId, Arc<Coordinator>>>>;
 
-/// What the host knows of the cluster's volumes, refreshed every tick.
+/// What the host knows of the cluster's volumes, kept current by the directory
+/// watch (`host/directory_mirror.rs`).
 #[derive(Default)]
 pub struct VolumeView {
     /// Volume records.
@@ -598,13 +599,10 @@ impl Host {
         }
     }
 
-    /// Reads volumes, owners, layouts and access settings from the
-    /// directory now rather than at the next tick.
+    /// Reads the whole view from the directory now, in one listing,
+    /// rather than waiting for the watch's news (the control plane calls it
+    /// after a change it made, so the next request sees it).
     pub async fn refresh_view(&self) {
-        self.refresh().await;
-    }
-
-    async fn refresh(&self) {
         if let Err(e) = self.load_directory().await {
             tracing::debug!(host = %self.id, error = %e, "cannot read the directory now");
         }
