@@ -10,7 +10,8 @@
 //! summed as the datastore's).
 //! Must not touch: decisions (the control core's) or writes to the directory.
 //! Invariants: a change older than the last full listing is never applied
-//! over it (each change carries its revision); when the watch ends (the
+//! over it (each change carries its revision), and a listing never undoes
+//! a newer change (listings and changes take turns); when the watch ends (the
 //! directory lost history, the host fell behind, a connection dropped) the
 //! host lists once and watches again from that listing, so no change is
 //! missed; in steady state the host reads nothing but the watch.
@@ -40,6 +41,11 @@ pub(super) struct DirectoryMirror {
     listings: AtomicU64,
     /// Each disk group's record, by key.
     pub(super) disk_groups: Mutex<HashMap<String, DiskGroupRecord>>,
+    /// Held by a full listing from before it reads until the view is
+    /// replaced, and by each change applied: a change the watch reports
+    /// meanwhile waits, then applies over the listing (or is skipped when
+    /// the listing already holds it), instead of being undone by it.
+    applying: tokio::sync::Mutex<()>,
 }
 
 impl Host {
@@ -71,7 +77,7 @@ impl Host {
                 };
                 let Some(host) = weak.upgrade() else { return };
                 match event {
-                    Ok(event) => host.apply_change(&event),
+                    Ok(event) => host.apply_change(&event).await,
                     Err(e) => {
                         tracing::info!(host = %host.id, error = %e, "directory watch ended; listing again");
                         break;
@@ -85,6 +91,7 @@ impl Host {
     /// what it says, each part replaced at once (readers never see it
     /// half-loaded); returns the listing's revision.
     pub(super) async fn load_directory(&self) -> tessera_directory::Result<Revision> {
+        let _applying = self.mirror.applying.lock().await;
         let listing = self.directory.list(self.keys.root()).await?;
         self.mirror.listings.fetch_add(1, Ordering::Relaxed);
         let mut loaded = Loaded::default();
@@ -120,7 +127,8 @@ impl Host {
 
     /// Applies one change the watch reported, unless a later listing
     /// already holds it.
-    fn apply_change(&self, event: &WatchEvent) {
+    async fn apply_change(&self, event: &WatchEvent) {
+        let _applying = self.mirror.applying.lock().await;
         if event.kv.mod_revision <= self.mirror.listed.load(Ordering::SeqCst) {
             return;
         }
