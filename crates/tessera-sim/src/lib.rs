@@ -14,6 +14,9 @@
 //!   of the highest epoch (fenced), and a watch per host that may lag: in a
 //!   tick a host hears of the directory's changes only with probability
 //!   3/4.
+//! - **Disk groups** fail while their host stays up (the host writes the
+//!   failure into the directory; its copies there are lost; a host that
+//!   restarts comes back on a new, empty disk group).
 //! - **Hosts** crash (their state is lost; their lease lapses), restart
 //!   (a new core, a new lease, everything heard again), and are cut off
 //!   from the network (they keep running their core, but renew nothing and
@@ -40,9 +43,11 @@
 //! - no host coordinates a volume at an epoch above the highest granted.
 //!
 //! And at the end of the healing phase (liveness: faults off, every host up
-//! and reachable): every volume is coordinated by exactly one host, the one
-//! the directory names owner at that epoch; its layout is the directory's;
-//! and every data copy is Active on a live host.
+//! and reachable, one failed disk group left in place): every volume is
+//! coordinated by exactly one host, the one the directory names owner at
+//! that epoch; its layout is the directory's; every copy is Active on a
+//! live host, and none is on the failed disk group (its host is live, so
+//! only the failure can have moved them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -111,6 +116,8 @@ pub struct SimReport {
     pub resyncs: u64,
     /// Copies rebuilt elsewhere.
     pub rebuilds: u64,
+    /// Disk groups that failed.
+    pub disk_group_failures: u64,
     /// A digest of everything that happened, to show a replay is exact.
     pub digest: u64,
 }
@@ -175,6 +182,8 @@ struct Directory {
     owners: BTreeMap<VolumeId, (HostId, Epoch, u64)>,
     highest: BTreeMap<VolumeId, Epoch>,
     layouts: BTreeMap<VolumeId, Layout>,
+    /// Hosts whose disk group failed (until they restart on a new one).
+    failed_groups: BTreeSet<HostId>,
 }
 
 /// What a host has heard of the directory.
@@ -184,6 +193,7 @@ struct Heard {
     volumes: BTreeSet<VolumeId>,
     owners: BTreeMap<VolumeId, (HostId, Epoch)>,
     layouts: BTreeMap<VolumeId, u64>,
+    failed_groups: BTreeSet<HostId>,
     lease_held: bool,
 }
 
@@ -349,7 +359,7 @@ impl World {
             return;
         }
         let i = (self.rng.next_u64() % self.hosts.len() as u64) as usize;
-        let kind = self.rng.next_u64() % 4;
+        let kind = self.rng.next_u64() % 5;
         let (up, cut_off) = (self.hosts[i].up, self.hosts[i].cut_off);
         let line = match (kind, up, cut_off) {
             (0, true, _) => {
@@ -369,6 +379,18 @@ impl World {
                 self.hosts[i].cut_off = false;
                 format!("fault: {} is reachable again", self.hosts[i].id)
             }
+            (4, true, _) if !self.directory.failed_groups.contains(&self.hosts[i].id) => {
+                // The host stays up and says so (its record is written by
+                // the host itself, so only while it reaches the directory).
+                if self.hosts[i].cut_off {
+                    return;
+                }
+                self.directory
+                    .failed_groups
+                    .insert(self.hosts[i].id.clone());
+                self.report.disk_group_failures += 1;
+                format!("fault: the disk group of {} fails", self.hosts[i].id)
+            }
             _ => return,
         };
         self.report.faults += 1;
@@ -377,14 +399,24 @@ impl World {
 
     fn restart(&mut self, i: usize) {
         let id = self.hosts[i].id.clone();
+        // It comes back on a new device: an empty, healthy disk group.
+        self.directory.failed_groups.remove(&id);
         let lease = self.directory.grant(&id, self.tick + LEASE_TICKS);
         self.hosts[i] = SimHost::new(id, lease, self.tick);
     }
 
+    /// Faults off: every host up and reachable, and every failed disk
+    /// group but one replaced; the one left must lose its copies to the
+    /// other hosts (with five hosts and three copies a volume, there is
+    /// always room).
     fn heal_everything(&mut self) {
+        let mut failed_kept = false;
         for i in 0..self.hosts.len() {
-            if !self.hosts[i].up {
+            let failed = self.directory.failed_groups.contains(&self.hosts[i].id);
+            if !self.hosts[i].up || (failed && failed_kept) {
                 self.restart(i);
+            } else if failed {
+                failed_kept = true;
             }
             self.hosts[i].cut_off = false;
         }
@@ -527,6 +559,19 @@ impl World {
             }
         }
         heard.owners = owners;
+        for host in self
+            .directory
+            .failed_groups
+            .symmetric_difference(&heard.failed_groups)
+        {
+            events.push(Event::DiskGroupHealth {
+                host: host.clone(),
+                disk_group: DiskGroupId("dg0".into()),
+                failed: self.directory.failed_groups.contains(host),
+                failed_components: BTreeSet::new(),
+            });
+        }
+        heard.failed_groups = self.directory.failed_groups.clone();
         for (volume, layout) in &self.directory.layouts {
             if heard.layouts.insert(volume.clone(), layout.generation) != Some(layout.generation) {
                 events.push(Event::LayoutRecorded {
@@ -559,7 +604,8 @@ impl World {
         let target_ok = self
             .hosts
             .iter()
-            .any(|h| h.id == target && h.up && !h.cut_off);
+            .any(|h| h.id == target && h.up && !h.cut_off)
+            && !self.directory.failed_groups.contains(&target);
         let ok = target_ok && !self.hosts[i].cut_off;
         if ok {
             let (_, layout) = self.hosts[i].coordinating.get_mut(volume).unwrap();
@@ -709,7 +755,7 @@ impl World {
             .directory
             .liveness
             .keys()
-            .find(|h| !used.contains(*h))?
+            .find(|h| !used.contains(*h) && !self.directory.failed_groups.contains(*h))?
             .clone();
         self.next_component += 1;
         let mut new = placement(self.next_component, role, &target);
@@ -814,6 +860,12 @@ impl World {
                 )));
             }
             for c in layout.components() {
+                if self.directory.failed_groups.contains(&c.host) {
+                    return Err(self.violation(format!(
+                        "after healing, component {} of {volume} is still on the failed disk group of {}",
+                        c.id, c.host
+                    )));
+                }
                 let live = self.directory.liveness.contains_key(&c.host);
                 if c.state != ComponentState::Active || !live {
                     return Err(self.violation(format!(

@@ -19,7 +19,7 @@ fn no_seed_breaks_an_invariant() {
     let seeds = env_u64("TESSERA_SIM_SEEDS", 300);
     let first = env_u64("TESSERA_SIM_FIRST_SEED", 1);
     let config = SimConfig::default();
-    let (mut faults, mut takeovers, mut resyncs, mut rebuilds) = (0, 0, 0, 0);
+    let (mut faults, mut takeovers, mut resyncs, mut rebuilds, mut failed_groups) = (0, 0, 0, 0, 0);
     for seed in first..first + seeds {
         match run(seed, &config) {
             Ok(report) => {
@@ -27,16 +27,18 @@ fn no_seed_breaks_an_invariant() {
                 takeovers += report.takeovers;
                 resyncs += report.resyncs;
                 rebuilds += report.rebuilds;
+                failed_groups += report.disk_group_failures;
             }
             Err(violation) => panic!("{violation}"),
         }
     }
     eprintln!(
-        "{seeds} seeds from {first}: {faults} faults, {takeovers} ownerships taken, {resyncs} resyncs, {rebuilds} rebuilds"
+        "{seeds} seeds from {first}: {faults} faults ({failed_groups} failed disk groups), {takeovers} ownerships taken, {resyncs} resyncs, {rebuilds} rebuilds"
     );
     // The runs did what they are for: hosts failed, ownership moved,
     // copies came back and were rebuilt.
     assert!(faults > seeds && takeovers > seeds && resyncs > 0 && rebuilds > 0);
+    assert!(failed_groups > 0);
 }
 
 #[test]
