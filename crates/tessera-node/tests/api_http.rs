@@ -223,6 +223,12 @@ async fn unknown_fields_are_refused_by_name_and_change_nothing() {
             "max_overcommit",
         ),
         (Method::PATCH, "/v1/policies/default", r#"{"ftt":2}"#, "ftt"),
+        (
+            Method::POST,
+            "/v1/hosts/host-2/faults",
+            r#"{"kind":"fail-device","disk_group":"dg0","device":0,"now":true}"#,
+            "now",
+        ),
     ];
     for (method, path, body, field) in cases {
         let answer = call(&control, method.clone(), path, Some(body)).await;
@@ -395,6 +401,37 @@ async fn hosts_stop_and_start_with_conflicts_for_repeats() {
 
     let started = call(&control, Method::POST, "/v1/hosts/host-2/start", None).await;
     assert_eq!(started.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn faults_are_refused_where_they_are_not_accepted_and_unknown_kinds_by_name() {
+    let control = Arc::new(MemoryControl::new());
+    let refused = call(
+        &control,
+        Method::POST,
+        "/v1/hosts/host-2/faults",
+        Some(r#"{"kind":"fail-device","disk_group":"dg0","device":0}"#),
+    )
+    .await;
+    assert_error(
+        &refused,
+        StatusCode::BAD_REQUEST,
+        "invalid",
+        "does not accept fault injection",
+    );
+    let unknown = call(
+        &control,
+        Method::POST,
+        "/v1/hosts/host-2/faults",
+        Some(r#"{"kind":"melt-down"}"#),
+    )
+    .await;
+    assert_error(
+        &unknown,
+        StatusCode::BAD_REQUEST,
+        "invalid",
+        "unknown variant `melt-down`",
+    );
 }
 
 #[tokio::test]
