@@ -27,6 +27,7 @@
 //! | `policies/<name>` | [`Policy`] | none |
 //! | `volumes/<volume>` | [`VolumeRecord`] | none |
 //! | `layouts/<volume>` | [`Layout`] | none |
+//! | `dirty-regions/<volume>` | [`DirtyRecord`] | none: a later owner resyncs by it |
 //! | `components/<volume>/<component>` | [`ComponentStateRecord`] | none |
 //! | `owners/<volume>` | [`OwnerRecord`] | the owner's lease |
 //! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{ComponentState, Layout};
 use tessera_types::policy::Policy;
 use tessera_types::{ComponentId, DiskGroupId, Epoch, FaultDomainId, HostId, PolicyName, VolumeId};
@@ -458,6 +460,12 @@ impl Keyspace {
     /// Every volume's layout.
     pub fn layouts(&self) -> Prefix<Layout> {
         self.prefix(&["layouts"])
+    }
+
+    /// The dirty-region maps of a volume's copies that are behind, written
+    /// by its owner with the layout.
+    pub fn dirty_regions(&self, volume: &VolumeId) -> Key<DirtyRecord> {
+        self.key(&["dirty-regions", volume.as_str()])
     }
 
     /// The state of one component of a volume.

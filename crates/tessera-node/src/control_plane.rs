@@ -1094,6 +1094,11 @@ impl ClusterControl for ControlPlane {
             .await
             .map_err(internal)?
             .map(|r| r.value);
+        // A copy that is behind keeps its delta resync under the new name.
+        let dirty = keys::get(d, &self.keys.dirty_regions(&old))
+            .await
+            .map_err(internal)?
+            .map(|r| r.value);
         record.name = new_name.clone();
         layout.volume = new_name.clone();
         let mut ops = vec![
@@ -1107,6 +1112,7 @@ impl ClusterControl for ControlPlane {
                 .map_err(internal)?,
             self.keys.volume(&old).delete_op(),
             self.keys.layout(&old).delete_op(),
+            self.keys.dirty_regions(&old).delete_op(),
             self.keys.owner(&old).delete_op(),
             self.keys.owner_epoch(&old).delete_op(),
             self.keys.reservation(&old).delete_op(),
@@ -1118,6 +1124,15 @@ impl ClusterControl for ControlPlane {
                 self.keys
                     .owner_epoch(&new_name)
                     .put_op(&epoch, None)
+                    .map_err(internal)?,
+            );
+        }
+        if let Some(mut dirty) = dirty {
+            dirty.volume = new_name.clone();
+            ops.push(
+                self.keys
+                    .dirty_regions(&new_name)
+                    .put_op(&dirty, None)
                     .map_err(internal)?,
             );
         }
@@ -1182,6 +1197,7 @@ impl ClusterControl for ControlPlane {
         let ops = vec![
             self.keys.volume(&record.name).delete_op(),
             self.keys.layout(&record.name).delete_op(),
+            self.keys.dirty_regions(&record.name).delete_op(),
             self.keys.owner(&record.name).delete_op(),
             self.keys.owner_epoch(&record.name).delete_op(),
             self.keys.reservation(&record.name).delete_op(),

@@ -175,6 +175,76 @@ async fn wait_for_resyncs(
     }
 }
 
+/// The owner host dies while a copy is away, after writes the copy missed:
+/// the host that owns the volume next resyncs from the dirty-region record
+/// the first owner left in the directory, so the copy receives what was
+/// written while it was away, not everything the volume holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_owner_dies_a_returning_copy_resyncs_only_what_it_missed() {
+    let cluster = Cluster::start(3600).await;
+    let view = cluster.create("od", 256 << 20).await;
+    let (owner_host, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view);
+    let owner = owner_host.id().to_string();
+    drop(owner_host);
+    // 96 MiB of data before the copy leaves.
+    write_mib(&coordinator, 96, 1).await;
+    cluster.control.stop_host(&replica_host).await.unwrap();
+    // 8 MiB written while it is away, at 160 MiB.
+    for i in 0..8u64 {
+        let data = Bytes::from(vec![0x5a ^ i as u8; 1 << 20]);
+        coordinator
+            .write((160 + i) << 20, data, WriteFlags::default())
+            .await
+            .expect("a degraded write succeeds");
+    }
+    let written_while_away = coordinator
+        .counters()
+        .degraded_write_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    drop(coordinator);
+    // The owner dies; its host comes back with nothing in memory.
+    cluster.control.stop_host(&owner).await.unwrap();
+    cluster.control.start_host(&owner).await.unwrap();
+    let moved = cluster
+        .wait_for("od", "a new owner epoch", |v| {
+            v.owner.is_some() && v.epoch > view.epoch
+        })
+        .await;
+    cluster.control.start_host(&replica_host).await.unwrap();
+    cluster
+        .wait_for("od", "the copy to be resynced", |v| {
+            v.state == Health::Healthy
+        })
+        .await;
+    let rows = wait_for_resyncs(&cluster, "od", "the resync to finish", |rows| {
+        rows.iter()
+            .any(|r| r.component == replica && r.state == ResyncState::Done)
+    })
+    .await;
+    let resynced: u64 = rows
+        .iter()
+        .filter(|r| r.component == replica && r.state == ResyncState::Done)
+        .map(|r| r.copied_bytes)
+        .sum();
+    eprintln!(
+        "owner {owner} at {:?} died, {:?} owns at {:?}; written while {replica_host} was away: {written_while_away} bytes; resynced: {resynced} bytes ({:.2}x)",
+        view.epoch,
+        moved.owner,
+        moved.epoch,
+        resynced as f64 / written_while_away as f64
+    );
+    assert_eq!(written_while_away, 8 << 20);
+    assert!(resynced > 0, "the returning copy was resynced: {rows:#?}");
+    assert!(
+        resynced * 10 <= written_while_away * 11,
+        "resynced {resynced} bytes for {written_while_away} written while away"
+    );
+    let report = cluster.control.verify_object("od").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+}
+
 /// A host stopped on purpose makes the owner's first resync attempt fail
 /// (the host still looks live until its lease lapses); the row then waits
 /// for the host, and once the host is back and the retry succeeded the

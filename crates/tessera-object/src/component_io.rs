@@ -8,6 +8,7 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{ComponentPlacement, Layout};
 use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId};
 
@@ -216,10 +217,17 @@ pub trait ComponentIo: Send + Sync + 'static {
 }
 
 /// Where the coordinator records layout changes (component states, rebuilt
-/// components). A change is recorded *before* the write that depends on it is
-/// acknowledged, so a later owner never reads a copy that missed a write.
+/// components) and the coarse dirty-region maps of the copies that are
+/// behind. A change is recorded *before* the write that depends on it is
+/// acknowledged, so a later owner never reads a copy that missed a write;
+/// a copy's map covers a write *before* the write is sent to the other
+/// copies, so a later owner resyncs at least every block it missed.
 #[async_trait]
 pub trait LayoutRecorder: Send + Sync + 'static {
-    /// Persists `layout` (whose generation the coordinator has raised).
-    async fn record(&self, layout: &Layout) -> Result<(), String>;
+    /// Persists `layout` (whose generation the coordinator has raised) and
+    /// `dirty` together: a reader sees both or neither.
+    async fn record(&self, layout: &Layout, dirty: &DirtyRecord) -> Result<(), String>;
+
+    /// Persists `dirty` alone (the layout did not change).
+    async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String>;
 }

@@ -15,6 +15,11 @@
 //! - a copy that missed a write is never Active: it is Absent (or Degraded)
 //!   with the missed blocks in its dirty map, and that state change is
 //!   recorded before the write is acknowledged;
+//! - the recorded coarse map of a copy that does not receive a change
+//!   covers the change before any copy is sent it, so a later owner that
+//!   resyncs by the record (`take_over_cached`) misses nothing, even if this
+//!   owner dies mid-write; records reach the directory in the order their
+//!   contents were taken;
 //! - reads come only from Active copies (one on this host if there is one,
 //!   else the copy each 1 MiB region of the column is assigned to, so each
 //!   copy's host caches a part of the volume of its own), and a block that
@@ -40,19 +45,26 @@ use bytes::{Bytes, BytesMut};
 use futures::future::join_all;
 use parking_lot::Mutex;
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{
     check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
     DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
 };
+use tessera_types::dirty::{ComponentDirty, DirtyRecord, RecordedDirty};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::{ComponentId, Epoch, HostId, Lba, BLOCK_BYTES};
 
 /// Blocks copied per resync step: one range-lock hold, bounded so guest
 /// writes to the same range wait at most one step.
 pub const RESYNC_STEP_BLOCKS: u64 = 256;
+
+/// Resync steps between two records of how far a resync got: the regions
+/// it finished leave the copy's recorded map, so an owner that takes over
+/// continues the resync instead of starting it again (64 steps: every
+/// 64 MiB of dirty space examined).
+pub const RESYNC_STEPS_PER_RECORD: u64 = 64;
 
 /// Bytes of zeros written per step when zeroing must keep space allocated.
 const ZERO_STEP_BYTES: u64 = 1 << 20;
@@ -148,8 +160,99 @@ struct State {
     layout: Layout,
     /// Dirty regions per copy that missed writes, in column blocks.
     dirty: HashMap<ComponentId, DirtyRegions>,
+    /// The coarse maps of the data copies that are behind, as the next
+    /// record will hold them: each covers its copy's `dirty`.
+    recorded: BTreeMap<ComponentId, RecordedDirty>,
+    /// The coarse maps the last record that succeeded holds: what a later
+    /// owner would read.
+    durable: BTreeMap<ComponentId, RecordedDirty>,
     /// Set once a newer owner exists.
     superseded: Option<String>,
+}
+
+impl State {
+    /// Column blocks of data copy `id` (None for a witness or a stranger).
+    fn column_blocks(&self, id: ComponentId) -> Option<u64> {
+        self.layout
+            .component(id)
+            .filter(|c| c.role == ComponentRole::Data)
+            .map(|c| c.size_bytes / BLOCK_BYTES)
+    }
+
+    /// `id` is behind: it keeps its maps, or gets empty ones.
+    fn behind(&mut self, id: ComponentId) {
+        self.dirty.entry(id).or_default();
+        if let Some(blocks) = self.column_blocks(id) {
+            self.recorded
+                .entry(id)
+                .or_insert_with(|| RecordedDirty::empty(blocks));
+        }
+    }
+
+    /// `id` missed column blocks `[start, start+count)`.
+    fn missed(&mut self, id: ComponentId, start: u64, count: u64) {
+        self.behind(id);
+        if let Some(d) = self.dirty.get_mut(&id) {
+            d.insert(start, count);
+        }
+        if let Some(r) = self.recorded.get_mut(&id) {
+            r.mark(start, count);
+        }
+    }
+
+    /// `id` is behind by what `record` says, or by everything when there
+    /// is no record that fits it (what it missed is unknown).
+    fn behind_by(&mut self, id: ComponentId, record: Option<&RecordedDirty>) {
+        if self.dirty.contains_key(&id) {
+            return;
+        }
+        let Some(blocks) = self.column_blocks(id) else {
+            self.dirty.insert(id, DirtyRegions::new());
+            return;
+        };
+        let recorded = record
+            .filter(|r| r.fits(blocks))
+            .cloned()
+            .unwrap_or_else(|| RecordedDirty::whole(blocks));
+        let mut exact = DirtyRegions::new();
+        for (start, count) in recorded.ranges() {
+            exact.insert(start, count);
+        }
+        self.dirty.insert(id, exact);
+        self.recorded.insert(id, recorded);
+    }
+
+    /// `id` has everything (or is gone): its maps go.
+    fn caught_up(&mut self, id: ComponentId) {
+        self.dirty.remove(&id);
+        self.recorded.remove(&id);
+    }
+
+    /// Whether the directory's maps already cover every `(copy, start,
+    /// count)` of `needs`.
+    fn durably_covers(&self, needs: &[(ComponentId, u64, u64)]) -> bool {
+        needs.iter().all(|&(id, start, count)| {
+            self.column_blocks(id).is_none()
+                || self
+                    .durable
+                    .get(&id)
+                    .is_some_and(|r| r.covers(start, count))
+        })
+    }
+
+    fn dirty_record(&self) -> DirtyRecord {
+        DirtyRecord {
+            volume: self.layout.volume.clone(),
+            components: self
+                .recorded
+                .iter()
+                .map(|(&component, regions)| ComponentDirty {
+                    component,
+                    regions: regions.clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One volume's coordinator.
@@ -161,6 +264,9 @@ pub struct Coordinator {
     state: Mutex<State>,
     /// One lock per column, in column block units.
     columns: Vec<Arc<RangeLock>>,
+    /// Held while a record is written, so records reach the directory in
+    /// the order their contents were taken.
+    record_turn: tokio::sync::Mutex<()>,
     /// This coordinator's part of the host read cache.
     cache: VolumeCache,
     allocated_bytes: AtomicU64,
@@ -177,7 +283,8 @@ impl Coordinator {
     /// Takes over `layout` as its owner at `epoch`: fences every reachable
     /// component so older owners can no longer write, and marks unreachable
     /// ones Absent with everything dirty (what they missed is unknown).
-    /// Caches nothing (see [`Coordinator::take_over_cached`]).
+    /// Caches nothing and knows no earlier owner's dirty-region record (see
+    /// [`Coordinator::take_over_cached`]).
     pub async fn take_over(
         layout: Layout,
         epoch: Epoch,
@@ -185,13 +292,26 @@ impl Coordinator {
         io: Arc<dyn ComponentIo>,
         recorder: Arc<dyn LayoutRecorder>,
     ) -> Result<Arc<Coordinator>, BlockError> {
-        Self::take_over_cached(layout, epoch, serial, io, recorder, &ReadCache::disabled()).await
+        Self::take_over_cached(
+            layout,
+            None,
+            epoch,
+            serial,
+            io,
+            recorder,
+            &ReadCache::disabled(),
+        )
+        .await
     }
 
-    /// [`Coordinator::take_over`] with a part of the host read cache `cache`
-    /// of its own: it starts empty, whatever an earlier owner cached.
+    /// [`Coordinator::take_over`] with the dirty-region record `dirty` the
+    /// earlier owners left (a copy the layout says is behind and that has
+    /// an entry there resyncs only the entry's regions), and a part of the
+    /// host read cache `cache` of its own: it starts empty, whatever an
+    /// earlier owner cached.
     pub async fn take_over_cached(
         layout: Layout,
+        dirty: Option<DirtyRecord>,
         epoch: Epoch,
         serial: u64,
         io: Arc<dyn ComponentIo>,
@@ -217,19 +337,22 @@ impl Coordinator {
             state: Mutex::new(State {
                 layout,
                 dirty: HashMap::new(),
+                recorded: BTreeMap::new(),
+                durable: BTreeMap::new(),
                 superseded: None,
             }),
             columns,
+            record_turn: tokio::sync::Mutex::new(()),
             cache: cache.volume(),
             allocated_bytes: AtomicU64::new(0),
             counters: ObjectCounters::default(),
         });
-        coordinator.fence_all().await?;
+        coordinator.fence_all(dirty.as_ref()).await?;
         coordinator.refresh_space().await;
         Ok(coordinator)
     }
 
-    async fn fence_all(&self) -> Result<(), BlockError> {
+    async fn fence_all(&self, earlier: Option<&DirtyRecord>) -> Result<(), BlockError> {
         let components: Vec<ComponentPlacement> = self.layout().components().cloned().collect();
         let results = join_all(
             components
@@ -241,20 +364,18 @@ impl Coordinator {
             let mut state = self.state.lock();
             let mut changed = false;
             for (c, result) in results {
-                let column_blocks = c.size_bytes / BLOCK_BYTES;
                 let stale = state
                     .layout
                     .component(c.id)
                     .is_some_and(|p| p.state != ComponentState::Active);
+                // A copy that was behind already missed at most what the
+                // earlier owners recorded for it; one that was Active and
+                // is out of reach may have missed writes they never
+                // finished, so all of it is dirty.
+                let record = earlier.and_then(|e| e.get(c.id)).filter(|_| stale);
                 match result {
                     Ok(()) if !stale => {}
-                    Ok(()) => {
-                        // Reachable but behind: what it missed is unknown to us.
-                        state
-                            .dirty
-                            .entry(c.id)
-                            .or_insert_with(|| DirtyRegions::whole(column_blocks));
-                    }
+                    Ok(()) => state.behind_by(c.id, record),
                     Err(ComponentError::StaleEpoch { highest, .. }) => {
                         state.superseded = Some(format!(
                             "volume {} is owned at {highest}, newer than ours ({})",
@@ -262,10 +383,7 @@ impl Coordinator {
                         ));
                     }
                     Err(_) => {
-                        state
-                            .dirty
-                            .entry(c.id)
-                            .or_insert_with(|| DirtyRegions::whole(column_blocks));
+                        state.behind_by(c.id, record);
                         if set_state(&mut state.layout, c.id, ComponentState::Absent) {
                             changed = true;
                         }
@@ -346,7 +464,7 @@ impl Coordinator {
             let mut changed = false;
             for id in ids {
                 changed |= set_state(&mut state.layout, id, ComponentState::Absent);
-                state.dirty.entry(id).or_default();
+                state.behind(id);
             }
             changed
         };
@@ -371,7 +489,7 @@ impl Coordinator {
             let mut changed = false;
             for id in ids {
                 changed |= set_state(&mut state.layout, id, ComponentState::Active);
-                state.dirty.remove(&id);
+                state.caught_up(id);
             }
             changed
         };
@@ -445,11 +563,9 @@ impl Coordinator {
                     reason: format!("component {old} is not part of volume {}", self.info.name),
                 });
             }
-            state.dirty.remove(&old);
+            state.caught_up(old);
             if new.role == ComponentRole::Data {
-                state
-                    .dirty
-                    .insert(new.id, DirtyRegions::whole(new.size_bytes / BLOCK_BYTES));
+                state.behind_by(new.id, None);
             }
         }
         self.record().await
@@ -476,7 +592,8 @@ impl Coordinator {
                     component: id,
                 });
             };
-            let dirty_blocks = state.dirty.entry(id).or_default().blocks();
+            state.behind(id);
+            let dirty_blocks = state.dirty.get(&id).map_or(0, |d| d.blocks());
             progress
                 .left_bytes
                 .store(dirty_blocks * BLOCK_BYTES, Ordering::Relaxed);
@@ -496,9 +613,14 @@ impl Coordinator {
         let dirty_total = self.dirty_blocks(id) * BLOCK_BYTES;
         progress.left_bytes.store(dirty_total, Ordering::Relaxed);
         let mut copied = 0u64;
+        let mut steps = 0u64;
         loop {
             if let Some(reason) = self.superseded() {
                 return Err(ResyncError::Unavailable { volume, reason });
+            }
+            steps += 1;
+            if steps.is_multiple_of(RESYNC_STEPS_PER_RECORD) {
+                self.record_resync_cursor(id).await;
             }
             let next = self
                 .state
@@ -544,7 +666,7 @@ impl Coordinator {
         }
         {
             let mut state = self.state.lock();
-            state.dirty.remove(&id);
+            state.caught_up(id);
             set_state(&mut state.layout, id, ComponentState::Active);
         }
         self.record().await.map_err(|e| ResyncError::Unavailable {
@@ -556,6 +678,24 @@ impl Coordinator {
             dirty_bytes: dirty_total,
             copied_bytes: copied,
         })
+    }
+
+    /// Drops from `id`'s recorded map the regions its resync has finished,
+    /// and records the map. A failure only means a later owner copies those
+    /// regions again.
+    async fn record_resync_cursor(&self, id: ComponentId) {
+        {
+            let mut state = self.state.lock();
+            let State {
+                dirty, recorded, ..
+            } = &mut *state;
+            if let (Some(exact), Some(map)) = (dirty.get(&id), recorded.get_mut(&id)) {
+                map.clear_where(|first, blocks| !exact.any_in(first, blocks));
+            }
+        }
+        if let Err(e) = self.record_dirty(|_| false).await {
+            tracing::debug!(volume = %self.info.name, component = %id, error = %e, "resync progress not recorded");
+        }
     }
 
     fn dirty_blocks(&self, id: ComponentId) -> u64 {
@@ -653,16 +793,52 @@ impl Coordinator {
         self.allocated_bytes.store(total, Ordering::Relaxed);
     }
 
+    /// Records the layout (its generation raised) with the dirty-region
+    /// maps.
     async fn record(&self) -> Result<(), BlockError> {
-        let layout = {
+        let _turn = self.record_turn.lock().await;
+        let (layout, dirty) = {
             let mut state = self.state.lock();
             state.layout.generation += 1;
-            state.layout.clone()
+            (state.layout.clone(), state.dirty_record())
         };
         self.recorder
-            .record(&layout)
+            .record(&layout, &dirty)
             .await
-            .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))
+            .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
+        self.state.lock().durable = durable_maps(dirty);
+        Ok(())
+    }
+
+    /// Makes sure the directory's dirty-region maps cover every `(copy,
+    /// start, count)` of `needs` (already marked in the maps to record):
+    /// writes them unless a record that did already succeeded.
+    async fn record_covering(&self, needs: &[(ComponentId, u64, u64)]) -> Result<(), BlockError> {
+        if self.state.lock().durably_covers(needs) {
+            return Ok(());
+        }
+        self.record_dirty(|state| state.durably_covers(needs)).await
+    }
+
+    /// Writes the dirty-region maps alone, unless `done` says the record
+    /// that succeeded meanwhile holds what the caller needs.
+    async fn record_dirty(&self, done: impl Fn(&State) -> bool) -> Result<(), BlockError> {
+        let _turn = self.record_turn.lock().await;
+        let dirty = {
+            let state = self.state.lock();
+            if done(&state) {
+                return Ok(());
+            }
+            state.dirty_record()
+        };
+        self.recorder.record_dirty(&dirty).await.map_err(|e| {
+            bad(format!(
+                "volume {}: recording dirty regions: {e}",
+                self.info.name
+            ))
+        })?;
+        self.state.lock().durable = durable_maps(dirty);
+        Ok(())
     }
 
     fn check_usable(&self) -> Result<(), BlockError> {
@@ -950,7 +1126,7 @@ impl Coordinator {
             ) {
                 set_state(&mut state.layout, id, ComponentState::Absent);
             }
-            state.dirty.entry(id).or_default().insert(start, count);
+            state.missed(id, start, count);
         }
     }
 
@@ -1011,8 +1187,8 @@ impl Coordinator {
         let _invalidate = self
             .cache
             .change(start / BLOCK_BYTES, len.div_ceil(BLOCK_BYTES));
-        let (pieces, targets) = {
-            let state = self.state.lock();
+        let (pieces, targets, skipped) = {
+            let mut state = self.state.lock();
             let pieces = state.layout.map_range(start, len);
             let targets: Vec<Vec<ComponentPlacement>> = state
                 .layout
@@ -1020,20 +1196,30 @@ impl Coordinator {
                 .iter()
                 .map(|m| m.copies.clone())
                 .collect();
-            (pieces, targets)
+            // Copies that do not receive the change miss it: marked in the
+            // same turn as the targets are read, so a resync that makes such
+            // a copy Resyncing afterwards finds these blocks dirty.
+            let mut skipped = Vec::new();
+            for p in &pieces {
+                for c in targets[p.column].iter().filter(|c| !receives_writes(c)) {
+                    let block = p.component_offset / BLOCK_BYTES;
+                    let count = p.len / BLOCK_BYTES;
+                    state.missed(c.id, block, count);
+                    skipped.push((c.id, block, count));
+                }
+            }
+            (pieces, targets, skipped)
         };
+        if !skipped.is_empty() {
+            // Recorded before any copy has the change: an owner that dies
+            // with the change on some copies leaves a record that names it.
+            self.record_covering(&skipped).await?;
+        }
         let mut calls = Vec::new();
-        let mut skipped = Vec::new();
         for p in &pieces {
             let block = p.component_offset / BLOCK_BYTES;
             let count = p.len / BLOCK_BYTES;
-            for c in &targets[p.column] {
-                let receives =
-                    matches!(c.state, ComponentState::Active | ComponentState::Resyncing);
-                if !receives {
-                    skipped.push((c.id, p.column, block, count));
-                    continue;
-                }
+            for c in targets[p.column].iter().filter(|c| receives_writes(c)) {
                 let piece = data
                     .as_ref()
                     .map(|d| d.slice(p.buffer_offset as usize..(p.buffer_offset + p.len) as usize));
@@ -1072,11 +1258,9 @@ impl Coordinator {
                 }
             }
         }
-        if !skipped.is_empty() {
-            let mut state = self.state.lock();
-            for (id, _column, block, count) in skipped {
-                state.dirty.entry(id).or_default().insert(block, count);
-            }
+        if !skipped.is_empty() || state_changed {
+            // Some copy misses this change, whether it was away already or
+            // failed it just now.
             self.counters
                 .degraded_write_bytes
                 .fetch_add(len, Ordering::Relaxed);
@@ -1096,6 +1280,20 @@ impl Coordinator {
         }
         self.check_usable()
     }
+}
+
+/// Whether copy `c` receives writes (it is Active, or Resyncing and so
+/// given every change while its dirty ranges are copied).
+fn receives_writes(c: &ComponentPlacement) -> bool {
+    matches!(c.state, ComponentState::Active | ComponentState::Resyncing)
+}
+
+fn durable_maps(record: DirtyRecord) -> BTreeMap<ComponentId, RecordedDirty> {
+    record
+        .components
+        .into_iter()
+        .map(|c| (c.component, c.regions))
+        .collect()
 }
 
 fn set_state(layout: &mut Layout, id: ComponentId, state: ComponentState) -> bool {

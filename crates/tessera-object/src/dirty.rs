@@ -105,6 +105,17 @@ impl DirtyRegions {
             .is_some_and(|(_, &e)| e > block)
     }
 
+    /// Whether any block of `[start, start+count)` is dirty.
+    pub fn any_in(&self, start: u64, count: u64) -> bool {
+        let end = start.saturating_add(count);
+        count > 0
+            && self
+                .ranges
+                .range(..end)
+                .next_back()
+                .is_some_and(|(_, &e)| e > start)
+    }
+
     /// Total dirty blocks.
     pub fn blocks(&self) -> u64 {
         self.ranges.iter().map(|(s, e)| e - s).sum()
@@ -177,6 +188,7 @@ mod tests {
             prop_assert_eq!(exact.blocks(), model.len() as u64);
             for b in 0..600 {
                 prop_assert_eq!(exact.contains(b), model.contains(&b));
+                prop_assert_eq!(exact.any_in(b, 7), (b..b + 7).any(|x| model.contains(&x)));
                 if model.contains(&b) { prop_assert!(bounded.contains(b)); }
             }
             // Ranges are ordered, non-overlapping and non-adjacent.

@@ -6,13 +6,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{BlockDevice, BlockError, ExtentKind, WriteFlags, ZeroMode};
 use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, CopyReport, IoClass,
     LayoutRecorder, ResyncProgress, CLONE_BLOCKS_MAX,
 };
+use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{
     ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror, STRIPE_UNIT_BYTES,
 };
@@ -41,6 +42,9 @@ struct Components {
     cannot_share: Mutex<HashSet<HostId>>,
     /// Hosts that take this long to share blocks.
     slow_clones: Mutex<HashMap<HostId, std::time::Duration>>,
+    /// Calls of `allocated` that succeed before every further one fails
+    /// (a source copy lost in the middle of a resync).
+    allocated_budget: Mutex<Option<u64>>,
 }
 
 impl Components {
@@ -150,6 +154,16 @@ impl ComponentIo for Components {
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ComponentError> {
         self.check(c)?;
+        if let Some(left) = self.allocated_budget.lock().as_mut() {
+            if *left == 0 {
+                return Err(ComponentError::Unreachable {
+                    component: c.id,
+                    host: c.host.clone(),
+                    detail: "host lost".into(),
+                });
+            }
+            *left -= 1;
+        }
         let all = self.replicas.lock();
         let mut runs: Vec<(Lba, u64)> = Vec::new();
         if let Some(r) = all.get(&c.id) {
@@ -238,13 +252,40 @@ impl ComponentIo for Components {
     }
 }
 
+/// What the coordinator recorded: every layout, and the dirty-region
+/// record as the directory would hold it.
 #[derive(Default)]
-struct Recorded(Mutex<Vec<Layout>>);
+struct Recorded(Mutex<Vec<Layout>>, Mutex<Option<DirtyRecord>>, AtomicBool);
+
+impl Recorded {
+    /// The directory's latest layout and dirty-region record.
+    fn latest(&self) -> (Layout, Option<DirtyRecord>) {
+        (
+            self.0.lock().last().cloned().unwrap(),
+            self.1.lock().clone(),
+        )
+    }
+
+    /// Makes every record of dirty regions alone fail (a directory that
+    /// cannot be reached).
+    fn refuse_dirty(&self) {
+        self.2.store(true, Ordering::SeqCst);
+    }
+}
 
 #[async_trait]
 impl LayoutRecorder for Recorded {
-    async fn record(&self, layout: &Layout) -> Result<(), String> {
+    async fn record(&self, layout: &Layout, dirty: &DirtyRecord) -> Result<(), String> {
         self.0.lock().push(layout.clone());
+        *self.1.lock() = Some(dirty.clone());
+        Ok(())
+    }
+
+    async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String> {
+        if self.2.load(Ordering::SeqCst) {
+            return Err("the directory cannot be reached".into());
+        }
+        *self.1.lock() = Some(dirty.clone());
         Ok(())
     }
 }
@@ -265,14 +306,18 @@ fn component(id: u64, role: ComponentRole, host: &str, size: u64) -> ComponentPl
 const SIZE: u64 = 64 << 20;
 
 fn ftt1_layout() -> Layout {
+    ftt1_layout_of(SIZE)
+}
+
+fn ftt1_layout_of(size: u64) -> Layout {
     Layout {
         volume: VolumeId("vol".into()),
-        size_bytes: SIZE,
+        size_bytes: size,
         stripe_unit_bytes: STRIPE_UNIT_BYTES,
         columns: vec![Mirror {
             copies: vec![
-                component(1, ComponentRole::Data, "h1", SIZE),
-                component(2, ComponentRole::Data, "h2", SIZE),
+                component(1, ComponentRole::Data, "h1", size),
+                component(2, ComponentRole::Data, "h2", size),
             ],
         }],
         witnesses: vec![component(3, ComponentRole::Witness, "h3", 0)],
@@ -380,6 +425,161 @@ async fn absent_copy_gets_delta_resync_of_only_changed_blocks() {
         comps.contents(ComponentId(2))
     );
     assert!(coord.dirty_bytes().is_empty());
+}
+
+/// The owner dies while a copy is away; the next owner reads the layout
+/// and the dirty-region record the first one left, and resyncs the copy's
+/// recorded regions only (1 MiB each), not the whole copy.
+#[tokio::test]
+async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
+    let (comps, rec, first) = setup(ftt1_layout()).await;
+    // The whole volume holds data before the copy leaves.
+    for i in 0..(SIZE >> 20) {
+        first
+            .write(i << 20, pattern(i as u8, 1 << 20), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    comps.down.lock().insert(HostId("h2".into()));
+    // While it is away: 3 MiB at 8 MiB, and one 4 KiB write at 40 MiB.
+    first
+        .write(8 << 20, pattern(200, 3 << 20), WriteFlags::default())
+        .await
+        .unwrap();
+    first
+        .write(40 << 20, pattern(201, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    let (layout, dirty) = rec.latest();
+    assert_eq!(layout.columns[0].copies[1].state, ComponentState::Absent);
+    let dirty = dirty.expect("a dirty-region record");
+    assert_eq!(
+        dirty.get(ComponentId(2)).unwrap().ranges(),
+        vec![(2048, 768), (10240, 256)],
+        "the record holds the 1 MiB regions written while the copy was away"
+    );
+    // The first owner is gone; the copy's host is back.
+    drop(first);
+    comps.down.lock().clear();
+    let second = Coordinator::take_over_cached(
+        layout.clone(),
+        Some(dirty),
+        Epoch(2),
+        7,
+        comps.clone(),
+        rec.clone(),
+        &tessera_object::ReadCache::disabled(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.dirty_bytes(), vec![(ComponentId(2), 4 << 20)]);
+    let report = second
+        .resync(ComponentId(2), &ResyncProgress::default())
+        .await
+        .unwrap();
+    assert_eq!(report.copied_bytes, 4 << 20);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    // Caught up: the copy has no entry left in the record.
+    let (_, dirty) = rec.latest();
+    assert!(dirty.unwrap().components.is_empty());
+    // Without a record, a new owner knows nothing and resyncs everything.
+    comps.down.lock().insert(HostId("h2".into()));
+    second
+        .write(0, pattern(9, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    comps.down.lock().clear();
+    let (layout, _) = rec.latest();
+    let third = Coordinator::take_over(layout, Epoch(3), 7, comps.clone(), rec.clone())
+        .await
+        .unwrap();
+    assert_eq!(third.dirty_bytes(), vec![(ComponentId(2), SIZE)]);
+}
+
+/// A resync records how far it got: when it stops half way (its source
+/// lost), the next owner continues from the last record instead of
+/// starting again.
+#[tokio::test]
+async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
+    const BIG: u64 = 256 << 20;
+    let (comps, rec, first) = setup(ftt1_layout_of(BIG)).await;
+    comps.down.lock().insert(HostId("h2".into()));
+    // One block in every 1 MiB region while the copy is away.
+    for i in 0..(BIG >> 20) {
+        first
+            .write(i << 20, pattern(i as u8, 4096), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    comps.down.lock().clear();
+    // The source goes after 100 resync steps.
+    *comps.allocated_budget.lock() = Some(100);
+    let progress = ResyncProgress::default();
+    first
+        .resync(ComponentId(2), &progress)
+        .await
+        .expect_err("the source is lost half way");
+    *comps.allocated_budget.lock() = None;
+    // Each step copied one dirty 4 KiB block.
+    assert_eq!(progress.done_bytes.load(Ordering::Relaxed), 100 * 4096);
+    let (layout, dirty) = rec.latest();
+    drop(first);
+    let second = Coordinator::take_over_cached(
+        layout,
+        dirty,
+        Epoch(2),
+        7,
+        comps.clone(),
+        rec.clone(),
+        &tessera_object::ReadCache::disabled(),
+    )
+    .await
+    .unwrap();
+    // The last record was taken before step 64: 63 regions were done.
+    assert_eq!(
+        second.dirty_bytes(),
+        vec![(ComponentId(2), BIG - (63 << 20))]
+    );
+    let report = second
+        .resync(ComponentId(2), &ResyncProgress::default())
+        .await
+        .unwrap();
+    // The record is coarse: whole regions to examine, but only the
+    // blocks the source holds are copied.
+    assert_eq!(report.dirty_bytes, BIG - (63 << 20));
+    assert_eq!(report.copied_bytes, (256 - 63) * 4096);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+}
+
+/// A degraded write whose dirty region cannot be recorded is refused
+/// before any copy has it: a later owner could not know to resync it.
+#[tokio::test]
+async fn a_degraded_write_is_refused_untouched_when_its_dirty_region_cannot_be_recorded() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    comps.down.lock().insert(HostId("h2".into()));
+    coord
+        .write(0, pattern(1, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    rec.refuse_dirty();
+    // Inside the recorded region: needs no new record, succeeds.
+    coord
+        .write(8192, pattern(2, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    let before = comps.contents(ComponentId(1));
+    let err = coord
+        .write(32 << 20, pattern(3, 4096), WriteFlags::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("recording dirty regions"), "{err}");
+    assert_eq!(comps.contents(ComponentId(1)), before, "no copy has it");
 }
 
 #[tokio::test]

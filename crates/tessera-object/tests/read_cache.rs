@@ -17,6 +17,7 @@ use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, IoClass, LayoutRecorder,
     ReadCache, READ_CACHE_ENTRY_COST_BYTES,
 };
+use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{
     ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror, STRIPE_UNIT_BYTES,
 };
@@ -278,7 +279,11 @@ struct Recorded;
 
 #[async_trait]
 impl LayoutRecorder for Recorded {
-    async fn record(&self, _layout: &Layout) -> Result<(), String> {
+    async fn record(&self, _layout: &Layout, _dirty: &DirtyRecord) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn record_dirty(&self, _dirty: &DirtyRecord) -> Result<(), String> {
         Ok(())
     }
 }
@@ -322,6 +327,7 @@ async fn owner(
 ) -> Arc<Coordinator> {
     Coordinator::take_over_cached(
         layout,
+        None,
         Epoch(epoch),
         7,
         comps.clone(),

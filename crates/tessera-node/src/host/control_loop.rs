@@ -354,6 +354,17 @@ impl Host {
             Ok(Some(r)) => r.value,
             _ => self.view.layouts.read().get(volume).cloned()?,
         };
+        // What the copies that are behind missed, as the previous owners
+        // recorded it (no record: each is resynced whole). Read once this
+        // epoch is granted, so no earlier owner can change it any more.
+        let dirty = match keys::get(self.directory.as_ref(), &self.keys.dirty_regions(volume)).await
+        {
+            Ok(r) => r.map(|r| r.value),
+            Err(e) => {
+                tracing::warn!(host = %self.id, %volume, error = %e, "dirty-region record unreadable; copies that are behind resync whole");
+                None
+            }
+        };
         let recorder = Arc::new(DirectoryLayouts {
             halted: Arc::clone(&self.halted),
             directory: Arc::clone(&self.directory),
@@ -363,6 +374,7 @@ impl Host {
         });
         match Coordinator::take_over_cached(
             layout,
+            dirty,
             owner.epoch,
             serial_of(&record),
             self.components(volume),

@@ -1,9 +1,10 @@
-//! Where an owner's layout changes go: the directory, fenced by epoch.
+//! Where an owner's layout changes and dirty-region maps go: the
+//! directory, fenced by epoch.
 //!
 //! Owns: [`DirectoryLayouts`], the `LayoutRecorder` each coordinator of
 //! this host is given.
 //! Must not touch: what a layout change means (the coordinator's).
-//! Invariant: a layout is written only while the directory still names the
+//! Invariant: a layout or dirty-region record is written only while the directory still names the
 //! recorder's epoch as the volume's highest, and never by a stopping host.
 
 use async_trait::async_trait;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use tessera_directory::keys;
 use tessera_directory::{Directory, Keyspace};
 use tessera_object::LayoutRecorder;
+use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::Layout;
 use tessera_types::VolumeId;
 
@@ -28,9 +30,10 @@ pub(super) struct DirectoryLayouts {
     pub(super) epoch: tessera_types::Epoch,
 }
 
-#[async_trait]
-impl LayoutRecorder for DirectoryLayouts {
-    async fn record(&self, layout: &Layout) -> Result<(), String> {
+impl DirectoryLayouts {
+    /// Writes `puts` in one transaction, if this epoch is still the
+    /// volume's highest and the host is not stopping.
+    async fn put_fenced(&self, puts: Vec<tessera_directory::TxnOp>) -> Result<(), String> {
         if self.halted.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(format!(
                 "host coordinating volume {} is stopping",
@@ -44,14 +47,9 @@ impl LayoutRecorder for DirectoryLayouts {
                 epoch: self.epoch,
             })
             .map_err(|e| e.to_string())?;
-        let put = self
-            .keys
-            .layout(&self.volume)
-            .put_op(layout, None)
-            .map_err(|e| e.to_string())?;
         let outcome = self
             .directory
-            .txn(tessera_directory::Txn::new().when([holds]).and_then([put]))
+            .txn(tessera_directory::Txn::new().when([holds]).and_then(puts))
             .await
             .map_err(|e| e.to_string())?;
         if outcome.succeeded {
@@ -62,5 +60,28 @@ impl LayoutRecorder for DirectoryLayouts {
                 self.volume, self.epoch
             ))
         }
+    }
+
+    fn dirty_put(&self, dirty: &DirtyRecord) -> Result<tessera_directory::TxnOp, String> {
+        self.keys
+            .dirty_regions(&self.volume)
+            .put_op(dirty, None)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait]
+impl LayoutRecorder for DirectoryLayouts {
+    async fn record(&self, layout: &Layout, dirty: &DirtyRecord) -> Result<(), String> {
+        let put = self
+            .keys
+            .layout(&self.volume)
+            .put_op(layout, None)
+            .map_err(|e| e.to_string())?;
+        self.put_fenced(vec![put, self.dirty_put(dirty)?]).await
+    }
+
+    async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String> {
+        self.put_fenced(vec![self.dirty_put(dirty)?]).await
     }
 }

@@ -34,9 +34,9 @@ use std::sync::Arc;
 use futures::future::join_all;
 use tessera_blockdev::{check_range, copy_by_data, BlockError};
 use tessera_types::layout::{ComponentPlacement, ComponentState, Layout};
-use tessera_types::{Lba, BLOCK_BYTES};
+use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
 
-use super::{bad, Coordinator};
+use super::{bad, receives_writes, Coordinator};
 use crate::component_io::{BlockClone, ComponentError, CLONE_BLOCKS_MAX};
 use crate::range_lock::{RangeGuard, RangeLock};
 
@@ -131,10 +131,6 @@ fn pieces(source: &Layout, s: u64, target: &Layout, d: u64, len: u64) -> Vec<Pie
         }
     }
     out
-}
-
-fn receives_writes(c: &ComponentPlacement) -> bool {
-    matches!(c.state, ComponentState::Active | ComponentState::Resyncing)
 }
 
 impl Coordinator {
@@ -269,6 +265,26 @@ impl Coordinator {
                 });
             }
         }
+        if !skipped.is_empty() {
+            let needs: Vec<(ComponentId, u64, u64)> = {
+                let mut state = self.state.lock();
+                let mut degraded = 0;
+                let needs = skipped
+                    .iter()
+                    .map(|&(id, block, count, bytes)| {
+                        state.missed(id, block, count);
+                        degraded += bytes;
+                        (id, block, count)
+                    })
+                    .collect();
+                self.counters
+                    .degraded_write_bytes
+                    .fetch_add(degraded, Ordering::Relaxed);
+                needs
+            };
+            // As for a write: recorded before any copy shares the blocks.
+            self.record_covering(&needs).await?;
+        }
         let results = join_all(calls).await;
 
         let mut acked = vec![false; pieces.len()];
@@ -299,17 +315,6 @@ impl Coordinator {
                     state_changed = true;
                 }
             }
-        }
-        if !skipped.is_empty() {
-            let mut state = self.state.lock();
-            let mut degraded = 0;
-            for (id, block, count, bytes) in skipped {
-                state.dirty.entry(id).or_default().insert(block, count);
-                degraded += bytes;
-            }
-            self.counters
-                .degraded_write_bytes
-                .fetch_add(degraded, Ordering::Relaxed);
         }
         if state_changed {
             self.record().await?;
