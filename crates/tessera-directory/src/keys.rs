@@ -562,7 +562,20 @@ pub struct ClusterSettings {
     /// its memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_cache_bytes: Option<u64>,
+    /// Hours in which each host's scrubber verifies every stored block of
+    /// its disk groups once (a pass is paced to take about that long); 0
+    /// turns the scheduled scrub off.
+    #[serde(default = "default_scrub_period_h")]
+    pub scrub_period_h: u32,
 }
+
+/// Default [`ClusterSettings::scrub_period_h`]: every block once a week.
+pub fn default_scrub_period_h() -> u32 {
+    168
+}
+
+/// The longest [`ClusterSettings::scrub_period_h`]: a year.
+pub const SCRUB_PERIOD_MAX_H: u32 = 8760;
 
 /// Default [`ClusterSettings::max_overcommit_ratio`].
 pub fn default_max_overcommit_ratio() -> f64 {
@@ -608,6 +621,7 @@ impl Default for ClusterSettings {
             nearly_full_pct: default_nearly_full_pct(),
             full_pct: default_full_pct(),
             read_cache_bytes: None,
+            scrub_period_h: default_scrub_period_h(),
         }
     }
 }

@@ -318,6 +318,9 @@ pub struct UpdateSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub read_cache_bytes: Option<Option<u64>>,
+    /// See [`tessera_directory::keys::ClusterSettings::scrub_period_h`].
+    #[serde(default)]
+    pub scrub_period_h: Option<u32>,
 }
 
 /// A field that may be `null`: present (`Some`, holding `None` for `null`)
@@ -823,6 +826,15 @@ pub enum InjectFault {
         /// 0 for the cache device, 1 and up for the capacity devices.
         device: usize,
     },
+    /// One bit of a stored 4 KiB block of the volume's copy on the host
+    /// flips, past every checksum, as a latent media error does: reads and
+    /// scrubs of that copy find it.
+    CorruptBlock {
+        /// The volume.
+        volume: String,
+        /// The block (4 KiB) in the copy's address space.
+        block: u64,
+    },
 }
 
 impl IscsiAccess {
@@ -903,6 +915,15 @@ impl UpdateSettings {
                 )));
             }
             next.max_overcommit_ratio = r;
+        }
+        if let Some(h) = self.scrub_period_h {
+            if h > tessera_directory::keys::SCRUB_PERIOD_MAX_H {
+                return Err(ControlError::Invalid(format!(
+                    "scrub_period_h must be between 0 (off) and {} (a year), not {h}",
+                    tessera_directory::keys::SCRUB_PERIOD_MAX_H
+                )));
+            }
+            next.scrub_period_h = h;
         }
         if let Some(p) = self.nearly_full_pct {
             next.nearly_full_pct = p;

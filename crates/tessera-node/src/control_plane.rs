@@ -1461,14 +1461,16 @@ impl ClusterControl for ControlPlane {
                     .map_err(|e| ControlError::Invalid(e.to_string()))?;
                 running
                     .fail_device(&disk_group, device)
-                    .map_err(|e| match e {
-                        crate::error::FaultError::NotAccepted { .. } => {
-                            ControlError::Invalid(e.to_string())
-                        }
-                        crate::error::FaultError::NoSuchDevice { .. } => {
-                            ControlError::NotFound(e.to_string())
-                        }
-                    })
+                    .map_err(fault_error)
+            }
+            InjectFault::CorruptBlock { volume, block } => {
+                let volume =
+                    VolumeId::new(&volume).map_err(|e| ControlError::Invalid(e.to_string()))?;
+                running
+                    .damage_block(&volume, tessera_types::Lba(block))
+                    .await
+                    .map(|_| ())
+                    .map_err(fault_error)
             }
         }
     }
@@ -1537,5 +1539,18 @@ fn iscsi_access_view(name: &str, stored: Option<&keys::IscsiAccessRecord>) -> Is
             .unwrap_or_default(),
         chap_user: stored.and_then(|s| s.initiator_chap.as_ref().map(|c| c.user.clone())),
         target_chap_user: stored.and_then(|s| s.target_chap.as_ref().map(|c| c.user.clone())),
+    }
+}
+
+/// What a refused fault injection tells the API's caller.
+fn fault_error(e: crate::error::FaultError) -> ControlError {
+    use crate::error::FaultError;
+    match e {
+        FaultError::NotAccepted { .. } | FaultError::Store { .. } => {
+            ControlError::Invalid(e.to_string())
+        }
+        FaultError::NoSuchDevice { .. } | FaultError::NoCopy { .. } => {
+            ControlError::NotFound(e.to_string())
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! Owns: [`NodeError`], which names the host and the part that failed so
 //! that a user reading `tessera up`'s output knows what to fix.
 
-use tessera_types::{DiskGroupId, HostId};
+use tessera_types::{DiskGroupId, HostId, VolumeId};
 
 /// Why a host (or `tessera up`) could not start or keep running.
 #[derive(Debug, thiserror::Error)]
@@ -61,5 +61,21 @@ pub enum FaultError {
         disk_group: DiskGroupId,
         /// The device index named.
         device: usize,
+    },
+    /// The host holds no data copy of the volume named.
+    #[error("host {host} holds no data copy of volume {volume}")]
+    NoCopy {
+        /// The host.
+        host: HostId,
+        /// The volume named.
+        volume: VolumeId,
+    },
+    /// The store refused the fault (e.g. nothing stored at the block).
+    #[error("host {host}: {reason}")]
+    Store {
+        /// The host.
+        host: HostId,
+        /// What the store said.
+        reason: String,
     },
 }

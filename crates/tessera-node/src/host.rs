@@ -19,6 +19,9 @@ mod control_loop;
 mod directory_mirror;
 mod layout_record;
 mod rpc;
+mod scrub;
+
+pub use scrub::{ScrubView, SCRUB_MIN_RATE, SCRUB_NOW_RATE};
 
 use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
@@ -142,6 +145,8 @@ pub struct Host {
     attachments_published: std::sync::atomic::AtomicU64,
     /// The read cache the coordinators of this host share.
     read_cache: Arc<ReadCache>,
+    /// Verifies the stored blocks of its disk groups on a schedule.
+    scrubber: scrub::Scrubber,
     /// This machine's memory, which sizes the read cache.
     memory_bytes: u64,
     /// The volumes this host serves, as its NBD server and iSCSI targets
@@ -362,6 +367,7 @@ impl Host {
             attachments,
             attachments_published: std::sync::atomic::AtomicU64::new(u64::MAX),
             read_cache,
+            scrubber: scrub::Scrubber::new(settings.scrub_period_h),
             memory_bytes,
             catalog: Arc::clone(&catalog),
             config,
@@ -393,6 +399,7 @@ impl Host {
             }
         });
         let follow = tokio::spawn(reservations.follow(host.stop.subscribe()));
+        let scrub = tokio::spawn(scrub::run(Arc::downgrade(&host), host.stop.subscribe()));
         let weak = Arc::downgrade(&host);
         let mut stop_rx = host.stop.subscribe();
         let control = tokio::spawn(async move {
@@ -409,7 +416,7 @@ impl Host {
         });
         host.tasks
             .lock()
-            .extend([nbd, iscsi, follow, follow_directory, control]);
+            .extend([nbd, iscsi, follow, follow_directory, control, scrub]);
         tracing::info!(host = %id, nbd = %host.config.nbd_addr, iscsi = %host.config.iscsi_portal(), transport = %host.transport.local_addr(), "host started");
         Ok(host)
     }
@@ -544,6 +551,67 @@ impl Host {
         tracing::warn!(host = %self.id, %disk_group, device, "fault injected: device fails from now on");
         switch.trip();
         Ok(())
+    }
+
+    /// Starts a scrub pass of every disk group of this host now (at
+    /// [`SCRUB_NOW_RATE`]), in place of a scheduled pass under way; bad
+    /// blocks it finds are rewritten by their volumes' owners.
+    pub fn scrub_now(&self) {
+        tracing::info!(host = %self.id, "scrub pass asked for");
+        self.scrubber.request_now();
+    }
+
+    /// Each disk group's scrubbing: the pass under way or the last one,
+    /// repairs, and when the next scheduled pass starts.
+    pub fn scrubs(&self) -> Vec<ScrubView> {
+        self.scrubber.views(self, self.clock.monotonic())
+    }
+
+    /// Flips one bit of the stored copy of block `lba` of `volume`'s copy
+    /// on this host (the first, if it has several), past every checksum:
+    /// a latent media error, for hosts that accept fault injection.
+    /// Answers the component and where the block is stored.
+    pub async fn damage_block(
+        &self,
+        volume: &VolumeId,
+        lba: tessera_types::Lba,
+    ) -> Result<(ComponentId, String), FaultError> {
+        if !self.config.fault_injection {
+            return Err(FaultError::NotAccepted {
+                host: self.id.clone(),
+            });
+        }
+        let component = self
+            .view
+            .layouts
+            .read()
+            .get(volume)
+            .and_then(|l| {
+                l.components()
+                    .find(|c| {
+                        c.host == self.id && c.role == tessera_types::layout::ComponentRole::Data
+                    })
+                    .map(|c| c.id)
+            })
+            .ok_or_else(|| FaultError::NoCopy {
+                host: self.id.clone(),
+                volume: volume.clone(),
+            })?;
+        let group = self
+            .replica
+            .home(component)
+            .ok_or_else(|| FaultError::NoCopy {
+                host: self.id.clone(),
+                volume: volume.clone(),
+            })?;
+        let location = group
+            .damage_block(component, lba)
+            .await
+            .map_err(|e| FaultError::Store {
+                host: self.id.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok((component, location))
     }
 
     /// How long until the repair delay of an absent component of a volume

@@ -26,7 +26,7 @@ use tessera_blockdev::{
 use tessera_nbd::ExportCatalog;
 use tessera_object::Coordinator;
 use tessera_transport::Transport;
-use tessera_types::{HostId, VolumeId};
+use tessera_types::{ComponentId, HostId, Lba, VolumeId};
 use tessera_wire::{QueueClass, Request, Response, WireErrorKind};
 
 /// How long a request waits for a volume to get a reachable owner.
@@ -254,6 +254,27 @@ impl VolumeHandle {
 }
 
 impl VolumeHandle {
+    /// Has the owner rewrite `blocks` blocks of copy `component` at `lba`
+    /// from another copy of its column: the scrubber of the copy's host
+    /// found them bad. Safe to repeat.
+    pub async fn repair_copy(
+        &self,
+        component: ComponentId,
+        lba: Lba,
+        blocks: u32,
+    ) -> Result<(), BlockError> {
+        self.run(
+            VolumeOp::RepairCopy {
+                component,
+                lba,
+                blocks,
+            },
+            true,
+        )
+        .await?
+        .done()
+    }
+
     /// The coordinators of `source` and of this volume, when `source` is a
     /// volume of the same datastore (a handle of this host) and this host
     /// owns both.
@@ -446,6 +467,12 @@ enum VolumeOp {
         offset: u64,
         len: u64,
     },
+    /// Rewrite bad blocks of one copy from another (found by a scrub).
+    RepairCopy {
+        component: ComponentId,
+        lba: Lba,
+        blocks: u32,
+    },
 }
 
 /// What a volume operation answers.
@@ -515,7 +542,7 @@ impl VolumeOp {
             | VolumeOp::WriteZeroes { offset, .. }
             | VolumeOp::CompareAndWrite { offset, .. }
             | VolumeOp::BlockStatus { offset, .. } => *offset,
-            VolumeOp::Flush => 0,
+            VolumeOp::Flush | VolumeOp::RepairCopy { .. } => 0,
         }
     }
 
@@ -543,6 +570,14 @@ impl VolumeOp {
             VolumeOp::BlockStatus { offset, len } => {
                 c.block_status(offset, len).await.map(Answer::Extents)
             }
+            VolumeOp::RepairCopy {
+                component,
+                lba,
+                blocks,
+            } => c
+                .repair_copy(component, lba, blocks as u64)
+                .await
+                .map(|_| Answer::Done),
         }
     }
 
@@ -586,6 +621,16 @@ impl VolumeOp {
                 volume,
                 offset,
                 len,
+            },
+            VolumeOp::RepairCopy {
+                component,
+                lba,
+                blocks,
+            } => Request::VolumeRepairCopy {
+                volume,
+                component,
+                lba,
+                blocks,
             },
         }
     }
@@ -642,6 +687,19 @@ impl VolumeOp {
                 offset,
                 len,
             } => (volume, VolumeOp::BlockStatus { offset, len }),
+            Request::VolumeRepairCopy {
+                volume,
+                component,
+                lba,
+                blocks,
+            } => (
+                volume,
+                VolumeOp::RepairCopy {
+                    component,
+                    lba,
+                    blocks,
+                },
+            ),
             _ => return None,
         })
     }

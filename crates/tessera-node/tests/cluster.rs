@@ -245,6 +245,78 @@ async fn after_the_owner_dies_a_returning_copy_resyncs_only_what_it_missed() {
     cluster.stop().await;
 }
 
+/// A bit flips in a block of one copy; with no client reading it, a scrub
+/// pass of that copy's host finds it and the volume's owner rewrites it
+/// from the other copy; the next pass finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
+    let cluster = Cluster::start_faulty(3600).await;
+    let view = cluster.create("sc", 64 << 20).await;
+    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    write_mib(&coordinator, 8, 3).await;
+    let host = cluster.host(&replica_host);
+    let (damaged, location) = host
+        .damage_block(
+            &tessera_types::VolumeId("sc".into()),
+            tessera_types::Lba(300),
+        )
+        .await
+        .expect("the block is damaged");
+    assert_eq!(damaged, replica);
+    eprintln!("flipped a bit of block 300 of {replica} on {replica_host} at {location}");
+    let passes_before = |h: &Host| h.scrubs().iter().map(|s| s.passes).sum::<u64>();
+    let wait_pass = |after: u64| {
+        let host = Arc::clone(&host);
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while passes_before(&host) <= after {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no scrub pass ended: {:#?}",
+                    host.scrubs()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            host.scrubs()
+        }
+    };
+    let before = passes_before(&host);
+    host.scrub_now();
+    let rows = wait_pass(before).await;
+    eprintln!("after the first pass: {rows:#?}");
+    let row = rows.iter().find(|r| r.passes > 0).unwrap();
+    assert_eq!(row.bad_blocks, 1, "{row:?}");
+    assert_eq!(row.repaired_blocks, 1, "{row:?}");
+    assert_eq!(row.unrepaired_blocks, 0, "{row:?}");
+    assert!(
+        row.checked_blocks >= 2048,
+        "every stored block verified: {row:?}"
+    );
+    assert_eq!(
+        coordinator
+            .counters()
+            .checksum_repairs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the owner rewrote the block"
+    );
+    assert_eq!(
+        coordinator
+            .counters()
+            .read_cache_misses
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no client read the volume"
+    );
+    let again = passes_before(&host);
+    host.scrub_now();
+    let rows = wait_pass(again).await;
+    assert!(rows.iter().all(|r| r.bad_blocks == 0), "{rows:#?}");
+    let report = cluster.control.verify_object("sc").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+}
+
 /// A host stopped on purpose makes the owner's first resync attempt fail
 /// (the host still looks live until its lease lapses); the row then waits
 /// for the host, and once the host is back and the retry succeeded the

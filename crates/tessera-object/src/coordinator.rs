@@ -698,6 +698,73 @@ impl Coordinator {
         }
     }
 
+    /// Rewrites column blocks `[lba, lba+blocks)` of copy `id` from an
+    /// Active copy of its column (its host's scrubber found them bad):
+    /// under the column's range lock, so no write comes between the read of
+    /// the good copy and the rewrite. A copy that is not Active is left
+    /// alone (it receives no reads, and its resync rewrites what it
+    /// missed). Answers the blocks rewritten.
+    pub async fn repair_copy(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u64,
+    ) -> Result<u64, BlockError> {
+        self.check_usable()?;
+        let found = {
+            let state = self.state.lock();
+            state
+                .layout
+                .columns
+                .iter()
+                .enumerate()
+                .find_map(|(i, m)| m.copies.iter().find(|c| c.id == id).map(|c| (c.clone(), i)))
+        };
+        let Some((target, column)) = found else {
+            return Err(BlockError::Invalid {
+                reason: format!(
+                    "component {id} is not a data copy of volume {}",
+                    self.info.name
+                ),
+            });
+        };
+        let end = lba
+            .0
+            .checked_add(blocks)
+            .filter(|&e| e <= target.size_bytes / BLOCK_BYTES);
+        let Some(end) = end.filter(|_| blocks > 0) else {
+            return Err(BlockError::Invalid {
+                reason: format!(
+                    "volume {}: blocks {}..+{blocks} are not inside component {id}",
+                    self.info.name, lba.0
+                ),
+            });
+        };
+        if target.state != ComponentState::Active {
+            return Ok(0);
+        }
+        let _guard = self.columns[column].lock(lba.0, end).await;
+        let source = self.pick_source(column, id).ok_or_else(|| {
+            bad(format!(
+                "volume {}: no other active copy to repair component {id} from",
+                self.info.name
+            ))
+        })?;
+        self.copy_range(&source, &target, lba.0, blocks)
+            .await
+            .map_err(|(failed, e)| {
+                bad(format!(
+                    "volume {}: repairing component {id} at block {}: component {failed}: {e}",
+                    self.info.name, lba.0
+                ))
+            })?;
+        self.counters
+            .checksum_repairs
+            .fetch_add(blocks, Ordering::Relaxed);
+        tracing::warn!(volume = %self.info.name, component = %id, host = %target.host, lba = lba.0, blocks, from = %source.id, "rewrote blocks a scrub found bad");
+        Ok(blocks)
+    }
+
     fn dirty_blocks(&self, id: ComponentId) -> u64 {
         self.state.lock().dirty.get(&id).map_or(0, |d| d.blocks())
     }

@@ -453,7 +453,8 @@ pub fn store_error_kind(e: &StoreError) -> WireErrorKind {
         StoreError::OutOfRange { .. } => WireErrorKind::OutOfRange,
         StoreError::Misaligned { .. }
         | StoreError::Config(_)
-        | StoreError::ComponentExists { .. } => WireErrorKind::Invalid,
+        | StoreError::ComponentExists { .. }
+        | StoreError::NotStored { .. } => WireErrorKind::Invalid,
         StoreError::StaleEpoch { highest, .. } => WireErrorKind::StaleEpoch { highest: *highest },
         StoreError::NoSpace { .. } | StoreError::NoSpaceForReservation { .. } => {
             WireErrorKind::NoSpace

@@ -45,6 +45,14 @@ pub enum StoreError {
         /// What is wrong.
         problem: String,
     },
+    /// Nothing is stored at the block (never written, or unmapped).
+    #[error("component {component} at {lba}: no data stored there")]
+    NotStored {
+        /// The component.
+        component: ComponentId,
+        /// The LBA.
+        lba: Lba,
+    },
     /// A write or fence from an owner older than the one installed.
     #[error("component {component}: {epoch} is older than the highest persisted ({highest})")]
     StaleEpoch {

@@ -86,6 +86,14 @@ impl DiskGroup {
         counters.done.store(0, Ordering::Relaxed);
         counters.errors.store(0, Ordering::Relaxed);
         counters.running.store(true, Ordering::Relaxed);
+        // A pass dropped half way (its caller stopped it) is not running.
+        struct Ends<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        let _ends = Ends(&counters.running);
         let started = Instant::now();
         let mut report = ScrubReport::default();
         let result = async {
@@ -126,8 +134,50 @@ impl DiskGroup {
             Ok(())
         }
         .await;
-        counters.running.store(false, Ordering::Relaxed);
         result.map(|_| report)
+    }
+
+    /// Flips one bit of the stored copy of block `lba` of component `id`
+    /// on its capacity device, past every checksum, as a latent media error
+    /// would, and answers where it was. Fault injection only (hosts offer it
+    /// when started to accept faults). The write log is settled first, so
+    /// the block is on a capacity device; a block never written is refused.
+    pub async fn damage_block(&self, id: ComponentId, lba: Lba) -> Result<String, StoreError> {
+        self.settle().await?;
+        let lock = {
+            let st = self.shared().state.lock();
+            st.component(id)?.lock.clone()
+        };
+        let _guard = lock.write().await;
+        let plan = self.plan_for_scrub(id, lba, 1).await?;
+        let Some(Source::Disk(loc, _)) = plan.into_iter().next() else {
+            return Err(StoreError::NotStored { component: id, lba });
+        };
+        let shared = self.shared().clone();
+        let location = loc.to_string();
+        tokio::task::spawn_blocking(move || {
+            let disk = shared
+                .disk(loc.device)
+                .ok_or_else(|| StoreError::DiskGroupFailed {
+                    reason: format!("no capacity device {}", loc.device),
+                })?;
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            let offset = loc.block * BLOCK_BYTES;
+            disk.read_at(buf.as_mut_slice(), offset)?;
+            buf.as_mut_slice()[BLOCK / 2] ^= 0x10;
+            disk.write_at(buf.as_slice(), offset)?;
+            disk.sync()?;
+            // A verified copy in the content cache would hide the damage
+            // from reads; the scrubber reads the device either way.
+            shared.content.invalidate([loc]);
+            Ok::<(), StoreError>(())
+        })
+        .await
+        .map_err(|e| StoreError::DiskGroupFailed {
+            reason: format!("damage task failed: {e}"),
+        })??;
+        tracing::warn!(component = %id, lba = lba.0, %location, "fault injected: one bit flipped in a stored block");
+        Ok(location)
     }
 
     async fn scrub_chunk(

@@ -411,6 +411,17 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.data(data);
         }
         Request::VolumeFlush { volume } => w.name(volume.as_str()),
+        Request::VolumeRepairCopy {
+            volume,
+            component,
+            lba,
+            blocks,
+        } => {
+            w.name(volume.as_str());
+            w.u64(component.0);
+            w.u64(lba.0);
+            w.u32(*blocks);
+        }
         Request::VolumeUnmap {
             volume,
             offset,
@@ -709,6 +720,12 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
             volume: r.volume("volume")?,
             offset: r.u64("offset")?,
             len: r.u64("len")?,
+        },
+        MessageKind::VolumeRepairCopy => Request::VolumeRepairCopy {
+            volume: r.volume("volume")?,
+            component: ComponentId(r.u64("component")?),
+            lba: r.lba("lba")?,
+            blocks: r.u32("blocks")?,
         },
         other => {
             return Err(WireError::UnknownKind {

@@ -296,6 +296,19 @@ pub enum Request {
         /// Bytes.
         len: u64,
     },
+    /// Rewrite blocks of one copy from another copy of its column (the
+    /// scrubber of the copy's host found them bad), under the owner's range
+    /// lock; answered by [`Response::Ok`].
+    VolumeRepairCopy {
+        /// The volume.
+        volume: VolumeId,
+        /// The copy whose blocks are bad.
+        component: ComponentId,
+        /// First block, in the copy's address space.
+        lba: Lba,
+        /// Blocks.
+        blocks: u32,
+    },
 }
 
 /// The answer to a [`Request`].
@@ -459,6 +472,7 @@ pub enum MessageKind {
     VolumeWriteZeroes = 0x34,
     VolumeCompareAndWrite = 0x35,
     VolumeBlockStatus = 0x36,
+    VolumeRepairCopy = 0x37,
     HelloOk = 0x81,
     Pong = 0x82,
     Ok = 0x90,
@@ -470,7 +484,7 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 29] = [
+    const ALL: [MessageKind; 30] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -492,6 +506,7 @@ impl MessageKind {
         MessageKind::VolumeWriteZeroes,
         MessageKind::VolumeCompareAndWrite,
         MessageKind::VolumeBlockStatus,
+        MessageKind::VolumeRepairCopy,
         MessageKind::HelloOk,
         MessageKind::Pong,
         MessageKind::Ok,
@@ -536,6 +551,7 @@ impl MessageKind {
     pub fn since(self) -> WireVersion {
         match self {
             MessageKind::CloneBlocks => WireVersion::V2,
+            MessageKind::VolumeRepairCopy => WireVersion::V3,
             _ => WireVersion::V1,
         }
     }
@@ -564,6 +580,7 @@ impl MessageKind {
             MessageKind::VolumeWriteZeroes => "VolumeWriteZeroes",
             MessageKind::VolumeCompareAndWrite => "VolumeCompareAndWrite",
             MessageKind::VolumeBlockStatus => "VolumeBlockStatus",
+            MessageKind::VolumeRepairCopy => "VolumeRepairCopy",
             MessageKind::HelloOk => "HelloOk",
             MessageKind::Pong => "Pong",
             MessageKind::Ok => "Ok",
@@ -607,6 +624,7 @@ impl Request {
             Request::VolumeWriteZeroes { .. } => MessageKind::VolumeWriteZeroes,
             Request::VolumeCompareAndWrite { .. } => MessageKind::VolumeCompareAndWrite,
             Request::VolumeBlockStatus { .. } => MessageKind::VolumeBlockStatus,
+            Request::VolumeRepairCopy { .. } => MessageKind::VolumeRepairCopy,
         }
     }
 }
@@ -645,7 +663,8 @@ impl Request {
             | Request::VolumeUnmap { volume, .. }
             | Request::VolumeWriteZeroes { volume, .. }
             | Request::VolumeCompareAndWrite { volume, .. }
-            | Request::VolumeBlockStatus { volume, .. } => Some(volume),
+            | Request::VolumeBlockStatus { volume, .. }
+            | Request::VolumeRepairCopy { volume, .. } => Some(volume),
             other => other.component().map(|c| &c.volume),
         }
     }

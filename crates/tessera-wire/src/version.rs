@@ -20,11 +20,14 @@ pub enum WireVersion {
     /// components, moving no data) and the `NotColocated` error kind that
     /// answers it.
     V2 = 2,
+    /// Adds `VolumeRepairCopy` (the owner rewrites a copy's bad blocks,
+    /// found by its host's scrubber, from another copy).
+    V3 = 3,
 }
 
 impl WireVersion {
     /// The newest version this build speaks.
-    pub const CURRENT: WireVersion = WireVersion::V2;
+    pub const CURRENT: WireVersion = WireVersion::V3;
     /// The oldest version this build still speaks.
     pub const OLDEST: WireVersion = WireVersion::V1;
 
@@ -38,6 +41,7 @@ impl WireVersion {
         match number {
             1 => Ok(WireVersion::V1),
             2 => Ok(WireVersion::V2),
+            3 => Ok(WireVersion::V3),
             other => Err(WireError::UnsupportedVersion {
                 version: other,
                 supported: VersionRange::SUPPORTED,
@@ -117,7 +121,7 @@ mod tests {
         let err = ours.negotiate(theirs).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("v7..=v9"), "{text}");
-        assert!(text.contains("v1..=v2"), "{text}");
+        assert!(text.contains("v1..=v3"), "{text}");
     }
 
     #[test]

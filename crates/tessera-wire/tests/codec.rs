@@ -164,6 +164,14 @@ fn request() -> impl Strategy<Value = Request> {
                 len,
             }
         }),
+        (volume(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(volume, component, lba, blocks)| Request::VolumeRepairCopy {
+                volume,
+                component: ComponentId(component),
+                lba: Lba(lba),
+                blocks,
+            }
+        ),
     ]
 }
 

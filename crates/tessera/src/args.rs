@@ -265,7 +265,8 @@ pub enum SettingsCommand {
     /// Every setting with its value, default and meaning.
     Show,
     /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
-    /// read_cache_bytes (a size, 0 to disable, or `default`).
+    /// read_cache_bytes (a size, 0 to disable, or `default`),
+    /// scrub_period_h (hours, 0 to turn the scheduled scrub off).
     Set {
         /// Setting name.
         name: String,

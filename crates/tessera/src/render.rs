@@ -161,6 +161,15 @@ pub fn settings(s: &ClusterSettings) -> String {
         read_cache_default.into(),
         "RAM each host gives the blocks of the volumes it owns; 0 disables".into(),
     ]);
+    t.row(vec![
+        "scrub_period_h".into(),
+        match s.scrub_period_h {
+            0 => "0 (off)".to_string(),
+            h => format!("{h}h"),
+        },
+        format!("{}h", d.scrub_period_h),
+        "hours in which every stored block is verified once; 0 turns it off".into(),
+    ]);
     t.render()
 }
 

@@ -328,8 +328,15 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a size (e.g. 512M, 1G, 0 to disable) or default"))?;
             Ok(json!({ "read_cache_bytes": bytes }))
         }
+        "scrub_period_h" => {
+            let hours: u32 = value
+                .trim_end_matches('h')
+                .parse()
+                .map_err(|_| bad("a number of hours (0 turns the scheduled scrub off)"))?;
+            Ok(json!({ "scrub_period_h": hours }))
+        }
         other => Err(CliError::Usage(format!(
-            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes"
+            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, scrub_period_h"
         ))),
     }
 }

@@ -153,8 +153,9 @@ impl Host {
     }
 
     /// Applies the cluster settings this host follows: the read cache's
-    /// budget.
+    /// budget and the scrub period.
     fn apply_settings(&self, settings: keys::ClusterSettings) {
+        self.scrubber.set_period_h(settings.scrub_period_h);
         let budget = settings.read_cache_budget(self.memory_bytes);
         if budget != self.read_cache.budget_bytes() {
             tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");

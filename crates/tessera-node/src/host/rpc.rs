@@ -43,7 +43,8 @@ impl RequestHandler for HostHandler {
             | Request::VolumeUnmap { volume, .. }
             | Request::VolumeWriteZeroes { volume, .. }
             | Request::VolumeCompareAndWrite { volume, .. }
-            | Request::VolumeBlockStatus { volume, .. } => volume.clone(),
+            | Request::VolumeBlockStatus { volume, .. }
+            | Request::VolumeRepairCopy { volume, .. } => volume.clone(),
             Request::Ping => return Response::Pong,
             _ => return self.replica.handle(request).await,
         };
