@@ -38,6 +38,8 @@
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
+//! | GET | `/scrubs` | 200 `[ScrubView]` |
+//! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
 
 use crate::control::{
     ClusterControl, ControlError, CreatePolicy, CreateVolume, InjectFault, IscsiAccess,
@@ -66,6 +68,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/hosts/{id}/stop", post(stop_host))
         .route("/v1/hosts/{id}/start", post(start_host))
         .route("/v1/hosts/{id}/faults", post(inject_fault))
+        .route("/v1/hosts/{id}/scrub", post(scrub_now))
         .route("/v1/policies", get(policies).post(create_policy))
         .route(
             "/v1/policies/{name}",
@@ -82,6 +85,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/resyncs", get(resyncs))
+        .route("/v1/scrubs", get(scrubs))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(control)
@@ -268,6 +272,14 @@ async fn verify_object(State(control): State<Control>, Path(name): Path<String>)
 
 async fn resyncs(State(control): State<Control>) -> Response {
     respond(StatusCode::OK, control.resyncs().await)
+}
+
+async fn scrubs(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.scrubs().await)
+}
+
+async fn scrub_now(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond(StatusCode::ACCEPTED, control.scrub_now(&id).await)
 }
 
 async fn unknown_route(method: Method, uri: Uri) -> Response {

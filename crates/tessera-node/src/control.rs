@@ -8,6 +8,7 @@
 //! Invariant: a refused operation changes nothing, and its [`ControlError`]
 //! says why in words a user can act on.
 
+pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
@@ -800,6 +801,11 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError>;
     /// Resyncs and rebuilds, running and recent.
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError>;
+    /// Each disk group's scrubbing, on every host this API serves.
+    async fn scrubs(&self) -> Result<Vec<ScrubView>, ControlError>;
+    /// Starts a scrub pass of every disk group of `host` now; answers its
+    /// rows.
+    async fn scrub_now(&self, host: &str) -> Result<Vec<ScrubView>, ControlError>;
     /// Stops one host's services, as a failure would (only in `tessera up`).
     async fn stop_host(&self, host: &str) -> Result<(), ControlError>;
     /// Starts a stopped host again (only in `tessera up`).

@@ -1447,6 +1447,27 @@ impl ClusterControl for ControlPlane {
         Ok(self.board.views())
     }
 
+    async fn scrubs(&self) -> Result<Vec<ScrubView>, ControlError> {
+        Ok(self
+            .hosts
+            .running()
+            .iter()
+            .flat_map(|h| h.scrubs())
+            .collect())
+    }
+
+    async fn scrub_now(&self, host: &str) -> Result<Vec<ScrubView>, ControlError> {
+        let slot = self.hosts.slot(host).ok_or_else(|| {
+            ControlError::NotFound(format!("no host named {host} in this process"))
+        })?;
+        let running = slot.host.lock().clone();
+        let Some(running) = running else {
+            return Err(ControlError::Conflict(format!("host {host} is stopped")));
+        };
+        running.scrub_now();
+        Ok(running.scrubs())
+    }
+
     async fn inject_fault(&self, host: &str, fault: InjectFault) -> Result<(), ControlError> {
         let slot = self.hosts.slot(host).ok_or_else(|| {
             ControlError::NotFound(format!("no host named {host} in this process"))

@@ -65,6 +65,10 @@ pub enum Command {
     /// Resyncs and rebuilds with their progress.
     #[command(subcommand)]
     Resync(ResyncCommand),
+    /// Scrubbing: every stored block verified against its checksum on a
+    /// schedule, bad blocks rewritten from another copy.
+    #[command(subcommand)]
+    Scrub(ScrubCommand),
     /// Inject faults into a test cluster's hosts (`tessera up
     /// --fault-injection`; refused by any other cluster).
     #[command(subcommand)]
@@ -100,6 +104,19 @@ pub enum HostCommand {
     },
 }
 
+/// `tessera scrub ...`
+#[derive(Debug, Subcommand)]
+pub enum ScrubCommand {
+    /// Each disk group's scrubbing: the pass under way or the last one,
+    /// bad blocks found and repaired, when the next pass starts.
+    List,
+    /// Start a pass of every disk group of a host now (at 100 MiB/s).
+    Start {
+        /// Host id, e.g. host-2.
+        host: String,
+    },
+}
+
 /// `tessera fault ...`
 #[derive(Debug, Subcommand)]
 pub enum FaultCommand {
@@ -116,6 +133,19 @@ pub enum FaultCommand {
         /// 0 for the cache device, 1 and up for the capacity devices.
         #[arg(long)]
         device: usize,
+    },
+    /// Flip one bit of a stored 4 KiB block of a volume's copy on a host,
+    /// past its checksum, as a latent media error does: reads and scrubs
+    /// find it and the block is rewritten from another copy.
+    CorruptBlock {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// The volume.
+        #[arg(long)]
+        volume: String,
+        /// The block (4 KiB) in the copy's address space.
+        #[arg(long)]
+        block: u64,
     },
 }
 

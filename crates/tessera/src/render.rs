@@ -11,8 +11,8 @@ use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
     CapacityView, ClusterSettings, ComponentView, Health, HealthCheck, HealthCode, HealthReport,
-    HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, Severity, StatusView,
-    VerifyReport, VolumeView,
+    HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView, Severity,
+    StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -644,6 +644,57 @@ pub fn resyncs(resyncs: &[ResyncView]) -> String {
         out.push('\n');
         out.push_str(&reasons);
     }
+    out
+}
+
+/// `tessera scrub list`.
+pub fn scrubs(rows: &[ScrubView]) -> String {
+    let mut t = Table::new(&[
+        "HOST",
+        "DISK GROUP",
+        "STATE",
+        "PROGRESS",
+        "CHECKED",
+        "BAD",
+        "REPAIRED",
+        "UNREPAIRED",
+        "RATE",
+        "PASSES",
+        "NEXT",
+    ]);
+    let mut errors = String::new();
+    for r in rows {
+        if let Some(e) = &r.error {
+            errors.push_str(&format!(
+                "{} {}: last pass stopped: {e}\n",
+                r.host, r.disk_group
+            ));
+        }
+        t.row(vec![
+            r.host.clone(),
+            r.disk_group.clone(),
+            r.state.clone(),
+            format!(
+                "{}%",
+                percent_done(
+                    r.checked_blocks,
+                    r.total_blocks.saturating_sub(r.checked_blocks)
+                )
+            ),
+            format_size(r.checked_blocks * tessera_types::BLOCK_BYTES),
+            r.bad_blocks.to_string(),
+            r.repaired_blocks.to_string(),
+            r.unrepaired_blocks.to_string(),
+            format!(
+                "{}/s",
+                format_size(r.rate_blocks_per_s * tessera_types::BLOCK_BYTES)
+            ),
+            r.passes.to_string(),
+            r.next_pass_in_s.map_or("-".to_string(), eta_text),
+        ]);
+    }
+    let mut out = t.render();
+    out.push_str(&errors);
     out
 }
 

@@ -9,7 +9,7 @@
 //! (stop, start, delete) print nothing with `--json`.
 
 use crate::args::{
-    Command, FaultCommand, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand,
+    Command, FaultCommand, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand, ScrubCommand,
     SettingsCommand, StoreCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    ClusterSettings, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, Severity,
-    StatusView, VerifyReport, VolumeView,
+    ClusterSettings, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView,
+    Severity, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -163,6 +163,35 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             if !output.json {
                 output.text(&format!("stopped host {host}\n"))?;
             }
+        }
+        Command::Fault(FaultCommand::CorruptBlock {
+            host,
+            volume,
+            block,
+        }) => {
+            client.post_json(
+                &format!("/v1/hosts/{}/faults", segment(host)),
+                &json!({"kind": "corrupt-block", "volume": volume, "block": block}),
+            )?;
+            if !output.json {
+                output.text(&format!(
+                    "one bit of block {block} of {volume}'s copy on {host} flipped\n"
+                ))?;
+            }
+        }
+        Command::Scrub(ScrubCommand::List) => {
+            let v = client.get("/v1/scrubs")?;
+            output.view::<Vec<ScrubView>>("/v1/scrubs", v, |rows| render::scrubs(rows))?;
+        }
+        Command::Scrub(ScrubCommand::Start { host }) => {
+            let path = format!("/v1/hosts/{}/scrub", segment(host));
+            let v = client.post_json(&path, &json!({}))?;
+            output.view::<Vec<ScrubView>>(&path, v, |rows| {
+                format!(
+                    "scrub pass of {host}'s disk groups started; `tessera scrub list` shows it\n{}",
+                    render::scrubs(rows)
+                )
+            })?;
         }
         Command::Fault(FaultCommand::FailDevice {
             host,

@@ -101,14 +101,13 @@ fn expect_success(child: Child, what: &str) {
     );
 }
 
-#[test]
-fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
-    if !have("fio") {
-        return;
-    }
+/// A running `tessera up --fault-injection` with volume `vm` (64 MiB)
+/// healthy: its data directory, the process, the API's URL, the volume's
+/// view, and its NBD URI through the owner.
+fn up_with_volume(third_octet: u8) -> (tempfile::TempDir, Up, String, Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let octet = 20 + (std::process::id() % 200) as u8;
-    let bind = format!("127.{octet}.77.1");
+    let bind = format!("127.{octet}.{third_octet}.1");
     let (api_port, nbd_port) = (free_port(), free_port());
     let up = Up(Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["up", "--fault-injection", "--host-capacity", "1G"])
@@ -135,6 +134,18 @@ fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
     let view = wait_for(&api, "vm", "an owner and healthy copies", |v| {
         v["owner"].is_string() && v["state"] == "healthy"
     });
+    let owner = view["owner"].as_str().unwrap();
+    let k: u8 = owner.trim_start_matches("host-").parse().unwrap();
+    let uri = format!("nbd://127.{octet}.{third_octet}.{k}:{nbd_port}/vm");
+    (dir, up, api, view, uri)
+}
+
+#[test]
+fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
+    if !have("fio") {
+        return;
+    }
+    let (_dir, up, api, view, uri) = up_with_volume(77);
     let owner = view["owner"].as_str().unwrap().to_string();
     let lost = view["components"]
         .as_array()
@@ -144,8 +155,6 @@ fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
         .expect("a copy on another host")
         .clone();
     let lost_host = lost["host"].as_str().unwrap();
-    let octet_of = |host: &str| host.trim_start_matches("host-").parse::<u8>().unwrap();
-    let uri = format!("nbd://127.{octet}.77.{}:{nbd_port}/vm", octet_of(&owner));
 
     // Written and checked before the failure, then random writes with
     // checked reads while the device fails under them.
@@ -209,5 +218,88 @@ fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
     // A device that does not exist is refused and changes nothing.
     let (ok, text) = tessera(&api, &["fault", "fail-device", &owner, "--device", "9"]);
     assert!(!ok && text.contains("no device 9"), "{text}");
+    drop(up);
+}
+
+/// `tessera fault corrupt-block` flips a bit in a stored block of one copy;
+/// `tessera scrub start` on that copy's host finds it and the owner
+/// rewrites it from the other copy, with no client reading the volume;
+/// `tessera scrub list` shows it and the copies compare identical.
+#[test]
+fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
+    if !have("fio") {
+        return;
+    }
+    let (_dir, up, api, view, uri) = up_with_volume(78);
+    let owner = view["owner"].as_str().unwrap();
+    let other = view["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["role"] == "data" && c["host"] != owner)
+        .expect("a copy on another host")["host"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let write = fio(&uri, &["--rw=write", "--size=8M", "--do_verify=0"])
+        .spawn()
+        .unwrap();
+    expect_success(write, "writing 8 MiB");
+    let (ok, text) = tessera(
+        &api,
+        &[
+            "fault",
+            "corrupt-block",
+            &other,
+            "--volume",
+            "vm",
+            "--block",
+            "100",
+        ],
+    );
+    assert!(ok, "{text}");
+    let (ok, text) = tessera(&api, &["scrub", "start", &other]);
+    assert!(ok && text.contains("started"), "{text}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let row = loop {
+        let (ok, text) = tessera(&api, &["--json", "scrub", "list"]);
+        assert!(ok, "{text}");
+        let rows: Value = serde_json::from_str(&text).unwrap();
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["host"] == other.as_str() && r["passes"].as_u64() >= Some(1))
+            .cloned();
+        if let Some(row) = row {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "no scrub pass ended: {rows:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(row["bad_blocks"], 1, "{row:#}");
+    assert_eq!(row["repaired_blocks"], 1, "{row:#}");
+    assert_eq!(row["unrepaired_blocks"], 0, "{row:#}");
+    let (ok, text) = tessera(&api, &["scrub", "list"]);
+    assert!(
+        ok && text.contains("REPAIRED") && text.contains(&other),
+        "{text}"
+    );
+    let (ok, text) = tessera(&api, &["object", "verify", "vm"]);
+    assert!(ok, "{text}");
+    // A block never written is refused by name and changes nothing.
+    let (ok, text) = tessera(
+        &api,
+        &[
+            "fault",
+            "corrupt-block",
+            &other,
+            "--volume",
+            "vm",
+            "--block",
+            "9000",
+        ],
+    );
+    assert!(!ok && text.contains("no data stored"), "{text}");
     drop(up);
 }

@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
     CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView,
-    ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, StatusView, UpdatePolicy,
-    UpdateSettings, VerifyReport, VolumeView,
+    ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, ScrubView, StatusView,
+    UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -519,6 +519,33 @@ impl ClusterControl for MemoryControl {
 
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {
         Ok(self.records.lock().expect("records lock").resyncs.clone())
+    }
+
+    async fn scrubs(&self) -> Result<Vec<ScrubView>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        Ok((0..HOSTS)
+            .filter(|&i| !r.stopped[i])
+            .map(|i| ScrubView {
+                host: format!("host-{}", i + 1),
+                disk_group: "dg0".into(),
+                state: "idle".into(),
+                next_pass_in_s: Some(600),
+                ..ScrubView::default()
+            })
+            .collect())
+    }
+
+    async fn scrub_now(&self, host: &str) -> Result<Vec<ScrubView>, ControlError> {
+        let i = self.host_index(host)?;
+        if self.records.lock().expect("records lock").stopped[i] {
+            return Err(ControlError::Conflict(format!("host {host} is stopped")));
+        }
+        Ok(vec![ScrubView {
+            host: host.into(),
+            disk_group: "dg0".into(),
+            state: "running".into(),
+            ..ScrubView::default()
+        }])
     }
 
     async fn stop_host(&self, host: &str) -> Result<(), ControlError> {
