@@ -245,18 +245,21 @@ fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
         .spawn()
         .unwrap();
     expect_success(write, "writing 8 MiB");
-    let (ok, text) = tessera(
-        &api,
-        &[
-            "fault",
-            "corrupt-block",
-            &other,
-            "--volume",
-            "vm",
-            "--block",
-            "100",
-        ],
-    );
+    let corrupt = |block: &str| {
+        tessera(
+            &api,
+            &[
+                "fault",
+                "corrupt-block",
+                &other,
+                "--volume",
+                "vm",
+                "--block",
+                block,
+            ],
+        )
+    };
+    let (ok, text) = corrupt("100");
     assert!(ok, "{text}");
     let (ok, text) = tessera(&api, &["scrub", "start", &other]);
     assert!(ok && text.contains("started"), "{text}");
@@ -288,18 +291,7 @@ fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
     let (ok, text) = tessera(&api, &["object", "verify", "vm"]);
     assert!(ok, "{text}");
     // A block never written is refused by name and changes nothing.
-    let (ok, text) = tessera(
-        &api,
-        &[
-            "fault",
-            "corrupt-block",
-            &other,
-            "--volume",
-            "vm",
-            "--block",
-            "9000",
-        ],
-    );
+    let (ok, text) = corrupt("9000");
     assert!(!ok && text.contains("no data stored"), "{text}");
     drop(up);
 }
