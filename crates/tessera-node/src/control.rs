@@ -1021,4 +1021,29 @@ mod tests {
             )
         );
     }
+
+    #[test]
+    fn the_scrub_period_is_set_turned_off_or_refused_past_a_year() {
+        let parse = |text: &str| serde_json::from_str::<UpdateSettings>(text).unwrap();
+        let current = ClusterSettings::default();
+        assert_eq!(current.scrub_period_h, 168, "a week by default");
+        let set = parse(r#"{"scrub_period_h":24}"#)
+            .apply(&current, 8 << 30)
+            .unwrap();
+        assert_eq!(set.scrub_period_h, 24);
+        let off = parse(r#"{"scrub_period_h":0}"#)
+            .apply(&set, 8 << 30)
+            .unwrap();
+        assert_eq!(off.scrub_period_h, 0);
+        let err = parse(r#"{"scrub_period_h":8761}"#)
+            .apply(&set, 8 << 30)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ControlError::Invalid(
+                "scrub_period_h must be between 0 (off) and 8760 (a year), not 8761".into()
+            )
+        );
+        assert!(serde_json::from_str::<UpdateSettings>(r#"{"scrub_period_h":-1}"#).is_err());
+    }
 }

@@ -264,12 +264,12 @@ async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
         .expect("the block is damaged");
     assert_eq!(damaged, replica);
     eprintln!("flipped a bit of block 300 of {replica} on {replica_host} at {location}");
-    let passes_before = |h: &Host| h.scrubs().iter().map(|s| s.passes).sum::<u64>();
+    let passes = |h: &Host| h.scrubs().iter().map(|s| s.passes).sum::<u64>();
     let wait_pass = |after: u64| {
         let host = Arc::clone(&host);
         async move {
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while passes_before(&host) <= after {
+            while passes(&host) <= after {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "no scrub pass ended: {:#?}",
@@ -280,7 +280,7 @@ async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
             host.scrubs()
         }
     };
-    let before = passes_before(&host);
+    let before = passes(&host);
     host.scrub_now();
     let rows = wait_pass(before).await;
     eprintln!("after the first pass: {rows:#?}");
@@ -308,7 +308,7 @@ async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
         0,
         "no client read the volume"
     );
-    let again = passes_before(&host);
+    let again = passes(&host);
     host.scrub_now();
     let rows = wait_pass(again).await;
     assert!(rows.iter().all(|r| r.bad_blocks == 0), "{rows:#?}");
