@@ -567,7 +567,23 @@ pub struct ClusterSettings {
     /// turns the scheduled scrub off.
     #[serde(default = "default_scrub_period_h")]
     pub scrub_period_h: u32,
+    /// How much resync and rebuild yield to guest I/O on a busy owner, 1
+    /// to [`RESYNC_DELAY_MULTIPLIER_MAX`] (vSAN's
+    /// `DOMResyncDelayMultiplier`): they get 1/multiplier of one volume's
+    /// share of the host's I/O scheduler. An idle host gives them all it
+    /// has whatever the multiplier.
+    #[serde(default = "default_resync_delay_multiplier")]
+    pub resync_delay_multiplier: u32,
 }
+
+/// Default [`ClusterSettings::resync_delay_multiplier`]: resync counts as
+/// much as one busy volume.
+pub fn default_resync_delay_multiplier() -> u32 {
+    1
+}
+
+/// The largest [`ClusterSettings::resync_delay_multiplier`].
+pub const RESYNC_DELAY_MULTIPLIER_MAX: u32 = 256;
 
 /// Default [`ClusterSettings::scrub_period_h`]: every block once a week.
 pub fn default_scrub_period_h() -> u32 {
@@ -622,6 +638,7 @@ impl Default for ClusterSettings {
             full_pct: default_full_pct(),
             read_cache_bytes: None,
             scrub_period_h: default_scrub_period_h(),
+            resync_delay_multiplier: default_resync_delay_multiplier(),
         }
     }
 }

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
 use tessera_types::layout::{ComponentRole, ComponentState};
-use tessera_types::policy::Policy;
+use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
 
 /// Overall health of a cluster or volume.
@@ -243,6 +243,9 @@ pub struct CreatePolicy {
     /// Object space reservation in percent (0-100).
     #[serde(default)]
     pub space_reservation_pct: u8,
+    /// The I/O limits and minimum of each volume (none by default).
+    #[serde(default)]
+    pub qos: VolumeQos,
 }
 
 fn one() -> u8 {
@@ -295,6 +298,26 @@ pub struct UpdatePolicy {
     /// Object space reservation in percent (0-100).
     #[serde(default)]
     pub space_reservation_pct: Option<u8>,
+    /// Changes to the I/O limits and minimum; they apply to the policy's
+    /// volumes at once, without moving data.
+    #[serde(default)]
+    pub qos: Option<QosChange>,
+}
+
+/// A change to a policy's QoS: the fields given replace the current ones
+/// (0 removes a limit or the minimum).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosChange {
+    /// Operations per second each volume may not exceed.
+    #[serde(default)]
+    pub iops_limit: Option<u32>,
+    /// MiB per second each volume may not exceed.
+    #[serde(default)]
+    pub bandwidth_limit_mib_s: Option<u32>,
+    /// Operations per second each volume keeps however busy its owner is.
+    #[serde(default)]
+    pub iops_minimum: Option<u32>,
 }
 
 /// The cluster settings as the API takes a change to them: the fields
@@ -322,6 +345,9 @@ pub struct UpdateSettings {
     /// See [`tessera_directory::keys::ClusterSettings::scrub_period_h`].
     #[serde(default)]
     pub scrub_period_h: Option<u32>,
+    /// See [`tessera_directory::keys::ClusterSettings::resync_delay_multiplier`].
+    #[serde(default)]
+    pub resync_delay_multiplier: Option<u32>,
 }
 
 /// A field that may be `null`: present (`Some`, holding `None` for `null`)
@@ -408,6 +434,10 @@ pub struct VolumeView {
     /// Clients (NBD connections, iSCSI sessions) that have it open now.
     #[serde(default)]
     pub open_by: u32,
+    /// The I/O limits and minimum its policy gives it (its owner enforces
+    /// them).
+    #[serde(default, skip_serializing_if = "VolumeQos::is_unlimited")]
+    pub qos: VolumeQos,
     /// What the request that returned this view should make the user
     /// think about (e.g. the datastore is now overcommitted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -750,10 +780,9 @@ pub trait ClusterControl: Send + Sync + 'static {
             .find(|p| p.name.as_str() == name)
             .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))
     }
-    /// Changes a policy. A change that keeps every volume's layout (the
-    /// space reservation) applies to the volumes at once; one that would
-    /// move data (failures to tolerate, stripe width) is refused while
-    /// volumes use the policy.
+    /// Changes a policy. A QoS change applies at once to the volumes that
+    /// use it; any other change is refused while volumes use the policy
+    /// (their data would have to move or their reservations be remade).
     async fn update_policy(&self, name: &str, change: UpdatePolicy)
         -> Result<Policy, ControlError>;
     /// Deletes a policy no volume uses.
@@ -931,6 +960,15 @@ impl UpdateSettings {
             }
             next.scrub_period_h = h;
         }
+        if let Some(m) = self.resync_delay_multiplier {
+            let max = tessera_directory::keys::RESYNC_DELAY_MULTIPLIER_MAX;
+            if !(1..=max).contains(&m) {
+                return Err(ControlError::Invalid(format!(
+                    "resync_delay_multiplier must be between 1 and {max}, not {m}"
+                )));
+            }
+            next.resync_delay_multiplier = m;
+        }
         if let Some(p) = self.nearly_full_pct {
             next.nearly_full_pct = p;
         }
@@ -962,6 +1000,13 @@ impl UpdatePolicy {
         }
         if let Some(r) = self.space_reservation_pct {
             next.space_reservation_pct = r;
+        }
+        if let Some(q) = self.qos {
+            let qos = &mut next.qos;
+            qos.iops_limit = q.iops_limit.unwrap_or(qos.iops_limit);
+            qos.bandwidth_limit_mib_s =
+                q.bandwidth_limit_mib_s.unwrap_or(qos.bandwidth_limit_mib_s);
+            qos.iops_minimum = q.iops_minimum.unwrap_or(qos.iops_minimum);
         }
         next.validate()
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
@@ -1045,5 +1090,27 @@ mod tests {
             )
         );
         assert!(serde_json::from_str::<UpdateSettings>(r#"{"scrub_period_h":-1}"#).is_err());
+    }
+
+    #[test]
+    fn the_resync_delay_multiplier_is_set_or_refused_outside_1_to_256() {
+        let parse = |text: &str| serde_json::from_str::<UpdateSettings>(text).unwrap();
+        let current = ClusterSettings::default();
+        assert_eq!(current.resync_delay_multiplier, 1);
+        let slower = parse(r#"{"resync_delay_multiplier":64}"#)
+            .apply(&current, 1 << 30)
+            .unwrap();
+        assert_eq!(slower.resync_delay_multiplier, 64);
+        for refused in [0, 257] {
+            let err = parse(&format!(r#"{{"resync_delay_multiplier":{refused}}}"#))
+                .apply(&current, 1 << 30)
+                .unwrap_err();
+            assert_eq!(
+                err,
+                ControlError::Invalid(format!(
+                    "resync_delay_multiplier must be between 1 and 256, not {refused}"
+                ))
+            );
+        }
     }
 }

@@ -244,6 +244,9 @@ impl ControlPlane {
         let attachments = keys::list(d, &self.keys.attachments_all())
             .await
             .map_err(internal)?;
+        let policies = keys::list(d, &self.keys.policies())
+            .await
+            .map_err(internal)?;
         let settings = keys::get(d, &self.keys.settings())
             .await
             .map_err(internal)?
@@ -273,6 +276,11 @@ impl ControlPlane {
                 .map(|r| (r.value.volume.clone(), r.value))
                 .collect(),
             attachments: attachments.records.into_iter().map(|r| r.value).collect(),
+            policies: policies
+                .records
+                .into_iter()
+                .map(|r| (r.value.name.clone(), r.value))
+                .collect(),
             settings,
         })
     }
@@ -340,6 +348,11 @@ impl ControlPlane {
             owner: shown_owner.map(|h| h.to_string()),
             epoch: shown_owner.and(owner).map(|o| o.epoch),
             open_by: self.open_by(state, &record.name).0,
+            qos: state
+                .policies
+                .get(&record.policy)
+                .map(|p| p.qos)
+                .unwrap_or_default(),
             warnings: Vec::new(),
         }
     }
@@ -618,6 +631,7 @@ struct ClusterState {
     volumes: Vec<VolumeRecord>,
     layouts: BTreeMap<VolumeId, Layout>,
     attachments: Vec<keys::AttachmentRecord>,
+    policies: BTreeMap<PolicyName, Policy>,
     settings: ClusterSettings,
 }
 
@@ -720,8 +734,14 @@ impl ClusterControl for ControlPlane {
         if next == current.value {
             return Ok(next);
         }
+        // QoS applies to volumes already in use at once (their owners hear
+        // of it); anything else would need their data rebuilt.
+        let only_qos = Policy {
+            qos: current.value.qos,
+            ..next.clone()
+        } == current.value;
         let users = self.volumes_using(&policy_name).await?;
-        if !users.is_empty() {
+        if !users.is_empty() && !only_qos {
             let what = if change.changes_layout(&current.value) {
                 "failures to tolerate and stripe width set how many copies and columns their data has"
             } else {
@@ -792,6 +812,7 @@ impl ClusterControl for ControlPlane {
             stripe_width: request.stripe_width,
             space_reservation_pct: request.space_reservation_pct,
             checksum: true,
+            qos: request.qos,
         };
         policy
             .validate()

@@ -45,7 +45,7 @@ use tessera_directory::keys::{
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
 use tessera_env::{Clock, FailSwitch, Rng, SeededRng, SwitchedDisk, SystemClock};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
-use tessera_object::{Coordinator, ReadCache};
+use tessera_object::{Coordinator, IoScheduler, ReadCache};
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup};
 use tessera_transport::{Transport, TransportConfig};
@@ -145,6 +145,8 @@ pub struct Host {
     attachments_published: std::sync::atomic::AtomicU64,
     /// The read cache the coordinators of this host share.
     read_cache: Arc<ReadCache>,
+    /// The I/O scheduler the coordinators of this host share.
+    scheduler: Arc<IoScheduler>,
     /// Verifies the stored blocks of its disk groups on a schedule.
     scrubber: scrub::Scrubber,
     /// This machine's memory, which sizes the read cache.
@@ -332,6 +334,8 @@ impl Host {
         // Blocks are served from memory only while no other host can have
         // taken over this host's volumes: its owner keys live on its lease.
         read_cache.set_ownership_check(lease_check(&session));
+        let scheduler = IoScheduler::new(tessera_object::io_scheduler::DEFAULT_DEPTH);
+        scheduler.set_resync_multiplier(settings.resync_delay_multiplier);
         let host = Arc::new(Host {
             id: id.clone(),
             directory,
@@ -367,6 +371,7 @@ impl Host {
             attachments,
             attachments_published: std::sync::atomic::AtomicU64::new(u64::MAX),
             read_cache,
+            scheduler,
             scrubber: scrub::Scrubber::new(settings.scrub_period_h),
             memory_bytes,
             catalog: Arc::clone(&catalog),

@@ -546,7 +546,31 @@ impl VolumeOp {
         }
     }
 
+    /// Bytes of data the operation moves, as the owner's I/O scheduler
+    /// counts them; None for operations it does not schedule (metadata,
+    /// flushes, and repairs the scrubber asks for).
+    fn scheduled_bytes(&self) -> Option<u64> {
+        match self {
+            VolumeOp::Read { len, .. } => Some(u64::from(*len)),
+            VolumeOp::Write { data, .. } => Some(data.len() as u64),
+            VolumeOp::CompareAndWrite { new, .. } => Some(new.len() as u64),
+            VolumeOp::WriteZeroes { len, mode, .. } => Some(if *mode == ZeroMode::KeepAllocated {
+                *len
+            } else {
+                0
+            }),
+            VolumeOp::Unmap { .. } => Some(0),
+            VolumeOp::Flush | VolumeOp::BlockStatus { .. } | VolumeOp::RepairCopy { .. } => None,
+        }
+    }
+
+    /// Runs the operation on the owner's coordinator once the volume's
+    /// turn in the host's I/O scheduler comes (its QoS acts here).
     async fn run_on(self, c: &Coordinator) -> Result<Answer, BlockError> {
+        let _turn = match self.scheduled_bytes() {
+            Some(bytes) => Some(c.guest_turn(bytes).await),
+            None => None,
+        };
         match self {
             VolumeOp::Read { offset, len } => c.read(offset, len as u64).await.map(Answer::Data),
             VolumeOp::Write { offset, data, fua } => c

@@ -182,6 +182,7 @@ pub async fn start_on(
         failures_to_tolerate: 1,
         stripe_width: 1,
         space_reservation_pct: 0,
+        qos: Default::default(),
     };
     match control.create_policy(default).await {
         Ok(_) => tracing::info!("created policy default (FTT=1, RAID-1)"),

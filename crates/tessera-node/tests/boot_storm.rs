@@ -603,6 +603,7 @@ async fn eight_clones_booting_at_once_read_each_shared_block_from_a_device_once(
             failures_to_tolerate: 1,
             stripe_width: 3,
             space_reservation_pct: 0,
+            qos: Default::default(),
         })
         .await
         .unwrap();

@@ -477,6 +477,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             failures_to_tolerate: 2,
             stripe_width: 1,
             space_reservation_pct: 0,
+            qos: Default::default(),
         })
         .await
         .unwrap();
@@ -501,6 +502,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             failures_to_tolerate: 1,
             stripe_width: 1,
             space_reservation_pct: 100,
+            qos: Default::default(),
         })
         .await
         .unwrap();
@@ -542,6 +544,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             failures_to_tolerate: 4,
             stripe_width: 1,
             space_reservation_pct: 0,
+            qos: Default::default(),
         })
         .await
         .unwrap_err();

@@ -363,6 +363,7 @@ async fn thin_provisioning_is_limited_by_the_overcommit_setting_and_watched_by_t
             failures_to_tolerate: 1,
             stripe_width: 1,
             space_reservation_pct: 100,
+            qos: Default::default(),
         })
         .await
         .unwrap();

@@ -38,6 +38,7 @@ pub use share::{CopyReport, SHARE_STEP_BYTES};
 
 use crate::component_io::{ComponentError, ComponentIo, IoClass, LayoutRecorder};
 use crate::dirty::DirtyRegions;
+use crate::io_scheduler::{IoClient, IoPermit, IoScheduler};
 use crate::range_lock::{RangeGuard, RangeLock};
 use crate::read_cache::{ReadCache, VolumeCache};
 use async_trait::async_trait;
@@ -269,8 +270,32 @@ pub struct Coordinator {
     record_turn: tokio::sync::Mutex<()>,
     /// This coordinator's part of the host read cache.
     cache: VolumeCache,
+    /// The host's I/O scheduler: guest operations and resync steps wait
+    /// their turn there.
+    scheduler: Arc<IoScheduler>,
+    /// Who this volume's guest operations are to the scheduler.
+    client: IoClient,
     allocated_bytes: AtomicU64,
     counters: ObjectCounters,
+}
+
+/// What every coordinator of a host shares.
+#[derive(Clone)]
+pub struct HostShared {
+    /// The host's read cache.
+    pub read_cache: Arc<ReadCache>,
+    /// The host's I/O scheduler.
+    pub scheduler: Arc<IoScheduler>,
+}
+
+impl HostShared {
+    /// No cache and no scheduling: a coordinator with no host around it.
+    pub fn alone() -> HostShared {
+        HostShared {
+            read_cache: ReadCache::disabled(),
+            scheduler: IoScheduler::unlimited(),
+        }
+    }
 }
 
 fn bad(reason: impl Into<String>) -> BlockError {
@@ -299,16 +324,16 @@ impl Coordinator {
             serial,
             io,
             recorder,
-            &ReadCache::disabled(),
+            &HostShared::alone(),
         )
         .await
     }
 
     /// [`Coordinator::take_over`] with the dirty-region record `dirty` the
     /// earlier owners left (a copy the layout says is behind and that has
-    /// an entry there resyncs only the entry's regions), and a part of the
-    /// host read cache `cache` of its own: it starts empty, whatever an
-    /// earlier owner cached.
+    /// an entry there resyncs only the entry's regions), a part of the
+    /// host read cache of its own (it starts empty, whatever an earlier
+    /// owner cached) and the host's I/O scheduler, both from `host`.
     pub async fn take_over_cached(
         layout: Layout,
         dirty: Option<DirtyRecord>,
@@ -316,7 +341,7 @@ impl Coordinator {
         serial: u64,
         io: Arc<dyn ComponentIo>,
         recorder: Arc<dyn LayoutRecorder>,
-        cache: &Arc<ReadCache>,
+        host: &HostShared,
     ) -> Result<Arc<Coordinator>, BlockError> {
         let info = DeviceInfo {
             name: layout.volume.to_string(),
@@ -326,6 +351,7 @@ impl Coordinator {
             read_only: false,
             serial,
         };
+        let layout_volume = layout.volume.clone();
         let columns = (0..layout.columns.len())
             .map(|_| Arc::new(RangeLock::default()))
             .collect();
@@ -343,7 +369,9 @@ impl Coordinator {
             }),
             columns,
             record_turn: tokio::sync::Mutex::new(()),
-            cache: cache.volume(),
+            cache: host.read_cache.volume(),
+            scheduler: Arc::clone(&host.scheduler),
+            client: IoClient::Volume(layout_volume),
             allocated_bytes: AtomicU64::new(0),
             counters: ObjectCounters::default(),
         });
@@ -399,6 +427,13 @@ impl Coordinator {
             self.record().await?;
         }
         Ok(())
+    }
+
+    /// Waits for this volume's turn in the host's I/O scheduler to run a
+    /// guest operation moving `bytes`; the turn lasts while the permit is
+    /// held. Taken before any range lock, once per client operation.
+    pub async fn guest_turn(&self, bytes: u64) -> IoPermit {
+        self.scheduler.admit(self.client.clone(), bytes).await
     }
 
     /// The owner's current layout.
@@ -629,6 +664,12 @@ impl Coordinator {
                 .get(&id)
                 .and_then(|d| d.first(RESYNC_STEP_BLOCKS));
             let Some((start, count)) = next else { break };
+            // Resync waits its turn behind guest I/O as the scheduler's
+            // weights say, before it holds any guest write back.
+            let _turn = self
+                .scheduler
+                .admit(IoClient::Resync, count * BLOCK_BYTES)
+                .await;
             let _guard = self.columns[column].lock(start, start + count).await;
             let source = self
                 .pick_source(column, id)

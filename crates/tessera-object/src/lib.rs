@@ -4,7 +4,8 @@
 //! degraded I/O with dirty-region tracking, delta resync, component
 //! replacement, epoch fencing, copies that share stored blocks),
 //! [`DirtyRegions`] and [`RangeLock`], and the host read cache
-//! ([`ReadCache`]) every coordinator of a host shares.
+//! ([`ReadCache`]) and I/O scheduler ([`IoScheduler`]) every coordinator
+//! of a host shares.
 //! Must not touch: the store, the transport, the directory. Components are
 //! reached through [`ComponentIo`], layout changes are recorded through
 //! [`LayoutRecorder`]; the node implements both.
@@ -13,6 +14,7 @@
 mod component_io;
 mod coordinator;
 mod dirty;
+pub mod io_scheduler;
 mod range_lock;
 mod read_cache;
 
@@ -21,10 +23,11 @@ pub use component_io::{
     CLONE_BLOCKS_MAX,
 };
 pub use coordinator::{
-    Coordinator, CopyReport, ObjectCounters, ResyncError, ResyncProgress, ResyncReport,
+    Coordinator, CopyReport, HostShared, ObjectCounters, ResyncError, ResyncProgress, ResyncReport,
     RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
+pub use io_scheduler::{IoClient, IoPermit, IoScheduler};
 pub use range_lock::{RangeGuard, RangeLock};
 pub use read_cache::{
     ChangeGuard, OwnershipCheck, ReadCache, ReadCacheStats, ReadTicket, VolumeCache,

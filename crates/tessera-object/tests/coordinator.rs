@@ -468,7 +468,7 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
         7,
         comps.clone(),
         rec.clone(),
-        &tessera_object::ReadCache::disabled(),
+        &tessera_object::HostShared::alone(),
     )
     .await
     .unwrap();
@@ -534,7 +534,7 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
         7,
         comps.clone(),
         rec.clone(),
-        &tessera_object::ReadCache::disabled(),
+        &tessera_object::HostShared::alone(),
     )
     .await
     .unwrap();

@@ -332,7 +332,10 @@ async fn owner(
         7,
         comps.clone(),
         Arc::new(Recorded),
-        cache,
+        &tessera_object::HostShared {
+            read_cache: Arc::clone(cache),
+            scheduler: tessera_object::IoScheduler::unlimited(),
+        },
     )
     .await
     .unwrap()

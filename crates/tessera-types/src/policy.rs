@@ -39,6 +39,39 @@ pub struct Policy {
     /// Whether data is checksummed per 4 KiB block (on by default, as in vSAN 6.2).
     #[serde(default = "default_true")]
     pub checksum: bool,
+    /// The I/O each volume of the policy may use and is guaranteed, as its
+    /// owner enforces it (none of either by default).
+    #[serde(default, skip_serializing_if = "VolumeQos::is_unlimited")]
+    pub qos: VolumeQos,
+}
+
+/// Highest IOPS a QoS limit or minimum may name.
+pub const QOS_IOPS_MAX: u32 = 10_000_000;
+/// Highest bandwidth in MiB/s a QoS limit may name.
+pub const QOS_BANDWIDTH_MAX_MIB_S: u32 = 1_000_000;
+
+/// A volume's quality of service: what its owner lets it use at most and
+/// what it keeps however busy the host is. 0 means none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeQos {
+    /// Operations per second the volume may not exceed (0: no limit).
+    #[serde(default)]
+    pub iops_limit: u32,
+    /// MiB per second the volume may not exceed (0: no limit).
+    #[serde(default)]
+    pub bandwidth_limit_mib_s: u32,
+    /// Operations per second the volume is served first when it asks for
+    /// them, however busy its owner is (0: no minimum).
+    #[serde(default)]
+    pub iops_minimum: u32,
+}
+
+impl VolumeQos {
+    /// No limit and no minimum.
+    pub fn is_unlimited(&self) -> bool {
+        *self == VolumeQos::default()
+    }
 }
 
 fn default_true() -> bool {
@@ -64,6 +97,14 @@ pub enum PolicyError {
         /// The refused value.
         value: u8,
     },
+    /// A QoS figure out of range, or a minimum above the limit.
+    #[error("policy {policy}: {reason}")]
+    Qos {
+        /// Which policy.
+        policy: String,
+        /// What is wrong, in the user's words.
+        reason: String,
+    },
     /// Reservation above 100 %.
     #[error("policy {policy}: space reservation must be 0 to 100 percent, not {value}")]
     SpaceReservation {
@@ -85,6 +126,7 @@ impl Policy {
             stripe_width: 1,
             space_reservation_pct: 0,
             checksum: true,
+            qos: VolumeQos::default(),
         }
     }
 
@@ -109,7 +151,38 @@ impl Policy {
                 value: self.space_reservation_pct,
             });
         }
-        Ok(())
+        self.validate_qos()
+    }
+
+    fn validate_qos(&self) -> Result<(), PolicyError> {
+        let q = &self.qos;
+        let reason = if q.iops_limit > QOS_IOPS_MAX {
+            format!(
+                "the IOPS limit must be at most {QOS_IOPS_MAX}, not {}",
+                q.iops_limit
+            )
+        } else if q.iops_minimum > QOS_IOPS_MAX {
+            format!(
+                "the IOPS minimum must be at most {QOS_IOPS_MAX}, not {}",
+                q.iops_minimum
+            )
+        } else if q.bandwidth_limit_mib_s > QOS_BANDWIDTH_MAX_MIB_S {
+            format!(
+                "the bandwidth limit must be at most {QOS_BANDWIDTH_MAX_MIB_S} MiB/s, not {}",
+                q.bandwidth_limit_mib_s
+            )
+        } else if q.iops_limit != 0 && q.iops_minimum > q.iops_limit {
+            format!(
+                "the IOPS minimum ({}) cannot be above the IOPS limit ({})",
+                q.iops_minimum, q.iops_limit
+            )
+        } else {
+            return Ok(());
+        };
+        Err(PolicyError::Qos {
+            policy: self.name.to_string(),
+            reason,
+        })
     }
 
     /// Copies of each stripe column the policy keeps.

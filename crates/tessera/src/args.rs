@@ -165,6 +165,8 @@ pub enum PolicyCommand {
         /// Percent of a volume's size reserved up front (0 = thin, 100 = thick).
         #[arg(long, default_value_t = 0)]
         space_reservation: u8,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// All policies.
     List,
@@ -187,12 +189,52 @@ pub enum PolicyCommand {
         /// Percent of a volume's size reserved up front.
         #[arg(long)]
         space_reservation: Option<u8>,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Delete a policy no volume uses.
     Delete {
         /// Policy name.
         name: String,
     },
+}
+
+/// A policy's QoS on the command line: each volume's limits and minimum,
+/// enforced by its owner (0 removes one).
+#[derive(Debug, Default, Clone, Copy, clap::Args)]
+pub struct QosArgs {
+    /// Operations per second each volume may not exceed (0: no limit).
+    #[arg(long)]
+    pub iops_limit: Option<u32>,
+    /// MiB per second each volume may not exceed (0: no limit).
+    #[arg(long, value_name = "MIB_S")]
+    pub bandwidth_limit: Option<u32>,
+    /// Operations per second each volume keeps however busy its owner is
+    /// (0: none).
+    #[arg(long)]
+    pub iops_minimum: Option<u32>,
+}
+
+impl QosArgs {
+    /// Whether any option was given.
+    pub fn any(&self) -> bool {
+        self.iops_limit.is_some() || self.bandwidth_limit.is_some() || self.iops_minimum.is_some()
+    }
+
+    /// The options given, as the API's `qos` object.
+    pub fn json(&self) -> serde_json::Value {
+        let mut qos = serde_json::Map::new();
+        if let Some(v) = self.iops_limit {
+            qos.insert("iops_limit".into(), v.into());
+        }
+        if let Some(v) = self.bandwidth_limit {
+            qos.insert("bandwidth_limit_mib_s".into(), v.into());
+        }
+        if let Some(v) = self.iops_minimum {
+            qos.insert("iops_minimum".into(), v.into());
+        }
+        serde_json::Value::Object(qos)
+    }
 }
 
 /// `tessera volume ...`
@@ -296,7 +338,8 @@ pub enum SettingsCommand {
     Show,
     /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
     /// read_cache_bytes (a size, 0 to disable, or `default`),
-    /// scrub_period_h (hours, 0 to turn the scheduled scrub off).
+    /// scrub_period_h (hours, 0 to turn the scheduled scrub off),
+    /// resync_delay_multiplier (1-256: how much resync yields to guests).
     Set {
         /// Setting name.
         name: String,
@@ -512,9 +555,11 @@ mod tests {
                 ftt,
                 stripe_width,
                 space_reservation,
+                qos,
             }) => {
                 assert_eq!((name.as_str(), ftt), ("gold", 2));
                 assert_eq!((stripe_width, space_reservation), (1, 0));
+                assert!(!qos.any(), "no QoS unless asked");
             }
             other => panic!("parsed as {other:?}"),
         }
@@ -522,6 +567,27 @@ mod tests {
             parse(&["policy", "create", "gold"]).is_err(),
             "--ftt is required"
         );
+    }
+
+    #[test]
+    fn policy_qos_options_become_the_apis_qos_object() {
+        let cli = parse(&[
+            "policy",
+            "set",
+            "gold",
+            "--iops-limit",
+            "2000",
+            "--iops-minimum",
+            "0",
+        ])
+        .expect("parses");
+        match cli.command {
+            Command::Policy(PolicyCommand::Set { qos, .. }) => assert_eq!(
+                qos.json(),
+                serde_json::json!({"iops_limit": 2000, "iops_minimum": 0})
+            ),
+            other => panic!("parsed as {other:?}"),
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tessera_node::control::{
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
-use tessera_types::policy::{FaultTolerance, Policy};
+use tessera_types::policy::{FaultTolerance, Policy, VolumeQos};
 use tessera_types::Epoch;
 
 /// The word for a health value.
@@ -160,6 +160,12 @@ pub fn settings(s: &ClusterSettings) -> String {
         },
         read_cache_default.into(),
         "RAM each host gives the blocks of the volumes it owns; 0 disables".into(),
+    ]);
+    t.row(vec![
+        "resync_delay_multiplier".into(),
+        s.resync_delay_multiplier.to_string(),
+        d.resync_delay_multiplier.to_string(),
+        "how much resync and rebuild yield to guest I/O on a busy host (1-256)".into(),
     ]);
     t.row(vec![
         "scrub_period_h".into(),
@@ -330,6 +336,7 @@ pub fn policies(policies: &[Policy]) -> String {
         "STRIPE WIDTH",
         "SPACE RESERVATION",
         "CHECKSUM",
+        "QOS",
     ]);
     for p in policies {
         t.row(policy_row(p));
@@ -345,7 +352,27 @@ fn policy_row(p: &Policy) -> Vec<String> {
         p.stripe_width.to_string(),
         format!("{}%", p.space_reservation_pct),
         if p.checksum { "on" } else { "off" }.to_string(),
+        qos(&p.qos),
     ]
+}
+
+/// A volume's QoS in a few words: its limits and minimum, or "-".
+fn qos(q: &VolumeQos) -> String {
+    let mut parts = Vec::new();
+    if q.iops_limit != 0 {
+        parts.push(format!("max {} IOPS", q.iops_limit));
+    }
+    if q.bandwidth_limit_mib_s != 0 {
+        parts.push(format!("max {} MiB/s", q.bandwidth_limit_mib_s));
+    }
+    if q.iops_minimum != 0 {
+        parts.push(format!("min {} IOPS", q.iops_minimum));
+    }
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// The line printed after `policy create`.
@@ -364,7 +391,7 @@ pub fn policy_created(p: &Policy) -> String {
 /// `tessera volume list`.
 pub fn volumes(volumes: &[VolumeView]) -> String {
     let mut t = Table::new(&[
-        "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH", "CLIENTS",
+        "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH", "CLIENTS", "QOS",
     ]);
     for v in volumes {
         let (owner, epoch) = owner(&v.owner, v.epoch);
@@ -378,6 +405,7 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
             owner,
             epoch,
             v.open_by.to_string(),
+            qos(&v.qos),
         ]);
     }
     t.render()
@@ -856,12 +884,17 @@ mod tests {
             owner: None,
             epoch: None,
             open_by: 1,
+            qos: VolumeQos {
+                iops_limit: 2000,
+                bandwidth_limit_mib_s: 0,
+                iops_minimum: 500,
+            },
             warnings: Vec::new(),
         };
         assert_eq!(
             volumes(&[v]),
-            "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH  CLIENTS\n\
-             vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -      1\n"
+            "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH  CLIENTS  QOS\n\
+             vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -      1        max 2000 IOPS, min 500 IOPS\n"
         );
     }
 
@@ -873,7 +906,7 @@ mod tests {
         let text = policies(&[p.clone()]);
         assert_eq!(
             text.lines().nth(1),
-            Some("gold  2    RAID-1  3             50%                on")
+            Some("gold  2    RAID-1  3             50%                on        -")
         );
         assert_eq!(
             policy_created(&p),

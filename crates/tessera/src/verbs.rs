@@ -115,10 +115,12 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             ftt,
             stripe_width,
             space_reservation,
+            qos,
         }) => {
-            if ftt.is_none() && stripe_width.is_none() && space_reservation.is_none() {
+            if ftt.is_none() && stripe_width.is_none() && space_reservation.is_none() && !qos.any()
+            {
                 return Err(CliError::Usage(
-                    "policy set needs at least one of --ftt, --stripe-width, --space-reservation"
+                    "policy set needs at least one of --ftt, --stripe-width, --space-reservation, --iops-limit, --bandwidth-limit, --iops-minimum"
                         .to_string(),
                 ));
             }
@@ -132,6 +134,9 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             }
             if let Some(r) = space_reservation {
                 body.insert("space_reservation_pct".into(), json!(r));
+            }
+            if qos.any() {
+                body.insert("qos".into(), qos.json());
             }
             let v = client.patch_json(&path, &Value::Object(body))?;
             output.view::<Policy>(&path, v, |p| render::policies(std::slice::from_ref(p)))?;
@@ -224,6 +229,7 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             ftt,
             stripe_width,
             space_reservation,
+            qos,
         }) => {
             let v = client.post_json(
                 "/v1/policies",
@@ -232,6 +238,7 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                     "failures_to_tolerate": ftt,
                     "stripe_width": stripe_width,
                     "space_reservation_pct": space_reservation,
+                    "qos": qos.json(),
                 }),
             )?;
             output.view::<Policy>("/v1/policies", v, render::policy_created)?;
@@ -364,8 +371,14 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a number of hours (0 turns the scheduled scrub off)"))?;
             Ok(json!({ "scrub_period_h": hours }))
         }
+        "resync_delay_multiplier" => {
+            let m: u32 = value
+                .parse()
+                .map_err(|_| bad("a whole number from 1 to 256"))?;
+            Ok(json!({ "resync_delay_multiplier": m }))
+        }
         other => Err(CliError::Usage(format!(
-            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, scrub_period_h"
+            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, scrub_period_h, resync_delay_multiplier"
         ))),
     }
 }

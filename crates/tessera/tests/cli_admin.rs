@@ -160,8 +160,8 @@ fn policies_and_volumes_are_created_listed_resized_and_deleted() {
     let list = tessera(&api, &["volume", "list"]);
     assert_eq!(
         stdout(&list),
-        "NAME  SIZE      POLICY  BLOCK  STATE    USED     OWNER   EPOCH  CLIENTS\n\
-         vol1  10.0 GiB  gold    512e   healthy  3.0 MiB  host-1  1      0\n"
+        "NAME  SIZE      POLICY  BLOCK  STATE    USED     OWNER   EPOCH  CLIENTS  QOS\n\
+         vol1  10.0 GiB  gold    512e   healthy  3.0 MiB  host-1  1      0        -\n"
     );
     let listed = json(&tessera(&api, &["volume", "list", "--json"]));
     assert_eq!(listed[0]["size_bytes"], 10_u64 << 30);
@@ -415,7 +415,10 @@ fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
     assert_eq!(code(&set), 0, "{}", stderr(&set));
     assert_eq!(json(&set)["read_cache_bytes"], 256 << 20);
     let table = stdout(&tessera(&api, &["settings", "show"]));
-    assert!(table.contains("read_cache_bytes      256.0 MiB"), "{table}");
+    assert!(
+        table.contains("read_cache_bytes         256.0 MiB"),
+        "{table}"
+    );
     let off = json(&tessera(
         &api,
         &["--json", "settings", "set", "read_cache_bytes", "0"],
@@ -427,7 +430,7 @@ fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
     ));
     assert!(back.get("read_cache_bytes").is_none(), "{back}");
     let table = stdout(&tessera(&api, &["settings", "show"]));
-    assert!(table.contains("read_cache_bytes      default"), "{table}");
+    assert!(table.contains("read_cache_bytes         default"), "{table}");
     let bad = tessera(&api, &["settings", "set", "read_cache_bytes", "lots"]);
     assert_eq!(code(&bad), 2);
     assert!(stderr(&bad).contains("a size"), "{}", stderr(&bad));

@@ -7,137 +7,18 @@
 
 mod common;
 
-use common::{free_port, have};
+use common::have;
+use common::up::{expect_success, fio, tessera, wait_for, UpCluster};
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `tessera up`, stopped when dropped.
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tessera(api: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .arg("--api")
-        .arg(api)
-        .args(args)
-        .output()
-        .expect("run tessera");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-fn object(api: &str, volume: &str) -> Value {
-    let (ok, text) = tessera(api, &["--json", "object", "show", volume]);
-    assert!(ok, "{text}");
-    serde_json::from_str(&text).unwrap()
-}
-
-fn wait_for(api: &str, volume: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Ok(view) = std::panic::catch_unwind(|| object(api, volume)) {
-            if ok(&view) {
-                return view;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {view:#}"
-            );
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-fn fio(uri: &str, args: &[&str]) -> Command {
-    let mut command = Command::new("fio");
-    command
-        .args([
-            "--name=check",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--bs=4k",
-            "--iodepth=8",
-            "--size=32M",
-            "--verify_fatal=1",
-            "--output-format=terse",
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn expect_success(child: Child, what: &str) {
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "fio {what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A running `tessera up --fault-injection` with volume `vm` (64 MiB)
-/// healthy: its data directory, the process, the API's URL, the volume's
-/// view, and its NBD URI through the owner.
-fn up_with_volume(third_octet: u8) -> (tempfile::TempDir, Up, String, Value, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let octet = 20 + (std::process::id() % 200) as u8;
-    let bind = format!("127.{octet}.{third_octet}.1");
-    let (api_port, nbd_port) = (free_port(), free_port());
-    let up = Up(Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["up", "--fault-injection", "--host-capacity", "1G"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--bind", &bind])
-        .args(["--api-port", &api_port.to_string()])
-        .args(["--nbd-port", &nbd_port.to_string()])
-        .args(["--iscsi-port", &free_port().to_string()])
-        .args(["--transport-port", &free_port().to_string()])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tessera up starts"));
-    let api = format!("http://{bind}:{api_port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !tessera(&api, &["status"]).0 {
-        assert!(Instant::now() < deadline, "tessera up did not answer");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let (ok, text) = tessera(&api, &["volume", "create", "vm", "--size", "64M"]);
-    assert!(ok, "{text}");
-    let view = wait_for(&api, "vm", "an owner and healthy copies", |v| {
-        v["owner"].is_string() && v["state"] == "healthy"
-    });
-    let owner = view["owner"].as_str().unwrap();
-    let k: u8 = owner.trim_start_matches("host-").parse().unwrap();
-    let uri = format!("nbd://127.{octet}.{third_octet}.{k}:{nbd_port}/vm");
-    (dir, up, api, view, uri)
+/// healthy: the cluster, the volume's view, and its NBD URI through the
+/// owner.
+fn up_with_volume(third_octet: u8) -> (UpCluster, Value, String) {
+    let cluster = UpCluster::start(third_octet, &["--fault-injection"]);
+    let (view, uri) = cluster.create_volume("vm", "64M", None);
+    (cluster, view, uri)
 }
 
 #[test]
@@ -145,7 +26,8 @@ fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
     if !have("fio") {
         return;
     }
-    let (_dir, up, api, view, uri) = up_with_volume(77);
+    let (up, view, uri) = up_with_volume(77);
+    let api = up.api.clone();
     let owner = view["owner"].as_str().unwrap().to_string();
     let lost = view["components"]
         .as_array()
@@ -230,7 +112,8 @@ fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
     if !have("fio") {
         return;
     }
-    let (_dir, up, api, view, uri) = up_with_volume(78);
+    let (up, view, uri) = up_with_volume(78);
+    let api = up.api.clone();
     let owner = view["owner"].as_str().unwrap();
     let other = view["components"]
         .as_array()

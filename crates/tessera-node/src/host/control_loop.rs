@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_control::{Action, Event, HostControl, ResyncKind};
 use tessera_directory::keys::{self, DiskGroupState, VolumeState};
-use tessera_object::Coordinator;
+use tessera_object::{Coordinator, HostShared};
 use tessera_types::layout::ComponentRole;
 use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId};
 
@@ -245,6 +245,7 @@ impl Host {
                 if let Some(c) = self.owned.write().remove(&volume) {
                     // Requests still under way read from the copies from now on.
                     c.forget_cached();
+                    self.scheduler.forget_volume(&volume);
                     tracing::info!(host = %self.id, %volume, "no longer coordinating volume");
                 }
             }
@@ -379,7 +380,10 @@ impl Host {
             serial_of(&record),
             self.components(volume),
             recorder,
-            &self.read_cache,
+            &HostShared {
+                read_cache: Arc::clone(&self.read_cache),
+                scheduler: Arc::clone(&self.scheduler),
+            },
         )
         .await
         {
@@ -387,6 +391,7 @@ impl Host {
                 tracing::info!(host = %self.id, %volume, epoch = %owner.epoch, "coordinating volume");
                 let layout = c.layout();
                 self.owned.write().insert(volume.clone(), c);
+                self.apply_qos_of(volume);
                 Some(Event::Coordinating {
                     volume: volume.clone(),
                     epoch: owner.epoch,

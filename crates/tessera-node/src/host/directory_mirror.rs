@@ -5,9 +5,11 @@
 //! a watch ended, and when the control plane asks for a fresh view), then
 //! applying each change the watch reports: host records and liveness (to
 //! [`crate::peers::Peers`]), volumes, owners, layouts and iSCSI access (to
-//! the host's `VolumeView`), the read cache budget of the cluster settings,
-//! and disk group records (their health for the control loop, their space
-//! summed as the datastore's).
+//! the host's `VolumeView`), the read cache budget and resync delay
+//! multiplier of the cluster settings, policies (the QoS of the volumes the
+//! host coordinates, set in its I/O scheduler), and disk group records
+//! (their health for the control loop, their space summed as the
+//! datastore's).
 //! Must not touch: decisions (the control core's) or writes to the directory.
 //! Invariants: a change older than the last full listing is never applied
 //! over it (each change carries its revision), and a listing never undoes
@@ -28,7 +30,8 @@ use tessera_directory::keys::{
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
 use tessera_types::layout::Layout;
-use tessera_types::{HostId, VolumeId};
+use tessera_types::policy::Policy;
+use tessera_types::{HostId, PolicyName, VolumeId};
 use tokio::sync::watch;
 
 /// What the mirror keeps beside the view: where it stands and the space of
@@ -41,6 +44,8 @@ pub(super) struct DirectoryMirror {
     listings: AtomicU64,
     /// Each disk group's record, by key.
     pub(super) disk_groups: Mutex<HashMap<String, DiskGroupRecord>>,
+    /// Each policy, by name: what the QoS of a coordinated volume is.
+    policies: Mutex<HashMap<PolicyName, Policy>>,
     /// Held by a full listing from before it reads until the view is
     /// replaced, and by each change applied: a change the watch reports
     /// meanwhile waits, then applies over the listing (or is skipped when
@@ -111,7 +116,9 @@ impl Host {
         *self.view.layouts.write() = loaded.layouts;
         *self.view.iscsi_access.write() = loaded.iscsi_access;
         *self.mirror.disk_groups.lock() = loaded.disk_groups;
+        *self.mirror.policies.lock() = loaded.policies;
         self.sum_datastore();
+        self.apply_qos();
         self.apply_settings(loaded.settings.unwrap_or_default());
         self.mirror
             .listed
@@ -152,10 +159,36 @@ impl Host {
         });
     }
 
+    /// Sets in the host's I/O scheduler the QoS of every volume it
+    /// coordinates, as its policy says.
+    pub(super) fn apply_qos(&self) {
+        let owned: Vec<VolumeId> = self.owned.read().keys().cloned().collect();
+        for volume in owned {
+            self.apply_qos_of(&volume);
+        }
+    }
+
+    /// Sets `volume`'s QoS in the host's I/O scheduler from its policy (no
+    /// limit or minimum while the policy is unknown).
+    pub(super) fn apply_qos_of(&self, volume: &VolumeId) {
+        let policy = self
+            .view
+            .volumes
+            .read()
+            .get(volume)
+            .map(|r| r.policy.clone());
+        let qos = policy
+            .and_then(|p| self.mirror.policies.lock().get(&p).map(|p| p.qos))
+            .unwrap_or_default();
+        self.scheduler.set_volume_qos(volume, &qos);
+    }
+
     /// Applies the cluster settings this host follows: the read cache's
-    /// budget and the scrub period.
+    /// budget, the scrub period and the resync delay multiplier.
     fn apply_settings(&self, settings: keys::ClusterSettings) {
         self.scrubber.set_period_h(settings.scrub_period_h);
+        self.scheduler
+            .set_resync_multiplier(settings.resync_delay_multiplier);
         let budget = settings.read_cache_budget(self.memory_bytes);
         if budget != self.read_cache.budget_bytes() {
             tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");
@@ -174,6 +207,7 @@ trait RecordSink {
     fn layout(&mut self, name: VolumeId, layout: Option<Layout>);
     fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>);
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
+    fn policy(&mut self, name: PolicyName, record: Option<Policy>);
     fn settings(&mut self, settings: ClusterSettings);
 }
 
@@ -194,6 +228,11 @@ fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
     } else if let Some(name) = under(&keys.iscsi_accesses(), key) {
         let access = decoded(&keys.iscsi_accesses(), event);
         sink.iscsi_access(VolumeId(name.to_string()), access);
+    } else if let Some(name) = under(&keys.policies(), key) {
+        match PolicyName::new(name) {
+            Ok(name) => sink.policy(name, decoded(&keys.policies(), event)),
+            Err(e) => tracing::warn!(%key, error = %e, "a policy key with a bad name"),
+        }
     } else if under(&keys.disk_groups(), key).is_some() {
         sink.disk_group(key, decoded(&keys.disk_groups(), event));
     } else if key == keys.settings().as_str() {
@@ -217,6 +256,7 @@ struct Loaded {
     layouts: HashMap<VolumeId, Layout>,
     iscsi_access: HashMap<VolumeId, IscsiAccessRecord>,
     disk_groups: HashMap<String, DiskGroupRecord>,
+    policies: HashMap<PolicyName, Policy>,
     settings: Option<ClusterSettings>,
 }
 
@@ -251,6 +291,9 @@ impl RecordSink for Loaded {
     }
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>) {
         set(&mut self.disk_groups, key.to_string(), record);
+    }
+    fn policy(&mut self, name: PolicyName, record: Option<Policy>) {
+        set(&mut self.policies, name, record);
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.settings = Some(settings);
@@ -289,6 +332,10 @@ impl RecordSink for LiveView<'_> {
             record,
         );
         self.0.sum_datastore();
+    }
+    fn policy(&mut self, name: PolicyName, record: Option<Policy>) {
+        set(&mut self.0.mirror.policies.lock(), name, record);
+        self.0.apply_qos();
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.0.apply_settings(settings);

@@ -143,6 +143,7 @@ fn volume_view(name: &str, v: &VolumeRecord, stopped: &[bool]) -> VolumeView {
         owner: Some(host_name(if stopped[0] { 1 } else { 0 })),
         epoch: Some(Epoch(if stopped[0] { 2 } else { 1 })),
         open_by: 0,
+        qos: Default::default(),
         warnings: Vec::new(),
     }
 }
@@ -278,7 +279,11 @@ impl ClusterControl for MemoryControl {
             .cloned()
             .ok_or_else(|| ControlError::NotFound(format!("no policy named {name}")))?;
         let next = change.apply(&current)?;
-        if in_use && next != current {
+        let only_qos = Policy {
+            qos: current.qos,
+            ..next.clone()
+        } == current;
+        if in_use && !only_qos {
             return Err(ControlError::Conflict(format!(
                 "policy {name} is used by volumes"
             )));

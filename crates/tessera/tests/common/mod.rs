@@ -1,5 +1,7 @@
 //! Helpers the tests that run real processes share.
 
+pub mod up;
+
 use std::process::{Command, Stdio};
 
 /// Whether `tool` is on the PATH; without it the test skips with a message,

@@ -1,0 +1,327 @@
+//! The host's I/O scheduler: one queue, in front of the volumes this host
+//! coordinates, that decides whose operation starts next.
+//!
+//! Owns: admission of guest operations (each volume a client, with the QoS
+//! of its policy: an IOPS and bandwidth limit and an IOPS minimum) and of
+//! resync and rebuild steps (one background client whose weight the
+//! cluster's resync delay multiplier divides), by the mClock rules of
+//! [`mclock`]; the timer that wakes operations held back by a limit.
+//! Must not touch: the operations themselves (a caller holds an
+//! [`IoPermit`] while its operation runs) or where QoS comes from (the node
+//! sets it from the directory).
+//!
+//! At most [`IoScheduler::depth`] admitted operations run at once; beyond
+//! that they wait, and the order in which waiting ones start is where
+//! reservations and weights act. Limits act whether or not the host is
+//! busy. The scheduler sees the work this host's coordinators start; a
+//! replica host's disks also serve the coordinators of other hosts, which
+//! schedule their own.
+//!
+//! Invariants: every admitted operation releases its slot exactly once
+//! (when its permit drops, or when its caller gives up while waiting);
+//! an operation never waits for a slot while holding another (callers
+//! admit before taking range locks and never nest admissions).
+
+pub mod mclock;
+
+use mclock::{ClientSpec, MClock, DEFAULT_WEIGHT};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tessera_env::{Clock, SystemClock};
+use tessera_types::policy::VolumeQos;
+use tessera_types::VolumeId;
+use tokio::sync::oneshot;
+
+/// Operations a host lets run at once by default: more than one client's
+/// queue depth (so one busy volume alone is never held back), few enough
+/// that when many are busy the order is the scheduler's, not the disks'.
+pub const DEFAULT_DEPTH: usize = 64;
+/// Highest resync delay multiplier (vSAN's `DOMResyncDelayMultiplier`
+/// range).
+pub const RESYNC_MULTIPLIER_MAX: u32 = 256;
+
+/// Whose operation it is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IoClient {
+    /// A volume's guest I/O.
+    Volume(VolumeId),
+    /// Resync and rebuild steps of the volumes this host coordinates.
+    Resync,
+}
+
+#[derive(Default)]
+struct Inner {
+    mclock: Option<MClock<IoClient>>,
+    /// Callers waiting for their turn, by ticket.
+    waiting: HashMap<u64, oneshot::Sender<()>>,
+    /// When the armed timer fires, if one is.
+    timer_at_ns: Option<u64>,
+}
+
+/// The scheduler of one host.
+pub struct IoScheduler {
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Inner>,
+    myself: Weak<IoScheduler>,
+}
+
+/// A turn to run one operation; the slot frees when it drops.
+#[must_use = "the operation's turn ends when the permit drops"]
+pub struct IoPermit {
+    scheduler: Arc<IoScheduler>,
+}
+
+impl Drop for IoPermit {
+    fn drop(&mut self) {
+        let mut inner = self.scheduler.inner.lock();
+        if let Some(m) = inner.mclock.as_mut() {
+            m.finish();
+        }
+        self.scheduler.start_due(&mut inner, None);
+    }
+}
+
+/// Takes a waiting caller's ticket back if it gives up before its turn.
+struct Waiter {
+    scheduler: Arc<IoScheduler>,
+    ticket: u64,
+    turn: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.turn.is_none() {
+            return;
+        }
+        let mut inner = self.scheduler.inner.lock();
+        let Some(m) = inner.mclock.as_mut() else {
+            return;
+        };
+        if m.cancel(self.ticket) {
+            inner.waiting.remove(&self.ticket);
+        } else {
+            // Its turn came as it gave up: hand the slot on.
+            m.finish();
+            self.scheduler.start_due(&mut inner, None);
+        }
+    }
+}
+
+impl IoScheduler {
+    /// A scheduler letting `depth` operations run at once, on the
+    /// machine's clock.
+    pub fn new(depth: usize) -> Arc<IoScheduler> {
+        Self::with_clock(depth, Arc::new(SystemClock::default()))
+    }
+
+    /// A scheduler on `clock`.
+    pub fn with_clock(depth: usize, clock: Arc<dyn Clock>) -> Arc<IoScheduler> {
+        Arc::new_cyclic(|myself| IoScheduler {
+            clock,
+            inner: Mutex::new(Inner {
+                mclock: Some(MClock::new(depth)),
+                ..Inner::default()
+            }),
+            myself: myself.clone(),
+        })
+    }
+
+    /// A scheduler that admits everything at once (for a coordinator with
+    /// no host around it).
+    pub fn unlimited() -> Arc<IoScheduler> {
+        Arc::new_cyclic(|myself| IoScheduler {
+            clock: Arc::new(SystemClock::default()),
+            inner: Mutex::new(Inner::default()),
+            myself: myself.clone(),
+        })
+    }
+
+    /// Operations that may run at once (0: no scheduling).
+    pub fn depth(&self) -> usize {
+        self.inner.lock().mclock.as_ref().map_or(0, |m| m.depth())
+    }
+
+    /// Sets `volume`'s quality of service.
+    pub fn set_volume_qos(&self, volume: &VolumeId, qos: &VolumeQos) {
+        let spec = ClientSpec {
+            reservation_ops: qos.iops_minimum,
+            weight: DEFAULT_WEIGHT,
+            limit_ops: qos.iops_limit,
+            limit_bytes: u64::from(qos.bandwidth_limit_mib_s) << 20,
+        };
+        self.set_spec(IoClient::Volume(volume.clone()), spec);
+    }
+
+    /// Forgets a volume this host no longer coordinates.
+    pub fn forget_volume(&self, volume: &VolumeId) {
+        if let Some(m) = self.inner.lock().mclock.as_mut() {
+            m.forget(&IoClient::Volume(volume.clone()));
+        }
+    }
+
+    /// Sets the resync delay multiplier (1 to [`RESYNC_MULTIPLIER_MAX`]):
+    /// resync and rebuild get 1/multiplier of one volume's share of a busy
+    /// host (at 1, as much as one volume). An idle host gives them all it
+    /// has, whatever the multiplier.
+    pub fn set_resync_multiplier(&self, multiplier: u32) {
+        let multiplier = multiplier.clamp(1, RESYNC_MULTIPLIER_MAX);
+        let spec = ClientSpec {
+            weight: (DEFAULT_WEIGHT / multiplier).max(1),
+            ..ClientSpec::default()
+        };
+        self.set_spec(IoClient::Resync, spec);
+    }
+
+    fn set_spec(&self, client: IoClient, spec: ClientSpec) {
+        if let Some(m) = self.inner.lock().mclock.as_mut() {
+            m.set_spec(client, spec);
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock.monotonic().as_nanos() as u64
+    }
+
+    /// Waits for `client`'s turn to run an operation moving `bytes`.
+    pub async fn admit(&self, client: IoClient, bytes: u64) -> IoPermit {
+        let scheduler = self.myself.upgrade().expect("a scheduler in use is alive");
+        let (tx, rx) = oneshot::channel();
+        let ticket = {
+            let mut inner = self.inner.lock();
+            let now = self.now_ns();
+            let Some(m) = inner.mclock.as_mut() else {
+                return IoPermit { scheduler };
+            };
+            let ticket = m.enqueue(client, bytes, now);
+            inner.waiting.insert(ticket, tx);
+            if self.start_due(&mut inner, Some(ticket)) {
+                return IoPermit { scheduler };
+            }
+            ticket
+        };
+        let mut waiter = Waiter {
+            scheduler: Arc::clone(&scheduler),
+            ticket,
+            turn: Some(rx),
+        };
+        if let Some(turn) = waiter.turn.as_mut() {
+            // The sender only goes away with its ticket started or
+            // cancelled, and only this waiter cancels it.
+            let _ = turn.await;
+        }
+        waiter.turn = None;
+        IoPermit { scheduler }
+    }
+
+    /// Starts what is due now, waking each caller whose turn it is; true
+    /// if `mine` (the caller's own ticket) started. Arms the timer for
+    /// the next tag that falls due.
+    fn start_due(&self, inner: &mut Inner, mine: Option<u64>) -> bool {
+        let now = self.now_ns();
+        let Some(m) = inner.mclock.as_mut() else {
+            return false;
+        };
+        let due = m.dispatch(now);
+        let mut started_mine = false;
+        for ticket in due.start {
+            let Some(tx) = inner.waiting.remove(&ticket) else {
+                continue;
+            };
+            if Some(ticket) == mine {
+                started_mine = true;
+            } else {
+                // A waiter that is gone gives its slot back from its drop.
+                let _ = tx.send(());
+            }
+        }
+        if let Some(at) = due.wake_at_ns {
+            if inner
+                .timer_at_ns
+                .is_none_or(|armed| at < armed || armed <= now)
+            {
+                inner.timer_at_ns = Some(at);
+                self.arm_timer(at - now);
+            }
+        }
+        started_mine
+    }
+
+    fn arm_timer(&self, after_ns: u64) {
+        let weak = self.myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_nanos(after_ns)).await;
+            let Some(scheduler) = weak.upgrade() else {
+                return;
+            };
+            let mut inner = scheduler.inner.lock();
+            if inner.timer_at_ns.is_some_and(|at| at <= scheduler.now_ns()) {
+                inner.timer_at_ns = None;
+            }
+            scheduler.start_due(&mut inner, None);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    fn volume(name: &str) -> VolumeId {
+        VolumeId::new(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_limit_spaces_operations_and_a_permit_frees_its_slot() {
+        let s = IoScheduler::new(2);
+        s.set_volume_qos(
+            &volume("slow"),
+            &VolumeQos {
+                iops_limit: 200,
+                ..VolumeQos::default()
+            },
+        );
+        let began = Instant::now();
+        for _ in 0..41 {
+            drop(s.admit(IoClient::Volume(volume("slow")), 4096).await);
+        }
+        // 40 intervals of 5 ms; a timer may fire late, never early.
+        assert!(
+            began.elapsed() >= Duration::from_millis(195),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(s.inner.lock().mclock.as_ref().unwrap().running(), 0);
+    }
+
+    #[tokio::test]
+    async fn callers_beyond_the_depth_wait_and_one_that_gives_up_frees_nothing_twice() {
+        let s = IoScheduler::new(1);
+        let held = s.admit(IoClient::Resync, 1 << 20).await;
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(20),
+            s.admit(IoClient::Volume(volume("a")), 4096),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the only slot was taken");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let waiting = {
+            let (s, ran) = (Arc::clone(&s), Arc::clone(&ran));
+            tokio::spawn(async move {
+                let _p = s.admit(IoClient::Volume(volume("b")), 4096).await;
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        drop(held);
+        waiting.await.unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        let inner = s.inner.lock();
+        let m = inner.mclock.as_ref().unwrap();
+        assert_eq!((m.running(), m.waiting()), (0, 0));
+    }
+}
