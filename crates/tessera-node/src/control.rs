@@ -870,7 +870,43 @@ pub enum InjectFault {
         /// The block (4 KiB) in the copy's address space.
         block: u64,
     },
+    /// Frames the host sends to `peer` (to every other host when absent)
+    /// wait `delay_ms`, plus up to `jitter_ms` more drawn per frame, before
+    /// they leave: a slow or distant link. Replaces the link's delay.
+    NetworkDelay {
+        /// The other host; every other host when absent.
+        #[serde(default)]
+        peer: Option<String>,
+        /// Fixed delay per frame, at most 60,000.
+        delay_ms: u64,
+        /// Further random delay per frame, at most 60,000.
+        #[serde(default)]
+        jitter_ms: u64,
+    },
+    /// Frames the host sends to `peer` (every other host when absent) are
+    /// lost, each with `percent` chance: a lossy link (calls time out and
+    /// are retried as on a real network).
+    NetworkDrop {
+        /// The other host; every other host when absent.
+        #[serde(default)]
+        peer: Option<String>,
+        /// Chance of loss per frame, 0 to 100.
+        percent: u8,
+    },
+    /// Nothing passes between the host and `peer` (every other host when
+    /// absent), either way: a network partition of the data path.
+    Partition {
+        /// The other host; every other host when absent.
+        #[serde(default)]
+        peer: Option<String>,
+    },
+    /// Ends every network fault set on the host (delays, losses and
+    /// partitions it set).
+    NetworkHeal,
 }
+
+/// The longest delay or jitter a network fault may add to a frame.
+pub const NETWORK_DELAY_MAX_MS: u64 = 60_000;
 
 impl IscsiAccess {
     /// Checks the settings for `volume`: initiator names that are iSCSI

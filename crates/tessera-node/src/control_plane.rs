@@ -1514,6 +1514,39 @@ impl ClusterControl for ControlPlane {
                     .map(|_| ())
                     .map_err(fault_error)
             }
+            InjectFault::NetworkDelay {
+                peer,
+                delay_ms,
+                jitter_ms,
+            } => {
+                let max = crate::control::NETWORK_DELAY_MAX_MS;
+                if delay_ms > max || jitter_ms > max {
+                    return Err(ControlError::Invalid(format!(
+                        "a network delay and its jitter must be at most {max} ms each, not {delay_ms} and {jitter_ms}"
+                    )));
+                }
+                running
+                    .delay_frames(
+                        peer.as_deref(),
+                        std::time::Duration::from_millis(delay_ms),
+                        std::time::Duration::from_millis(jitter_ms),
+                    )
+                    .map_err(fault_error)
+            }
+            InjectFault::NetworkDrop { peer, percent } => {
+                if percent > 100 {
+                    return Err(ControlError::Invalid(format!(
+                        "a loss must be 0 to 100 percent, not {percent}"
+                    )));
+                }
+                running
+                    .drop_frames(peer.as_deref(), f64::from(percent) / 100.0)
+                    .map_err(fault_error)
+            }
+            InjectFault::Partition { peer } => {
+                running.partition(peer.as_deref()).map_err(fault_error)
+            }
+            InjectFault::NetworkHeal => running.heal_network().map_err(fault_error),
         }
     }
 
@@ -1591,8 +1624,8 @@ fn fault_error(e: crate::error::FaultError) -> ControlError {
         FaultError::NotAccepted { .. } | FaultError::Store { .. } => {
             ControlError::Invalid(e.to_string())
         }
-        FaultError::NoSuchDevice { .. } | FaultError::NoCopy { .. } => {
-            ControlError::NotFound(e.to_string())
-        }
+        FaultError::NoSuchDevice { .. }
+        | FaultError::NoCopy { .. }
+        | FaultError::NoSuchPeer { .. } => ControlError::NotFound(e.to_string()),
     }
 }

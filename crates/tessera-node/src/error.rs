@@ -70,6 +70,14 @@ pub enum FaultError {
         /// The volume named.
         volume: VolumeId,
     },
+    /// The peer named is not a host of the cluster, or is the host itself.
+    #[error("host {host}: {peer} is not another host of the cluster")]
+    NoSuchPeer {
+        /// The host.
+        host: HostId,
+        /// The peer named.
+        peer: String,
+    },
     /// The store refused the fault (e.g. nothing stored at the block).
     #[error("host {host}: {reason}")]
     Store {

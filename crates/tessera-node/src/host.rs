@@ -558,6 +558,83 @@ impl Host {
         Ok(())
     }
 
+    /// The hosts a network fault of this host applies to: `peer`, or every
+    /// other host of the cluster when `None`.
+    fn fault_peers(&self, peer: Option<&str>) -> Result<Vec<HostId>, FaultError> {
+        if !self.config.fault_injection {
+            return Err(FaultError::NotAccepted {
+                host: self.id.clone(),
+            });
+        }
+        let others: Vec<HostId> = self
+            .peers
+            .records()
+            .into_iter()
+            .map(|r| r.id)
+            .filter(|id| *id != self.id)
+            .collect();
+        match peer {
+            None => Ok(others),
+            Some(p) => others
+                .into_iter()
+                .find(|id| id.as_str() == p)
+                .map(|id| vec![id])
+                .ok_or_else(|| FaultError::NoSuchPeer {
+                    host: self.id.clone(),
+                    peer: p.to_string(),
+                }),
+        }
+    }
+
+    /// Delays every frame this host sends to `peer` (every other host when
+    /// `None`) by `delay` plus up to `jitter` (fault injection).
+    pub fn delay_frames(
+        &self,
+        peer: Option<&str>,
+        delay: Duration,
+        jitter: Duration,
+    ) -> Result<(), FaultError> {
+        let peers = self.fault_peers(peer)?;
+        let faults = self.transport.faults();
+        for p in &peers {
+            faults.set_delay(&self.id, p, delay, jitter);
+        }
+        tracing::warn!(host = %self.id, ?peers, ?delay, ?jitter, "fault injected: frames delayed");
+        Ok(())
+    }
+
+    /// Loses each frame this host sends to `peer` (every other host when
+    /// `None`) with `probability` (fault injection).
+    pub fn drop_frames(&self, peer: Option<&str>, probability: f64) -> Result<(), FaultError> {
+        let peers = self.fault_peers(peer)?;
+        let faults = self.transport.faults();
+        for p in &peers {
+            faults.set_drop_probability(&self.id, p, probability);
+        }
+        tracing::warn!(host = %self.id, ?peers, probability, "fault injected: frames lost");
+        Ok(())
+    }
+
+    /// Cuts the data path between this host and `peer` (every other host
+    /// when `None`), both ways (fault injection).
+    pub fn partition(&self, peer: Option<&str>) -> Result<(), FaultError> {
+        let peers = self.fault_peers(peer)?;
+        let faults = self.transport.faults();
+        for p in &peers {
+            faults.partition(&self.id, p);
+        }
+        tracing::warn!(host = %self.id, ?peers, "fault injected: partitioned");
+        Ok(())
+    }
+
+    /// Ends every network fault set on this host.
+    pub fn heal_network(&self) -> Result<(), FaultError> {
+        self.fault_peers(None)?;
+        self.transport.faults().clear();
+        tracing::warn!(host = %self.id, "network faults healed");
+        Ok(())
+    }
+
     /// Starts a scrub pass of every disk group of this host now (at
     /// [`SCRUB_NOW_RATE`]), in place of a scheduled pass under way; bad
     /// blocks it finds are rewritten by their volumes' owners.

@@ -147,6 +147,47 @@ pub enum FaultCommand {
         #[arg(long)]
         block: u64,
     },
+    /// Delay every frame a host sends to a peer (to every other host
+    /// without --peer): a slow or distant link.
+    Delay {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// Only frames to this host.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Fixed delay per frame in milliseconds (at most 60000).
+        #[arg(long)]
+        ms: u64,
+        /// Further random delay per frame, up to this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        jitter_ms: u64,
+    },
+    /// Lose frames a host sends to a peer (every other host without
+    /// --peer), each with the chance given.
+    Drop {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// Only frames to this host.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Chance of loss per frame, 0 to 100 percent.
+        #[arg(long)]
+        percent: u8,
+    },
+    /// Cut the data path between a host and a peer (every other host
+    /// without --peer), both ways.
+    Partition {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// Only the link to this host.
+        #[arg(long)]
+        peer: Option<String>,
+    },
+    /// End every network fault set on a host.
+    Heal {
+        /// Host id, e.g. host-2.
+        host: String,
+    },
 }
 
 /// `tessera policy ...`

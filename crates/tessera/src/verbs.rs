@@ -174,14 +174,64 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             volume,
             block,
         }) => {
-            client.post_json(
-                &format!("/v1/hosts/{}/faults", segment(host)),
+            inject(
+                &client,
+                host,
                 &json!({"kind": "corrupt-block", "volume": volume, "block": block}),
             )?;
             if !output.json {
                 output.text(&format!(
                     "one bit of block {block} of {volume}'s copy on {host} flipped\n"
                 ))?;
+            }
+        }
+        Command::Fault(FaultCommand::Delay {
+            host,
+            peer,
+            ms,
+            jitter_ms,
+        }) => {
+            let body = json!({"kind": "network-delay", "peer": peer, "delay_ms": ms, "jitter_ms": jitter_ms});
+            inject(&client, host, &body)?;
+            if !output.json {
+                let jitter = if *jitter_ms > 0 {
+                    format!(" plus up to {jitter_ms} ms")
+                } else {
+                    String::new()
+                };
+                output.text(&format!(
+                    "frames {host} sends to {} wait {ms} ms{jitter} from now on\n",
+                    peer_words(peer)
+                ))?;
+            }
+        }
+        Command::Fault(FaultCommand::Drop {
+            host,
+            peer,
+            percent,
+        }) => {
+            let body = json!({"kind": "network-drop", "peer": peer, "percent": percent});
+            inject(&client, host, &body)?;
+            if !output.json {
+                output.text(&format!(
+                    "{percent}% of the frames {host} sends to {} are lost from now on\n",
+                    peer_words(peer)
+                ))?;
+            }
+        }
+        Command::Fault(FaultCommand::Partition { host, peer }) => {
+            inject(&client, host, &json!({"kind": "partition", "peer": peer}))?;
+            if !output.json {
+                output.text(&format!(
+                    "{host} and {} no longer reach each other\n",
+                    peer_words(peer)
+                ))?;
+            }
+        }
+        Command::Fault(FaultCommand::Heal { host }) => {
+            inject(&client, host, &json!({"kind": "network-heal"}))?;
+            if !output.json {
+                output.text(&format!("network faults of {host} ended\n"))?;
             }
         }
         Command::Scrub(ScrubCommand::List) => {
@@ -203,8 +253,9 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             disk_group,
             device,
         }) => {
-            client.post_json(
-                &format!("/v1/hosts/{}/faults", segment(host)),
+            inject(
+                &client,
+                host,
                 &json!({"kind": "fail-device", "disk_group": disk_group, "device": device}),
             )?;
             if !output.json {
@@ -338,6 +389,20 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
         Command::Store(_) | Command::Up(_) | Command::Node(_) => {}
     }
     Ok(())
+}
+
+/// Asks the API to inject `fault` into `host`.
+fn inject(client: &ApiClient, host: &str, fault: &Value) -> Result<(), CliError> {
+    client.post_json(&format!("/v1/hosts/{}/faults", segment(host)), fault)?;
+    Ok(())
+}
+
+/// The hosts a network fault reaches, in words.
+fn peer_words(peer: &Option<String>) -> String {
+    match peer {
+        Some(p) => p.clone(),
+        None => "every other host".to_string(),
+    }
 }
 
 /// The body of `PATCH /v1/settings` for one setting typed on the command

@@ -430,7 +430,10 @@ fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
     ));
     assert!(back.get("read_cache_bytes").is_none(), "{back}");
     let table = stdout(&tessera(&api, &["settings", "show"]));
-    assert!(table.contains("read_cache_bytes         default"), "{table}");
+    assert!(
+        table.contains("read_cache_bytes         default"),
+        "{table}"
+    );
     let bad = tessera(&api, &["settings", "set", "read_cache_bytes", "lots"]);
     assert_eq!(code(&bad), 2);
     assert!(stderr(&bad).contains("a size"), "{}", stderr(&bad));

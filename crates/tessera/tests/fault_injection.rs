@@ -8,7 +8,7 @@
 mod common;
 
 use common::have;
-use common::up::{expect_success, fio, tessera, wait_for, UpCluster};
+use common::up::{expect_success, fio, fio_report, tessera, wait_for, UpCluster};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -176,5 +176,101 @@ fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
     // A block never written is refused by name and changes nothing.
     let (ok, text) = corrupt("9000");
     assert!(!ok && text.contains("no data stored"), "{text}");
+    drop(up);
+}
+
+/// Mean latency in milliseconds of 4 KiB random writes, one at a time, for
+/// two seconds on NBD `uri`.
+fn write_latency_ms(uri: &str) -> f64 {
+    let report = fio_report(
+        uri,
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=1",
+            "--size=32M",
+            "--time_based",
+            "--runtime=2",
+        ],
+    );
+    report["jobs"][0]["write"]["clat_ns"]["mean"]
+        .as_f64()
+        .unwrap()
+        / 1e6
+}
+
+/// `tessera fault delay`, `partition` and `heal` on the link between a
+/// volume's owner and the host of its other copy: a delay shows in every
+/// acknowledged write (each waits for both copies) and goes with `heal`;
+/// under a partition writes go on with one copy, the cut-off copy is
+/// marked absent, and once healed it is resynced and fio reads back every
+/// byte. Bad faults are refused by name.
+#[test]
+fn network_faults_slow_and_cut_a_copy_and_healing_brings_it_back() {
+    if !have("fio") {
+        return;
+    }
+    let (up, view, uri) = up_with_volume(80);
+    let api = up.api.clone();
+    let owner = view["owner"].as_str().unwrap().to_string();
+    let copy = view["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["role"] == "data" && c["host"] != owner.as_str())
+        .expect("a copy on another host")
+        .clone();
+    let other = copy["host"].as_str().unwrap();
+
+    let (ok, text) = tessera(
+        &api,
+        &["fault", "delay", &owner, "--peer", other, "--ms", "100"],
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        text,
+        format!("frames {owner} sends to {other} wait 100 ms from now on\n")
+    );
+    let slowed = write_latency_ms(&uri);
+    assert!(slowed >= 100.0, "{slowed:.1} ms with a 100 ms delay");
+    let (ok, text) = tessera(&api, &["fault", "heal", &owner]);
+    assert!(ok, "{text}");
+    let healed = write_latency_ms(&uri);
+    assert!(healed < 50.0, "{healed:.1} ms after healing");
+
+    let (ok, text) = tessera(&api, &["fault", "partition", &owner, "--peer", other]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        text,
+        format!("{owner} and {other} no longer reach each other\n")
+    );
+    let pattern = ["--rw=write", "--verify=pattern", "--verify_pattern=0x3c%o"];
+    let written = fio(&uri, &pattern).arg("--do_verify=0").spawn().unwrap();
+    expect_success(written, "writing under the partition");
+    let cut = wait_for(&api, "vm", "the cut-off copy absent", |v| {
+        v["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["id"] == copy["id"] && c["state"] != "active")
+    });
+    assert_eq!(cut["state"], "degraded", "{cut:#}");
+    let (ok, text) = tessera(&api, &["fault", "heal", &owner]);
+    assert!(ok, "{text}");
+    wait_for(&api, "vm", "the copy resynced", |v| v["state"] == "healthy");
+    let read = fio(&uri, &pattern).arg("--verify_only").spawn().unwrap();
+    expect_success(read, "reading back after healing");
+    let (ok, text) = tessera(&api, &["object", "verify", "vm"]);
+    assert!(ok, "{text}");
+
+    let (ok, text) = tessera(
+        &api,
+        &["fault", "delay", &owner, "--peer", "host-9", "--ms", "1"],
+    );
+    assert!(!ok && text.contains("host-9 is not another host"), "{text}");
+    let (ok, text) = tessera(&api, &["fault", "delay", &owner, "--ms", "70000"]);
+    assert!(!ok && text.contains("at most 60000 ms"), "{text}");
+    let (ok, text) = tessera(&api, &["fault", "drop", &owner, "--percent", "101"]);
+    assert!(!ok && text.contains("0 to 100 percent"), "{text}");
     drop(up);
 }

@@ -6,37 +6,23 @@
 mod common;
 
 use common::have;
-use common::up::{tessera, UpCluster};
+use common::up::{fio_report, tessera, UpCluster};
 use serde_json::Value;
-use std::process::Command;
 
 /// Random 4 KiB writes, 16 deep, for `seconds` on NBD `uri`; answers the
 /// IOPS fio measured.
 fn write_iops(uri: &str, seconds: u32) -> f64 {
-    let out = Command::new("fio")
-        .args([
-            "--name=qos",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
+    let report = fio_report(
+        uri,
+        &[
             "--rw=randwrite",
             "--bs=4k",
             "--iodepth=16",
             "--size=32M",
             "--time_based",
             &format!("--runtime={seconds}"),
-            "--output-format=json",
-        ])
-        .output()
-        .expect("run fio");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "fio failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    // The NBD engine may print notes before the report.
-    let json = &text[text.find("\n{").map_or(0, |i| i + 1)..];
-    let report: Value = serde_json::from_str(json).expect("fio's JSON report");
     report["jobs"][0]["write"]["iops"].as_f64().unwrap()
 }
 

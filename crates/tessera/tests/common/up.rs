@@ -173,3 +173,27 @@ pub fn expect_success(child: Child, what: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs fio on NBD `uri` with `args` (a job name, an engine and the URI
+/// come first) and answers its JSON report; fails the test if fio fails.
+pub fn fio_report(uri: &str, args: &[&str]) -> Value {
+    let out = Command::new("fio")
+        .args([
+            "--name=report",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--output-format=json",
+        ])
+        .args(args)
+        .output()
+        .expect("run fio");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The NBD engine may print notes before the report.
+    let json = &text[text.find("\n{").map_or(0, |i| i + 1)..];
+    serde_json::from_str(json).expect("fio's JSON report")
+}
