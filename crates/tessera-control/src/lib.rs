@@ -6,8 +6,11 @@
 //! volume went, its lease was lost), which components it records absent,
 //! when a returning copy is resynced, when an absent or failed one is
 //! rebuilt elsewhere (at once for a copy whose disk group or capacity
-//! device failed: no resync can bring its data back), and how long a failed
-//! resync waits before it is tried again. [`HostControl`] learns the cluster from [`Event`]s (changes of
+//! device failed: no resync can bring its data back), how long a failed
+//! resync waits before it is tried again, and when a component on a disk
+//! group being evacuated is moved (one move per volume at a time, and only
+//! while every component of the volume is Active, so an evacuation never
+//! takes a volume below its protection). [`HostControl`] learns the cluster from [`Event`]s (changes of
 //! directory records, its lease, its coordinators' layouts, the ends of the
 //! resyncs it started, the time) and answers each with [`Action`]s for the
 //! host to carry out.
@@ -29,7 +32,9 @@
 //! - it acts on a volume's components (absence, witness, resync, rebuild)
 //!   only while it coordinates that volume;
 //! - at most one resync of a component runs at a time: a second start
-//!   waits for [`Event::ResyncEnded`] of the first.
+//!   waits for [`Event::ResyncEnded`] of the first;
+//! - it asks to move a component off an evacuated disk group only of a
+//!   volume it coordinates whose components are all Active.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -62,6 +67,9 @@ pub enum ResyncKind {
     Resync,
     /// A new copy made in place of a lost one is filled.
     Rebuild,
+    /// A new copy made to take the place of one on a disk group being
+    /// evacuated is filled (the old one serves until it is).
+    Evacuate,
 }
 
 impl ResyncKind {
@@ -70,6 +78,7 @@ impl ResyncKind {
         match self {
             ResyncKind::Resync => "resync",
             ResyncKind::Rebuild => "rebuild",
+            ResyncKind::Evacuate => "evacuate",
         }
     }
 }
@@ -106,6 +115,16 @@ pub enum Event {
         failed: bool,
         /// Components lost with a failed capacity device.
         failed_components: BTreeSet<ComponentId>,
+    },
+    /// A disk group is being evacuated (its components are moved off it
+    /// before maintenance), or no longer.
+    DiskGroupEvacuating {
+        /// Its host.
+        host: HostId,
+        /// The disk group.
+        disk_group: DiskGroupId,
+        /// Whether it is being evacuated.
+        evacuating: bool,
     },
     /// A volume record was written.
     VolumeRecorded {
@@ -173,6 +192,17 @@ pub enum Event {
         lost: ComponentId,
         /// The new data component and its host.
         replacement: Option<(ComponentId, HostId)>,
+    },
+    /// A step of an evacuation of `component` was carried out: a new copy
+    /// `added` to fill (then the old one stays until it is full), or the
+    /// old component gone (`added` none).
+    Evacuated {
+        /// The volume.
+        volume: VolumeId,
+        /// The component leaving.
+        component: ComponentId,
+        /// The new data copy and its host, to fill.
+        added: Option<(ComponentId, HostId)>,
     },
     /// A resync or rebuild this host started ended.
     ResyncEnded {
@@ -250,6 +280,18 @@ pub enum Action {
         /// The component.
         component: ComponentId,
     },
+    /// Move `component` of `volume` off the disk group being evacuated that
+    /// holds it, without lowering the volume's protection: the host adds a
+    /// new copy elsewhere (and sends [`Event::Evacuated`] naming it, to
+    /// fill), or, once a full new copy is there, drops the old one (a
+    /// witness is replaced at once). Asked for one component of a volume
+    /// at a time, and only while every component is Active.
+    Evacuate {
+        /// The volume.
+        volume: VolumeId,
+        /// The component to move.
+        component: ComponentId,
+    },
     /// Replace `component` of `volume` (absent past the repair delay,
     /// Degraded, or on a disk group or device that failed) with a new one
     /// elsewhere; on success the host sends [`Event::Rebuilt`].
@@ -300,6 +342,8 @@ pub struct HostControl {
     layouts: BTreeMap<VolumeId, Layout>,
     /// What failed in each disk group that reported a failure.
     failed_storage: BTreeMap<(HostId, DiskGroupId), FailedStorage>,
+    /// Disk groups being evacuated.
+    evacuating: BTreeSet<(HostId, DiskGroupId)>,
     coordinating: BTreeMap<VolumeId, Coordinated>,
     /// Ticks each volume has been seen without an owner.
     ownerless_ticks: BTreeMap<VolumeId, u32>,
@@ -325,6 +369,7 @@ impl HostControl {
             owners: BTreeMap::new(),
             layouts: BTreeMap::new(),
             failed_storage: BTreeMap::new(),
+            evacuating: BTreeSet::new(),
             coordinating: BTreeMap::new(),
             ownerless_ticks: BTreeMap::new(),
             absent_since: BTreeMap::new(),
@@ -414,6 +459,17 @@ impl HostControl {
                     self.failed_storage.remove(&(host, disk_group));
                 }
             }
+            Event::DiskGroupEvacuating {
+                host,
+                disk_group,
+                evacuating,
+            } => {
+                if evacuating {
+                    self.evacuating.insert((host, disk_group));
+                } else {
+                    self.evacuating.remove(&(host, disk_group));
+                }
+            }
             Event::VolumeRecorded { volume, ready } => {
                 self.volumes.insert(volume, ready);
             }
@@ -487,6 +543,17 @@ impl HostControl {
                 if let Some((component, host)) = replacement {
                     if self.lease_held && self.coordinating.contains_key(&volume) {
                         return self.start_resync(&volume, component, &host, ResyncKind::Rebuild);
+                    }
+                }
+            }
+            Event::Evacuated {
+                volume,
+                component: _,
+                added,
+            } => {
+                if let Some((component, host)) = added {
+                    if self.lease_held && self.coordinating.contains_key(&volume) {
+                        return self.start_resync(&volume, component, &host, ResyncKind::Evacuate);
                     }
                 }
             }
@@ -655,11 +722,30 @@ impl HostControl {
                 _ => {}
             }
         }
+        let whole = absent_hosts.is_empty()
+            && layout.components().all(|c| {
+                c.state == ComponentState::Active
+                    && !self.storage_failed(&c.host, &c.disk_group, c.id)
+            })
+            && !self.resyncing.iter().any(|(v, _)| v == volume);
         for host in absent_hosts {
             actions.push(Action::RecordHostAbsent {
                 volume: volume.clone(),
                 host,
             });
+        }
+        // One move at a time, and only from a whole volume, so an
+        // evacuation never takes a volume below its protection.
+        if whole {
+            if let Some(c) = layout.components().find(|c| {
+                self.evacuating
+                    .contains(&(c.host.clone(), c.disk_group.clone()))
+            }) {
+                actions.push(Action::Evacuate {
+                    volume: volume.clone(),
+                    component: c.id,
+                });
+            }
         }
     }
 
@@ -748,6 +834,23 @@ impl HostControl {
             | Action::ResyncWaiting { volume, .. }
             | Action::Rebuild { volume, .. } => {
                 assert!(self.lease_held, "{}: {action:?} without a lease", self.host);
+                assert!(
+                    self.coordinating.contains_key(volume),
+                    "{}: {action:?} of a volume not coordinated here",
+                    self.host
+                );
+            }
+            Action::Evacuate { volume, component } => {
+                assert!(self.lease_held, "{}: {action:?} without a lease", self.host);
+                let layout = self.coordinating.get(volume).map(|c| &c.layout);
+                assert!(
+                    layout.is_some_and(|l| l
+                        .components()
+                        .all(|c| c.state == ComponentState::Active)
+                        && l.component(*component).is_some()),
+                    "{}: {action:?} of a volume not coordinated here or not whole",
+                    self.host
+                );
                 assert!(
                     self.coordinating.contains_key(volume),
                     "{}: {action:?} of a volume not coordinated here",

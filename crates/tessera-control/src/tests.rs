@@ -425,6 +425,81 @@ fn a_copy_on_a_failed_disk_group_or_device_is_rebuilt_at_once_not_resynced() {
 }
 
 #[test]
+fn an_evacuated_disk_group_is_emptied_one_move_at_a_time_and_only_from_a_whole_volume() {
+    use ComponentState::{Absent, Active};
+    let mut c = cluster(1);
+    c.handle(Event::HostLiveness {
+        host: host(4),
+        live: true,
+    });
+    coordinate(&mut c, layout(1, 1, 2, 3, ACTIVE, 1));
+    let evacuating = |c: &mut HostControl, on: bool| {
+        c.handle(Event::DiskGroupEvacuating {
+            host: host(2),
+            disk_group: DiskGroupId("dg-0".into()),
+            evacuating: on,
+        })
+    };
+    evacuating(&mut c, true);
+    let evacuate = Action::Evacuate {
+        volume: volume(1),
+        component: ComponentId(12),
+    };
+    assert_eq!(tick(&mut c, TICK), vec![evacuate.clone()]);
+    // A new copy was added beside it: it is filled, and nothing else moves
+    // until it is.
+    let fill = c.handle(Event::Evacuated {
+        volume: volume(1),
+        component: ComponentId(12),
+        added: Some((ComponentId(14), host(4))),
+    });
+    assert_eq!(
+        fill,
+        vec![Action::StartResync {
+            volume: volume(1),
+            component: ComponentId(14),
+            host: host(4),
+            kind: ResyncKind::Evacuate,
+        }]
+    );
+    let mut with_new = layout(1, 1, 2, 3, ACTIVE, 2);
+    let mut new = with_new.columns[0].copies[0].clone();
+    new.id = ComponentId(14);
+    new.host = host(4);
+    new.state = ComponentState::Resyncing;
+    with_new.columns[0].copies.push(new);
+    c.handle(Event::CoordinatorLayout { layout: with_new });
+    assert!(tick(&mut c, 2 * TICK).is_empty(), "the fill runs");
+    c.handle(Event::ResyncEnded {
+        volume: volume(1),
+        component: ComponentId(14),
+        ok: true,
+    });
+    let mut filled = c.coordinating[&volume(1)].layout.clone();
+    filled.generation = 3;
+    filled.columns[0].copies[2].state = Active;
+    c.handle(Event::CoordinatorLayout { layout: filled });
+    assert_eq!(
+        tick(&mut c, 3 * TICK),
+        vec![evacuate],
+        "now the old copy goes"
+    );
+    // A volume missing a copy elsewhere is repaired first, not evacuated.
+    let mut c = cluster(1);
+    coordinate(&mut c, layout(1, 1, 2, 3, [Active, Active, Absent], 1));
+    evacuating(&mut c, true);
+    assert!(!tick(&mut c, TICK)
+        .iter()
+        .any(|a| matches!(a, Action::Evacuate { .. })));
+    // An evacuation that ends stops the moves.
+    let mut c = cluster(1);
+    coordinate(&mut c, layout(1, 1, 2, 3, ACTIVE, 1));
+    evacuating(&mut c, true);
+    evacuating(&mut c, false);
+    assert!(tick(&mut c, TICK).is_empty());
+}
+
+#[test]
 fn an_older_coordinator_layout_changes_nothing() {
     use ComponentState::{Absent, Active};
     let mut c = cluster(1);
@@ -491,6 +566,16 @@ fn any_event() -> impl Strategy<Value = Event> {
             replacement: r.map(|(id, h)| (ComponentId(u64::from(v) * 10 + 3 + id), host(h))),
         }),
         2 => (1..=VOLUMES, 1..7u64, any::<bool>()).prop_map(|(v, c, ok)| Event::ResyncEnded { volume: volume(v), component: ComponentId(u64::from(v) * 10 + c), ok }),
+        1 => (1..=HOSTS, any::<bool>()).prop_map(|(h, evacuating)| Event::DiskGroupEvacuating {
+            host: host(h),
+            disk_group: DiskGroupId("dg-0".into()),
+            evacuating,
+        }),
+        1 => (1..=VOLUMES, 1..4u64, proptest::option::of((1..4u64, 1..=HOSTS))).prop_map(|(v, c, added)| Event::Evacuated {
+            volume: volume(v),
+            component: ComponentId(u64::from(v) * 10 + c),
+            added: added.map(|(id, h)| (ComponentId(u64::from(v) * 10 + 3 + id), host(h))),
+        }),
     ]
 }
 

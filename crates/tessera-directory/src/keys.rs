@@ -536,6 +536,32 @@ impl Keyspace {
     pub fn attachments_all(&self) -> Prefix<AttachmentRecord> {
         self.prefix(&["attachments"])
     }
+
+    /// The disk groups of a host being evacuated.
+    pub fn evacuation(&self, host: &HostId) -> Key<EvacuationRecord> {
+        self.key(&["evacuations", host.as_str()])
+    }
+
+    /// Every host's evacuation.
+    pub fn evacuations(&self) -> Prefix<EvacuationRecord> {
+        self.prefix(&["evacuations"])
+    }
+}
+
+/// Disk groups of one host being emptied before maintenance (vSAN's
+/// maintenance mode with full data migration): nothing new is placed on
+/// them, and each volume's owner moves its components off them one at a
+/// time, copying each to its new place before the old one goes. Written
+/// and removed by the control plane.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvacuationRecord {
+    /// The host.
+    pub host: HostId,
+    /// Its disk groups being emptied.
+    pub disk_groups: Vec<DiskGroupId>,
+    /// When the evacuation was asked for (ms since the Unix epoch).
+    pub started_ms: u64,
 }
 
 /// Cluster-wide settings a user may change. Every field has a default, so

@@ -42,7 +42,7 @@
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
 
 use crate::control::{
-    ClusterControl, ControlError, CreatePolicy, CreateVolume, InjectFault, IscsiAccess,
+    ClusterControl, ControlError, CreatePolicy, CreateVolume, Evacuate, InjectFault, IscsiAccess,
     RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
@@ -69,6 +69,10 @@ pub fn router(control: Control) -> Router {
         .route("/v1/hosts/{id}/start", post(start_host))
         .route("/v1/hosts/{id}/faults", post(inject_fault))
         .route("/v1/hosts/{id}/scrub", post(scrub_now))
+        .route(
+            "/v1/hosts/{id}/evacuation",
+            post(evacuate).delete(end_evacuation),
+        )
         .route("/v1/policies", get(policies).post(create_policy))
         .route(
             "/v1/policies/{name}",
@@ -131,6 +135,20 @@ async fn inject_fault(
         Ok(fault) => respond_empty(control.inject_fault(&id, fault).await),
         Err(e) => error_response(e),
     }
+}
+
+async fn evacuate(State(control): State<Control>, Path(id): Path<String>, body: Bytes) -> Response {
+    match parse_body::<Evacuate>(&body) {
+        Ok(e) => respond(
+            StatusCode::ACCEPTED,
+            control.evacuate(&id, e.disk_group.as_deref()).await,
+        ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn end_evacuation(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond_empty(control.end_evacuation(&id).await)
 }
 
 async fn policies(State(control): State<Control>) -> Response {

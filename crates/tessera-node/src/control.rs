@@ -141,7 +141,9 @@ pub mod component_id_text {
 pub struct DiskGroupView {
     /// Its id.
     pub id: String,
-    /// "healthy", "degraded" or "failed: <reason>".
+    /// "healthy", "degraded", "failed: <reason>", "evacuating" (being
+    /// emptied, components left on it) or "evacuated" (empty, taking no
+    /// new components).
     pub health: String,
     /// Its space.
     pub capacity: CapacityView,
@@ -154,6 +156,28 @@ pub struct DiskGroupView {
     /// of its own). Known for the hosts this control plane runs.
     #[serde(default)]
     pub physical_bytes: Option<u64>,
+}
+
+/// A request to evacuate a host: every disk group, or the one named.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evacuate {
+    /// Only this disk group.
+    #[serde(default)]
+    pub disk_group: Option<String>,
+}
+
+/// A host's evacuation and what is left of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvacuationView {
+    /// The host.
+    pub host: String,
+    /// Its disk groups being emptied.
+    pub disk_groups: Vec<String>,
+    /// Components still on them (data copies and witnesses).
+    pub components_left: u64,
+    /// Bytes of data copies still on them (their volumes' sizes).
+    pub bytes_left: u64,
 }
 
 /// One host as the API shows it.
@@ -839,6 +863,28 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn stop_host(&self, host: &str) -> Result<(), ControlError>;
     /// Starts a stopped host again (only in `tessera up`).
     async fn start_host(&self, host: &str) -> Result<(), ControlError>;
+    /// Starts emptying `host`'s disk groups (only `disk_group` when given)
+    /// before maintenance: nothing new is placed on them, and each volume's
+    /// owner moves its components off them one at a time, copying each to
+    /// its new place before dropping the old one. Refused, changing
+    /// nothing, when the rest of the cluster cannot hold what they hold.
+    async fn evacuate(
+        &self,
+        host: &str,
+        disk_group: Option<&str>,
+    ) -> Result<EvacuationView, ControlError> {
+        let _ = disk_group;
+        Err(ControlError::Invalid(format!(
+            "host {host} cannot be evacuated here"
+        )))
+    }
+    /// Ends `host`'s evacuation: its disk groups take new components
+    /// again (what was moved off stays where it went).
+    async fn end_evacuation(&self, host: &str) -> Result<(), ControlError> {
+        Err(ControlError::Invalid(format!(
+            "host {host} cannot be evacuated here"
+        )))
+    }
     /// Injects a fault into one host (only on hosts whose configuration
     /// accepts fault injection: test clusters).
     async fn inject_fault(&self, host: &str, fault: InjectFault) -> Result<(), ControlError> {

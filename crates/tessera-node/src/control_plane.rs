@@ -139,6 +139,19 @@ pub async fn cluster_map(directory: &dyn Directory, keys: &Keyspace) -> Result<C
     let records = keys::list(directory, &keys.hosts())
         .await
         .map_err(|e| e.to_string())?;
+    let evacuating: HashSet<(HostId, DiskGroupId)> = keys::list(directory, &keys.evacuations())
+        .await
+        .map_err(|e| e.to_string())?
+        .records
+        .into_iter()
+        .flat_map(|r| {
+            let host = r.value.host;
+            r.value
+                .disk_groups
+                .into_iter()
+                .map(move |dg| (host.clone(), dg))
+        })
+        .collect();
     let peers = Peers::default();
     peers.update(
         records.records.into_iter().map(|r| r.value).collect(),
@@ -165,6 +178,8 @@ pub async fn cluster_map(directory: &dyn Directory, keys: &Keyspace) -> Result<C
             dg.reserved_bytes = g.value.reserved_bytes;
             if g.value.state == keys::DiskGroupState::Failed {
                 dg.health = DiskGroupHealth::Failed;
+            } else if evacuating.contains(&(record.id.clone(), g.value.id.clone())) {
+                dg.health = DiskGroupHealth::Evacuating;
             }
             host = host.with_disk_group(dg);
         }
@@ -247,6 +262,9 @@ impl ControlPlane {
         let policies = keys::list(d, &self.keys.policies())
             .await
             .map_err(internal)?;
+        let evacuations = keys::list(d, &self.keys.evacuations())
+            .await
+            .map_err(internal)?;
         let settings = keys::get(d, &self.keys.settings())
             .await
             .map_err(internal)?
@@ -280,6 +298,17 @@ impl ControlPlane {
                 .records
                 .into_iter()
                 .map(|r| (r.value.name.clone(), r.value))
+                .collect(),
+            evacuating: evacuations
+                .records
+                .into_iter()
+                .flat_map(|r| {
+                    let host = r.value.host;
+                    r.value
+                        .disk_groups
+                        .into_iter()
+                        .map(move |dg| (host.clone(), dg))
+                })
                 .collect(),
             settings,
         })
@@ -452,6 +481,13 @@ impl ControlPlane {
                                 failed_devices.len(),
                                 failed_components.len()
                             ),
+                            _ if state.evacuating.contains(&(h.id.clone(), g.id.clone())) => {
+                                if components > 0 {
+                                    "evacuating".into()
+                                } else {
+                                    "evacuated".into()
+                                }
+                            }
                             _ => "healthy".into(),
                         },
                         capacity: CapacityView {
@@ -632,6 +668,8 @@ struct ClusterState {
     layouts: BTreeMap<VolumeId, Layout>,
     attachments: Vec<keys::AttachmentRecord>,
     policies: BTreeMap<PolicyName, Policy>,
+    /// Disk groups being evacuated.
+    evacuating: HashSet<(HostId, DiskGroupId)>,
     settings: ClusterSettings,
 }
 
@@ -1487,6 +1525,139 @@ impl ClusterControl for ControlPlane {
         };
         running.scrub_now();
         Ok(running.scrubs())
+    }
+
+    async fn evacuate(
+        &self,
+        host: &str,
+        disk_group: Option<&str>,
+    ) -> Result<EvacuationView, ControlError> {
+        let host_id = HostId::new(host).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let state = self.read_state().await?;
+        if !state.hosts.iter().any(|h| h.id == host_id) {
+            return Err(ControlError::NotFound(format!("no host named {host}")));
+        }
+        let groups: Vec<DiskGroupId> = state
+            .groups
+            .iter()
+            .filter(|g| g.host == host_id)
+            .map(|g| g.id.clone())
+            .filter(|id| disk_group.is_none_or(|dg| id.as_str() == dg))
+            .collect();
+        if groups.is_empty() {
+            return Err(ControlError::NotFound(format!(
+                "host {host} has no disk group {}",
+                disk_group.unwrap_or("at all")
+            )));
+        }
+        let current = keys::get(self.directory.as_ref(), &self.keys.evacuation(&host_id))
+            .await
+            .map_err(internal)?;
+        let mut all: Vec<DiskGroupId> = current
+            .as_ref()
+            .map(|r| r.value.disk_groups.clone())
+            .unwrap_or_default();
+        for g in groups {
+            if !all.contains(&g) {
+                all.push(g);
+            }
+        }
+        all.sort();
+        // Every component on those disk groups must have somewhere to go,
+        // each taking its space from what the ones before it left.
+        let mut map = cluster_map(self.directory.as_ref(), &self.keys)
+            .await
+            .map_err(ControlError::Unavailable)?;
+        for dg in &all {
+            if let Some(d) = map.disk_group_mut(&host_id, dg) {
+                if d.health == DiskGroupHealth::Healthy {
+                    d.health = DiskGroupHealth::Evacuating;
+                }
+            }
+        }
+        let leaving = |c: &ComponentPlacement| c.host == host_id && all.contains(&c.disk_group);
+        let (mut components_left, mut bytes_left) = (0u64, 0u64);
+        let mut next = 0u64;
+        let mut next_id = || {
+            next += 1;
+            ComponentId(u64::MAX / 2 - next)
+        };
+        for record in &state.volumes {
+            let Some(layout) = state.layouts.get(&record.name) else {
+                continue;
+            };
+            let Some(policy) = state.policies.get(&record.policy) else {
+                continue;
+            };
+            let mut working = layout.clone();
+            for c in layout.components().filter(|c| leaving(c)) {
+                components_left += 1;
+                if c.role == ComponentRole::Data {
+                    bytes_left += c.size_bytes;
+                }
+                let target = tessera_placement::rebuild_target(
+                    policy,
+                    &working,
+                    c.id,
+                    &map,
+                    &mut next_id,
+                )
+                .map_err(|e| {
+                    ControlError::Unsatisfiable(format!(
+                        "host {host} cannot be evacuated: component {} of volume {} has nowhere to go: {e}",
+                        c.id, record.name
+                    ))
+                })?;
+                if target.role == ComponentRole::Data {
+                    if let Some(d) = map.disk_group_mut(&target.host, &target.disk_group) {
+                        d.used_bytes += target.size_bytes;
+                    }
+                }
+                tessera_placement::apply_rebuild(&mut working, c.id, target);
+            }
+        }
+        let record = keys::EvacuationRecord {
+            host: host_id.clone(),
+            disk_groups: all.clone(),
+            started_ms: current
+                .as_ref()
+                .map_or_else(|| self.clock.wall_ms(), |r| r.value.started_ms),
+        };
+        keys::put(
+            self.directory.as_ref(),
+            &self.keys.evacuation(&host_id),
+            &record,
+            None,
+        )
+        .await
+        .map_err(internal)?;
+        Ok(EvacuationView {
+            host: host.to_string(),
+            disk_groups: all.iter().map(|d| d.to_string()).collect(),
+            components_left,
+            bytes_left,
+        })
+    }
+
+    async fn end_evacuation(&self, host: &str) -> Result<(), ControlError> {
+        let host_id = HostId::new(host).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let key = self.keys.evacuation(&host_id);
+        if keys::get(self.directory.as_ref(), &key)
+            .await
+            .map_err(internal)?
+            .is_none()
+        {
+            return Err(ControlError::Conflict(format!(
+                "host {host} is not being evacuated"
+            )));
+        }
+        self.directory
+            .delete(key.as_str())
+            .await
+            .map_err(internal)?;
+        Ok(())
     }
 
     async fn inject_fault(&self, host: &str, fault: InjectFault) -> Result<(), ControlError> {

@@ -606,6 +606,100 @@ impl Coordinator {
         self.record().await
     }
 
+    /// Adds `new` (already chosen by placement) as a further copy of the
+    /// column holding data component `beside`: creates it, and adds it as
+    /// Resyncing with every block dirty, so it receives every write from
+    /// now on. `beside` keeps serving. Run [`Coordinator::resync`] on `new`
+    /// next, then [`Coordinator::drop_copy`] on `beside` to move it.
+    pub async fn add_copy(
+        &self,
+        beside: ComponentId,
+        mut new: ComponentPlacement,
+        reserve_bytes: u64,
+    ) -> Result<(), BlockError> {
+        let size_bytes = {
+            let state = self.state.lock();
+            state
+                .layout
+                .columns
+                .iter()
+                .flat_map(|m| m.copies.iter())
+                .find(|c| c.id == beside)
+                .map(|c| c.size_bytes)
+        };
+        let Some(size_bytes) = size_bytes else {
+            return Err(BlockError::Invalid {
+                reason: format!(
+                    "component {beside} is not a data copy of volume {}",
+                    self.info.name
+                ),
+            });
+        };
+        new.size_bytes = size_bytes;
+        self.io
+            .create(&new, reserve_bytes)
+            .await
+            .map_err(|e| bad(format!("creating a new copy: {e}")))?;
+        self.io
+            .fence(&new, self.epoch)
+            .await
+            .map_err(|e| bad(format!("fencing a new copy: {e}")))?;
+        {
+            let mut state = self.state.lock();
+            let Some(mirror) = state
+                .layout
+                .columns
+                .iter_mut()
+                .find(|m| m.copies.iter().any(|c| c.id == beside))
+            else {
+                return Err(bad(format!(
+                    "component {beside} left volume {} meanwhile",
+                    self.info.name
+                )));
+            };
+            new.state = ComponentState::Resyncing;
+            new.role = ComponentRole::Data;
+            mirror.copies.push(new.clone());
+            state.behind_by(new.id, None);
+        }
+        self.record().await
+    }
+
+    /// Drops data copy `id` from the layout (its blocks stay on its host
+    /// until the caller deletes the component). Refused unless another
+    /// Active copy of its column stays.
+    pub async fn drop_copy(&self, id: ComponentId) -> Result<(), BlockError> {
+        {
+            let mut state = self.state.lock();
+            let volume = &self.info.name;
+            let Some(mirror) = state
+                .layout
+                .columns
+                .iter_mut()
+                .find(|m| m.copies.iter().any(|c| c.id == id))
+            else {
+                return Err(BlockError::Invalid {
+                    reason: format!("component {id} is not a data copy of volume {volume}"),
+                });
+            };
+            let others_active = mirror
+                .copies
+                .iter()
+                .filter(|c| c.id != id && c.state == ComponentState::Active)
+                .count();
+            if others_active == 0 {
+                return Err(BlockError::Invalid {
+                    reason: format!(
+                        "component {id} is the only Active copy of its column of volume {volume}"
+                    ),
+                });
+            }
+            mirror.copies.retain(|c| c.id != id);
+            state.caught_up(id);
+        }
+        self.record().await
+    }
+
     /// Brings component `id` up to date: it receives every new write from now
     /// on, and its dirty ranges are copied from an Active copy of its column.
     /// On success it is Active again.

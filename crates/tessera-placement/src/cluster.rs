@@ -56,6 +56,9 @@ pub enum DiskGroupHealth {
     /// Its cache device or too many capacity devices failed: every component
     /// on it is lost and nothing new goes there.
     Failed,
+    /// Being emptied before maintenance: its components still serve until
+    /// their owners have moved them, and nothing new goes there.
+    Evacuating,
 }
 
 /// One disk group as placement sees it.

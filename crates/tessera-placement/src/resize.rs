@@ -58,7 +58,7 @@ pub fn resize_layout(
         let reachable = map.host(&c.host).is_some_and(|h| {
             h.is_live()
                 && h.disk_group(&c.disk_group)
-                    .is_some_and(|d| d.health == DiskGroupHealth::Healthy)
+                    .is_some_and(|d| d.health != DiskGroupHealth::Failed)
         });
         if !reachable {
             return Err(PlacementError::ResizeNeedsEveryComponent {

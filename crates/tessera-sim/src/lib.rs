@@ -727,6 +727,10 @@ impl World {
             }
             Action::ResyncWaiting { .. } => {}
             Action::Rebuild { volume, component } => return Ok(self.rebuild(i, &volume, component)),
+            // No disk group of the simulated cluster is ever evacuated.
+            Action::Evacuate { .. } => {
+                return Err(self.violation(format!("{id}: {action:?} with nothing evacuated")))
+            }
         }
         Ok(None)
     }

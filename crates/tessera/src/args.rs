@@ -69,6 +69,9 @@ pub enum Command {
     /// schedule, bad blocks rewritten from another copy.
     #[command(subcommand)]
     Scrub(ScrubCommand),
+    /// Disk groups: emptying one before maintenance.
+    #[command(subcommand)]
+    DiskGroup(DiskGroupCommand),
     /// Inject faults into a test cluster's hosts (`tessera up
     /// --fault-injection`; refused by any other cluster).
     #[command(subcommand)]
@@ -101,6 +104,30 @@ pub enum HostCommand {
     Start {
         /// Host id, e.g. host-2.
         host: String,
+    },
+    /// Empty a host before maintenance: nothing new is placed on it and
+    /// every component on it is copied elsewhere, then dropped, keeping
+    /// each volume's protection; refused when the rest cannot hold it.
+    Evacuate {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// End the evacuation: the host takes new components again.
+        #[arg(long)]
+        end: bool,
+    },
+}
+
+/// `tessera disk-group ...`
+#[derive(Debug, Subcommand)]
+pub enum DiskGroupCommand {
+    /// Empty one disk group of a host before maintenance (as `host
+    /// evacuate`, for that disk group only); `host evacuate HOST --end`
+    /// ends it.
+    Evacuate {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// The disk group, e.g. dg0.
+        disk_group: String,
     },
 }
 

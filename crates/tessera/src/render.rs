@@ -10,9 +10,9 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ClusterSettings, ComponentView, Health, HealthCheck, HealthCode, HealthReport,
-    HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView, Severity,
-    StatusView, VerifyReport, VolumeView,
+    CapacityView, ClusterSettings, ComponentView, EvacuationView, Health, HealthCheck, HealthCode,
+    HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView,
+    Severity, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -325,6 +325,19 @@ fn read_caches(hosts: &[HostView]) -> String {
         ]);
     }
     t.render()
+}
+
+/// The lines printed after `host evacuate` or `disk-group evacuate`.
+pub fn evacuation(e: &EvacuationView) -> String {
+    format!(
+        "evacuating {} ({}): {} component(s), {} of data copies to move; \
+         `tessera host show {}` and `tessera resync list --watch` show the progress\n",
+        e.host,
+        e.disk_groups.join(", "),
+        e.components_left,
+        format_size(e.bytes_left),
+        e.host
+    )
 }
 
 /// `tessera policy list`.

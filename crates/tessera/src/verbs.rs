@@ -9,8 +9,8 @@
 //! (stop, start, delete) print nothing with `--json`.
 
 use crate::args::{
-    Command, FaultCommand, HostCommand, ObjectCommand, PolicyCommand, ResyncCommand, ScrubCommand,
-    SettingsCommand, StoreCommand, VolumeCommand,
+    Command, DiskGroupCommand, FaultCommand, HostCommand, ObjectCommand, PolicyCommand,
+    ResyncCommand, ScrubCommand, SettingsCommand, StoreCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    ClusterSettings, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView,
-    Severity, StatusView, VerifyReport, VolumeView,
+    ClusterSettings, EvacuationView, HealthReport, HostView, IscsiAccessView, ObjectView,
+    ResyncView, ScrubView, Severity, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -269,6 +269,20 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 ))?;
             }
         }
+        Command::Host(HostCommand::Evacuate { host, end: true }) => {
+            client.delete(&format!("/v1/hosts/{}/evacuation", segment(host)))?;
+            if !output.json {
+                output.text(&format!(
+                    "evacuation of {host} ended: it takes new components again\n"
+                ))?;
+            }
+        }
+        Command::Host(HostCommand::Evacuate { host, end: false }) => {
+            evacuate(&client, output, host, None)?;
+        }
+        Command::DiskGroup(DiskGroupCommand::Evacuate { host, disk_group }) => {
+            evacuate(&client, output, host, Some(disk_group))?;
+        }
         Command::Host(HostCommand::Start { host }) => {
             client.post_json(&format!("/v1/hosts/{}/start", segment(host)), &json!({}))?;
             if !output.json {
@@ -388,6 +402,20 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
         // Answered above, without the API.
         Command::Store(_) | Command::Up(_) | Command::Node(_) => {}
     }
+    Ok(())
+}
+
+/// Starts evacuating `host` (only `disk_group` when given) and prints what
+/// is to move.
+fn evacuate(
+    client: &ApiClient,
+    output: &mut Output<'_>,
+    host: &str,
+    disk_group: Option<&String>,
+) -> Result<(), CliError> {
+    let path = format!("/v1/hosts/{}/evacuation", segment(host));
+    let v = client.post_json(&path, &json!({ "disk_group": disk_group }))?;
+    output.view::<EvacuationView>(&path, v, render::evacuation)?;
     Ok(())
 }
 

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_control::{Action, Event, HostControl, ResyncKind};
 use tessera_directory::keys::{self, DiskGroupState, VolumeState};
-use tessera_object::{Coordinator, HostShared};
-use tessera_types::layout::ComponentRole;
+use tessera_object::{ComponentIo, Coordinator, HostShared};
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId};
 
 /// What the core was last told, to tell it only what changed.
@@ -38,6 +38,8 @@ pub(super) struct Reported {
     superseded: HashSet<VolumeId>,
     /// Disk groups reported failed, whole or in part.
     failed_storage: HashMap<(HostId, DiskGroupId), (bool, BTreeSet<ComponentId>)>,
+    /// Disk groups reported being evacuated.
+    evacuating: BTreeSet<(HostId, DiskGroupId)>,
 }
 
 impl Default for Reported {
@@ -52,6 +54,7 @@ impl Default for Reported {
             coordinator_layouts: HashMap::new(),
             superseded: HashSet::new(),
             failed_storage: HashMap::new(),
+            evacuating: BTreeSet::new(),
         }
     }
 }
@@ -169,6 +172,15 @@ impl Host {
             }
         }
         reported.failed_storage = failed;
+        let evacuating = self.evacuating_disk_groups();
+        for at in evacuating.symmetric_difference(&reported.evacuating) {
+            events.push(Event::DiskGroupEvacuating {
+                host: at.0.clone(),
+                disk_group: at.1.clone(),
+                evacuating: evacuating.contains(at),
+            });
+        }
+        reported.evacuating = evacuating;
         report_changes(
             &self.view.volumes.read(),
             &mut reported.volumes,
@@ -303,6 +315,10 @@ impl Host {
             Action::Rebuild { volume, component } => {
                 let c = coordinator(&volume)?;
                 return self.rebuild(&volume, &c, component).await;
+            }
+            Action::Evacuate { volume, component } => {
+                let c = coordinator(&volume)?;
+                return self.evacuate(&volume, &c, component).await;
             }
         }
         None
@@ -490,6 +506,118 @@ impl Host {
             lost,
             replacement: (role == ComponentRole::Data).then_some((new_id, new_host)),
         })
+    }
+}
+
+impl Host {
+    /// One step of moving `component` of `volume` off the disk group being
+    /// evacuated that holds it: a witness is replaced at once; a data copy
+    /// gets a new copy elsewhere beside it (filled by a resync the core
+    /// starts), and once its column has as many full copies off evacuated
+    /// disk groups as the policy asks, the old copy is dropped and
+    /// deleted. Does nothing while a copy of its column is not Active.
+    async fn evacuate(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        component: ComponentId,
+    ) -> Option<Event> {
+        let layout = coordinator.layout();
+        let leaving = layout.component(component)?.clone();
+        let record = self.view.volumes.read().get(volume).cloned()?;
+        let policy =
+            match keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy)).await {
+                Ok(Some(p)) => p.value,
+                _ => return None,
+            };
+        let evacuating = self.evacuating_disk_groups();
+        let stays = |c: &ComponentPlacement| {
+            c.state == ComponentState::Active
+                && !evacuating.contains(&(c.host.clone(), c.disk_group.clone()))
+        };
+        let done = |added: Option<(ComponentId, HostId)>| {
+            Some(Event::Evacuated {
+                volume: volume.clone(),
+                component,
+                added,
+            })
+        };
+        if leaving.role == ComponentRole::Data {
+            let column = layout
+                .columns
+                .iter()
+                .find(|m| m.copies.iter().any(|c| c.id == component))?;
+            if column
+                .copies
+                .iter()
+                .any(|c| c.state != ComponentState::Active)
+            {
+                return None;
+            }
+            let full = column
+                .copies
+                .iter()
+                .filter(|c| c.id != component && stays(c))
+                .count();
+            if full >= policy.copies() {
+                if let Err(e) = coordinator.drop_copy(component).await {
+                    tracing::warn!(%volume, %component, error = %e, "evacuated copy not dropped");
+                    return None;
+                }
+                tracing::info!(%volume, %component, host = %leaving.host, "evacuated copy dropped");
+                self.delete_left_component(volume, &leaving).await;
+                return done(None);
+            }
+        }
+        let map = match crate::control_plane::cluster_map(self.directory.as_ref(), &self.keys).await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot evacuate: no cluster map");
+                return None;
+            }
+        };
+        let rng = Arc::clone(&self.rng);
+        let mut next_id = move || ComponentId(rng.next_u64() >> 1);
+        let target = match tessera_placement::rebuild_target(
+            &policy,
+            &layout,
+            component,
+            &map,
+            &mut next_id,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(%volume, %component, error = %e, "nowhere to evacuate to yet");
+                return None;
+            }
+        };
+        let (new_id, new_host) = (target.id, target.host.clone());
+        if leaving.role == ComponentRole::Witness {
+            if let Err(e) = coordinator.replace_component(component, target, 0).await {
+                tracing::warn!(%volume, %component, error = %e, "witness not moved");
+                return None;
+            }
+            tracing::info!(%volume, %component, to = %new_host, "evacuated witness moved");
+            self.delete_left_component(volume, &leaving).await;
+            return done(None);
+        }
+        let reserve =
+            tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
+        if let Err(e) = coordinator.add_copy(component, target, reserve).await {
+            tracing::warn!(%volume, %component, error = %e, "no copy added for an evacuation");
+            return None;
+        }
+        tracing::info!(%volume, leaving = %component, new = %new_id, host = %new_host, "copying a component off an evacuated disk group");
+        done(Some((new_id, new_host)))
+    }
+
+    /// Deletes a component the layout no longer holds from its host; one
+    /// that cannot be deleted now only keeps its space.
+    async fn delete_left_component(&self, volume: &VolumeId, c: &ComponentPlacement) {
+        if let Err(e) = self.components(volume).delete(c).await {
+            tracing::warn!(%volume, component = %c.id, host = %c.host, error = %e, "component left behind by an evacuation not deleted");
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! [`crate::peers::Peers`]), volumes, owners, layouts and iSCSI access (to
 //! the host's `VolumeView`), the read cache budget and resync delay
 //! multiplier of the cluster settings, policies (the QoS of the volumes the
-//! host coordinates, set in its I/O scheduler), and disk group records
+//! host coordinates, set in its I/O scheduler), the disk groups being
+//! evacuated (for the control loop), and disk group records
 //! (their health for the control loop, their space summed as the
 //! datastore's).
 //! Must not touch: decisions (the control core's) or writes to the directory.
@@ -20,18 +21,18 @@
 
 use super::{Host, TICK};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tessera_directory::keys::{
-    self, ClusterSettings, DiskGroupRecord, HostRecord, IscsiAccessRecord, OwnerRecord, Prefix,
-    VolumeRecord,
+    self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, IscsiAccessRecord,
+    OwnerRecord, Prefix, VolumeRecord,
 };
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
 use tessera_types::layout::Layout;
 use tessera_types::policy::Policy;
-use tessera_types::{HostId, PolicyName, VolumeId};
+use tessera_types::{DiskGroupId, HostId, PolicyName, VolumeId};
 use tokio::sync::watch;
 
 /// What the mirror keeps beside the view: where it stands and the space of
@@ -46,6 +47,8 @@ pub(super) struct DirectoryMirror {
     pub(super) disk_groups: Mutex<HashMap<String, DiskGroupRecord>>,
     /// Each policy, by name: what the QoS of a coordinated volume is.
     policies: Mutex<HashMap<PolicyName, Policy>>,
+    /// Each host's evacuation, by host.
+    evacuations: Mutex<HashMap<HostId, EvacuationRecord>>,
     /// Held by a full listing from before it reads until the view is
     /// replaced, and by each change applied: a change the watch reports
     /// meanwhile waits, then applies over the listing (or is skipped when
@@ -117,6 +120,7 @@ impl Host {
         *self.view.iscsi_access.write() = loaded.iscsi_access;
         *self.mirror.disk_groups.lock() = loaded.disk_groups;
         *self.mirror.policies.lock() = loaded.policies;
+        *self.mirror.evacuations.lock() = loaded.evacuations;
         self.sum_datastore();
         self.apply_qos();
         self.apply_settings(loaded.settings.unwrap_or_default());
@@ -157,6 +161,16 @@ impl Host {
             used_bytes: used,
             capacity_bytes: capacity,
         });
+    }
+
+    /// The disk groups being evacuated, by host.
+    pub(super) fn evacuating_disk_groups(&self) -> BTreeSet<(HostId, DiskGroupId)> {
+        self.mirror
+            .evacuations
+            .lock()
+            .values()
+            .flat_map(|r| r.disk_groups.iter().map(|dg| (r.host.clone(), dg.clone())))
+            .collect()
     }
 
     /// Sets in the host's I/O scheduler the QoS of every volume it
@@ -208,6 +222,7 @@ trait RecordSink {
     fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>);
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
     fn policy(&mut self, name: PolicyName, record: Option<Policy>);
+    fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>);
     fn settings(&mut self, settings: ClusterSettings);
 }
 
@@ -228,6 +243,11 @@ fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
     } else if let Some(name) = under(&keys.iscsi_accesses(), key) {
         let access = decoded(&keys.iscsi_accesses(), event);
         sink.iscsi_access(VolumeId(name.to_string()), access);
+    } else if let Some(name) = under(&keys.evacuations(), key) {
+        sink.evacuation(
+            HostId(name.to_string()),
+            decoded(&keys.evacuations(), event),
+        );
     } else if let Some(name) = under(&keys.policies(), key) {
         match PolicyName::new(name) {
             Ok(name) => sink.policy(name, decoded(&keys.policies(), event)),
@@ -257,6 +277,7 @@ struct Loaded {
     iscsi_access: HashMap<VolumeId, IscsiAccessRecord>,
     disk_groups: HashMap<String, DiskGroupRecord>,
     policies: HashMap<PolicyName, Policy>,
+    evacuations: HashMap<HostId, EvacuationRecord>,
     settings: Option<ClusterSettings>,
 }
 
@@ -294,6 +315,9 @@ impl RecordSink for Loaded {
     }
     fn policy(&mut self, name: PolicyName, record: Option<Policy>) {
         set(&mut self.policies, name, record);
+    }
+    fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>) {
+        set(&mut self.evacuations, host, record);
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.settings = Some(settings);
@@ -336,6 +360,9 @@ impl RecordSink for LiveView<'_> {
     fn policy(&mut self, name: PolicyName, record: Option<Policy>) {
         set(&mut self.0.mirror.policies.lock(), name, record);
         self.0.apply_qos();
+    }
+    fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>) {
+        set(&mut self.0.mirror.evacuations.lock(), host, record);
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.0.apply_settings(settings);
