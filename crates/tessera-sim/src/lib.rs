@@ -30,9 +30,9 @@
 //!   fails if either end is cut off or down), a rebuild that puts a new copy
 //!   on a live host outside the layout.
 //!
-//! Not simulated yet: the data path (stores, coordinators' I/O, the
-//! transport), so the write-before-acknowledge and dirty-region protections
-//! are not exercised here.
+//! The data path (the real coordinator over simulated copies and network,
+//! with write-before-acknowledge, dirty-region recording and epoch fencing
+//! at the copies) is simulated by [`data_path`].
 //!
 //! Invariants checked after every tick of the fault phase (safety):
 //! - at most one host that believes it holds its lease coordinates a given
@@ -48,6 +48,8 @@
 //! that epoch; its layout is the directory's; every copy is Active on a
 //! live host, and none is on the failed disk group (its host is live, so
 //! only the failure can have moved them).
+
+pub mod data_path;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -133,6 +135,8 @@ pub struct Violation {
     pub what: String,
     /// The last things that happened.
     pub trace: Vec<String>,
+    /// The call that replays it.
+    pub replay: &'static str,
 }
 
 impl fmt::Display for Violation {
@@ -144,8 +148,8 @@ impl fmt::Display for Violation {
         )?;
         writeln!(
             f,
-            "replay: tessera_sim::run({}, &config); last events:",
-            self.seed
+            "replay: {}({}, &config); last events:",
+            self.replay, self.seed
         )?;
         for line in &self.trace {
             writeln!(f, "  {line}")?;
@@ -346,6 +350,7 @@ impl World {
             tick: self.tick,
             what,
             trace: self.trace.clone(),
+            replay: "tessera_sim::run",
         }
     }
 

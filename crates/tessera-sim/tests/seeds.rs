@@ -94,3 +94,97 @@ fn owners_granted_the_same_epoch_are_caught() {
     };
     first_breach(&config, "at the same epoch");
 }
+
+// --- the data path ------------------------------------------------------------
+
+use tessera_sim::data_path::{run_data_path, DataPathConfig};
+
+#[test]
+fn no_seed_loses_an_acknowledged_write_or_leaves_the_copies_apart() {
+    let seeds = env_u64("TESSERA_SIM_DATA_SEEDS", 200);
+    let first = env_u64("TESSERA_SIM_FIRST_SEED", 1);
+    let config = DataPathConfig::default();
+    let mut total = tessera_sim::data_path::DataPathReport::default();
+    for seed in first..first + seeds {
+        match run_data_path(seed, &config) {
+            Ok(r) => {
+                total.writes_acknowledged += r.writes_acknowledged;
+                total.writes_failed += r.writes_failed;
+                total.blocks_checked += r.blocks_checked;
+                total.crashes += r.crashes;
+                total.takeovers += r.takeovers;
+                total.resyncs += r.resyncs;
+            }
+            Err(violation) => panic!("{violation}"),
+        }
+    }
+    eprintln!(
+        "{seeds} data path seeds from {first}: {} writes acknowledged, {} failed, {} blocks read and checked, {} host crashes, {} owners took over, {} resyncs",
+        total.writes_acknowledged,
+        total.writes_failed,
+        total.blocks_checked,
+        total.crashes,
+        total.takeovers,
+        total.resyncs
+    );
+    assert!(total.crashes > seeds && total.takeovers > seeds && total.resyncs > seeds);
+    assert!(total.writes_acknowledged > 100 * seeds && total.blocks_checked > 0);
+}
+
+#[test]
+fn a_data_path_seed_replays_exactly() {
+    let config = DataPathConfig::default();
+    for seed in [3, 4242] {
+        assert_eq!(
+            run_data_path(seed, &config).unwrap(),
+            run_data_path(seed, &config).unwrap(),
+            "seed {seed}"
+        );
+    }
+    assert_ne!(
+        run_data_path(3, &config).unwrap().digest,
+        run_data_path(4, &config).unwrap().digest
+    );
+}
+
+/// Runs data path seeds until one breaks; checks it breaks the same way
+/// again.
+fn first_data_path_breach(config: &DataPathConfig, expected: &str) {
+    let breach = (1..=3000)
+        .find_map(|seed| run_data_path(seed, config).err())
+        .unwrap_or_else(|| panic!("no seed of 3000 found the breach ({expected})"));
+    assert!(breach.what.contains(expected), "{breach}");
+    assert_eq!(
+        run_data_path(breach.seed, config).unwrap_err(),
+        breach,
+        "the breach replays"
+    );
+    eprintln!("found as expected: {breach}");
+}
+
+#[test]
+fn copies_acknowledging_writes_before_they_are_durable_are_caught() {
+    let config = DataPathConfig {
+        write_before_ack: false,
+        ..DataPathConfig::default()
+    };
+    first_data_path_breach(&config, "block");
+}
+
+#[test]
+fn owners_whose_dirty_regions_never_reach_the_directory_are_caught() {
+    let config = DataPathConfig {
+        record_dirty_regions: false,
+        ..DataPathConfig::default()
+    };
+    first_data_path_breach(&config, "block");
+}
+
+#[test]
+fn copies_taking_writes_of_an_older_epoch_are_caught() {
+    let config = DataPathConfig {
+        epoch_fencing: false,
+        ..DataPathConfig::default()
+    };
+    first_data_path_breach(&config, "block");
+}

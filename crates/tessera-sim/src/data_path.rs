@@ -1,0 +1,966 @@
+//! A seeded simulation of one mirrored volume's data path: the real
+//! [`Coordinator`] (mirrored writes, degraded writes with dirty-region
+//! maps, take-over by a new owner, delta resync) over simulated copies,
+//! network and directory, on one thread from one `u64` seed, with a
+//! workload of writes and reads checked against an oracle of what was
+//! acknowledged.
+//!
+//! Owns: the simulated copies' hosts and their fault model, the in-memory
+//! directory the owners record layouts and dirty-region maps in, the
+//! workload and its oracle, and the checks.
+//!
+//! The volume: FTT=1, two data copies on hosts 0 and 1 and a witness on
+//! host 2, 8 MiB (eight 1 MiB dirty regions). Its owner is not on any of
+//! them (so it always reads from the copy its region is assigned to, and
+//! stale data in either copy shows).
+//!
+//! The fault model:
+//! - **Network**: every operation on a copy is a message that waits a
+//!   seeded number of scheduler turns on the way there and back; one that
+//!   was sent is delivered even if its sender stops waiting for it. Copies
+//!   on a host that is down answer nothing (unreachable).
+//! - **Hosts** of copies crash (down; a copy that acknowledged writes
+//!   before they were durable loses them) and return; never the host of
+//!   the last Active data copy (a volume whose every data copy is behind
+//!   waits for an administrator to say which holds its data: not
+//!   simulated).
+//! - **Owners** are replaced between client requests (their requests
+//!   under way finish first): a new owner takes over at the next epoch
+//!   from what the directory holds (the layout and the dirty-region maps)
+//!   while the old one's resyncs go on, as an owner cut off from the
+//!   directory does, until their next record is refused. An owner dying
+//!   with writes to present copies under way is not simulated (the copies
+//!   may then differ on those blocks until a scrub compares them).
+//! - **Directory**: records are fenced by the owner's epoch.
+//!
+//! The workload: a few client operations per step, writes of 1-4 blocks
+//! (each block tagged with its write) and reads, never two at once on the
+//! same block.
+//!
+//! Checked (safety, every read): a block reads as the last acknowledged
+//! write to it, or a later write whose outcome is unknown (it failed).
+//! Then, with faults off, every host up and every copy resynced
+//! (liveness): every component is Active, both copies hold the same tag in
+//! every block, and every block reads as the oracle allows.
+//!
+//! Protections that can be switched off, each of which must make a seed
+//! fail (`tests/seeds.rs`): a copy acknowledging a write only once it is
+//! durable (write before acknowledge), the owner's dirty-region maps
+//! reaching the directory (dirty-region recording), and copies refusing
+//! writes of an older epoch (epoch fencing).
+
+use crate::Violation;
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tessera_blockdev::{BlockDevice, WriteFlags};
+use tessera_env::{Rng, SeededRng};
+use tessera_object::{
+    BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, HostShared, IoClass,
+    LayoutRecorder, ResyncProgress,
+};
+use tessera_types::dirty::{DirtyRecord, RecordedDirty};
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror};
+use tessera_types::{
+    ComponentId, DiskGroupId, Epoch, FaultDomainId, HostId, Lba, VolumeId, BLOCK_BYTES,
+};
+
+/// Blocks of the volume: 8 MiB, eight 1 MiB dirty regions.
+pub const VOLUME_BLOCKS: u64 = 2048;
+/// Hosts of the copies: data on 0 and 1, the witness on 2.
+const HOSTS: usize = 3;
+
+/// The shape of a run and the protections in force.
+#[derive(Clone, Debug)]
+pub struct DataPathConfig {
+    /// Steps with faults on.
+    pub steps: u64,
+    /// Per step, the chance (in 1/1000) of a fault.
+    pub fault_per_mille: u64,
+    /// A copy acknowledges a write only once it is durable.
+    pub write_before_ack: bool,
+    /// Owners' dirty-region maps reach the directory as they are.
+    pub record_dirty_regions: bool,
+    /// Copies refuse writes of an epoch older than the highest they saw.
+    pub epoch_fencing: bool,
+}
+
+impl Default for DataPathConfig {
+    fn default() -> DataPathConfig {
+        DataPathConfig {
+            steps: 200,
+            fault_per_mille: 100,
+            write_before_ack: true,
+            record_dirty_regions: true,
+            epoch_fencing: true,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DataPathReport {
+    /// Writes acknowledged.
+    pub writes_acknowledged: u64,
+    /// Writes that failed (their outcome is unknown).
+    pub writes_failed: u64,
+    /// Blocks read and checked.
+    pub blocks_checked: u64,
+    /// Host crashes.
+    pub crashes: u64,
+    /// Owners that took over.
+    pub takeovers: u64,
+    /// Resyncs that completed.
+    pub resyncs: u64,
+    /// A digest of everything that happened, to show a replay is exact.
+    pub digest: u64,
+}
+
+/// One simulated copy.
+#[derive(Debug, Default)]
+struct Copy {
+    host: usize,
+    epoch: Epoch,
+    /// The tag of each written block.
+    blocks: BTreeMap<u64, u64>,
+    /// Writes acknowledged but not yet durable: each block with what it
+    /// held before, oldest first.
+    unsynced: Vec<(u64, Option<u64>)>,
+}
+
+/// Everything the hosts of the copies hold, and the run's randomness.
+struct Hosts {
+    up: [bool; HOSTS],
+    copies: BTreeMap<ComponentId, Copy>,
+    rng: SeededRng,
+    write_before_ack: bool,
+    epoch_fencing: bool,
+    log: Vec<String>,
+}
+
+impl Hosts {
+    fn below(&mut self, n: u64) -> u64 {
+        self.rng.next_u64() % n.max(1)
+    }
+
+    fn note(&mut self, line: String) {
+        self.log.push(line);
+    }
+
+    fn reach(&self, c: &ComponentPlacement) -> Result<usize, ComponentError> {
+        let host = host_index(&c.host);
+        if self.up[host] {
+            Ok(host)
+        } else {
+            Err(ComponentError::Unreachable {
+                component: c.id,
+                host: c.host.clone(),
+                detail: "host is down".into(),
+            })
+        }
+    }
+
+    /// Stores `tags` at `lba` of `c` (0: a hole), as a copy does.
+    fn apply(
+        &mut self,
+        c: &ComponentPlacement,
+        lba: u64,
+        tags: &[u64],
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.reach(c)?;
+        let (fencing, durable) = (self.epoch_fencing, self.write_before_ack);
+        let copy = self.copies.get_mut(&c.id).ok_or(ComponentError::NotFound {
+            component: c.id,
+            host: c.host.clone(),
+        })?;
+        if fencing && epoch < copy.epoch {
+            return Err(ComponentError::StaleEpoch {
+                component: c.id,
+                epoch,
+                highest: copy.epoch,
+            });
+        }
+        copy.epoch = copy.epoch.max(epoch);
+        for (i, &tag) in tags.iter().enumerate() {
+            let block = lba + i as u64;
+            let before = if tag == 0 {
+                copy.blocks.remove(&block)
+            } else {
+                copy.blocks.insert(block, tag)
+            };
+            if !durable {
+                copy.unsynced.push((block, before));
+            }
+        }
+        Ok(())
+    }
+
+    /// Host `h` crashes: writes its copies acknowledged before they were
+    /// durable are lost.
+    fn crash(&mut self, h: usize) {
+        self.up[h] = false;
+        for copy in self.copies.values_mut().filter(|c| c.host == h) {
+            for (block, before) in copy.unsynced.drain(..).rev() {
+                match before {
+                    Some(tag) => copy.blocks.insert(block, tag),
+                    None => copy.blocks.remove(&block),
+                };
+            }
+        }
+    }
+
+    /// What a copy acknowledged becomes durable (its device synced).
+    fn sync_all(&mut self) {
+        for copy in self.copies.values_mut() {
+            copy.unsynced.clear();
+        }
+    }
+}
+
+fn host_index(h: &HostId) -> usize {
+    h.as_str()
+        .trim_start_matches("host-")
+        .parse()
+        .expect("a simulated host")
+}
+
+/// The tag a 4 KiB block of data carries (its first 8 bytes).
+fn tag_of(block: &[u8]) -> u64 {
+    u64::from_le_bytes(block[..8].try_into().expect("a whole block"))
+}
+
+fn block_of(tag: u64) -> Bytes {
+    let mut b = BytesMut::zeroed(BLOCK_BYTES as usize);
+    if tag != 0 {
+        for chunk in b.chunks_mut(8) {
+            chunk.copy_from_slice(&tag.to_le_bytes());
+        }
+    }
+    b.freeze()
+}
+
+/// The copies as the coordinator reaches them: through the simulated
+/// network.
+struct SimComponents {
+    hosts: Arc<Mutex<Hosts>>,
+}
+
+impl SimComponents {
+    /// Waits a seeded number of scheduler turns: a message on its way.
+    async fn hop(&self) {
+        let turns = self.hosts.lock().below(4);
+        for _ in 0..turns {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Sends a change to a copy: delivered even if the caller stops
+    /// waiting (a message on the wire arrives anyway).
+    async fn send(
+        &self,
+        c: &ComponentPlacement,
+        lba: u64,
+        tags: Vec<u64>,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let hosts = Arc::clone(&self.hosts);
+        let c = c.clone();
+        tokio::spawn(async move {
+            let link = SimComponents { hosts };
+            link.hop().await;
+            let result = link.hosts.lock().apply(&c, lba, &tags, epoch);
+            link.hop().await;
+            let _ = tx.send(result);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(ComponentError::Io {
+                component: ComponentId(0),
+                detail: "simulation ended".into(),
+            })
+        })
+    }
+}
+
+#[async_trait]
+impl ComponentIo for SimComponents {
+    async fn write(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        data: Bytes,
+        epoch: Epoch,
+        _class: IoClass,
+    ) -> Result<(), ComponentError> {
+        let tags = data.chunks(BLOCK_BYTES as usize).map(tag_of).collect();
+        self.send(component, lba.0, tags, epoch).await
+    }
+
+    async fn read(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        blocks: u32,
+        _class: IoClass,
+    ) -> Result<Bytes, ComponentError> {
+        self.hop().await;
+        let data = {
+            let hosts = self.hosts.lock();
+            hosts.reach(component)?;
+            let copy = hosts
+                .copies
+                .get(&component.id)
+                .ok_or(ComponentError::NotFound {
+                    component: component.id,
+                    host: component.host.clone(),
+                })?;
+            let mut out = BytesMut::with_capacity(blocks as usize * BLOCK_BYTES as usize);
+            for b in lba.0..lba.0 + u64::from(blocks) {
+                out.extend_from_slice(&block_of(copy.blocks.get(&b).copied().unwrap_or(0)));
+            }
+            out.freeze()
+        };
+        self.hop().await;
+        Ok(data)
+    }
+
+    async fn unmap(
+        &self,
+        component: &ComponentPlacement,
+        lba: Lba,
+        blocks: u64,
+        epoch: Epoch,
+        _class: IoClass,
+    ) -> Result<(), ComponentError> {
+        self.send(component, lba.0, vec![0; blocks as usize], epoch)
+            .await
+    }
+
+    async fn allocated(
+        &self,
+        component: &ComponentPlacement,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError> {
+        self.hop().await;
+        let hosts = self.hosts.lock();
+        hosts.reach(component)?;
+        let mut runs: Vec<(Lba, u64)> = Vec::new();
+        if let Some(copy) = hosts.copies.get(&component.id) {
+            for (&b, _) in copy.blocks.range(from.0..from.0 + blocks) {
+                match runs.last_mut() {
+                    Some((start, n)) if start.0 + *n == b => *n += 1,
+                    _ => runs.push((Lba(b), 1)),
+                }
+            }
+        }
+        Ok(runs)
+    }
+
+    async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError> {
+        Err(ComponentError::NotShared {
+            component: clone.target.id,
+            host: clone.target.host.clone(),
+            detail: "the simulated copies share nothing".into(),
+        })
+    }
+
+    async fn fence(
+        &self,
+        component: &ComponentPlacement,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.hop().await;
+        let mut hosts = self.hosts.lock();
+        hosts.reach(component)?;
+        if let Some(copy) = hosts.copies.get_mut(&component.id) {
+            copy.epoch = copy.epoch.max(epoch);
+        }
+        Ok(())
+    }
+
+    async fn create(
+        &self,
+        component: &ComponentPlacement,
+        _reserve_bytes: u64,
+    ) -> Result<(), ComponentError> {
+        let mut hosts = self.hosts.lock();
+        let host = hosts.reach(component)?;
+        hosts.copies.entry(component.id).or_insert(Copy {
+            host,
+            ..Copy::default()
+        });
+        Ok(())
+    }
+
+    async fn resize(
+        &self,
+        component: &ComponentPlacement,
+        _size_bytes: u64,
+    ) -> Result<(), ComponentError> {
+        self.hosts.lock().reach(component).map(|_| ())
+    }
+
+    async fn delete(&self, component: &ComponentPlacement) -> Result<(), ComponentError> {
+        self.hosts.lock().copies.remove(&component.id);
+        Ok(())
+    }
+
+    async fn status(
+        &self,
+        component: &ComponentPlacement,
+    ) -> Result<ComponentStatus, ComponentError> {
+        let hosts = self.hosts.lock();
+        hosts.reach(component)?;
+        let copy = hosts.copies.get(&component.id);
+        let allocated = copy.map_or(0, |c| c.blocks.len() as u64 * BLOCK_BYTES);
+        Ok(ComponentStatus {
+            epoch: copy.map_or(Epoch(0), |c| c.epoch),
+            allocated_bytes: allocated,
+            physical_bytes: allocated,
+        })
+    }
+}
+
+/// The directory's records of the volume.
+struct Directory {
+    owner_epoch: Epoch,
+    layout: Layout,
+    dirty: Option<DirtyRecord>,
+    record_dirty_regions: bool,
+}
+
+/// One owner's way to the directory, fenced by its epoch.
+struct SimRecorder {
+    directory: Arc<Mutex<Directory>>,
+    epoch: Epoch,
+}
+
+impl SimRecorder {
+    fn store_dirty(d: &mut Directory, dirty: &DirtyRecord) {
+        let mut dirty = dirty.clone();
+        if !d.record_dirty_regions {
+            // The protection switched off: a copy that is behind is
+            // recorded as having missed nothing.
+            for c in &mut dirty.components {
+                c.regions = RecordedDirty::empty(c.regions.blocks);
+            }
+        }
+        d.dirty = Some(dirty);
+    }
+}
+
+#[async_trait]
+impl LayoutRecorder for SimRecorder {
+    async fn record(&self, layout: &Layout, dirty: &DirtyRecord) -> Result<(), String> {
+        tokio::task::yield_now().await;
+        let mut d = self.directory.lock();
+        if d.owner_epoch != self.epoch {
+            return Err(format!("owned at {} now", d.owner_epoch));
+        }
+        d.layout = layout.clone();
+        Self::store_dirty(&mut d, dirty);
+        Ok(())
+    }
+
+    async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String> {
+        tokio::task::yield_now().await;
+        let mut d = self.directory.lock();
+        if d.owner_epoch != self.epoch {
+            return Err(format!("owned at {} now", d.owner_epoch));
+        }
+        Self::store_dirty(&mut d, dirty);
+        Ok(())
+    }
+}
+
+/// What each block may read as.
+#[derive(Default)]
+struct Expected {
+    /// The last acknowledged write (0: never written).
+    acknowledged: u64,
+    /// Later writes whose outcome is unknown.
+    unknown: BTreeSet<u64>,
+}
+
+/// A client operation under way.
+struct InFlight {
+    write: bool,
+    lba: u64,
+    blocks: u64,
+    tag: u64,
+    task: tokio::task::JoinHandle<Result<Option<Bytes>, String>>,
+}
+
+struct World {
+    seed: u64,
+    config: DataPathConfig,
+    hosts: Arc<Mutex<Hosts>>,
+    directory: Arc<Mutex<Directory>>,
+    owner: Arc<Coordinator>,
+    expected: BTreeMap<u64, Expected>,
+    in_flight: Vec<InFlight>,
+    resyncs: Vec<tokio::task::JoinHandle<bool>>,
+    /// Resyncs of owners that were replaced, still running.
+    zombies: Vec<tokio::task::JoinHandle<bool>>,
+    next_tag: u64,
+    step: u64,
+    report: DataPathReport,
+}
+
+fn placement(id: u64, role: ComponentRole, host: usize) -> ComponentPlacement {
+    ComponentPlacement {
+        id: ComponentId(id),
+        role,
+        host: HostId(format!("host-{host}")),
+        disk_group: DiskGroupId("dg0".into()),
+        fault_domain: FaultDomainId(format!("fd-{host}")),
+        votes: 1,
+        size_bytes: if role == ComponentRole::Data {
+            VOLUME_BLOCKS * BLOCK_BYTES
+        } else {
+            0
+        },
+        state: ComponentState::Active,
+    }
+}
+
+impl World {
+    fn violation(&self, what: String) -> Violation {
+        let log = &self.hosts.lock().log;
+        Violation {
+            seed: self.seed,
+            tick: self.step,
+            what,
+            trace: log[log.len().saturating_sub(60)..].to_vec(),
+            replay: "tessera_sim::data_path::run_data_path",
+        }
+    }
+
+    fn note(&self, line: String) {
+        self.hosts.lock().note(line);
+    }
+
+    fn below(&self, n: u64) -> u64 {
+        self.hosts.lock().below(n)
+    }
+
+    /// A new owner takes the volume at the next epoch from the directory.
+    async fn take_over(&mut self) -> Result<(), Violation> {
+        let (layout, dirty, epoch) = {
+            let mut d = self.directory.lock();
+            d.owner_epoch = Epoch(d.owner_epoch.0 + 1);
+            (d.layout.clone(), d.dirty.clone(), d.owner_epoch)
+        };
+        let io = Arc::new(SimComponents {
+            hosts: Arc::clone(&self.hosts),
+        });
+        let recorder = Arc::new(SimRecorder {
+            directory: Arc::clone(&self.directory),
+            epoch,
+        });
+        match Coordinator::take_over_cached(
+            layout,
+            dirty,
+            epoch,
+            1,
+            io,
+            recorder,
+            &HostShared::alone(),
+        )
+        .await
+        {
+            Ok(c) => {
+                self.owner = c;
+                self.report.takeovers += 1;
+                self.note(format!("owner at {epoch}: {:?}", self.owner.dirty_bytes()));
+                Ok(())
+            }
+            Err(e) => Err(self.violation(format!("take-over at {epoch} failed: {e}"))),
+        }
+    }
+
+    /// Starts a resync of every copy behind whose host is up (as the
+    /// owner's control loop does).
+    fn start_resyncs(&mut self) {
+        if !self.resyncs.is_empty() {
+            return;
+        }
+        let up = self.hosts.lock().up;
+        for c in self.owner.components_behind() {
+            if c.role != ComponentRole::Data || !up[host_index(&c.host)] {
+                continue;
+            }
+            let owner = Arc::clone(&self.owner);
+            self.note(format!("resync of {} starts", c.id));
+            self.resyncs.push(tokio::spawn(async move {
+                owner.resync(c.id, &ResyncProgress::default()).await.is_ok()
+            }));
+        }
+    }
+
+    /// Whether a crash of host `h` leaves an Active data copy on a host
+    /// that is up.
+    fn other_copy_whole(&self, h: usize) -> bool {
+        let up = self.hosts.lock().up;
+        self.owner.layout().columns[0].copies.iter().any(|c| {
+            let host = host_index(&c.host);
+            host != h && up[host] && c.state == ComponentState::Active
+        })
+    }
+
+    /// Host `h` is back (its lease renewed): its witness votes again and
+    /// its copies are resynced, as the owner's control loop has it.
+    async fn returned(&mut self, h: usize) {
+        let host = HostId(format!("host-{h}"));
+        let absent_witness = self
+            .owner
+            .layout()
+            .witnesses
+            .iter()
+            .any(|w| w.host == host && w.state != ComponentState::Active);
+        if absent_witness {
+            let _ = self.owner.witness_present(&host).await;
+        }
+        self.start_resyncs();
+    }
+
+    async fn fault(&mut self) -> Result<(), Violation> {
+        match self.below(4) {
+            0 | 1 => {
+                let h = self.below(HOSTS as u64) as usize;
+                let up = self.hosts.lock().up[h];
+                if up && !self.other_copy_whole(h) {
+                    self.note(format!("host-{h} stays up: the other copy is behind"));
+                } else if up {
+                    self.hosts.lock().crash(h);
+                    self.report.crashes += 1;
+                    self.note(format!("host-{h} crashes"));
+                    // Its lease lapses: the owner records its copies absent.
+                    let _ = self.owner.host_absent(&HostId(format!("host-{h}"))).await;
+                } else {
+                    self.hosts.lock().up[h] = true;
+                    self.note(format!("host-{h} returns"));
+                    self.returned(h).await;
+                }
+            }
+            2 => {
+                // The owner is replaced between client requests, without
+                // learning it at once: its resyncs go on, as those of an
+                // owner cut off from the directory do, until their next
+                // record is refused.
+                self.settle_clients().await?;
+                self.zombies.append(&mut self.resyncs);
+                self.note("owner replaced".into());
+                self.take_over().await?;
+                self.start_resyncs();
+            }
+            _ => {
+                self.hosts.lock().sync_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a few client operations on blocks no operation under way
+    /// touches.
+    fn start_clients(&mut self) {
+        for _ in 0..1 + self.below(3) {
+            let blocks = 1 + self.below(4);
+            let lba = self.below(VOLUME_BLOCKS - blocks);
+            let busy = self
+                .in_flight
+                .iter()
+                .any(|f| f.lba < lba + blocks && lba < f.lba + f.blocks);
+            if busy {
+                continue;
+            }
+            let owner = Arc::clone(&self.owner);
+            let offset = lba * BLOCK_BYTES;
+            if self.below(3) < 2 {
+                self.next_tag += 1;
+                let tag = self.next_tag;
+                let mut data = BytesMut::new();
+                for _ in 0..blocks {
+                    data.extend_from_slice(&block_of(tag));
+                }
+                let data = data.freeze();
+                self.note(format!("write {tag} at {lba}+{blocks}"));
+                let task = tokio::spawn(async move {
+                    owner
+                        .write(offset, data, WriteFlags::default())
+                        .await
+                        .map(|_| None)
+                        .map_err(|e| e.to_string())
+                });
+                self.in_flight.push(InFlight {
+                    write: true,
+                    lba,
+                    blocks,
+                    tag,
+                    task,
+                });
+            } else {
+                let task = tokio::spawn(async move {
+                    owner
+                        .read(offset, blocks * BLOCK_BYTES)
+                        .await
+                        .map(Some)
+                        .map_err(|e| e.to_string())
+                });
+                self.in_flight.push(InFlight {
+                    write: false,
+                    lba,
+                    blocks,
+                    tag: 0,
+                    task,
+                });
+            }
+        }
+    }
+
+    /// Checks a read's blocks against the oracle.
+    fn check_read(&mut self, lba: u64, data: &[u8], what: &str) -> Result<(), Violation> {
+        for (i, block) in data.chunks(BLOCK_BYTES as usize).enumerate() {
+            let b = lba + i as u64;
+            let tag = tag_of(block);
+            let e = self.expected.entry(b).or_default();
+            self.report.blocks_checked += 1;
+            if tag != e.acknowledged && !e.unknown.contains(&tag) {
+                let (ack, unknown) = (e.acknowledged, e.unknown.clone());
+                return Err(self.violation(format!(
+                    "{what}: block {b} reads as write {tag}, but the last acknowledged write to it is {ack} (unknown outcome: {unknown:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in the client operations that ended.
+    async fn collect(&mut self, all: bool) -> Result<(), Violation> {
+        let mut i = 0;
+        while i < self.in_flight.len() {
+            if !all && !self.in_flight[i].task.is_finished() {
+                i += 1;
+                continue;
+            }
+            let f = self.in_flight.swap_remove(i);
+            let result = f
+                .task
+                .await
+                .unwrap_or_else(|e| Err(format!("task ended: {e}")));
+            match (f.write, result) {
+                (true, Ok(_)) => {
+                    self.report.writes_acknowledged += 1;
+                    self.note(format!("write {} acknowledged", f.tag));
+                    for b in f.lba..f.lba + f.blocks {
+                        let e = self.expected.entry(b).or_default();
+                        e.acknowledged = f.tag;
+                        e.unknown.clear();
+                    }
+                }
+                (true, Err(why)) => {
+                    self.report.writes_failed += 1;
+                    self.note(format!("write {} failed: {why}", f.tag));
+                    for b in f.lba..f.lba + f.blocks {
+                        self.expected.entry(b).or_default().unknown.insert(f.tag);
+                    }
+                }
+                (false, Ok(Some(data))) => self.check_read(f.lba, &data, "a read")?,
+                (false, _) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every client operation under way end.
+    async fn settle_clients(&mut self) -> Result<(), Violation> {
+        self.collect(true).await
+    }
+
+    async fn take_in_resyncs(&mut self, all: bool) {
+        let mut i = 0;
+        while i < self.resyncs.len() {
+            if !all && !self.resyncs[i].is_finished() {
+                i += 1;
+                continue;
+            }
+            let r = self.resyncs.swap_remove(i);
+            if r.await.unwrap_or(false) {
+                self.report.resyncs += 1;
+                self.note("resync done".into());
+            }
+        }
+    }
+
+    async fn step(&mut self) -> Result<(), Violation> {
+        self.step += 1;
+        if self.below(1000) < self.config.fault_per_mille {
+            self.fault().await?;
+        }
+        self.start_clients();
+        for _ in 0..1 + self.below(12) {
+            tokio::task::yield_now().await;
+        }
+        self.collect(false).await?;
+        self.take_in_resyncs(false).await;
+        Ok(())
+    }
+
+    /// Faults off: every host up, every copy resynced; then the copies
+    /// must agree with each other and with the oracle.
+    async fn heal(&mut self) -> Result<(), Violation> {
+        self.settle_clients().await?;
+        for z in self.zombies.drain(..) {
+            let _ = z.await;
+        }
+        {
+            let mut h = self.hosts.lock();
+            h.up = [true; HOSTS];
+            h.sync_all();
+        }
+        self.note("every host up".into());
+        for h in 0..HOSTS {
+            self.returned(h).await;
+        }
+        for _ in 0..20 {
+            self.take_in_resyncs(true).await;
+            if self.owner.components_behind().is_empty() {
+                break;
+            }
+            self.start_resyncs();
+        }
+        self.take_in_resyncs(true).await;
+        let layout = self.owner.layout();
+        if let Some(c) = layout
+            .components()
+            .find(|c| c.state != ComponentState::Active)
+        {
+            return Err(self.violation(format!(
+                "after healing, component {} is {:?}",
+                c.id, c.state
+            )));
+        }
+        let copies: Vec<ComponentId> = layout.columns[0].copies.iter().map(|c| c.id).collect();
+        let blocks: Vec<BTreeMap<u64, u64>> = {
+            let h = self.hosts.lock();
+            copies
+                .iter()
+                .map(|id| {
+                    h.copies
+                        .get(id)
+                        .map(|c| c.blocks.clone())
+                        .unwrap_or_default()
+                })
+                .collect()
+        };
+        if let Some(b) = (0..VOLUME_BLOCKS).find(|b| blocks[0].get(b) != blocks[1].get(b)) {
+            return Err(self.violation(format!(
+                "after healing, the copies differ at block {b}: {:?} and {:?}",
+                blocks[0].get(&b),
+                blocks[1].get(&b)
+            )));
+        }
+        let everything = self.owner.read(0, VOLUME_BLOCKS * BLOCK_BYTES).await;
+        match everything {
+            Ok(data) => self.check_read(0, &data, "the read after healing"),
+            Err(e) => Err(self.violation(format!("the read after healing failed: {e}"))),
+        }
+    }
+}
+
+/// Runs one simulation of the data path; the same seed and configuration
+/// give the same run.
+pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathReport, Violation> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime for the simulation");
+    let config = config.clone();
+    runtime.block_on(async move {
+        let hosts = Arc::new(Mutex::new(Hosts {
+            up: [true; HOSTS],
+            copies: BTreeMap::new(),
+            rng: SeededRng::new(seed),
+            write_before_ack: config.write_before_ack,
+            epoch_fencing: config.epoch_fencing,
+            log: Vec::new(),
+        }));
+        let layout = Layout {
+            volume: VolumeId("vol".into()),
+            size_bytes: VOLUME_BLOCKS * BLOCK_BYTES,
+            stripe_unit_bytes: VOLUME_BLOCKS * BLOCK_BYTES,
+            columns: vec![Mirror {
+                copies: vec![
+                    placement(1, ComponentRole::Data, 0),
+                    placement(2, ComponentRole::Data, 1),
+                ],
+            }],
+            witnesses: vec![placement(3, ComponentRole::Witness, 2)],
+            generation: 1,
+        };
+        {
+            let mut h = hosts.lock();
+            for c in layout.components() {
+                h.copies.insert(
+                    c.id,
+                    Copy {
+                        host: host_index(&c.host),
+                        ..Copy::default()
+                    },
+                );
+            }
+        }
+        let directory = Arc::new(Mutex::new(Directory {
+            owner_epoch: Epoch(0),
+            layout,
+            dirty: None,
+            record_dirty_regions: config.record_dirty_regions,
+        }));
+        let first = {
+            let io = Arc::new(SimComponents {
+                hosts: Arc::clone(&hosts),
+            });
+            let layout = directory.lock().layout.clone();
+            directory.lock().owner_epoch = Epoch(1);
+            let recorder = Arc::new(SimRecorder {
+                directory: Arc::clone(&directory),
+                epoch: Epoch(1),
+            });
+            Coordinator::take_over(layout, Epoch(1), 1, io, recorder)
+                .await
+                .expect("the first owner")
+        };
+        let mut world = World {
+            seed,
+            config: config.clone(),
+            hosts,
+            directory,
+            owner: first,
+            expected: BTreeMap::new(),
+            in_flight: Vec::new(),
+            resyncs: Vec::new(),
+            zombies: Vec::new(),
+            next_tag: 0,
+            step: 0,
+            report: DataPathReport::default(),
+        };
+        for _ in 0..config.steps {
+            world.step().await?;
+        }
+        world.heal().await?;
+        let digest = {
+            let h = world.hosts.lock();
+            h.log.iter().fold(0xcbf2_9ce4_8422_2325u64, |acc, line| {
+                line.bytes()
+                    .fold(acc, |a, b| (a ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+            })
+        };
+        world.report.digest = digest;
+        Ok(world.report)
+    })
+}
