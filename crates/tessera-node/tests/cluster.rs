@@ -642,8 +642,43 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
 /// Fails a device of the disk group holding `volume`'s copy on a host that
 /// does not own it while fio verifies, and waits for the copy to be rebuilt
 /// elsewhere; the repair delay is an hour, so only the failure can start it.
-async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: usize) {
-    let view = cluster.create(volume, 128 << 20).await;
+/// `ftt` 1 uses the default policy; 2 a policy of its own.
+async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: usize, ftt: u8) {
+    let policy = (ftt != 1).then(|| format!("ftt{ftt}"));
+    if let Some(name) = &policy {
+        cluster
+            .control
+            .create_policy(CreatePolicy {
+                name: name.clone(),
+                failures_to_tolerate: ftt,
+                stripe_width: 1,
+                space_reservation_pct: 0,
+                qos: Default::default(),
+            })
+            .await
+            .unwrap();
+    }
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: volume.into(),
+            size_bytes: 128 << 20,
+            policy,
+            block_bytes: None,
+        })
+        .await
+        .unwrap();
+    let view = cluster
+        .wait_for(volume, "an owner and healthy copies", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let copies = view
+        .components
+        .iter()
+        .filter(|c| c.role == ComponentRole::Data)
+        .count();
+    assert_eq!(copies, usize::from(ftt) + 1, "{view:#?}");
     let owner = view.owner.clone().unwrap();
     let lost = view
         .components
@@ -684,12 +719,19 @@ async fn a_copy_on_a_failed_cache_device_or_capacity_device_is_rebuilt_at_once()
     // fault domain for an FTT=1 volume's rebuild.
     // The cache device: the whole disk group is lost.
     let cluster = Cluster::start_faulty(3600).await;
-    fail_a_copy_device_under_fio(&cluster, "cache-lost", 0).await;
+    fail_a_copy_device_under_fio(&cluster, "cache-lost", 0, 1).await;
     cluster.stop().await;
     // The capacity device (the disk group's only one): the components on
     // it are lost.
     let cluster = Cluster::start_faulty(3600).await;
-    fail_a_copy_device_under_fio(&cluster, "capacity-lost", 1).await;
+    fail_a_copy_device_under_fio(&cluster, "capacity-lost", 1, 1).await;
+    cluster.stop().await;
+    // FTT=2 (three copies, two witnesses): six hosts leave one spare.
+    let cluster = Cluster::start_faulty_hosts(6, 3600).await;
+    fail_a_copy_device_under_fio(&cluster, "ftt2-cache-lost", 0, 2).await;
+    cluster.stop().await;
+    let cluster = Cluster::start_faulty_hosts(6, 3600).await;
+    fail_a_copy_device_under_fio(&cluster, "ftt2-capacity-lost", 1, 2).await;
     cluster.stop().await;
     // A host that does not accept fault injection refuses it.
     let plain = Cluster::start(3600).await;
