@@ -537,6 +537,17 @@ impl Keyspace {
         self.prefix(&["attachments"])
     }
 
+    /// Where the scrub pass of a host's disk group is, so a restarted host
+    /// goes on from there.
+    pub fn scrub_position(&self, host: &HostId, disk_group: &DiskGroupId) -> Key<ScrubPosition> {
+        self.key(&["scrub-positions", host.as_str(), disk_group.as_str()])
+    }
+
+    /// The scrub positions of one host's disk groups.
+    pub fn scrub_positions_of(&self, host: &HostId) -> Prefix<ScrubPosition> {
+        self.prefix(&["scrub-positions", host.as_str()])
+    }
+
     /// The disk groups of a host being evacuated.
     pub fn evacuation(&self, host: &HostId) -> Key<EvacuationRecord> {
         self.key(&["evacuations", host.as_str()])
@@ -546,6 +557,22 @@ impl Keyspace {
     pub fn evacuations(&self) -> Prefix<EvacuationRecord> {
         self.prefix(&["evacuations"])
     }
+}
+
+/// Where a scheduled scrub pass of one disk group is: the next block it
+/// checks (components in id order, each one's blocks in order). Written by
+/// the host as the pass goes and removed when it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubPosition {
+    /// The host.
+    pub host: HostId,
+    /// The disk group.
+    pub disk_group: DiskGroupId,
+    /// The component the pass is in.
+    pub component: ComponentId,
+    /// The next block of it to check.
+    pub lba: u64,
 }
 
 /// Disk groups of one host being emptied before maintenance (vSAN's

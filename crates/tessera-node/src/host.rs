@@ -635,6 +635,11 @@ impl Host {
         Ok(())
     }
 
+    /// The directory this host works with, and its cluster's keys there.
+    pub fn directory(&self) -> (&Arc<dyn Directory>, &Keyspace) {
+        (&self.directory, &self.keys)
+    }
+
     /// Starts a scrub pass of every disk group of this host now (at
     /// [`SCRUB_NOW_RATE`]), in place of a scheduled pass under way; bad
     /// blocks it finds are rewritten by their volumes' owners.

@@ -317,6 +317,74 @@ async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
     cluster.stop().await;
 }
 
+/// A scheduled scrub pass that a restart cut off goes on from the position
+/// it recorded: a bit flipped past that position is found and repaired at
+/// once after the restart, one before it is left for the next pass (which
+/// a pass asked for then finds), and the position is gone once the pass
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scrub_pass_cut_off_by_a_restart_goes_on_from_its_recorded_position() {
+    let cluster = Cluster::start_faulty(3600).await;
+    let view = cluster.create("sr", 64 << 20).await;
+    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    write_mib(&coordinator, 8, 5).await;
+    let volume = tessera_types::VolumeId("sr".into());
+    let host = cluster.host(&replica_host);
+    for lba in [100, 1500] {
+        host.damage_block(&volume, tessera_types::Lba(lba))
+            .await
+            .expect("the block is damaged");
+    }
+    let (directory, keys) = host.directory();
+    let (directory, keys) = (Arc::clone(directory), keys.clone());
+    let dg = tessera_types::DiskGroupId("dg0".into());
+    let position = keys.scrub_position(&host.id().clone(), &dg);
+    tessera_directory::keys::put(
+        directory.as_ref(),
+        &position,
+        &tessera_directory::keys::ScrubPosition {
+            host: host.id().clone(),
+            disk_group: dg.clone(),
+            component: replica,
+            lba: 1024,
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    drop(host);
+    cluster.control.stop_host(&replica_host).await.unwrap();
+    cluster.control.start_host(&replica_host).await.unwrap();
+    let host = cluster.host(&replica_host);
+    let passes = |h: &Host| h.scrubs().iter().map(|s| s.passes).sum::<u64>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while passes(&host) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut-off pass did not go on: {:#?}",
+            host.scrubs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = host.scrubs().into_iter().find(|r| r.passes > 0).unwrap();
+    assert_eq!((row.bad_blocks, row.repaired_blocks), (1, 1), "{row:?}");
+    assert_eq!(row.checked_blocks, row.total_blocks, "{row:?}");
+    let left = tessera_directory::keys::get(directory.as_ref(), &position)
+        .await
+        .unwrap();
+    assert!(left.is_none(), "the ended pass's position is removed");
+    host.scrub_now();
+    while passes(&host) < 2 {
+        assert!(std::time::Instant::now() < deadline, "{:#?}", host.scrubs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = host.scrubs().into_iter().find(|r| r.passes > 1).unwrap();
+    assert_eq!((row.bad_blocks, row.repaired_blocks), (1, 2), "{row:?}");
+    let report = cluster.control.verify_object("sr").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    cluster.stop().await;
+}
+
 /// A host stopped on purpose makes the owner's first resync attempt fail
 /// (the host still looks live until its lease lapses); the row then waits
 /// for the host, and once the host is back and the retry succeeded the

@@ -106,6 +106,8 @@ pub(crate) struct ScrubCounters {
     pub(crate) done: AtomicU64,
     pub(crate) total: AtomicU64,
     pub(crate) errors: AtomicU64,
+    /// The next block the running (or last) pass checks.
+    pub(crate) cursor: Mutex<crate::scrub::ScrubCursor>,
 }
 
 /// Capacity device `device` of a group's devices (device 0 is the cache

@@ -56,7 +56,7 @@ pub use group::{
     DiskGroupHealth, DiskGroupSpace, GroupDevices, LogStats,
 };
 pub use recovery::COMPONENTS_MAX;
-pub use scrub::{BadBlock, ScrubProgress, ScrubReport};
+pub use scrub::{BadBlock, ScrubCursor, ScrubProgress, ScrubReport};
 
 /// Most blocks [`DiskGroup::clone_blocks`] shares in one call: bounds the log
 /// entries (56 bytes each) one request holds.

@@ -2,10 +2,13 @@
 //! against its CRC32C and reports each bad block with its component, LBA and
 //! physical location, so the coordinator can rewrite it from another copy.
 //!
-//! Owns: scrub pacing and progress. It reads through the same plan as a
-//! client read (so it checks exactly what a client would get) and takes each
-//! component's read lock a chunk at a time, so client writes wait at most one
-//! chunk. Throttled to a block rate given by the caller.
+//! Owns: scrub pacing, progress and position. It reads through the same
+//! plan as a client read (so it checks exactly what a client would get) and
+//! takes each component's read lock a chunk at a time, so client writes wait
+//! at most one chunk. Throttled to a block rate given by the caller. A pass
+//! walks components in id order and each one's blocks in LBA order, so its
+//! position ([`ScrubCursor`]) says what is left, and a pass can start from
+//! one (its caller keeps it across restarts).
 
 use crate::group::DiskGroup;
 use crate::state::Source;
@@ -32,6 +35,25 @@ pub struct BadBlock {
     pub problem: String,
 }
 
+/// Where a scrub pass is: the next block it checks. Components are walked
+/// in id order, each one's blocks in LBA order; the default is the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ScrubCursor {
+    /// The component.
+    pub component: ComponentId,
+    /// The block of it.
+    pub lba: Lba,
+}
+
+impl Default for ScrubCursor {
+    fn default() -> ScrubCursor {
+        ScrubCursor {
+            component: ComponentId(0),
+            lba: Lba(0),
+        }
+    }
+}
+
 /// Scrub progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ScrubProgress {
@@ -43,6 +65,8 @@ pub struct ScrubProgress {
     pub blocks_total: u64,
     /// Bad blocks found so far.
     pub errors: u64,
+    /// The next block the pass checks (where a stopped pass would go on).
+    pub cursor: ScrubCursor,
 }
 
 /// Result of a scrub pass.
@@ -63,28 +87,53 @@ impl DiskGroup {
             blocks_done: s.done.load(Ordering::Relaxed),
             blocks_total: s.total.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
+            cursor: *s.cursor.lock(),
         }
     }
 
     /// Checks every allocated block at no more than `blocks_per_second`
     /// (0 = unthrottled) and reports the bad ones.
     pub async fn scrub(&self, blocks_per_second: u64) -> Result<ScrubReport, StoreError> {
+        self.scrub_from(ScrubCursor::default(), blocks_per_second)
+            .await
+    }
+
+    /// [`DiskGroup::scrub`] from `from` on: the blocks before it count as
+    /// checked (an earlier run of the pass checked them) and are not read.
+    pub async fn scrub_from(
+        &self,
+        from: ScrubCursor,
+        blocks_per_second: u64,
+    ) -> Result<ScrubReport, StoreError> {
         let counters = &self.shared().scrub;
-        let components: Vec<(ComponentId, u64)> = self
+        let mut components: Vec<(ComponentId, u64, u64)> = self
             .components()
             .into_iter()
             .filter(|c| c.failed.is_none())
-            .map(|c| (c.id, c.size_bytes / BLOCK_BYTES))
+            .map(|c| {
+                (
+                    c.id,
+                    c.size_bytes / BLOCK_BYTES,
+                    c.space.allocated_bytes / BLOCK_BYTES,
+                )
+            })
             .collect();
-        let total: u64 = self
-            .components()
+        components.sort_unstable_by_key(|c| c.0);
+        let total: u64 = components.iter().map(|c| c.2).sum();
+        let mut before: u64 = components
             .iter()
-            .filter(|c| c.failed.is_none())
-            .map(|c| c.space.allocated_bytes / BLOCK_BYTES)
+            .filter(|c| c.0 < from.component)
+            .map(|c| c.2)
             .sum();
+        if from.lba.0 > 0 {
+            if let Ok(runs) = self.allocated(from.component, Lba(0), from.lba.0).await {
+                before += runs.iter().map(|(_, n)| n).sum::<u64>();
+            }
+        }
         counters.total.store(total, Ordering::Relaxed);
-        counters.done.store(0, Ordering::Relaxed);
+        counters.done.store(before.min(total), Ordering::Relaxed);
         counters.errors.store(0, Ordering::Relaxed);
+        *counters.cursor.lock() = from;
         counters.running.store(true, Ordering::Relaxed);
         // A pass dropped half way (its caller stopped it) is not running.
         struct Ends<'a>(&'a std::sync::atomic::AtomicBool);
@@ -97,8 +146,15 @@ impl DiskGroup {
         let started = Instant::now();
         let mut report = ScrubReport::default();
         let result = async {
-            for (id, blocks) in components {
-                let runs = match self.allocated(id, Lba(0), blocks).await {
+            for (id, blocks, _) in components {
+                if id < from.component {
+                    continue;
+                }
+                let first = if id == from.component { from.lba.0 } else { 0 };
+                let runs = match self
+                    .allocated(id, Lba(first), blocks.saturating_sub(first))
+                    .await
+                {
                     Ok(r) => r,
                     Err(StoreError::NoSuchComponent { .. }) => continue,
                     Err(e) => return Err(e),
@@ -120,6 +176,10 @@ impl DiskGroup {
                         report.blocks_checked += k;
                         counters.done.fetch_add(k, Ordering::Relaxed);
                         at += k;
+                        *counters.cursor.lock() = ScrubCursor {
+                            component: id,
+                            lba: Lba(at),
+                        };
                         if blocks_per_second > 0 {
                             let due = Duration::from_secs_f64(
                                 report.blocks_checked as f64 / blocks_per_second as f64,

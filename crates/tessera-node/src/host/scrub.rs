@@ -13,7 +13,11 @@
 //! [`SCRUB_MIN_RATE`]); a pass asked for now runs at [`SCRUB_NOW_RATE`] and
 //! replaces a scheduled pass under way; a bad block is repaired only
 //! through its volume's owner, and one that could not be is counted and
-//! found again by the next pass.
+//! found again by the next pass. A scheduled pass records its position in
+//! the directory every [`POSITION_RECORD_EVERY`] and removes it when it
+//! ends; a host that starts with a position recorded goes on from there at
+//! once (a week-long pass is not started over by a restart). A pass asked
+//! for now starts at the beginning.
 
 use super::Host;
 use parking_lot::Mutex;
@@ -22,8 +26,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tessera_store::{BadBlock, DiskGroup, DiskGroupHealth};
-use tessera_types::{DiskGroupId, BLOCK_BYTES};
+use tessera_directory::keys;
+use tessera_store::{BadBlock, DiskGroup, DiskGroupHealth, ScrubCursor};
+use tessera_types::{DiskGroupId, Lba, BLOCK_BYTES};
 use tokio::sync::{watch, Notify};
 
 /// Blocks per second of a pass asked for now (100 MiB/s).
@@ -38,6 +43,9 @@ const FIRST_PASS_AFTER: Duration = Duration::from_secs(600);
 
 /// How often the worker looks at the schedule while idle.
 const SCHEDULE_POLL: Duration = Duration::from_secs(30);
+
+/// How often a scheduled pass records its position.
+pub const POSITION_RECORD_EVERY: Duration = Duration::from_secs(30);
 
 /// One disk group's scrubbing, as users see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +164,17 @@ impl Scrubber {
 /// The host's scrub worker: waits for the schedule or a request, then runs
 /// a pass of every disk group.
 pub(super) async fn run(weak: Weak<Host>, mut stop: watch::Receiver<bool>) {
+    // A pass a restart cut off goes on at once.
+    if let Some(host) = weak.upgrade() {
+        let prefix = host.keys.scrub_positions_of(&host.id);
+        let cut_off = keys::list(host.directory.as_ref(), &prefix)
+            .await
+            .is_ok_and(|l| !l.records.is_empty());
+        if cut_off && host.scrubber.period().is_some() {
+            tracing::info!(host = %host.id, "a scrub pass was under way when the host stopped: it goes on now");
+            *host.scrubber.next_due.lock() = Some(host.clock.monotonic());
+        }
+    }
     loop {
         let Some(host) = weak.upgrade() else { return };
         let scrubber = &host.scrubber;
@@ -213,10 +232,46 @@ async fn pass(host: &Arc<Host>, period: Option<Duration>) {
             .entry(group.id().clone())
             .or_default()
             .rate_blocks_per_s = rate;
-        tracing::info!(host = %host.id, disk_group = %group.id(), rate_blocks_per_s = rate, "scrub pass starts");
-        let outcome = group.scrub(rate).await;
+        let key = host.keys.scrub_position(&host.id, group.id());
+        // A scheduled pass goes on from where a restart cut it off.
+        let from = match period {
+            None => ScrubCursor::default(),
+            Some(_) => keys::get(host.directory.as_ref(), &key)
+                .await
+                .ok()
+                .flatten()
+                .map_or_else(ScrubCursor::default, |r| ScrubCursor {
+                    component: r.value.component,
+                    lba: Lba(r.value.lba),
+                }),
+        };
+        tracing::info!(host = %host.id, disk_group = %group.id(), rate_blocks_per_s = rate, from = ?from, "scrub pass starts");
+        let scrubbing = group.scrub_from(from, rate);
+        tokio::pin!(scrubbing);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut scrubbing => break outcome,
+                _ = tokio::time::sleep(POSITION_RECORD_EVERY), if period.is_some() => {
+                    let at = group.scrub_progress().cursor;
+                    let position = keys::ScrubPosition {
+                        host: host.id.clone(),
+                        disk_group: group.id().clone(),
+                        component: at.component,
+                        lba: at.lba.0,
+                    };
+                    if let Err(e) = keys::put(host.directory.as_ref(), &key, &position, None).await {
+                        tracing::debug!(host = %host.id, disk_group = %group.id(), error = %e, "scrub position not recorded");
+                    }
+                }
+            }
+        };
+        if outcome.is_ok() {
+            if let Err(e) = host.directory.delete(key.as_str()).await {
+                tracing::debug!(host = %host.id, disk_group = %group.id(), error = %e, "scrub position not removed");
+            }
+        }
         let (checked, bad, error) = match outcome {
-            Ok(report) => (report.blocks_checked, report.bad, None),
+            Ok(report) => (group.scrub_progress().blocks_done, report.bad, None),
             Err(e) => {
                 tracing::warn!(host = %host.id, disk_group = %group.id(), error = %e, "scrub pass stopped");
                 let p = group.scrub_progress();
