@@ -760,11 +760,12 @@ impl Coordinator {
             let Some((start, count)) = next else { break };
             // Resync waits its turn behind guest I/O as the scheduler's
             // weights say, before it holds any guest write back.
-            let _turn = self
+            let turn = self
                 .scheduler
                 .admit(IoClient::Resync, count * BLOCK_BYTES)
                 .await;
-            let _guard = self.columns[column].lock(start, start + count).await;
+            let began = self.scheduler.clock().monotonic();
+            let guard = self.columns[column].lock(start, start + count).await;
             let source = self
                 .pick_source(column, id)
                 .ok_or_else(|| ResyncError::NoSource {
@@ -797,6 +798,14 @@ impl Coordinator {
                     }
                     return Err(fail(e));
                 }
+            }
+            drop(guard);
+            drop(turn);
+            // While guests use the host, the multiplier spaces the steps.
+            let took = self.scheduler.clock().monotonic().saturating_sub(began);
+            let pause = self.scheduler.resync_pause(took);
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
             }
         }
         {

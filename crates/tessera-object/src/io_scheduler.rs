@@ -5,7 +5,9 @@
 //! of its policy: an IOPS and bandwidth limit and an IOPS minimum) and of
 //! resync and rebuild steps (one background client whose weight the
 //! cluster's resync delay multiplier divides), by the mClock rules of
-//! [`mclock`]; the timer that wakes operations held back by a limit.
+//! [`mclock`]; the timer that wakes operations held back by a limit; the
+//! pause between resync steps while guests are busy (the multiplier
+//! again), since one resync stream rarely fills the queue by itself.
 //! Must not touch: the operations themselves (a caller holds an
 //! [`IoPermit`] while its operation runs) or where QoS comes from (the node
 //! sets it from the directory).
@@ -27,6 +29,7 @@ pub mod mclock;
 use mclock::{ClientSpec, MClock, DEFAULT_WEIGHT};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tessera_env::{Clock, SystemClock};
@@ -60,11 +63,20 @@ struct Inner {
     timer_at_ns: Option<u64>,
 }
 
+/// How recently a guest operation must have started for the host to count
+/// as busy, when resync steps are spaced out.
+pub const GUEST_BUSY_WINDOW: Duration = Duration::from_secs(1);
+
 /// The scheduler of one host.
 pub struct IoScheduler {
     clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
     myself: Weak<IoScheduler>,
+    /// The resync delay multiplier (1: no spacing).
+    multiplier: AtomicU32,
+    /// When a guest operation was last admitted, in the clock's
+    /// nanoseconds (0: never).
+    last_guest_ns: AtomicU64,
 }
 
 /// A turn to run one operation; the slot frees when it drops.
@@ -125,6 +137,8 @@ impl IoScheduler {
                 ..Inner::default()
             }),
             myself: myself.clone(),
+            multiplier: AtomicU32::new(1),
+            last_guest_ns: AtomicU64::new(0),
         })
     }
 
@@ -135,6 +149,8 @@ impl IoScheduler {
             clock: Arc::new(SystemClock::default()),
             inner: Mutex::new(Inner::default()),
             myself: myself.clone(),
+            multiplier: AtomicU32::new(1),
+            last_guest_ns: AtomicU64::new(0),
         })
     }
 
@@ -163,10 +179,13 @@ impl IoScheduler {
 
     /// Sets the resync delay multiplier (1 to [`RESYNC_MULTIPLIER_MAX`]):
     /// resync and rebuild get 1/multiplier of one volume's share of a busy
-    /// host (at 1, as much as one volume). An idle host gives them all it
-    /// has, whatever the multiplier.
+    /// host (at 1, as much as one volume), and while guests use the host
+    /// each resync step is followed by a pause of multiplier - 1 times the
+    /// step's duration ([`IoScheduler::resync_pause`]). An idle host gives
+    /// them all it has, whatever the multiplier.
     pub fn set_resync_multiplier(&self, multiplier: u32) {
         let multiplier = multiplier.clamp(1, RESYNC_MULTIPLIER_MAX);
+        self.multiplier.store(multiplier, Ordering::Relaxed);
         let spec = ClientSpec {
             weight: (DEFAULT_WEIGHT / multiplier).max(1),
             ..ClientSpec::default()
@@ -184,9 +203,33 @@ impl IoScheduler {
         self.clock.monotonic().as_nanos() as u64
     }
 
+    /// The pause after a resync step that took `step`: multiplier - 1
+    /// times the step while a guest operation started within
+    /// [`GUEST_BUSY_WINDOW`], none on a host no guest uses (vSAN's
+    /// `DOMResyncDelayMultiplier`: the delay between resync operations).
+    pub fn resync_pause(&self, step: Duration) -> Duration {
+        let m = self.multiplier.load(Ordering::Relaxed);
+        let last = self.last_guest_ns.load(Ordering::Relaxed);
+        let busy =
+            last != 0 && self.now_ns().saturating_sub(last) < GUEST_BUSY_WINDOW.as_nanos() as u64;
+        if m <= 1 || !busy {
+            return Duration::ZERO;
+        }
+        step.saturating_mul(m - 1)
+    }
+
+    /// The host's clock, for callers that time their steps.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// Waits for `client`'s turn to run an operation moving `bytes`.
     pub async fn admit(&self, client: IoClient, bytes: u64) -> IoPermit {
         let scheduler = self.myself.upgrade().expect("a scheduler in use is alive");
+        if matches!(client, IoClient::Volume(_)) {
+            self.last_guest_ns
+                .store(self.now_ns().max(1), Ordering::Relaxed);
+        }
         let (tx, rx) = oneshot::channel();
         let ticket = {
             let mut inner = self.inner.lock();
@@ -295,6 +338,19 @@ mod tests {
             began.elapsed()
         );
         assert_eq!(s.inner.lock().mclock.as_ref().unwrap().running(), 0);
+    }
+
+    #[tokio::test]
+    async fn resync_steps_are_spaced_by_the_multiplier_only_while_guests_are_busy() {
+        let s = IoScheduler::new(4);
+        let step = Duration::from_millis(10);
+        assert_eq!(s.resync_pause(step), Duration::ZERO, "no guest yet");
+        s.set_resync_multiplier(6);
+        assert_eq!(s.resync_pause(step), Duration::ZERO, "an idle host");
+        drop(s.admit(IoClient::Volume(volume("a")), 4096).await);
+        assert_eq!(s.resync_pause(step), Duration::from_millis(50));
+        s.set_resync_multiplier(1);
+        assert_eq!(s.resync_pause(step), Duration::ZERO);
     }
 
     #[tokio::test]
