@@ -591,6 +591,15 @@ pub struct EvacuationRecord {
     pub started_ms: u64,
 }
 
+impl EvacuationRecord {
+    /// Each disk group being evacuated, with its host.
+    pub fn places(&self) -> impl Iterator<Item = (HostId, DiskGroupId)> + '_ {
+        self.disk_groups
+            .iter()
+            .map(|dg| (self.host.clone(), dg.clone()))
+    }
+}
+
 /// Cluster-wide settings a user may change. Every field has a default, so
 /// a record written before a field existed still reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -143,14 +143,8 @@ pub async fn cluster_map(directory: &dyn Directory, keys: &Keyspace) -> Result<C
         .await
         .map_err(|e| e.to_string())?
         .records
-        .into_iter()
-        .flat_map(|r| {
-            let host = r.value.host;
-            r.value
-                .disk_groups
-                .into_iter()
-                .map(move |dg| (host.clone(), dg))
-        })
+        .iter()
+        .flat_map(|r| r.value.places())
         .collect();
     let peers = Peers::default();
     peers.update(
@@ -301,14 +295,8 @@ impl ControlPlane {
                 .collect(),
             evacuating: evacuations
                 .records
-                .into_iter()
-                .flat_map(|r| {
-                    let host = r.value.host;
-                    r.value
-                        .disk_groups
-                        .into_iter()
-                        .map(move |dg| (host.clone(), dg))
-                })
+                .iter()
+                .flat_map(|r| r.value.places())
                 .collect(),
             settings,
         })

@@ -567,14 +567,8 @@ impl Coordinator {
         mut new: ComponentPlacement,
         reserve_bytes: u64,
     ) -> Result<(), BlockError> {
-        self.io
-            .create(&new, reserve_bytes)
-            .await
-            .map_err(|e| bad(format!("creating replacement component: {e}")))?;
-        self.io
-            .fence(&new, self.epoch)
-            .await
-            .map_err(|e| bad(format!("fencing replacement component: {e}")))?;
+        self.create_fenced(&new, reserve_bytes, "replacement component")
+            .await?;
         {
             let mut state = self.state.lock();
             let mut replaced = false;
@@ -604,6 +598,24 @@ impl Coordinator {
             }
         }
         self.record().await
+    }
+
+    /// Creates component `new` on its host, reserving `reserve_bytes`, and
+    /// fences it at this owner's epoch; `what` names it in errors.
+    async fn create_fenced(
+        &self,
+        new: &ComponentPlacement,
+        reserve_bytes: u64,
+        what: &str,
+    ) -> Result<(), BlockError> {
+        self.io
+            .create(new, reserve_bytes)
+            .await
+            .map_err(|e| bad(format!("creating {what}: {e}")))?;
+        self.io
+            .fence(new, self.epoch)
+            .await
+            .map_err(|e| bad(format!("fencing {what}: {e}")))
     }
 
     /// Adds `new` (already chosen by placement) as a further copy of the
@@ -636,14 +648,8 @@ impl Coordinator {
             });
         };
         new.size_bytes = size_bytes;
-        self.io
-            .create(&new, reserve_bytes)
-            .await
-            .map_err(|e| bad(format!("creating a new copy: {e}")))?;
-        self.io
-            .fence(&new, self.epoch)
-            .await
-            .map_err(|e| bad(format!("fencing a new copy: {e}")))?;
+        self.create_fenced(&new, reserve_bytes, "a new copy")
+            .await?;
         {
             let mut state = self.state.lock();
             let Some(mirror) = state

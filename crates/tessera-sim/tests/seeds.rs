@@ -55,19 +55,27 @@ fn a_seed_replays_exactly() {
     );
 }
 
-/// Runs seeds until one breaks an invariant; checks that it breaks the
-/// same way again.
-fn first_breach(config: &SimConfig, expected: &str) {
-    let breach = (1..=500)
-        .find_map(|seed| run(seed, config).err())
-        .unwrap_or_else(|| panic!("no seed of 500 found the breach ({expected})"));
+/// Runs `simulate` over seeds 1 to `seeds` until one breaks an invariant;
+/// checks that it breaks the same way again.
+fn first_breach_of<R>(
+    seeds: u64,
+    simulate: impl Fn(u64) -> Result<R, tessera_sim::Violation>,
+    expected: &str,
+) {
+    let breach = (1..=seeds)
+        .find_map(|seed| simulate(seed).err())
+        .unwrap_or_else(|| panic!("no seed of {seeds} found the breach ({expected})"));
     assert!(breach.what.contains(expected), "{breach}");
     assert_eq!(
-        run(breach.seed, config).unwrap_err(),
-        breach,
+        simulate(breach.seed).err(),
+        Some(breach.clone()),
         "the breach replays"
     );
     eprintln!("found as expected: {breach}");
+}
+
+fn first_breach(config: &SimConfig, expected: &str) {
+    first_breach_of(500, |seed| run(seed, config), expected);
 }
 
 #[test]
@@ -147,19 +155,8 @@ fn a_data_path_seed_replays_exactly() {
     );
 }
 
-/// Runs data path seeds until one breaks; checks it breaks the same way
-/// again.
 fn first_data_path_breach(config: &DataPathConfig, expected: &str) {
-    let breach = (1..=3000)
-        .find_map(|seed| run_data_path(seed, config).err())
-        .unwrap_or_else(|| panic!("no seed of 3000 found the breach ({expected})"));
-    assert!(breach.what.contains(expected), "{breach}");
-    assert_eq!(
-        run_data_path(breach.seed, config).unwrap_err(),
-        breach,
-        "the breach replays"
-    );
-    eprintln!("found as expected: {breach}");
+    first_breach_of(3000, |seed| run_data_path(seed, config), expected);
 }
 
 #[test]

@@ -9,7 +9,7 @@
 mod common;
 
 use common::have;
-use common::up::{expect_success, fio, tessera, wait_for, UpCluster};
+use common::up::{copy_off_owner, expect_success, fio, tessera, wait_for, UpCluster};
 use serde_json::Value;
 
 fn disk_group_health(api: &str, host: &str) -> String {
@@ -31,15 +31,7 @@ fn an_evacuated_host_is_emptied_without_losing_data_and_a_second_is_refused() {
     let api = up.api.clone();
     let (view, uri) = up.create_volume("vm", "64M", None);
     let owner = view["owner"].as_str().unwrap().to_string();
-    let leaving = view["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["role"] == "data" && c["host"] != owner.as_str())
-        .expect("a copy on another host")["host"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let leaving = copy_off_owner(&view)["host"].as_str().unwrap().to_string();
     let first_half = ["--rw=write", "--verify=pattern", "--verify_pattern=0x71%o"];
     let written = fio(&uri, &first_half).arg("--do_verify=0").spawn().unwrap();
     expect_success(written, "writing the first half");

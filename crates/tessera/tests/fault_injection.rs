@@ -8,7 +8,7 @@
 mod common;
 
 use common::have;
-use common::up::{expect_success, fio, fio_report, tessera, wait_for, UpCluster};
+use common::up::{copy_off_owner, expect_success, fio, fio_report, tessera, wait_for, UpCluster};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -29,13 +29,7 @@ fn a_failed_cache_device_has_its_copies_rebuilt_at_once_and_loses_no_data() {
     let (up, view, uri) = up_with_volume(77);
     let api = up.api.clone();
     let owner = view["owner"].as_str().unwrap().to_string();
-    let lost = view["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["role"] == "data" && c["host"] != owner.as_str())
-        .expect("a copy on another host")
-        .clone();
+    let lost = copy_off_owner(&view);
     let lost_host = lost["host"].as_str().unwrap();
 
     // Written and checked before the failure, then random writes with
@@ -114,16 +108,7 @@ fn a_scrub_asked_for_finds_a_flipped_bit_and_the_block_is_rewritten() {
     }
     let (up, view, uri) = up_with_volume(78);
     let api = up.api.clone();
-    let owner = view["owner"].as_str().unwrap();
-    let other = view["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["role"] == "data" && c["host"] != owner)
-        .expect("a copy on another host")["host"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let other = copy_off_owner(&view)["host"].as_str().unwrap().to_string();
     let write = fio(&uri, &["--rw=write", "--size=8M", "--do_verify=0"])
         .spawn()
         .unwrap();
@@ -213,13 +198,7 @@ fn network_faults_slow_and_cut_a_copy_and_healing_brings_it_back() {
     let (up, view, uri) = up_with_volume(80);
     let api = up.api.clone();
     let owner = view["owner"].as_str().unwrap().to_string();
-    let copy = view["components"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["role"] == "data" && c["host"] != owner.as_str())
-        .expect("a copy on another host")
-        .clone();
+    let copy = copy_off_owner(&view);
     let other = copy["host"].as_str().unwrap();
 
     let (ok, text) = tessera(

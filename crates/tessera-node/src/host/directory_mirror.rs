@@ -169,7 +169,7 @@ impl Host {
             .evacuations
             .lock()
             .values()
-            .flat_map(|r| r.disk_groups.iter().map(|dg| (r.host.clone(), dg.clone())))
+            .flat_map(|r| r.places())
             .collect()
     }
 

@@ -97,6 +97,18 @@ impl UpCluster {
     }
 }
 
+/// The data copy of an `object show` view on a host other than its owner.
+pub fn copy_off_owner(view: &Value) -> Value {
+    let owner = view["owner"].as_str().expect("an owner");
+    view["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["role"] == "data" && c["host"] != owner)
+        .expect("a copy on another host")
+        .clone()
+}
+
 /// Runs the `tessera` CLI against `api`: whether it succeeded, and what it
 /// printed (stdout, then stderr).
 pub fn tessera(api: &str, args: &[&str]) -> (bool, String) {
