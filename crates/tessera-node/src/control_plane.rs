@@ -1746,8 +1746,9 @@ impl ClusterControl for ControlPlane {
             )));
         }
         let previous = slot.stopped.lock().take();
+        let deadline = tokio::time::Instant::now() + HOST_RELEASE_WAIT;
+        let restarting = previous.is_some();
         if let Some(previous) = previous {
-            let deadline = tokio::time::Instant::now() + HOST_RELEASE_WAIT;
             while previous.strong_count() > 0 {
                 if tokio::time::Instant::now() >= deadline {
                     *slot.stopped.lock() = Some(previous);
@@ -1758,7 +1759,21 @@ impl ClusterControl for ControlPlane {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
-        let started = starter().await.map_err(ControlError::Unavailable)?;
+        // The stopped host's store threads may hold its devices a moment
+        // after its last handle went: a restart waits for them.
+        let started = loop {
+            match starter().await {
+                Ok(host) => break host,
+                Err(e)
+                    if restarting
+                        && e.contains("in use by a running host")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(ControlError::Unavailable(e)),
+            }
+        };
         *slot.host.lock() = Some(started);
         Ok(())
     }

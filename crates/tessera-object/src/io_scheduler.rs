@@ -2,9 +2,10 @@
 //! coordinates, that decides whose operation starts next.
 //!
 //! Owns: admission of guest operations (each volume a client, with the QoS
-//! of its policy: an IOPS and bandwidth limit and an IOPS minimum) and of
+//! of its policy: an IOPS and bandwidth limit and an IOPS minimum), of
 //! resync and rebuild steps (one background client whose weight the
-//! cluster's resync delay multiplier divides), by the mClock rules of
+//! cluster's resync delay multiplier divides) and of the scrubber's chunks
+//! (a client with a tenth of a volume's weight), by the mClock rules of
 //! [`mclock`]; the timer that wakes operations held back by a limit; the
 //! pause between resync steps while guests are busy (the multiplier
 //! again), since one resync stream rarely fills the queue by itself.
@@ -52,7 +53,13 @@ pub enum IoClient {
     Volume(VolumeId),
     /// Resync and rebuild steps of the volumes this host coordinates.
     Resync,
+    /// Chunks the host's scrubber checks.
+    Scrub,
 }
+
+/// The scrubber's share of a busy host: a tenth of one volume's (its passes
+/// are paced by their own rate besides).
+pub const SCRUB_WEIGHT: u32 = DEFAULT_WEIGHT / 10;
 
 #[derive(Default)]
 struct Inner {
@@ -130,10 +137,18 @@ impl IoScheduler {
 
     /// A scheduler on `clock`.
     pub fn with_clock(depth: usize, clock: Arc<dyn Clock>) -> Arc<IoScheduler> {
+        let mut mclock = MClock::new(depth);
+        mclock.set_spec(
+            IoClient::Scrub,
+            ClientSpec {
+                weight: SCRUB_WEIGHT,
+                ..ClientSpec::default()
+            },
+        );
         Arc::new_cyclic(|myself| IoScheduler {
             clock,
             inner: Mutex::new(Inner {
-                mclock: Some(MClock::new(depth)),
+                mclock: Some(mclock),
                 ..Inner::default()
             }),
             myself: myself.clone(),

@@ -105,6 +105,23 @@ impl DiskGroup {
         from: ScrubCursor,
         blocks_per_second: u64,
     ) -> Result<ScrubReport, StoreError> {
+        self.scrub_with(from, blocks_per_second, |_| async {}).await
+    }
+
+    /// [`DiskGroup::scrub_from`], waiting for `turn(blocks)` before each
+    /// chunk and holding what it gives while the chunk is checked: the
+    /// caller's I/O scheduler lets the scrub take its turn behind other
+    /// work.
+    pub async fn scrub_with<T, F, P>(
+        &self,
+        from: ScrubCursor,
+        blocks_per_second: u64,
+        mut turn: T,
+    ) -> Result<ScrubReport, StoreError>
+    where
+        T: FnMut(u64) -> F,
+        F: std::future::Future<Output = P>,
+    {
         let counters = &self.shared().scrub;
         let mut components: Vec<(ComponentId, u64, u64)> = self
             .components()
@@ -163,7 +180,10 @@ impl DiskGroup {
                     let mut at = start.0;
                     while at < start.0 + n {
                         let k = SCRUB_CHUNK_BLOCKS.min(start.0 + n - at);
-                        match self.scrub_chunk(id, Lba(at), k).await {
+                        let held = turn(k).await;
+                        let checked = self.scrub_chunk(id, Lba(at), k).await;
+                        drop(held);
+                        match checked {
                             Ok(bad) => {
                                 counters
                                     .errors

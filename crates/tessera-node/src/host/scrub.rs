@@ -4,9 +4,10 @@
 //!
 //! Owns: when passes run, how fast, and what users see of them
 //! ([`ScrubView`], one per disk group); handing bad blocks to owners.
-//! Must not touch: the blocks. The store checks them against their CRC32C;
-//! the owner rewrites them under its range lock, so a repair never races a
-//! client's write to the same blocks.
+//! Must not touch: the blocks. The store checks them against their CRC32C,
+//! each chunk after its turn in the host's I/O scheduler (behind guest I/O
+//! when the host is busy); the owner rewrites them under its range lock, so
+//! a repair never races a client's write to the same blocks.
 //!
 //! Invariants: a scheduled pass is paced to take about the period (the
 //! disk group's allocated blocks over the period, at least
@@ -27,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tessera_directory::keys;
+use tessera_object::IoClient;
 use tessera_store::{BadBlock, DiskGroup, DiskGroupHealth, ScrubCursor};
 use tessera_types::{DiskGroupId, Lba, BLOCK_BYTES};
 use tokio::sync::{watch, Notify};
@@ -246,7 +248,11 @@ async fn pass(host: &Arc<Host>, period: Option<Duration>) {
                 }),
         };
         tracing::info!(host = %host.id, disk_group = %group.id(), rate_blocks_per_s = rate, from = ?from, "scrub pass starts");
-        let scrubbing = group.scrub_from(from, rate);
+        let scheduler = Arc::clone(&host.scheduler);
+        let scrubbing = group.scrub_with(from, rate, move |blocks| {
+            let scheduler = Arc::clone(&scheduler);
+            async move { scheduler.admit(IoClient::Scrub, blocks * BLOCK_BYTES).await }
+        });
         tokio::pin!(scrubbing);
         let outcome = loop {
             tokio::select! {
