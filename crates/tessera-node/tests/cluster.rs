@@ -811,6 +811,46 @@ async fn a_copy_on_a_failed_cache_device_or_capacity_device_is_rebuilt_at_once()
     plain.stop().await;
 }
 
+/// A device that dies while nothing uses it is found by the host's probe
+/// within a second or so, not at the next client I/O: the copy on it is
+/// rebuilt elsewhere with no client touching the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_disk_group_whose_cache_device_dies_has_its_copy_rebuilt() {
+    let cluster = Cluster::start_faulty(3600).await;
+    let view = cluster.create("idle-dg", 64 << 20).await;
+    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    write_mib(&coordinator, 4, 9).await;
+    let misses = coordinator
+        .counters()
+        .read_cache_misses
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let dg = tessera_types::DiskGroupId("dg0".into());
+    cluster
+        .host(&replica_host)
+        .fail_device(&dg, 0)
+        .expect("the device fails");
+    let rebuilt = cluster
+        .wait_for("idle-dg", "the idle copy rebuilt elsewhere", |v| {
+            v.state == Health::Healthy && v.components.iter().all(|c| c.id != replica)
+        })
+        .await;
+    assert!(
+        rebuilt.components.iter().all(|c| c.host != replica_host),
+        "{rebuilt:#?}"
+    );
+    assert_eq!(
+        coordinator
+            .counters()
+            .read_cache_misses
+            .load(std::sync::atomic::Ordering::Relaxed),
+        misses,
+        "no client read the volume"
+    );
+    let report = cluster.control.verify_object("idle-dg").await.unwrap();
+    assert!(report.identical, "{report:?}");
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
     if !have("qemu-img") {

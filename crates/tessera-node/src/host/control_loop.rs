@@ -68,6 +68,9 @@ pub(super) struct ControlState {
     pub(super) inbox: Vec<Event>,
 }
 
+/// Ticks between reads of every device's first block (one second).
+const PROBE_TICKS: u64 = 2;
+
 impl Host {
     pub(super) fn lease_held(&self) -> bool {
         self.session
@@ -79,6 +82,13 @@ impl Host {
     /// One turn of the control loop: tells the core what changed in the
     /// view since the last turn and the time, and carries out its decisions.
     pub(super) async fn control_tick(self: &Arc<Self>, tick: u64) {
+        // A device that died while idle is found here, not at its next
+        // client I/O: every second, each device's first block is read.
+        if tick.is_multiple_of(PROBE_TICKS) {
+            for group in self.replica.disk_groups() {
+                group.probe_devices().await;
+            }
+        }
         // The view is current: the directory mirror follows a watch.
         if self.storage_health_changed() {
             self.publish_usage().await;
