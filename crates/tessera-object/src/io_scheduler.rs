@@ -95,10 +95,13 @@ pub struct IoPermit {
 impl Drop for IoPermit {
     fn drop(&mut self) {
         let mut inner = self.scheduler.inner.lock();
-        if let Some(m) = inner.mclock.as_mut() {
-            m.finish();
+        let Some(m) = inner.mclock.as_mut() else {
+            return;
+        };
+        m.finish();
+        if m.waiting() > 0 {
+            self.scheduler.start_due(&mut inner, None);
         }
-        self.scheduler.start_due(&mut inner, None);
     }
 }
 
@@ -252,6 +255,11 @@ impl IoScheduler {
             let Some(m) = inner.mclock.as_mut() else {
                 return IoPermit { scheduler };
             };
+            // The common case on a host that is not saturated: no queue,
+            // no limit, nothing to decide.
+            if m.try_start_now(&client) {
+                return IoPermit { scheduler };
+            }
             let ticket = m.enqueue(client, bytes, now);
             inner.waiting.insert(ticket, tx);
             if self.start_due(&mut inner, Some(ticket)) {

@@ -98,6 +98,8 @@ struct Client {
 pub struct MClock<K: Ord + Clone> {
     depth: usize,
     running: usize,
+    /// Operations waiting, over every client.
+    queued: usize,
     next_ticket: u64,
     clients: BTreeMap<K, Client>,
 }
@@ -108,6 +110,7 @@ impl<K: Ord + Clone> MClock<K> {
         MClock {
             depth: depth.max(1),
             running: 0,
+            queued: 0,
             next_ticket: 0,
             clients: BTreeMap::new(),
         }
@@ -130,7 +133,26 @@ impl<K: Ord + Clone> MClock<K> {
 
     /// Operations waiting.
     pub fn waiting(&self) -> usize {
-        self.clients.values().map(|c| c.queue.len()).sum()
+        self.queued
+    }
+
+    /// Starts an operation of `client` at once, without queueing it, when
+    /// that cannot change any decision: nothing waits, a slot is free, and
+    /// the client has neither a limit nor a reservation (its share only
+    /// matters once operations wait, and then a client coming to the queue
+    /// starts level with those waiting). True if it started; call
+    /// [`MClock::finish`] when it ends.
+    pub fn try_start_now(&mut self, client: &K) -> bool {
+        if self.queued > 0 || self.running >= self.depth {
+            return false;
+        }
+        let free = self.clients.get(client).is_none_or(|c| {
+            c.spec.limit_ops == 0 && c.spec.limit_bytes == 0 && c.spec.reservation_ops == 0
+        });
+        if free {
+            self.running += 1;
+        }
+        free
     }
 
     /// Sets what `client` may use; operations already waiting keep their
@@ -189,6 +211,7 @@ impl<K: Ord + Clone> MClock<K> {
         };
         let proportion = start + cost * NS / u64::from(spec.weight);
         c.last_proportion = proportion;
+        self.queued += 1;
         c.queue.push_back(Waiting {
             ticket,
             reserve,
@@ -205,6 +228,7 @@ impl<K: Ord + Clone> MClock<K> {
         for c in self.clients.values_mut() {
             if let Some(i) = c.queue.iter().position(|w| w.ticket == ticket) {
                 c.queue.remove(i);
+                self.queued -= 1;
                 return true;
             }
         }
@@ -223,6 +247,7 @@ impl<K: Ord + Clone> MClock<K> {
             let Some(key) = self.pick(now_ns) else { break };
             let c = self.clients.get_mut(&key).expect("picked client exists");
             let w = c.queue.pop_front().expect("picked client has a head");
+            self.queued -= 1;
             if w.reserve <= now_ns {
                 let credit = w.cost * NS / u64::from(c.spec.weight);
                 for later in c.queue.iter_mut() {
@@ -401,6 +426,7 @@ mod tests {
         Cancel { nth: u8 },
         Advance { ns: u32 },
         Spec { client: u8, r: u16, w: u16, l: u16 },
+        TryStart { client: u8 },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -416,6 +442,7 @@ mod tests {
                 w,
                 l
             }),
+            (0u8..4).prop_map(|client| Op::TryStart { client }),
         ]
     }
 
@@ -473,6 +500,15 @@ mod tests {
                         }
                     }
                     Op::Advance { ns } => now += u64::from(ns),
+                    Op::TryStart { client } => {
+                        let before = running;
+                        if m.try_start_now(&client) {
+                            prop_assert!(waiting.is_empty(), "started past waiting operations");
+                            running += 1;
+                        }
+                        prop_assert!(running <= m.depth().max(before));
+                        prop_assert_eq!(m.running(), running);
+                    }
                     Op::Spec { client, r, w, l } => m.set_spec(client, ClientSpec {
                         reservation_ops: u32::from(r),
                         weight: u32::from(w),
