@@ -127,6 +127,8 @@ pub struct Host {
     mirror: directory_mirror::Mirror,
     /// Each disk group's health as last written to the directory.
     published_health: Mutex<Vec<(DiskGroupState, Vec<ComponentId>)>>,
+    /// A probe of the devices is under way (see the control loop).
+    probing: std::sync::atomic::AtomicBool,
     /// Fault injection's switches of each disk group's devices: the cache
     /// device first, then the capacity devices (tripped only when the
     /// configuration accepts fault injection).
@@ -362,6 +364,7 @@ impl Host {
             }),
             mirror: Default::default(),
             published_health: Mutex::new(Vec::new()),
+            probing: std::sync::atomic::AtomicBool::new(false),
             device_switches,
             record,
             halted: Arc::default(),

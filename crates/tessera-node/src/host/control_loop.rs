@@ -83,11 +83,20 @@ impl Host {
     /// view since the last turn and the time, and carries out its decisions.
     pub(super) async fn control_tick(self: &Arc<Self>, tick: u64) {
         // A device that died while idle is found here, not at its next
-        // client I/O: every second, each device's first block is read.
-        if tick.is_multiple_of(PROBE_TICKS) {
-            for group in self.replica.disk_groups() {
-                group.probe_devices().await;
-            }
+        // client I/O: every second, each device's first block is read, in
+        // a task of its own, so a device that hangs rather than fails
+        // never holds up this loop (and is not probed again meanwhile).
+        if tick.is_multiple_of(PROBE_TICKS)
+            && !self.probing.swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let host = Arc::clone(self);
+            tokio::spawn(async move {
+                for group in host.replica.disk_groups() {
+                    group.probe_devices().await;
+                }
+                host.probing
+                    .store(false, std::sync::atomic::Ordering::Release);
+            });
         }
         // The view is current: the directory mirror follows a watch.
         if self.storage_health_changed() {
