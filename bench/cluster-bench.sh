@@ -35,7 +35,8 @@
 # file size, default 2G), MEMORY_WRITE (default 40G; 0 skips the memory
 # figure), PROFILES (default "seqwrite mixed qd1write qd1read randwrite
 # randread"),
-# CARGO_TARGET_DIR (default target).
+# CARGO_TARGET_DIR (default target), UP_LOG (a file to keep the log of
+# `tessera up` in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,6 +62,8 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # UP_LOG keeps the serving process's log (to see why a profile failed).
+  if [ -n "${UP_LOG:-}" ] && [ -f "$work/up.log" ]; then cp "$work/up.log" "$UP_LOG"; fi
   rm -rf "$work"
 }
 trap cleanup EXIT

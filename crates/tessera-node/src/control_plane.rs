@@ -1142,10 +1142,21 @@ impl ClusterControl for ControlPlane {
             .map_err(internal)?
             .map(|r| r.value);
         // A copy that is behind keeps its delta resync under the new name.
-        let dirty = keys::get(d, &self.keys.dirty_regions(&old))
+        let mut dirty = keys::get(d, &self.keys.dirty_regions(&old))
             .await
             .map_err(internal)?
             .map(|r| r.value);
+        // With no client attached, a live owner has no change under way:
+        // its write intents (and any it inherited, which it turned into
+        // dirty-region maps at take-over) name no region where the copies
+        // differ, and the next owner need not resync them.
+        let owned = keys::get(d, &self.keys.owner(&old))
+            .await
+            .map_err(internal)?
+            .is_some();
+        if let Some(dirty) = dirty.as_mut().filter(|_| owned) {
+            dirty.intents.clear();
+        }
         record.name = new_name.clone();
         layout.volume = new_name.clone();
         let mut ops = vec![

@@ -129,6 +129,8 @@ pub struct Host {
     published_health: Mutex<Vec<(DiskGroupState, Vec<ComponentId>)>>,
     /// A probe of the devices is under way (see the control loop).
     probing: std::sync::atomic::AtomicBool,
+    /// Set while a pass settles the write intents of the volumes it owns.
+    settling_intents: std::sync::atomic::AtomicBool,
     /// Fault injection's switches of each disk group's devices: the cache
     /// device first, then the capacity devices (tripped only when the
     /// configuration accepts fault injection).
@@ -365,6 +367,7 @@ impl Host {
             mirror: Default::default(),
             published_health: Mutex::new(Vec::new()),
             probing: std::sync::atomic::AtomicBool::new(false),
+            settling_intents: std::sync::atomic::AtomicBool::new(false),
             device_switches,
             record,
             halted: Arc::default(),
@@ -518,6 +521,16 @@ impl Host {
         let _ = self.stop.send(true);
         for task in self.tasks.lock().drain(..) {
             task.abort();
+        }
+        if clean {
+            // A clean hand-over: the next owners need not reconcile the
+            // regions written lately, only what is still under way.
+            let owned: Vec<Arc<Coordinator>> = self.owned.read().values().cloned().collect();
+            for c in owned {
+                if let Err(e) = c.release_intents().await {
+                    tracing::debug!(host = %self.id, error = %e, "write intents not released");
+                }
+            }
         }
         self.drop_coordinators();
         let session = self.session.lock().take();

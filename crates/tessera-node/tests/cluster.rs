@@ -907,3 +907,115 @@ async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
     );
     cluster.stop().await;
 }
+
+/// The owner of an FTT=2 volume dies with a write on some copies and not
+/// on another (its frames to that copy's host are lost): the next owner
+/// finds the region in the write intents the first one recorded, takes all
+/// but one copy out of reads there and resyncs that region only; once the
+/// dead owner's host is back, every copy is identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_dying_mid_write_leaves_copies_the_next_owner_makes_agree() {
+    let cluster = Cluster::start_faulty_hosts(6, 3600).await;
+    cluster
+        .control
+        .create_policy(CreatePolicy {
+            name: "ftt2".into(),
+            failures_to_tolerate: 2,
+            stripe_width: 1,
+            space_reservation_pct: 0,
+            qos: Default::default(),
+        })
+        .await
+        .unwrap();
+    cluster
+        .control
+        .create_volume(CreateVolume {
+            name: "mid".into(),
+            size_bytes: 64 << 20,
+            policy: Some("ftt2".into()),
+            block_bytes: None,
+        })
+        .await
+        .unwrap();
+    let view = cluster
+        .wait_for("mid", "an owner and healthy copies", |v| {
+            v.owner.is_some() && v.state == Health::Healthy
+        })
+        .await;
+    let (owner_host, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &view);
+    let owner = owner_host.id().to_string();
+    let owners_copy = view
+        .components
+        .iter()
+        .find(|c| c.role == ComponentRole::Data && c.host == owner)
+        .map(|c| c.id);
+    let lagging = view
+        .components
+        .iter()
+        .rfind(|c| c.role == ComponentRole::Data && c.host != owner)
+        .expect("copies on other hosts")
+        .clone();
+    write_mib(&coordinator, 4, 1).await;
+    // Time passes: the intents of those writes settle.
+    coordinator.settle_intents().await.unwrap();
+    coordinator.settle_intents().await.unwrap();
+
+    owner_host.drop_frames(Some(&lagging.host), 1.0).unwrap();
+    let writer = Arc::clone(&coordinator);
+    let write = tokio::spawn(async move {
+        writer
+            .write(
+                1 << 20,
+                Bytes::from(vec![0xee; 4096]),
+                WriteFlags::default(),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !write.is_finished(),
+        "the write waits for the copy whose frames are lost"
+    );
+    // The owner dies with it under way.
+    write.abort();
+    drop(coordinator);
+    drop(owner_host);
+    cluster.control.stop_host(&owner).await.unwrap();
+    let moved = cluster
+        .wait_for("mid", "a new owner", |v| {
+            v.owner.as_deref().is_some_and(|o| o != owner) && v.epoch > view.epoch
+        })
+        .await;
+    // Reads agree whichever copy serves them.
+    let new_owner = moved.owner.clone().unwrap();
+    let (_, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &moved);
+    let first = coordinator.read(1 << 20, 4096).await.unwrap();
+    let rows = wait_for_resyncs(&cluster, "mid", "the region to be resynced", |rows| {
+        rows.iter()
+            .any(|r| Some(r.component) != owners_copy && r.state == ResyncState::Done)
+    })
+    .await;
+    let copied: u64 = rows
+        .iter()
+        .filter(|r| Some(r.component) != owners_copy && r.state == ResyncState::Done)
+        .map(|r| r.copied_bytes)
+        .sum();
+    eprintln!(
+        "{owner} died with a write under way; {new_owner} resynced {copied} bytes of the copies it found; the block reads as {:#x}",
+        first[0]
+    );
+    assert_eq!(
+        copied,
+        1 << 20,
+        "only the 1 MiB region with an intent: {rows:#?}"
+    );
+    assert_eq!(coordinator.read(1 << 20, 4096).await.unwrap(), first);
+    cluster.control.start_host(&owner).await.unwrap();
+    cluster
+        .wait_for("mid", "every copy resynced", |v| v.state == Health::Healthy)
+        .await;
+    let report = cluster.control.verify_object("mid").await.unwrap();
+    assert!(report.identical, "copies differ: {report:?}");
+    assert!(report.skipped.is_empty(), "{report:?}");
+    cluster.stop().await;
+}

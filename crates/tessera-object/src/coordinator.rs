@@ -20,6 +20,12 @@
 //!   resyncs by the record (`take_over_cached`) misses nothing, even if this
 //!   owner dies mid-write; records reach the directory in the order their
 //!   contents were taken;
+//! - the recorded write intents of a column cover every region a change is
+//!   sent to two or more of its copies in, from before the first copy is
+//!   sent it until a settling pass after every copy answered, so a later
+//!   owner knows where copies may differ (one copy got a change, another
+//!   not, when this owner died) and makes them agree there before it reads
+//!   from more than one;
 //! - reads come only from Active copies (one on this host if there is one,
 //!   else the copy each 1 MiB region of the column is assigned to, so each
 //!   copy's host caches a part of the volume of its own), and a block that
@@ -46,14 +52,14 @@ use bytes::{Bytes, BytesMut};
 use futures::future::join_all;
 use parking_lot::Mutex;
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{
     check_compare_and_write, check_range, first_difference, push_extent, BlockDevice, BlockError,
     DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags, ZeroMode,
 };
-use tessera_types::dirty::{ComponentDirty, DirtyRecord, RecordedDirty};
+use tessera_types::dirty::{ColumnIntent, ComponentDirty, DirtyRecord, RecordedDirty};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::{ComponentId, Epoch, HostId, Lba, BLOCK_BYTES};
 
@@ -66,6 +72,11 @@ pub const RESYNC_STEP_BLOCKS: u64 = 256;
 /// continues the resync instead of starting it again (64 steps: every
 /// 64 MiB of dirty space examined).
 pub const RESYNC_STEPS_PER_RECORD: u64 = 64;
+
+/// Regions a sequential stream of changes marks ahead of itself in the
+/// write intents (see `State::begin_changes`): at most this much more to
+/// resync after an owner dies, against one directory record per region.
+const INTENT_AHEAD_REGIONS: u64 = 16;
 
 /// Bytes of zeros written per step when zeroing must keep space allocated.
 const ZERO_STEP_BYTES: u64 = 1 << 20;
@@ -167,8 +178,51 @@ struct State {
     /// The coarse maps the last record that succeeded holds: what a later
     /// owner would read.
     durable: BTreeMap<ComponentId, RecordedDirty>,
+    /// Write intents per column, as the next record will hold them: every
+    /// region with a change under way or one since the last settling pass
+    /// (empty maps for columns with fewer than two data copies).
+    intents: Vec<RecordedDirty>,
+    /// The write intents the last record that succeeded holds, less those a
+    /// settling pass is clearing.
+    durable_intents: Vec<RecordedDirty>,
+    /// Per (column, region) with an intent: how it is in use.
+    intent_use: HashMap<(usize, u64), IntentUse>,
     /// Set once a newer owner exists.
     superseded: Option<String>,
+}
+
+/// How one region with a write intent is in use.
+#[derive(Debug, Default, Clone, Copy)]
+struct IntentUse {
+    /// Changes under way in it (one that was abandoned before every copy
+    /// answered is never counted off, so its region stays recorded).
+    under_way: u32,
+    /// Whether a change began in it since the last settling pass.
+    recent: bool,
+}
+
+/// A change's write intents, held from before it is sent to any copy until
+/// every copy answered; [`IntentHold::settled`] counts it off. Dropped
+/// without that (the change was abandoned with copies yet to answer), its
+/// regions stay recorded, for the next owner to reconcile.
+struct IntentHold<'a> {
+    coordinator: &'a Coordinator,
+    spans: Vec<(usize, u64, u64)>,
+    settled: bool,
+}
+
+impl IntentHold<'_> {
+    fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for IntentHold<'_> {
+    fn drop(&mut self) {
+        if self.settled && !self.spans.is_empty() {
+            self.coordinator.state.lock().end_changes(&self.spans);
+        }
+    }
 }
 
 impl State {
@@ -252,8 +306,245 @@ impl State {
                     regions: regions.clone(),
                 })
                 .collect(),
+            intents: self
+                .intents
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !r.is_empty())
+                .map(|(column, regions)| ColumnIntent {
+                    column: column as u32,
+                    regions: regions.clone(),
+                })
+                .collect(),
         }
     }
+
+    /// `record` reached the directory: it is what a later owner reads.
+    fn recorded_as(&mut self, record: DirtyRecord) {
+        let mut durable_intents: Vec<RecordedDirty> = self
+            .intents
+            .iter()
+            .map(|r| RecordedDirty::empty(r.blocks))
+            .collect();
+        for i in &record.intents {
+            if let Some(slot) = durable_intents.get_mut(i.column as usize) {
+                *slot = i.regions.clone();
+            }
+        }
+        self.durable_intents = durable_intents;
+        self.durable = durable_maps(record);
+    }
+
+    /// Changes begin in column ranges `spans` `(column, first block,
+    /// blocks)`: their regions get intents. A change that enters a region
+    /// right after one with an intent (a sequential stream) also marks the
+    /// [`INTENT_AHEAD_REGIONS`] regions after it, so a stream costs one
+    /// record per that many regions rather than one per region.
+    fn begin_changes(&mut self, spans: &[(usize, u64, u64)]) {
+        for &(column, start, count) in spans {
+            let Some(map) = self.intents.get_mut(column) else {
+                continue;
+            };
+            let regions = regions_of(map, start, count);
+            let sequential = regions.start > 0
+                && !map.covers(regions.end.saturating_sub(1) * map.region_blocks, 1)
+                && map.covers((regions.start - 1) * map.region_blocks, 1);
+            map.mark(start, count);
+            if sequential {
+                let ahead = regions.end * map.region_blocks;
+                map.mark(ahead, INTENT_AHEAD_REGIONS * map.region_blocks);
+                let last = map.blocks.div_ceil(map.region_blocks);
+                for region in regions.end..(regions.end + INTENT_AHEAD_REGIONS).min(last) {
+                    self.intent_use.entry((column, region)).or_default().recent = true;
+                }
+            }
+            for region in regions {
+                let u = self.intent_use.entry((column, region)).or_default();
+                u.under_way += 1;
+                u.recent = true;
+            }
+        }
+    }
+
+    /// Changes in `spans` were answered by every copy they were sent to.
+    fn end_changes(&mut self, spans: &[(usize, u64, u64)]) {
+        for &(column, start, count) in spans {
+            let Some(map) = self.intents.get(column) else {
+                continue;
+            };
+            for region in regions_of(map, start, count) {
+                if let Some(u) = self.intent_use.get_mut(&(column, region)) {
+                    u.under_way = u.under_way.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Gives a column that gained its second data copy a write-intent map
+    /// of its size (it had none: one copy cannot differ from another).
+    fn fit_intent_maps(&mut self) {
+        for (column, fitted) in intent_maps(&self.layout).into_iter().enumerate() {
+            if self.intents.get(column).is_some_and(|m| m.blocks == 0) && fitted.blocks > 0 {
+                self.intents[column] = fitted.clone();
+                self.durable_intents[column] = fitted;
+            }
+        }
+    }
+
+    /// Whether the directory's write intents cover every span.
+    fn intents_durably_cover(&self, spans: &[(usize, u64, u64)]) -> bool {
+        spans.iter().all(|&(column, start, count)| {
+            self.durable_intents
+                .get(column)
+                .is_some_and(|r| r.covers(start, count))
+        })
+    }
+
+    /// Clears the intents of regions with no change under way and none
+    /// begun since the last pass, in both the maps to record and the
+    /// durable ones (before the record that drops them is written, so no
+    /// change counts on it meanwhile). Says whether any went.
+    fn settle_intents(&mut self) -> bool {
+        let mut cleared = false;
+        for (column, map) in self.intents.iter_mut().enumerate() {
+            let region_blocks = map.region_blocks;
+            let uses = &mut self.intent_use;
+            let mut gone = HashSet::new();
+            map.clear_where(|first, _| {
+                let key = (column, first / region_blocks);
+                match uses.get_mut(&key) {
+                    Some(u) if u.under_way > 0 || u.recent => {
+                        u.recent = false;
+                        false
+                    }
+                    _ => {
+                        uses.remove(&key);
+                        gone.insert(first);
+                        true
+                    }
+                }
+            });
+            if let Some(durable) = self.durable_intents.get_mut(column) {
+                durable.clear_where(|first, _| gone.contains(&first));
+            }
+            cleared |= !gone.is_empty();
+        }
+        cleared
+    }
+
+    /// Makes the copies of each column agree where `earlier`'s write
+    /// intents say a change may have reached some and not others: the
+    /// first Active copy in `reachable` is taken as right, and every other
+    /// reachable copy that was receiving writes is behind by those regions
+    /// (Absent until a resync copies them, so no read comes from it).
+    /// Where taking a copy out of reads would cost the object its quorum,
+    /// the regions are to be copied before the owner serves anything:
+    /// those copies are returned, their regions kept as this owner's own
+    /// intents (recorded, held) until copied. Says whether a state changed.
+    fn reconcile_intents(
+        &mut self,
+        earlier: &DirtyRecord,
+        reachable: &HashSet<ComponentId>,
+    ) -> (bool, Vec<InPlaceCopy>) {
+        let mut changed = false;
+        let mut in_place = Vec::new();
+        for (column, mirror) in self.layout.columns.clone().iter().enumerate() {
+            let Some(intent) = earlier.intent(column) else {
+                continue;
+            };
+            let data: Vec<&ComponentPlacement> = mirror
+                .copies
+                .iter()
+                .filter(|c| c.role == ComponentRole::Data)
+                .collect();
+            let Some(blocks) = data.first().map(|c| c.size_bytes / BLOCK_BYTES) else {
+                continue;
+            };
+            // A map that does not fit the column is not trusted: anywhere
+            // may differ.
+            let intent = if intent.fits(blocks) {
+                intent.clone()
+            } else {
+                RecordedDirty::whole(blocks)
+            };
+            let Some(source) = data
+                .iter()
+                .find(|c| c.state == ComponentState::Active && reachable.contains(&c.id))
+            else {
+                continue;
+            };
+            for c in data
+                .iter()
+                .filter(|c| c.id != source.id && reachable.contains(&c.id) && receives_writes(c))
+            {
+                if c.state == ComponentState::Active {
+                    let mut without = self.layout.clone();
+                    set_state(&mut without, c.id, ComponentState::Absent);
+                    if !has_quorum(&without) {
+                        let spans: Vec<(usize, u64, u64)> = intent
+                            .ranges()
+                            .into_iter()
+                            .map(|(start, count)| (column, start, count))
+                            .collect();
+                        self.begin_changes(&spans);
+                        in_place.push(InPlaceCopy {
+                            source: (*source).clone(),
+                            target: (*c).clone(),
+                            spans,
+                        });
+                        continue;
+                    }
+                    set_state(&mut self.layout, c.id, ComponentState::Absent);
+                    changed = true;
+                }
+                for (start, count) in intent.ranges() {
+                    self.missed(c.id, start, count);
+                }
+            }
+        }
+        (changed, in_place)
+    }
+}
+
+/// Regions a new owner copies from `source` to `target` before it serves:
+/// the copies may differ there and `target` cannot leave reads without
+/// costing the object its quorum.
+struct InPlaceCopy {
+    source: ComponentPlacement,
+    target: ComponentPlacement,
+    spans: Vec<(usize, u64, u64)>,
+}
+
+/// The regions of `map` that blocks `[start, start+count)` touch.
+fn regions_of(map: &RecordedDirty, start: u64, count: u64) -> std::ops::Range<u64> {
+    let first = start / map.region_blocks;
+    let end = (start + count.max(1))
+        .min(map.blocks)
+        .div_ceil(map.region_blocks);
+    first..end.max(first)
+}
+
+/// Empty write-intent maps for `layout`: one per column, sized to its
+/// copies (zero blocks for a column with fewer than two data copies, which
+/// never needs them).
+fn intent_maps(layout: &Layout) -> Vec<RecordedDirty> {
+    layout
+        .columns
+        .iter()
+        .map(|m| {
+            let data: Vec<&ComponentPlacement> = m
+                .copies
+                .iter()
+                .filter(|c| c.role == ComponentRole::Data)
+                .collect();
+            let blocks = if data.len() >= 2 {
+                data[0].size_bytes / BLOCK_BYTES
+            } else {
+                0
+            };
+            RecordedDirty::empty(blocks)
+        })
+        .collect()
 }
 
 /// One volume's coordinator.
@@ -361,6 +652,9 @@ impl Coordinator {
             io,
             recorder,
             state: Mutex::new(State {
+                intents: intent_maps(&layout),
+                durable_intents: intent_maps(&layout),
+                intent_use: HashMap::new(),
                 layout,
                 dirty: HashMap::new(),
                 recorded: BTreeMap::new(),
@@ -388,9 +682,14 @@ impl Coordinator {
                 .map(|c| async move { (c, self.io.fence(c, self.epoch).await) }),
         )
         .await;
-        let changed = {
+        let (changed, in_place) = {
             let mut state = self.state.lock();
             let mut changed = false;
+            let reachable: HashSet<ComponentId> = results
+                .iter()
+                .filter(|(_, r)| r.is_ok())
+                .map(|(c, _)| c.id)
+                .collect();
             for (c, result) in results {
                 let stale = state
                     .layout
@@ -421,12 +720,111 @@ impl Coordinator {
             if let Some(reason) = &state.superseded {
                 return Err(bad(reason.clone()));
             }
-            changed
+            let mut in_place = Vec::new();
+            if let Some(earlier) = earlier {
+                let (more, copies) = state.reconcile_intents(earlier, &reachable);
+                changed |= more;
+                in_place = copies;
+            }
+            (changed, in_place)
         };
-        if changed {
+        if changed || !in_place.is_empty() {
             self.record().await?;
         }
+        for copy in in_place {
+            self.copy_in_place(copy).await?;
+        }
         Ok(())
+    }
+
+    /// Copies the regions of `copy` before this owner serves anything (no
+    /// client request can overlap), then lets their intents settle. A
+    /// target that fails is behind by what is left (Absent); a source that
+    /// fails fails the take-over, the intents still recorded for the next.
+    async fn copy_in_place(&self, copy: InPlaceCopy) -> Result<(), BlockError> {
+        tracing::info!(volume = %self.info.name, source = %copy.source.id, target = %copy.target.id, regions = copy.spans.len(), "copying the regions the last owner had writes under way in");
+        for (i, &(_, start, count)) in copy.spans.iter().enumerate() {
+            let mut at = start;
+            while at < start + count {
+                let n = RESYNC_STEP_BLOCKS.min(start + count - at);
+                match self.copy_range(&copy.source, &copy.target, at, n).await {
+                    Ok(bytes) => {
+                        self.counters
+                            .resynced_bytes
+                            .fetch_add(bytes, Ordering::Relaxed);
+                    }
+                    Err((failed, e)) if failed == copy.target.id => {
+                        tracing::warn!(volume = %self.info.name, component = %failed, error = %e, "copy failed while its regions were made to agree; it is behind by them");
+                        let left: Vec<(u64, u64)> = std::iter::once((at, start + count - at))
+                            .chain(copy.spans[i + 1..].iter().map(|&(_, s, c)| (s, c)))
+                            .collect();
+                        for (s, c) in left {
+                            self.mark_missed(&[failed], s, c);
+                        }
+                        self.state.lock().end_changes(&copy.spans);
+                        return self.record().await;
+                    }
+                    Err((failed, e)) => {
+                        return Err(bad(format!(
+                            "volume {}: reading copy {failed} to make the copies agree where writes were under way: {e}",
+                            self.info.name
+                        )));
+                    }
+                }
+                at += n;
+            }
+        }
+        self.state.lock().end_changes(&copy.spans);
+        Ok(())
+    }
+
+    /// Clears the write intents of regions no change began in since the
+    /// last pass and none is under way in, and records the rest. The
+    /// owner's host runs a pass every few seconds: an intent costs a
+    /// directory record when its region is first changed after a quiet
+    /// spell, and a later owner resyncs what is left recorded.
+    pub async fn settle_intents(&self) -> Result<(), BlockError> {
+        let _turn = self.record_turn.lock().await;
+        let dirty = {
+            let mut state = self.state.lock();
+            if state.superseded.is_some() || !state.settle_intents() {
+                return Ok(());
+            }
+            state.dirty_record()
+        };
+        self.recorder.record_dirty(&dirty).await.map_err(|e| {
+            bad(format!(
+                "volume {}: recording write intents: {e}",
+                self.info.name
+            ))
+        })?;
+        self.state.lock().recorded_as(dirty);
+        Ok(())
+    }
+
+    /// Clears the write intents of every region with no change under way
+    /// and records the rest: a clean hand-over (its host stopping, its
+    /// clients gone), after which the next owner has nothing to reconcile
+    /// but what was still under way.
+    pub async fn release_intents(&self) -> Result<(), BlockError> {
+        {
+            let mut state = self.state.lock();
+            for u in state.intent_use.values_mut() {
+                u.recent = false;
+            }
+        }
+        self.settle_intents().await
+    }
+
+    /// Column blocks with write intents now, per column (for tests and
+    /// the API).
+    pub fn intent_blocks(&self) -> Vec<u64> {
+        self.state
+            .lock()
+            .intents
+            .iter()
+            .map(|r| r.marked_blocks())
+            .collect()
     }
 
     /// Waits for this volume's turn in the host's I/O scheduler to run a
@@ -667,6 +1065,7 @@ impl Coordinator {
             new.role = ComponentRole::Data;
             mirror.copies.push(new.clone());
             state.behind_by(new.id, None);
+            state.fit_intent_maps();
         }
         self.record().await
     }
@@ -1023,18 +1422,25 @@ impl Coordinator {
             .record(&layout, &dirty)
             .await
             .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
-        self.state.lock().durable = durable_maps(dirty);
+        self.state.lock().recorded_as(dirty);
         Ok(())
     }
 
     /// Makes sure the directory's dirty-region maps cover every `(copy,
-    /// start, count)` of `needs` (already marked in the maps to record):
-    /// writes them unless a record that did already succeeded.
-    async fn record_covering(&self, needs: &[(ComponentId, u64, u64)]) -> Result<(), BlockError> {
-        if self.state.lock().durably_covers(needs) {
+    /// start, count)` of `needs` (already marked in the maps to record) and
+    /// its write intents every column range of `spans` (already begun):
+    /// writes one record unless a record that did already succeeded.
+    async fn record_intents_covering(
+        &self,
+        needs: &[(ComponentId, u64, u64)],
+        spans: &[(usize, u64, u64)],
+    ) -> Result<(), BlockError> {
+        let done =
+            |state: &State| state.durably_covers(needs) && state.intents_durably_cover(spans);
+        if done(&self.state.lock()) {
             return Ok(());
         }
-        self.record_dirty(|state| state.durably_covers(needs)).await
+        self.record_dirty(done).await
     }
 
     /// Writes the dirty-region maps alone, unless `done` says the record
@@ -1054,7 +1460,7 @@ impl Coordinator {
                 self.info.name
             ))
         })?;
-        self.state.lock().durable = durable_maps(dirty);
+        self.state.lock().recorded_as(dirty);
         Ok(())
     }
 
@@ -1404,7 +1810,7 @@ impl Coordinator {
         let _invalidate = self
             .cache
             .change(start / BLOCK_BYTES, len.div_ceil(BLOCK_BYTES));
-        let (pieces, targets, skipped) = {
+        let (pieces, targets, skipped, intents) = {
             let mut state = self.state.lock();
             let pieces = state.layout.map_range(start, len);
             let targets: Vec<Vec<ComponentPlacement>> = state
@@ -1417,20 +1823,38 @@ impl Coordinator {
             // same turn as the targets are read, so a resync that makes such
             // a copy Resyncing afterwards finds these blocks dirty.
             let mut skipped = Vec::new();
+            let mut spans = Vec::new();
             for p in &pieces {
+                let block = p.component_offset / BLOCK_BYTES;
+                let count = p.len / BLOCK_BYTES;
                 for c in targets[p.column].iter().filter(|c| !receives_writes(c)) {
-                    let block = p.component_offset / BLOCK_BYTES;
-                    let count = p.len / BLOCK_BYTES;
                     state.missed(c.id, block, count);
                     skipped.push((c.id, block, count));
                 }
+                if targets[p.column]
+                    .iter()
+                    .filter(|c| receives_writes(c))
+                    .count()
+                    >= 2
+                {
+                    spans.push((p.column, block, count));
+                }
             }
-            (pieces, targets, skipped)
+            state.begin_changes(&spans);
+            let intents = IntentHold {
+                coordinator: self,
+                spans,
+                settled: false,
+            };
+            (pieces, targets, skipped, intents)
         };
-        if !skipped.is_empty() {
-            // Recorded before any copy has the change: an owner that dies
-            // with the change on some copies leaves a record that names it.
-            self.record_covering(&skipped).await?;
+        // Recorded before any copy has the change: an owner that dies with
+        // the change on some copies leaves a record that names it, as a
+        // region a copy missed or one the copies may differ in.
+        if let Err(e) = self.record_intents_covering(&skipped, &intents.spans).await {
+            // Nothing was sent: no copy can differ from another by it.
+            intents.settled();
+            return Err(e);
         }
         let mut calls = Vec::new();
         for p in &pieces {
@@ -1454,6 +1878,7 @@ impl Coordinator {
         // is durable; a remote copy's first poll only sends its request.
         calls.sort_by_key(|(local, _)| *local);
         let results = join_all(calls.into_iter().map(|(_, call)| call)).await;
+        intents.settled();
         let mut state_changed = false;
         let mut acked_columns = vec![false; targets.len()];
         let mut failure: Option<BlockError> = None;

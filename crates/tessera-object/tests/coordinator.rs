@@ -514,6 +514,10 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
             .await
             .unwrap();
     }
+    // Time passes: the write intents of the first write (sent to both
+    // copies) settle.
+    first.settle_intents().await.unwrap();
+    first.settle_intents().await.unwrap();
     comps.down.lock().clear();
     // The source goes after 100 resync steps.
     *comps.allocated_budget.lock() = Some(100);
@@ -1282,4 +1286,144 @@ async fn a_superseded_owner_cannot_copy() {
     assert!(matches!(err, BlockError::Unavailable { .. }), "{err}");
     assert!(old.superseded().is_some());
     assert!(comps.contents(ComponentId(1)).keys().all(|&b| b < 256));
+}
+
+/// Writes leave write intents in the directory while they are under way
+/// and a little after; an owner that dies with a write on one copy and not
+/// the other leaves the next owner enough to make the copies agree: it
+/// takes one copy out of reads and resyncs only the regions with intents,
+/// or, when that would cost quorum, copies them before it serves.
+#[tokio::test]
+async fn a_new_owner_makes_the_copies_agree_where_writes_were_under_way() {
+    let (comps, rec, first) = setup(ftt1_layout()).await;
+    first
+        .write(8 << 20, pattern(1, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    first
+        .write(40 << 20, pattern(2, 8192), WriteFlags::default())
+        .await
+        .unwrap();
+    let layout = ftt1_layout();
+    let dirty = rec
+        .1
+        .lock()
+        .clone()
+        .expect("a record with the write intents");
+    assert_eq!(
+        dirty.intent(0).unwrap().ranges(),
+        vec![(2048, 256), (10240, 256)],
+        "the 1 MiB regions written are recorded before the copies get the writes"
+    );
+    // Intents settle: the first pass keeps regions written since the last
+    // one, the second clears them.
+    first.settle_intents().await.unwrap();
+    assert_eq!(first.intent_blocks(), vec![512]);
+    first.settle_intents().await.unwrap();
+    assert_eq!(first.intent_blocks(), vec![0]);
+    assert!(rec.1.lock().as_ref().unwrap().intents.is_empty());
+
+    // A write reaches copy 1 only and its owner dies.
+    first
+        .write(8 << 20, pattern(3, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    let dirty = rec.1.lock().clone().unwrap();
+    let c1 = layout.columns[0].copies[0].clone();
+    comps
+        .write(&c1, Lba(2048), pattern(4, 4096), Epoch(1), IoClass::Guest)
+        .await
+        .unwrap();
+    drop(first);
+    assert_ne!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    let second = Coordinator::take_over_cached(
+        layout.clone(),
+        Some(dirty.clone()),
+        Epoch(2),
+        7,
+        comps.clone(),
+        rec.clone(),
+        &tessera_object::HostShared::alone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        second.dirty_bytes(),
+        vec![(ComponentId(2), 1 << 20)],
+        "only the region with an intent is behind"
+    );
+    assert_eq!(
+        second.layout().columns[0].copies[1].state,
+        ComponentState::Absent
+    );
+    // Reads come from the copy taken as right, again and again.
+    for _ in 0..3 {
+        assert_eq!(second.read(8 << 20, 4096).await.unwrap(), pattern(4, 4096));
+    }
+    second
+        .resync(ComponentId(2), &ResyncProgress::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+
+    // The same death with the witness's host down: taking copy 2 out of
+    // reads would cost quorum, so the new owner copies the region before it
+    // serves and both copies stay Active.
+    comps
+        .write(&c1, Lba(2048), pattern(5, 4096), Epoch(2), IoClass::Guest)
+        .await
+        .unwrap();
+    drop(second);
+    comps.down.lock().insert(HostId("h3".into()));
+    let (layout, _) = rec.latest();
+    let third = Coordinator::take_over_cached(
+        layout,
+        Some(dirty),
+        Epoch(3),
+        7,
+        comps.clone(),
+        rec.clone(),
+        &tessera_object::HostShared::alone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    let layout = third.layout();
+    assert!(layout.columns[0]
+        .copies
+        .iter()
+        .all(|c| c.state == ComponentState::Active));
+    assert_eq!(third.dirty_bytes(), vec![(ComponentId(3), 0)]);
+    // Until copied, its regions stayed recorded as this owner's intents.
+    assert_eq!(third.intent_blocks(), vec![256]);
+}
+
+/// A sequential stream of writes marks write intents ahead of itself, so
+/// it records one change of intents per 16 regions, not one per region.
+#[tokio::test]
+async fn sequential_writes_mark_intents_ahead_of_themselves() {
+    let (_comps, _rec, coord) = setup(ftt1_layout()).await;
+    for i in 0..4u64 {
+        coord
+            .write(i << 20, pattern(i as u8, 1 << 20), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    // Region 0, then region 1 (after a marked one) with the 16 after it.
+    assert_eq!(coord.intent_blocks(), vec![18 * 256]);
+    // A write far away marks only its own region.
+    coord
+        .write(60 << 20, pattern(9, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(coord.intent_blocks(), vec![19 * 256]);
 }

@@ -28,10 +28,13 @@
 //!   under way finish first): a new owner takes over at the next epoch
 //!   from what the directory holds (the layout and the dirty-region maps)
 //!   while the old one's resyncs go on, as an owner cut off from the
-//!   directory does, until their next record is refused. An owner dying
-//!   with writes to present copies under way is not simulated (the copies
-//!   may then differ on those blocks until a scrub compares them).
-//! - **Directory**: records are fenced by the owner's epoch.
+//!   directory does, until their next record is refused. Owners also die
+//!   with client requests and resyncs under way: the changes they had sent
+//!   arrive (or are refused by a copy fenced meanwhile), the rest never
+//!   leave, so the copies may differ where writes were under way, and the
+//!   new owner must find out where from the write intents recorded.
+//! - **Directory**: records are fenced by the owner's epoch. Owners settle
+//!   their write intents from time to time.
 //!
 //! The workload: a few client operations per step, writes of 1-4 blocks
 //! (each block tagged with its write) and reads, never two at once on the
@@ -46,7 +49,8 @@
 //! Protections that can be switched off, each of which must make a seed
 //! fail (`tests/seeds.rs`): a copy acknowledging a write only once it is
 //! durable (write before acknowledge), the owner's dirty-region maps
-//! reaching the directory (dirty-region recording), and copies refusing
+//! reaching the directory (dirty-region recording), the owner's write
+//! intents reaching it (write-intent recording), and copies refusing
 //! writes of an older epoch (epoch fencing).
 
 use crate::Violation;
@@ -83,6 +87,8 @@ pub struct DataPathConfig {
     pub write_before_ack: bool,
     /// Owners' dirty-region maps reach the directory as they are.
     pub record_dirty_regions: bool,
+    /// Owners' write intents reach the directory as they are.
+    pub record_write_intents: bool,
     /// Copies refuse writes of an epoch older than the highest they saw.
     pub epoch_fencing: bool,
 }
@@ -94,6 +100,7 @@ impl Default for DataPathConfig {
             fault_per_mille: 100,
             write_before_ack: true,
             record_dirty_regions: true,
+            record_write_intents: true,
             epoch_fencing: true,
         }
     }
@@ -431,6 +438,7 @@ struct Directory {
     layout: Layout,
     dirty: Option<DirtyRecord>,
     record_dirty_regions: bool,
+    record_write_intents: bool,
 }
 
 /// One owner's way to the directory, fenced by its epoch.
@@ -448,6 +456,10 @@ impl SimRecorder {
             for c in &mut dirty.components {
                 c.regions = RecordedDirty::empty(c.regions.blocks);
             }
+        }
+        if !d.record_write_intents {
+            // Switched off: no change is ever recorded as under way.
+            dirty.intents.clear();
         }
         d.dirty = Some(dirty);
     }
@@ -629,7 +641,7 @@ impl World {
     }
 
     async fn fault(&mut self) -> Result<(), Violation> {
-        match self.below(4) {
+        match self.below(6) {
             0 | 1 => {
                 let h = self.below(HOSTS as u64) as usize;
                 let up = self.hosts.lock().up[h];
@@ -657,6 +669,26 @@ impl World {
                 self.note("owner replaced".into());
                 self.take_over().await?;
                 self.start_resyncs();
+            }
+            3 => {
+                // The owner dies with requests and resyncs under way: what
+                // it sent arrives, nothing more leaves it, and its clients
+                // see their requests fail.
+                for f in &self.in_flight {
+                    f.task.abort();
+                }
+                for r in self.resyncs.drain(..) {
+                    r.abort();
+                }
+                self.note("owner dies".into());
+                self.collect(true).await?;
+                self.take_over().await?;
+                self.start_resyncs();
+            }
+            4 => {
+                if let Err(e) = self.owner.settle_intents().await {
+                    self.note(format!("write intents not settled: {e}"));
+                }
             }
             _ => {
                 self.hosts.lock().sync_all();
@@ -748,10 +780,13 @@ impl World {
                 continue;
             }
             let f = self.in_flight.swap_remove(i);
-            let result = f
-                .task
-                .await
-                .unwrap_or_else(|e| Err(format!("task ended: {e}")));
+            let result = f.task.await.unwrap_or_else(|e| {
+                Err(if e.is_cancelled() {
+                    "its owner died".to_string()
+                } else {
+                    format!("task ended: {e}")
+                })
+            });
             match (f.write, result) {
                 (true, Ok(_)) => {
                     self.report.writes_acknowledged += 1;
@@ -920,6 +955,7 @@ pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathRepor
             layout,
             dirty: None,
             record_dirty_regions: config.record_dirty_regions,
+            record_write_intents: config.record_write_intents,
         }));
         let first = {
             let io = Arc::new(SimComponents {

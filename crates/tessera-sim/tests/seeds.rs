@@ -156,7 +156,7 @@ fn a_data_path_seed_replays_exactly() {
 }
 
 fn first_data_path_breach(config: &DataPathConfig, expected: &str) {
-    first_breach_of(3000, |seed| run_data_path(seed, config), expected);
+    first_breach_of(6000, |seed| run_data_path(seed, config), expected);
 }
 
 #[test]
@@ -184,4 +184,13 @@ fn copies_taking_writes_of_an_older_epoch_are_caught() {
         ..DataPathConfig::default()
     };
     first_data_path_breach(&config, "block");
+}
+
+#[test]
+fn owners_whose_write_intents_never_reach_the_directory_are_caught() {
+    let config = DataPathConfig {
+        record_write_intents: false,
+        ..DataPathConfig::default()
+    };
+    first_data_path_breach(&config, "copies differ");
 }

@@ -4,7 +4,9 @@
 //! Owns: [`RecordedDirty`], a coarse map of the column blocks one copy may
 //! have missed (whole regions of at least 1 MiB, at most
 //! [`RECORDED_REGIONS_MAX`] per copy, so a record stays a few KiB whatever the
-//! volume's size), and [`DirtyRecord`], one volume's maps.
+//! volume's size), [`ColumnIntent`], the regions of a column with changes
+//! under way (write intents: its copies may differ there if the owner dies),
+//! and [`DirtyRecord`], one volume's maps.
 //! Must not touch: where the record is stored or when it is written (the
 //! coordinator writes it through its layout recorder).
 //!
@@ -101,6 +103,11 @@ impl RecordedDirty {
         added
     }
 
+    /// Whether no region is marked.
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|w| *w == 0)
+    }
+
     /// Whether every block of `[start, start+count)` is marked (blocks past
     /// the copy's end count as marked: no write reaches them).
     pub fn covers(&self, start: u64, count: u64) -> bool {
@@ -151,6 +158,17 @@ pub struct ComponentDirty {
     pub regions: RecordedDirty,
 }
 
+/// The regions of one column (stripe) that changes were under way in:
+/// the owner had sent them to some copies and not yet heard every copy's
+/// answer, so if it died the column's copies may differ there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnIntent {
+    /// The column, counted from 0 in the layout's order.
+    pub column: u32,
+    /// The regions, on the scale of a copy of the column.
+    pub regions: RecordedDirty,
+}
+
 /// The dirty-region maps of one volume's copies that are behind, as its
 /// owner last recorded them: a copy that is Absent or Resyncing in the
 /// layout and has an entry here missed at most the entry's regions.
@@ -160,6 +178,12 @@ pub struct DirtyRecord {
     pub volume: VolumeId,
     /// One entry per copy that is behind, ordered by component.
     pub components: Vec<ComponentDirty>,
+    /// Write intents: per column, the regions changes may have been under
+    /// way in, ordered by column. A later owner makes the copies agree
+    /// there before it reads from more than one of them. Records written
+    /// before write intents existed have none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intents: Vec<ColumnIntent>,
 }
 
 impl DirtyRecord {
@@ -168,6 +192,14 @@ impl DirtyRecord {
         self.components
             .iter()
             .find(|c| c.component == component)
+            .map(|c| &c.regions)
+    }
+
+    /// The write intents of `column`, if it has any.
+    pub fn intent(&self, column: usize) -> Option<&RecordedDirty> {
+        self.intents
+            .iter()
+            .find(|c| c.column as usize == column)
             .map(|c| &c.regions)
     }
 }
@@ -197,11 +229,23 @@ mod tests {
                 component: ComponentId(7),
                 regions,
             }],
+            intents: Vec::new(),
         };
         let text = serde_json::to_string(&record).unwrap();
         let back: DirtyRecord = serde_json::from_str(&text).unwrap();
         assert_eq!(back, record);
         assert_eq!(back.get(ComponentId(7)).unwrap().ranges(), vec![(256, 256)]);
+        // A record without write intents leaves the field out, and one
+        // written before they existed reads as having none.
+        assert!(!text.contains("intents"));
+        let mut with = record.clone();
+        let mut regions = RecordedDirty::empty(10_000);
+        regions.mark(9_999, 1);
+        with.intents.push(ColumnIntent { column: 1, regions });
+        let back: DirtyRecord =
+            serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back.intent(1).unwrap().ranges(), vec![(9_984, 16)]);
+        assert!(back.intent(0).is_none());
     }
 
     proptest! {

@@ -71,6 +71,10 @@ pub(super) struct ControlState {
 /// Ticks between reads of every device's first block (one second).
 const PROBE_TICKS: u64 = 2;
 
+/// Ticks between passes that settle write intents (five seconds): a region
+/// leaves the record after one to two passes without a change.
+const INTENT_TICKS: u64 = 10;
+
 impl Host {
     pub(super) fn lease_held(&self) -> bool {
         self.session
@@ -95,6 +99,25 @@ impl Host {
                     group.probe_devices().await;
                 }
                 host.probing
+                    .store(false, std::sync::atomic::Ordering::Release);
+            });
+        }
+        // Write intents of regions that went quiet leave the directory, in
+        // a task of its own (one record per volume that had any).
+        if tick.is_multiple_of(INTENT_TICKS)
+            && !self
+                .settling_intents
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let host = Arc::clone(self);
+            tokio::spawn(async move {
+                let owned: Vec<Arc<Coordinator>> = host.owned.read().values().cloned().collect();
+                for c in owned {
+                    if let Err(e) = c.settle_intents().await {
+                        tracing::debug!(error = %e, "write intents not settled");
+                    }
+                }
+                host.settling_intents
                     .store(false, std::sync::atomic::Ordering::Release);
             });
         }

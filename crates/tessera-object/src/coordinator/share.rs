@@ -36,7 +36,7 @@ use tessera_blockdev::{check_range, copy_by_data, BlockError};
 use tessera_types::layout::{ComponentPlacement, ComponentState, Layout};
 use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
 
-use super::{bad, receives_writes, Coordinator};
+use super::{bad, receives_writes, Coordinator, IntentHold};
 use crate::component_io::{BlockClone, ComponentError, CLONE_BLOCKS_MAX};
 use crate::range_lock::{RangeGuard, RangeLock};
 
@@ -223,6 +223,7 @@ impl Coordinator {
 
         let mut unshared: BTreeSet<usize> = BTreeSet::new();
         let mut skipped = Vec::new();
+        let mut spans = Vec::new();
         let mut calls = Vec::new();
         for (index, p) in pieces.iter().enumerate() {
             let copies = &target_layout.columns[p.target_column].copies;
@@ -248,6 +249,9 @@ impl Coordinator {
             for t in copies.iter().filter(|t| !receives_writes(t)) {
                 skipped.push((t.id, p.target_block, p.blocks(), p.len));
             }
+            if plan.len() >= 2 {
+                spans.push((p.target_column, p.target_block, p.blocks()));
+            }
             for (t, c) in plan {
                 let clone = BlockClone {
                     source_volume: source_volume.clone(),
@@ -265,27 +269,38 @@ impl Coordinator {
                 });
             }
         }
-        if !skipped.is_empty() {
-            let needs: Vec<(ComponentId, u64, u64)> = {
-                let mut state = self.state.lock();
-                let mut degraded = 0;
-                let needs = skipped
-                    .iter()
-                    .map(|&(id, block, count, bytes)| {
-                        state.missed(id, block, count);
-                        degraded += bytes;
-                        (id, block, count)
-                    })
-                    .collect();
-                self.counters
-                    .degraded_write_bytes
-                    .fetch_add(degraded, Ordering::Relaxed);
-                needs
-            };
-            // As for a write: recorded before any copy shares the blocks.
-            self.record_covering(&needs).await?;
+        let (needs, intents) = {
+            let mut state = self.state.lock();
+            let mut degraded = 0;
+            let needs: Vec<(ComponentId, u64, u64)> = skipped
+                .iter()
+                .map(|&(id, block, count, bytes)| {
+                    state.missed(id, block, count);
+                    degraded += bytes;
+                    (id, block, count)
+                })
+                .collect();
+            self.counters
+                .degraded_write_bytes
+                .fetch_add(degraded, Ordering::Relaxed);
+            state.begin_changes(&spans);
+            (
+                needs,
+                IntentHold {
+                    coordinator: self,
+                    spans,
+                    settled: false,
+                },
+            )
+        };
+        // As for a write: recorded before any copy shares the blocks.
+        if let Err(e) = self.record_intents_covering(&needs, &intents.spans).await {
+            // Nothing was shared: no copy can differ from another by it.
+            intents.settled();
+            return Err(e);
         }
         let results = join_all(calls).await;
+        intents.settled();
 
         let mut acked = vec![false; pieces.len()];
         let mut failure: Option<BlockError> = None;
