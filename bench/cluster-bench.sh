@@ -44,9 +44,12 @@ RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-2G}
 MEMORY_WRITE=${MEMORY_WRITE:-40G}
 # Capacity device of each of the four hosts: file-backed, so the disk under
-# the bench needs room for four of them (plus 1/8 each for the write logs)
-# once enough data went through to touch every block.
-HOST_CAPACITY=${HOST_CAPACITY:-8G}
+# the bench needs room for the two hosts holding the copies (plus 1/8 each
+# for the write logs) once enough data went through to touch every block,
+# and for four SIZE files of references: about 24 GiB with the defaults. A
+# disk that fills shows as write errors and dropped connections, not as a
+# slower figure.
+HOST_CAPACITY=${HOST_CAPACITY:-5G}
 PROFILES=${PROFILES:-seqwrite mixed qd1write qd1read randwrite randread}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 

@@ -391,6 +391,36 @@ impl State {
         }
     }
 
+    /// `id` stops receiving writes: changes under way may reach it or not,
+    /// so the regions they are in join its maps (a later owner finds them
+    /// in its recorded map, in the same record as its new state).
+    fn departs(&mut self, id: ComponentId) {
+        let Some(column) = self
+            .layout
+            .columns
+            .iter()
+            .position(|m| m.copies.iter().any(|c| c.id == id))
+        else {
+            return;
+        };
+        let Some(map) = self.intents.get(column) else {
+            return;
+        };
+        let (region_blocks, blocks) = (map.region_blocks, map.blocks);
+        let busy: Vec<u64> = self
+            .intent_use
+            .iter()
+            .filter(|((c, _), u)| *c == column && u.under_way > 0)
+            .map(|((_, r), _)| *r)
+            .collect();
+        for r in busy {
+            let start = r * region_blocks;
+            if start < blocks {
+                self.missed(id, start, region_blocks.min(blocks - start));
+            }
+        }
+    }
+
     /// Whether the directory's write intents cover every span.
     fn intents_durably_cover(&self, spans: &[(usize, u64, u64)]) -> bool {
         spans.iter().all(|&(column, start, count)| {
@@ -435,8 +465,9 @@ impl State {
     /// Makes the copies of each column agree where `earlier`'s write
     /// intents say a change may have reached some and not others: the
     /// first Active copy in `reachable` is taken as right, and every other
-    /// reachable copy that was receiving writes is behind by those regions
-    /// (Absent until a resync copies them, so no read comes from it).
+    /// reachable Active copy is behind by those regions (Absent until a
+    /// resync copies them, so no read comes from it), as is every copy
+    /// that was Resyncing (`earlier_states`: the layout as recorded).
     /// Where taking a copy out of reads would cost the object its quorum,
     /// the regions are to be copied before the owner serves anything:
     /// those copies are returned, their regions kept as this owner's own
@@ -444,6 +475,7 @@ impl State {
     fn reconcile_intents(
         &mut self,
         earlier: &DirtyRecord,
+        earlier_states: &HashMap<ComponentId, ComponentState>,
         reachable: &HashSet<ComponentId>,
     ) -> (bool, Vec<InPlaceCopy>) {
         let mut changed = false;
@@ -467,17 +499,26 @@ impl State {
             } else {
                 RecordedDirty::whole(blocks)
             };
-            let Some(source) = data
+            let source = data
                 .iter()
                 .find(|c| c.state == ComponentState::Active && reachable.contains(&c.id))
-            else {
-                continue;
-            };
-            for c in data
-                .iter()
-                .filter(|c| c.id != source.id && reachable.contains(&c.id) && receives_writes(c))
-            {
-                if c.state == ComponentState::Active {
+                .copied();
+            for c in data.iter().filter(|c| Some(c.id) != source.map(|s| s.id)) {
+                // A copy that was Resyncing received changes too, and is
+                // behind by the intents (reachable or not). One that was
+                // already Absent got the changes under way when it left in
+                // its recorded map (`State::departs`); one that was Active
+                // and is out of reach is wholly dirty.
+                let was = earlier_states.get(&c.id).copied().unwrap_or(c.state);
+                if was == ComponentState::Resyncing {
+                    for (start, count) in intent.ranges() {
+                        self.missed(c.id, start, count);
+                    }
+                    continue;
+                }
+                if let (Some(source), ComponentState::Active, true) =
+                    (source, c.state, reachable.contains(&c.id))
+                {
                     let mut without = self.layout.clone();
                     set_state(&mut without, c.id, ComponentState::Absent);
                     if !has_quorum(&without) {
@@ -488,7 +529,7 @@ impl State {
                             .collect();
                         self.begin_changes(&spans);
                         in_place.push(InPlaceCopy {
-                            source: (*source).clone(),
+                            source: source.clone(),
                             target: (*c).clone(),
                             spans,
                         });
@@ -496,9 +537,9 @@ impl State {
                     }
                     set_state(&mut self.layout, c.id, ComponentState::Absent);
                     changed = true;
-                }
-                for (start, count) in intent.ranges() {
-                    self.missed(c.id, start, count);
+                    for (start, count) in intent.ranges() {
+                        self.missed(c.id, start, count);
+                    }
                 }
             }
         }
@@ -696,9 +737,11 @@ impl Coordinator {
                     .component(c.id)
                     .is_some_and(|p| p.state != ComponentState::Active);
                 // A copy that was behind already missed at most what the
-                // earlier owners recorded for it; one that was Active and
-                // is out of reach may have missed writes they never
-                // finished, so all of it is dirty.
+                // earlier owners recorded for it (with the changes under
+                // way when it fell behind; a Resyncing one also the write
+                // intents, `reconcile_intents`); one that was Active and is
+                // out of reach may have missed writes they never finished,
+                // so all of it is dirty.
                 let record = earlier.and_then(|e| e.get(c.id)).filter(|_| stale);
                 match result {
                     Ok(()) if !stale => {}
@@ -722,7 +765,9 @@ impl Coordinator {
             }
             let mut in_place = Vec::new();
             if let Some(earlier) = earlier {
-                let (more, copies) = state.reconcile_intents(earlier, &reachable);
+                let states: HashMap<ComponentId, ComponentState> =
+                    components.iter().map(|c| (c.id, c.state)).collect();
+                let (more, copies) = state.reconcile_intents(earlier, &states, &reachable);
                 changed |= more;
                 in_place = copies;
             }
@@ -896,8 +941,12 @@ impl Coordinator {
                 .collect();
             let mut changed = false;
             for id in ids {
+                let receiving = state.layout.component(id).is_some_and(receives_writes);
                 changed |= set_state(&mut state.layout, id, ComponentState::Absent);
                 state.behind(id);
+                if receiving {
+                    state.departs(id);
+                }
             }
             changed
         };
@@ -1743,13 +1792,14 @@ impl Coordinator {
         let mut state = self.state.lock();
         for &id in ids {
             let current = state.layout.component(id).map(|c| c.state);
+            state.missed(id, start, count);
             if matches!(
                 current,
                 Some(ComponentState::Active | ComponentState::Resyncing)
             ) {
                 set_state(&mut state.layout, id, ComponentState::Absent);
+                state.departs(id);
             }
-            state.missed(id, start, count);
         }
     }
 

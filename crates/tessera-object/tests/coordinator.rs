@@ -440,6 +440,9 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
             .await
             .unwrap();
     }
+    // Time passes: the write intents of those writes settle.
+    first.settle_intents().await.unwrap();
+    first.settle_intents().await.unwrap();
     comps.down.lock().insert(HostId("h2".into()));
     // While it is away: 3 MiB at 8 MiB, and one 4 KiB write at 40 MiB.
     first
