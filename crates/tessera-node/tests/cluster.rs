@@ -711,7 +711,10 @@ async fn a_copy_absent_past_the_repair_delay_is_rebuilt_on_another_host() {
 /// does not own it while fio verifies, and waits for the copy to be rebuilt
 /// elsewhere; the repair delay is an hour, so only the failure can start it.
 /// `ftt` 1 uses the default policy; 2 a policy of its own.
-async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: usize, ftt: u8) {
+/// Creates `volume` of `size_bytes` under a policy of `ftt` failures to
+/// tolerate (made as `ftt<N>` unless it is the default's 1) and waits for
+/// its owner and healthy copies.
+async fn create_with_ftt(cluster: &Cluster, volume: &str, size_bytes: u64, ftt: u8) -> ObjectView {
     let policy = (ftt != 1).then(|| format!("ftt{ftt}"));
     if let Some(name) = &policy {
         cluster
@@ -730,17 +733,21 @@ async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: u
         .control
         .create_volume(CreateVolume {
             name: volume.into(),
-            size_bytes: 128 << 20,
+            size_bytes,
             policy,
             block_bytes: None,
         })
         .await
         .unwrap();
-    let view = cluster
+    cluster
         .wait_for(volume, "an owner and healthy copies", |v| {
             v.owner.is_some() && v.state == Health::Healthy
         })
-        .await;
+        .await
+}
+
+async fn fail_a_copy_device_under_fio(cluster: &Cluster, volume: &str, device: usize, ftt: u8) {
+    let view = create_with_ftt(cluster, volume, 128 << 20, ftt).await;
     let copies = view
         .components
         .iter()
@@ -916,32 +923,7 @@ async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_owner_dying_mid_write_leaves_copies_the_next_owner_makes_agree() {
     let cluster = Cluster::start_faulty_hosts(6, 3600).await;
-    cluster
-        .control
-        .create_policy(CreatePolicy {
-            name: "ftt2".into(),
-            failures_to_tolerate: 2,
-            stripe_width: 1,
-            space_reservation_pct: 0,
-            qos: Default::default(),
-        })
-        .await
-        .unwrap();
-    cluster
-        .control
-        .create_volume(CreateVolume {
-            name: "mid".into(),
-            size_bytes: 64 << 20,
-            policy: Some("ftt2".into()),
-            block_bytes: None,
-        })
-        .await
-        .unwrap();
-    let view = cluster
-        .wait_for("mid", "an owner and healthy copies", |v| {
-            v.owner.is_some() && v.state == Health::Healthy
-        })
-        .await;
+    let view = create_with_ftt(&cluster, "mid", 64 << 20, 2).await;
     let (owner_host, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &view);
     let owner = owner_host.id().to_string();
     let owners_copy = view

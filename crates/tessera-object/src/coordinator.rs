@@ -829,22 +829,10 @@ impl Coordinator {
     /// directory record when its region is first changed after a quiet
     /// spell, and a later owner resyncs what is left recorded.
     pub async fn settle_intents(&self) -> Result<(), BlockError> {
-        let _turn = self.record_turn.lock().await;
-        let dirty = {
-            let mut state = self.state.lock();
-            if state.superseded.is_some() || !state.settle_intents() {
-                return Ok(());
-            }
-            state.dirty_record()
-        };
-        self.recorder.record_dirty(&dirty).await.map_err(|e| {
-            bad(format!(
-                "volume {}: recording write intents: {e}",
-                self.info.name
-            ))
-        })?;
-        self.state.lock().recorded_as(dirty);
-        Ok(())
+        self.record_maps("write intents", |state| {
+            state.superseded.is_none() && state.settle_intents()
+        })
+        .await
     }
 
     /// Clears the write intents of every region with no change under way
@@ -1495,20 +1483,29 @@ impl Coordinator {
     /// Writes the dirty-region maps alone, unless `done` says the record
     /// that succeeded meanwhile holds what the caller needs.
     async fn record_dirty(&self, done: impl Fn(&State) -> bool) -> Result<(), BlockError> {
+        self.record_maps("dirty regions", |state| !done(state))
+            .await
+    }
+
+    /// Writes the dirty-region maps and write intents alone, in its turn,
+    /// if `prepare` (run on the state in that turn) says so.
+    async fn record_maps(
+        &self,
+        what: &str,
+        prepare: impl FnOnce(&mut State) -> bool,
+    ) -> Result<(), BlockError> {
         let _turn = self.record_turn.lock().await;
         let dirty = {
-            let state = self.state.lock();
-            if done(&state) {
+            let mut state = self.state.lock();
+            if !prepare(&mut state) {
                 return Ok(());
             }
             state.dirty_record()
         };
-        self.recorder.record_dirty(&dirty).await.map_err(|e| {
-            bad(format!(
-                "volume {}: recording dirty regions: {e}",
-                self.info.name
-            ))
-        })?;
+        self.recorder
+            .record_dirty(&dirty)
+            .await
+            .map_err(|e| bad(format!("volume {}: recording {what}: {e}", self.info.name)))?;
         self.state.lock().recorded_as(dirty);
         Ok(())
     }
