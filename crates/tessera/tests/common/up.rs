@@ -40,41 +40,74 @@ impl Drop for UpCluster {
 impl UpCluster {
     /// Starts `tessera up` with 1 GiB hosts and `extra` arguments on
     /// 127.X.`third_octet`.K (each test its own `third_octet`), and waits
-    /// until its API answers.
+    /// until its API answers. A start that ends at once (a port taken
+    /// between choosing it and binding it) is tried again on other ports;
+    /// a failure shows the end of its log.
     pub fn start(third_octet: u8, extra: &[&str]) -> UpCluster {
         let dir = tempfile::tempdir().unwrap();
         let octet = 20 + (std::process::id() % 200) as u8;
         let net = format!("127.{octet}.{third_octet}");
         let bind = format!("{net}.1");
-        let (api_port, nbd_port) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["up", "--host-capacity", "1G"])
-            .args(extra)
-            .arg("--data-dir")
-            .arg(dir.path())
-            .args(["--bind", &bind])
-            .args(["--api-port", &api_port.to_string()])
-            .args(["--nbd-port", &nbd_port.to_string()])
-            .args(["--iscsi-port", &free_port().to_string()])
-            .args(["--transport-port", &free_port().to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tessera up starts");
-        let cluster = UpCluster {
-            child,
-            _dir: dir,
-            api: format!("http://{bind}:{api_port}"),
-            net,
-            nbd_port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !tessera(&cluster.api, &["status"]).0 {
-            assert!(Instant::now() < deadline, "tessera up did not answer");
-            std::thread::sleep(Duration::from_millis(200));
+        let log_path = dir.path().join("up.log");
+        for attempt in 1..=3 {
+            let (api_port, nbd_port) = (free_port(), free_port());
+            let log = std::fs::File::create(&log_path).unwrap();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .args(["up", "--host-capacity", "1G"])
+                .args(extra)
+                .arg("--data-dir")
+                .arg(dir.path().join(format!("data-{attempt}")))
+                .args(["--bind", &bind])
+                .args(["--api-port", &api_port.to_string()])
+                .args(["--nbd-port", &nbd_port.to_string()])
+                .args(["--iscsi-port", &free_port().to_string()])
+                .args(["--transport-port", &free_port().to_string()])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("tessera up starts");
+            let api = format!("http://{bind}:{api_port}");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let log_tail = || {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            };
+            loop {
+                if tessera(&api, &["status"]).0 {
+                    return UpCluster {
+                        child,
+                        _dir: dir,
+                        api,
+                        net,
+                        nbd_port,
+                    };
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    assert!(
+                        attempt < 3,
+                        "tessera up ended ({status}) at each of 3 starts; its log:\n{}",
+                        log_tail()
+                    );
+                    eprintln!(
+                        "tessera up ended ({status}); starting it again:\n{}",
+                        log_tail()
+                    );
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "tessera up did not answer in 60 s; its log:\n{}",
+                        log_tail()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
-        cluster
+        unreachable!("the third start either answers or fails the test")
     }
 
     /// Creates volume `name` of `size` (with `policy`, or the default) and
