@@ -334,6 +334,28 @@ async fn setup(layout: Layout) -> (Arc<Components>, Arc<Recorded>, Arc<Coordinat
     (comps, rec, coord)
 }
 
+/// The owner after the last one: takes `layout` over at `epoch` with the
+/// dirty-region record `dirty` the earlier owners left.
+async fn next_owner(
+    layout: Layout,
+    dirty: Option<DirtyRecord>,
+    epoch: Epoch,
+    comps: &Arc<Components>,
+    rec: &Arc<Recorded>,
+) -> Arc<Coordinator> {
+    Coordinator::take_over_cached(
+        layout,
+        dirty,
+        epoch,
+        7,
+        comps.clone(),
+        rec.clone(),
+        &tessera_object::HostShared::alone(),
+    )
+    .await
+    .unwrap()
+}
+
 fn pattern(seed: u8, len: usize) -> Bytes {
     Bytes::from(
         (0..len)
@@ -464,17 +486,7 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
     // The first owner is gone; the copy's host is back.
     drop(first);
     comps.down.lock().clear();
-    let second = Coordinator::take_over_cached(
-        layout.clone(),
-        Some(dirty),
-        Epoch(2),
-        7,
-        comps.clone(),
-        rec.clone(),
-        &tessera_object::HostShared::alone(),
-    )
-    .await
-    .unwrap();
+    let second = next_owner(layout.clone(), Some(dirty), Epoch(2), &comps, &rec).await;
     assert_eq!(second.dirty_bytes(), vec![(ComponentId(2), 4 << 20)]);
     let report = second
         .resync(ComponentId(2), &ResyncProgress::default())
@@ -534,17 +546,7 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
     assert_eq!(progress.done_bytes.load(Ordering::Relaxed), 100 * 4096);
     let (layout, dirty) = rec.latest();
     drop(first);
-    let second = Coordinator::take_over_cached(
-        layout,
-        dirty,
-        Epoch(2),
-        7,
-        comps.clone(),
-        rec.clone(),
-        &tessera_object::HostShared::alone(),
-    )
-    .await
-    .unwrap();
+    let second = next_owner(layout, dirty, Epoch(2), &comps, &rec).await;
     // The last record was taken before step 64: 63 regions were done.
     assert_eq!(
         second.dirty_bytes(),
@@ -1342,17 +1344,7 @@ async fn a_new_owner_makes_the_copies_agree_where_writes_were_under_way() {
         comps.contents(ComponentId(1)),
         comps.contents(ComponentId(2))
     );
-    let second = Coordinator::take_over_cached(
-        layout.clone(),
-        Some(dirty.clone()),
-        Epoch(2),
-        7,
-        comps.clone(),
-        rec.clone(),
-        &tessera_object::HostShared::alone(),
-    )
-    .await
-    .unwrap();
+    let second = next_owner(layout.clone(), Some(dirty.clone()), Epoch(2), &comps, &rec).await;
     assert_eq!(
         second.dirty_bytes(),
         vec![(ComponentId(2), 1 << 20)],
@@ -1385,17 +1377,7 @@ async fn a_new_owner_makes_the_copies_agree_where_writes_were_under_way() {
     drop(second);
     comps.down.lock().insert(HostId("h3".into()));
     let (layout, _) = rec.latest();
-    let third = Coordinator::take_over_cached(
-        layout,
-        Some(dirty),
-        Epoch(3),
-        7,
-        comps.clone(),
-        rec.clone(),
-        &tessera_object::HostShared::alone(),
-    )
-    .await
-    .unwrap();
+    let third = next_owner(layout, Some(dirty), Epoch(3), &comps, &rec).await;
     assert_eq!(
         comps.contents(ComponentId(1)),
         comps.contents(ComponentId(2))
