@@ -67,15 +67,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
         })
         .await;
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let coordinator = cluster
-        .control
-        .hosts()
-        .running()
-        .into_iter()
-        .flat_map(|h| h.owned())
-        .find(|(v, _)| v.as_str() == "vm")
-        .map(|(_, c)| c)
-        .expect("the owner coordinates vm");
+    let (_, coordinator) = cluster.coordinator("vm").await;
     cluster.control.start_host(&replica_host).await.unwrap();
     fixture::expect_fio_success(fio).await;
     cluster
@@ -110,7 +102,7 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
 
 /// The owner of `volume`, its coordinator, and the host of its other
 /// data copy.
-fn owner_coordinator_and_replica(
+async fn owner_coordinator_and_replica(
     cluster: &Cluster,
     view: &ObjectView,
 ) -> (Arc<Host>, Arc<Coordinator>, String, ComponentId) {
@@ -120,19 +112,8 @@ fn owner_coordinator_and_replica(
         .iter()
         .find(|c| c.role == ComponentRole::Data && c.host != owner)
         .expect("a second copy on another host");
-    let host = cluster
-        .control
-        .hosts()
-        .running()
-        .into_iter()
-        .find(|h| h.id().as_str() == owner)
-        .expect("the owner runs");
-    let coordinator = host
-        .owned()
-        .into_iter()
-        .find(|(v, _)| v.as_str() == view.volume)
-        .map(|(_, c)| c)
-        .expect("the owner coordinates the volume");
+    let (host, coordinator) = cluster.coordinator(&view.volume).await;
+    assert_eq!(host.id().as_str(), owner, "the owner has not changed");
     (host, coordinator, replica.host.clone(), replica.id)
 }
 
@@ -184,7 +165,7 @@ async fn after_the_owner_dies_a_returning_copy_resyncs_only_what_it_missed() {
     let cluster = Cluster::start(3600).await;
     let view = cluster.create("od", 256 << 20).await;
     let (owner_host, coordinator, replica_host, replica) =
-        owner_coordinator_and_replica(&cluster, &view);
+        owner_coordinator_and_replica(&cluster, &view).await;
     let owner = owner_host.id().to_string();
     drop(owner_host);
     // 96 MiB of data before the copy leaves.
@@ -252,7 +233,8 @@ async fn after_the_owner_dies_a_returning_copy_resyncs_only_what_it_missed() {
 async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
     let cluster = Cluster::start_faulty(3600).await;
     let view = cluster.create("sc", 64 << 20).await;
-    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    let (_, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view).await;
     write_mib(&coordinator, 8, 3).await;
     let host = cluster.host(&replica_host);
     let (damaged, location) = host
@@ -326,7 +308,8 @@ async fn a_scrub_finds_a_flipped_bit_in_one_copy_and_the_owner_repairs_it() {
 async fn a_scrub_pass_cut_off_by_a_restart_goes_on_from_its_recorded_position() {
     let cluster = Cluster::start_faulty(3600).await;
     let view = cluster.create("sr", 64 << 20).await;
-    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    let (_, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view).await;
     write_mib(&coordinator, 8, 5).await;
     let volume = tessera_types::VolumeId("sr".into());
     let host = cluster.host(&replica_host);
@@ -393,7 +376,8 @@ async fn a_scrub_pass_cut_off_by_a_restart_goes_on_from_its_recorded_position() 
 async fn a_retried_resync_is_one_row_that_ends_done_without_the_old_failure() {
     let cluster = Cluster::start(3600).await;
     let view = cluster.create("rs", 64 << 20).await;
-    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    let (_, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view).await;
     cluster.control.stop_host(&replica_host).await.unwrap();
     write_mib(&coordinator, 4, 1).await;
     let waiting = wait_for_resyncs(
@@ -454,7 +438,7 @@ async fn a_running_resync_shows_copied_bytes_rate_and_time_left_as_it_goes() {
     let cluster = Cluster::start(3600).await;
     let view = cluster.create("live", 64 << 20).await;
     let (owner, coordinator, replica_host, replica) =
-        owner_coordinator_and_replica(&cluster, &view);
+        owner_coordinator_and_replica(&cluster, &view).await;
     cluster.control.stop_host(&replica_host).await.unwrap();
     write_mib(&coordinator, 32, 7).await;
     let to = HostId(replica_host.clone());
@@ -825,7 +809,8 @@ async fn a_copy_on_a_failed_cache_device_or_capacity_device_is_rebuilt_at_once()
 async fn an_idle_disk_group_whose_cache_device_dies_has_its_copy_rebuilt() {
     let cluster = Cluster::start_faulty(3600).await;
     let view = cluster.create("idle-dg", 64 << 20).await;
-    let (_, coordinator, replica_host, replica) = owner_coordinator_and_replica(&cluster, &view);
+    let (_, coordinator, replica_host, replica) =
+        owner_coordinator_and_replica(&cluster, &view).await;
     write_mib(&coordinator, 4, 9).await;
     let misses = coordinator
         .counters()
@@ -924,7 +909,7 @@ async fn restarting_on_the_same_data_directory_brings_volumes_and_data_back() {
 async fn an_owner_dying_mid_write_leaves_copies_the_next_owner_makes_agree() {
     let cluster = Cluster::start_faulty_hosts(6, 3600).await;
     let view = create_with_ftt(&cluster, "mid", 64 << 20, 2).await;
-    let (owner_host, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &view);
+    let (owner_host, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &view).await;
     let owner = owner_host.id().to_string();
     let owners_copy = view
         .components
@@ -970,7 +955,7 @@ async fn an_owner_dying_mid_write_leaves_copies_the_next_owner_makes_agree() {
         .await;
     // Reads agree whichever copy serves them.
     let new_owner = moved.owner.clone().unwrap();
-    let (_, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &moved);
+    let (_, coordinator, _, _) = owner_coordinator_and_replica(&cluster, &moved).await;
     let first = coordinator.read(1 << 20, 4096).await.unwrap();
     let rows = wait_for_resyncs(&cluster, "mid", "the region to be resynced", |rows| {
         rows.iter()
