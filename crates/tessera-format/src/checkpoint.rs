@@ -4,8 +4,15 @@
 //! the slot with the higher generation whose CRC holds is the current one, so
 //! a checkpoint torn by a crash leaves the previous one in force. A checkpoint
 //! records where log replay starts (the log tail) and, for every component,
-//! its size, reservation, highest epoch, feature flags and the location of
+//! its size, reservation, highest epoch, its family and the location of
 //! each of its index pages (which of the page's two slots is current).
+//!
+//! A snapshot lists no pages here: its pages never change, so their roots
+//! live in a root table of their own (see [`crate::roots`]) that the record
+//! names, and a checkpoint stays the same size however many snapshots
+//! there are. The feature flags word says which extensions follow the
+//! fixed part of a record; a record written before snapshots existed has
+//! none.
 
 use crate::{seal, unseal, BlockLoc, FormatError, Header, Reader, Writer, BLOCK, FORMAT_VERSION};
 use crate::{HEADER_BYTES, MAGIC_CHECKPOINT};
@@ -13,6 +20,11 @@ use crate::{HEADER_BYTES, MAGIC_CHECKPOINT};
 const STRUCTURE: &str = "checkpoint";
 const COMPONENT_BYTES: usize = 48;
 const PAGE_BYTES: usize = 16;
+/// Flag: the component's family follows (8 bytes).
+const FLAG_FAMILY: u64 = 1;
+/// Flag: the component is a snapshot; its root table follows (16 bytes).
+const FLAG_ROOT_TABLE: u64 = 2;
+const FLAGS_KNOWN: u64 = FLAG_FAMILY | FLAG_ROOT_TABLE;
 
 /// Where one index page lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,10 +48,45 @@ pub struct ComponentRecord {
     pub reserve_bytes: u64,
     /// Highest owner epoch persisted.
     pub highest_epoch: u64,
-    /// Feature flags (none in version 1; snapshot layers will use them).
-    pub flags: u64,
+    /// The component whose index pages this one may share (snapshots and
+    /// clones take their source's): index pages are stamped with it, so a
+    /// page read for the wrong family is caught. A component's own id when
+    /// it copies no other.
+    pub family: u64,
+    /// For a snapshot: where its page roots are (it lists no pages).
+    pub root_table: Option<RootTableRef>,
     /// Index pages, by page number.
     pub pages: Vec<PageRoot>,
+}
+
+/// Where a snapshot's root table is: its first block and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootTableRef {
+    /// First block of the chain.
+    pub first: BlockLoc,
+    /// Blocks in the chain.
+    pub blocks: u64,
+}
+
+impl ComponentRecord {
+    fn flags(&self) -> u64 {
+        let mut flags = 0;
+        if self.family != self.id {
+            flags |= FLAG_FAMILY;
+        }
+        if self.root_table.is_some() {
+            flags |= FLAG_ROOT_TABLE;
+        }
+        flags
+    }
+
+    fn encoded_bytes(&self) -> usize {
+        let flags = self.flags();
+        COMPONENT_BYTES
+            + if flags & FLAG_FAMILY != 0 { 8 } else { 0 }
+            + if flags & FLAG_ROOT_TABLE != 0 { 16 } else { 0 }
+            + self.pages.len() * PAGE_BYTES
+    }
 }
 
 /// Decoded checkpoint.
@@ -63,7 +110,7 @@ impl Checkpoint {
             + self
                 .components
                 .iter()
-                .map(|c| COMPONENT_BYTES + c.pages.len() * PAGE_BYTES)
+                .map(ComponentRecord::encoded_bytes)
                 .sum::<usize>();
         raw.div_ceil(BLOCK) * BLOCK
     }
@@ -81,8 +128,16 @@ impl Checkpoint {
                 w.u64(c.size_bytes);
                 w.u64(c.reserve_bytes);
                 w.u64(c.highest_epoch);
-                w.u64(c.flags);
+                let flags = c.flags();
+                w.u64(flags);
                 w.u64(c.pages.len() as u64);
+                if flags & FLAG_FAMILY != 0 {
+                    w.u64(c.family);
+                }
+                if let Some(t) = c.root_table {
+                    w.u64(t.first.pack(0));
+                    w.u64(t.blocks);
+                }
                 for p in &c.pages {
                     w.u64(p.page_no);
                     w.u64(p.loc.pack(p.slot));
@@ -142,6 +197,40 @@ impl Checkpoint {
             let highest_epoch = r.u64();
             let flags = r.u64();
             let pages_count = r.u64() as usize;
+            if flags & !FLAGS_KNOWN != 0 {
+                return Err(FormatError::Invalid {
+                    structure: STRUCTURE,
+                    problem: format!("component {id} has unknown flags {flags:#x}"),
+                });
+            }
+            let extension = if flags & FLAG_FAMILY != 0 { 8 } else { 0 }
+                + if flags & FLAG_ROOT_TABLE != 0 { 16 } else { 0 };
+            if r.remaining() < extension {
+                return Err(FormatError::Invalid {
+                    structure: STRUCTURE,
+                    problem: format!("component {id} is cut short"),
+                });
+            }
+            let family = if flags & FLAG_FAMILY != 0 {
+                r.u64()
+            } else {
+                id
+            };
+            let root_table = if flags & FLAG_ROOT_TABLE != 0 {
+                let (first, _) = BlockLoc::unpack(r.u64());
+                let blocks = r.u64();
+                if pages_count != 0 {
+                    return Err(FormatError::Invalid {
+                        structure: STRUCTURE,
+                        problem: format!(
+                            "snapshot {id} lists {pages_count} pages besides its root table"
+                        ),
+                    });
+                }
+                Some(RootTableRef { first, blocks })
+            } else {
+                None
+            };
             if r.remaining() / PAGE_BYTES < pages_count {
                 return Err(FormatError::Invalid {
                     structure: STRUCTURE,
@@ -165,7 +254,8 @@ impl Checkpoint {
                 size_bytes,
                 reserve_bytes,
                 highest_epoch,
-                flags,
+                family,
+                root_table,
                 pages,
             });
         }
@@ -188,21 +278,48 @@ mod tests {
             generation: 9,
             log_tail_block: 100,
             log_tail_seq: 55,
-            components: vec![ComponentRecord {
-                id: 7,
-                size_bytes: 1 << 30,
-                reserve_bytes: 0,
-                highest_epoch: 3,
-                flags: 0,
-                pages: vec![PageRoot {
-                    page_no: 4,
-                    loc: BlockLoc {
-                        device: 1,
-                        block: 1000,
-                    },
-                    slot: 1,
-                }],
-            }],
+            components: vec![
+                ComponentRecord {
+                    id: 7,
+                    size_bytes: 1 << 30,
+                    reserve_bytes: 0,
+                    highest_epoch: 3,
+                    family: 7,
+                    root_table: None,
+                    pages: vec![PageRoot {
+                        page_no: 4,
+                        loc: BlockLoc {
+                            device: 1,
+                            block: 1000,
+                        },
+                        slot: 1,
+                    }],
+                },
+                ComponentRecord {
+                    id: 8,
+                    size_bytes: 1 << 30,
+                    reserve_bytes: 0,
+                    highest_epoch: 3,
+                    family: 7,
+                    root_table: Some(RootTableRef {
+                        first: BlockLoc {
+                            device: 2,
+                            block: 77,
+                        },
+                        blocks: 3,
+                    }),
+                    pages: Vec::new(),
+                },
+                ComponentRecord {
+                    id: 9,
+                    size_bytes: 1 << 20,
+                    reserve_bytes: 4096,
+                    highest_epoch: 1,
+                    family: 7,
+                    root_table: None,
+                    pages: Vec::new(),
+                },
+            ],
         };
         let buf = ck.encode();
         assert_eq!(buf.len() % BLOCK, 0);

@@ -1,7 +1,8 @@
 //! On-disk encodings of Tessera's component store.
 //!
 //! Owns: the byte layout of every structure the store keeps on a device (the
-//! superblock, the write-log record header, the index page, the checkpoint),
+//! superblock, the write-log record header, the index page, the checkpoint,
+//! a snapshot's root table),
 //! their common header (magic, format version, length, CRC32C, sequence) and
 //! the CRC32C of data blocks. Must not touch: I/O, clocks, async runtimes;
 //! callers hand in and get back byte buffers.
@@ -16,20 +17,23 @@
 //!   block (in the log record header and in the index entry), so a block that
 //!   lands in the wrong place is caught when it is read through its index.
 //! - Versions only grow. Fields that later features need (dedup reference
-//!   counts, compressed lengths, snapshot layers) already have room: the index
-//!   entry carries a kind and a stored length, the checkpoint carries feature
-//!   flags per component, and readers refuse versions newer than they know.
+//!   counts, compressed lengths) already have room: the index entry carries
+//!   a kind and a stored length, the checkpoint carries feature flags per
+//!   component (snapshots use them: a family and a root table), and readers
+//!   refuse versions newer than they know.
 
 use std::fmt;
 
 pub mod checkpoint;
 pub mod index;
 pub mod log;
+pub mod roots;
 pub mod superblock;
 
-pub use checkpoint::{Checkpoint, ComponentRecord, PageRoot};
+pub use checkpoint::{Checkpoint, ComponentRecord, PageRoot, RootTableRef};
 pub use index::{EntryKind, IndexEntry, IndexPage, INDEX_ENTRIES};
 pub use log::{LogEntry, LogOp, LogRecordHeader, LOG_ENTRIES_MAX};
+pub use roots::{root_table_blocks, RootTableBlock, ROOTS_PER_BLOCK};
 pub use superblock::{DeviceRole, Superblock};
 
 /// Bytes in one block: the unit of every device area, of allocation and of
@@ -49,6 +53,8 @@ pub const MAGIC_SUPERBLOCK: u64 = u64::from_le_bytes(*b"TSSUPERB");
 pub const MAGIC_CHECKPOINT: u64 = u64::from_le_bytes(*b"TSCKPOIN");
 /// Magic of an index page on a capacity device.
 pub const MAGIC_INDEX_PAGE: u64 = u64::from_le_bytes(*b"TSINDEXP");
+/// Magic of a block of a snapshot's root table on a capacity device.
+pub const MAGIC_ROOT_TABLE: u64 = u64::from_le_bytes(*b"TSROOTTB");
 /// Magic of a write-log record header on the cache device.
 pub const MAGIC_LOG_RECORD: u64 = u64::from_le_bytes(*b"TSLOGREC");
 

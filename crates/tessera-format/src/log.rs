@@ -61,6 +61,17 @@ pub enum LogOp {
         /// CRC32C of the placed block's data.
         crc: u32,
     },
+    /// Component `component` created as a read-only point in time of
+    /// `arg2` (its snapshot): its index page roots are the `count` blocks of
+    /// the root table starting at `arg` (a [`crate::BlockLoc`] packed with
+    /// flags 0), written and synced before this record. It shares every
+    /// index page (and so every block) with the source.
+    Snapshot,
+    /// Component `component` created as a writable copy of the snapshot
+    /// `arg2` (a linked clone), from the snapshot's root table at `arg`
+    /// (`count` blocks): it shares every index page with the snapshot until
+    /// it changes one.
+    Clone,
 }
 
 impl LogOp {
@@ -75,6 +86,8 @@ impl LogOp {
             LogOp::Resize => 7,
             LogOp::Share { .. } => 8,
             LogOp::Place { .. } => 9,
+            LogOp::Snapshot => 10,
+            LogOp::Clone => 11,
         }
     }
 }
@@ -92,9 +105,11 @@ pub struct LogEntry {
     pub count: u64,
     /// Owner epoch that issued it.
     pub epoch: u64,
-    /// Size in bytes for create and resize; the packed block for share.
+    /// Size in bytes for create and resize; the packed block for share;
+    /// the root table's first block for snapshot and clone.
     pub arg: u64,
-    /// Reserved bytes for create; the source component for share.
+    /// Reserved bytes for create; the source component for share, snapshot
+    /// and clone.
     pub arg2: u64,
 }
 
@@ -198,6 +213,8 @@ impl LogRecordHeader {
                 7 => LogOp::Resize,
                 8 => LogOp::Share { crc },
                 9 => LogOp::Place { crc },
+                10 => LogOp::Snapshot,
+                11 => LogOp::Clone,
                 other => {
                     return Err(FormatError::Invalid {
                         structure: STRUCTURE,

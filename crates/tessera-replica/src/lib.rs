@@ -454,6 +454,7 @@ pub fn store_error_kind(e: &StoreError) -> WireErrorKind {
         StoreError::Misaligned { .. }
         | StoreError::Config(_)
         | StoreError::ComponentExists { .. }
+        | StoreError::ReadOnly { .. }
         | StoreError::NotStored { .. } => WireErrorKind::Invalid,
         StoreError::StaleEpoch { highest, .. } => WireErrorKind::StaleEpoch { highest: *highest },
         StoreError::NoSpace { .. } | StoreError::NoSpaceForReservation { .. } => {

@@ -145,6 +145,18 @@ impl Allocator {
         true
     }
 
+    /// True if `loc` is marked used.
+    pub(crate) fn is_used(&self, loc: BlockLoc) -> bool {
+        self.devices.iter().any(|d| {
+            d.device == loc.device
+                && loc.block >= d.first
+                && loc.block < d.first + d.blocks
+                && d.words[((loc.block - d.first) / 64) as usize]
+                    & (1 << ((loc.block - d.first) % 64))
+                    != 0
+        })
+    }
+
     /// True if `loc` lies in a data area.
     pub(crate) fn contains(&self, loc: BlockLoc) -> bool {
         self.devices.iter().any(|d| {

@@ -190,8 +190,52 @@ fn check_opened(opened: &[Opened]) -> CheckReport {
             .map(|d| d.name())
             .unwrap_or_else(|| format!("device {}", loc.device))
     };
+    // Pairs shared by snapshots and clones are checked once.
+    let mut pairs: std::collections::HashMap<u64, u8> = std::collections::HashMap::new();
     for comp in &ck.components {
-        for root in &comp.pages {
+        let mut pages = comp.pages.clone();
+        if let Some(table) = comp.root_table {
+            match crate::snapshot::read_root_table(&devices, table, comp.id) {
+                Ok(t) => {
+                    for b in &t.blocks {
+                        if !refs.page_slot(&mut alloc, *b) {
+                            report.problems.push(CheckProblem {
+                                device: name_of(*b),
+                                offset: b.block * BLOCK_BYTES,
+                                problem: format!(
+                                    "component {}: root table block overlaps other data",
+                                    comp.id
+                                ),
+                            });
+                        }
+                    }
+                    pages = t.roots;
+                }
+                Err(problem) => {
+                    report.problems.push(CheckProblem {
+                        device: name_of(table.first),
+                        offset: table.first.block * BLOCK_BYTES,
+                        problem: format!("snapshot {}: {problem}", comp.id),
+                    });
+                    continue;
+                }
+            }
+        }
+        for root in &pages {
+            if let Some(&slot) = pairs.get(&root.loc.pack(0)) {
+                if slot != root.slot {
+                    report.problems.push(CheckProblem {
+                        device: name_of(root.loc),
+                        offset: root.loc.block * BLOCK_BYTES,
+                        problem: format!(
+                            "component {} index page {}: a shared page listed with another slot",
+                            comp.id, root.page_no
+                        ),
+                    });
+                }
+                continue;
+            }
+            pairs.insert(root.loc.pack(0), root.slot);
             let current = BlockLoc {
                 device: root.loc.device,
                 block: root.loc.block + root.slot as u64,
@@ -224,7 +268,7 @@ fn check_opened(opened: &[Opened]) -> CheckReport {
             }
             report.index_pages += 1;
             let page = match IndexPage::decode(buf.as_slice()) {
-                Ok(p) if p.component == comp.id && p.page_no == root.page_no => p,
+                Ok(p) if p.component == comp.family && p.page_no == root.page_no => p,
                 Ok(p) => {
                     report.problems.push(problem(format!(
                         "holds component {} page {} instead",

@@ -154,11 +154,14 @@ impl Shared {
         capacity_disk(&self.devices, device)
     }
 
-    /// Reads one index page's committed copy.
+    /// Reads one index page's committed copy; the page must be stamped with
+    /// `family` (the component's own id, or its source's for a snapshot or
+    /// clone, whose pages it may share).
     pub(crate) fn read_page(
         &self,
         key: (u64, u64),
         loc: BlockLoc,
+        family: u64,
     ) -> Result<IndexPage, PageReadError> {
         let disk = self.disk(loc.device).ok_or_else(|| {
             PageReadError::Damaged(format!(
@@ -171,7 +174,7 @@ impl Shared {
             .map_err(PageReadError::Io)?;
         let page = IndexPage::decode(buf.as_slice())
             .map_err(|e| PageReadError::Damaged(format!("index page {} at {loc}: {e}", key.1)))?;
-        if page.component != key.0 || page.page_no != key.1 {
+        if page.component != family || page.page_no != key.1 {
             return Err(PageReadError::Damaged(format!(
                 "index page {} at {loc} holds component {} page {} (misdirected write)",
                 key.1, page.component, page.page_no
@@ -188,7 +191,13 @@ impl Shared {
         need: &[((u64, u64), BlockLoc)],
     ) -> Result<(), StoreError> {
         for &(key, loc) in need {
-            let result = self.read_page(key, loc);
+            let family = self
+                .state
+                .lock()
+                .components
+                .get(&key.0)
+                .map_or(key.0, |c| c.family);
+            let result = self.read_page(key, loc, family);
             let mut st = self.state.lock();
             match result {
                 Ok(page) => {
@@ -855,6 +864,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     } else {
         Vec::new()
     };
+    st.destage_inflight += live as u64;
     let mut locs = locs.into_iter();
     for it in items.iter_mut() {
         if it.data.is_some() {
@@ -910,6 +920,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 // Blocks whose page could not be brought in stay in the
                 // overlay and their records stay queued: the next pass
                 // retries them (blocks already applied are skipped then).
+                st.destage_inflight = st.destage_inflight.saturating_sub(live as u64);
                 if apply_destage(&mut st, &items) {
                     for _ in 0..taken {
                         if let Some(r) = st.destage.pop_front() {
@@ -1010,7 +1021,7 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
                 }
             }
             if current && !usable {
-                st.overlay.remove(&(it.c, it.lba));
+                st.overlay_remove(&(it.c, it.lba));
             }
             continue;
         }
@@ -1032,12 +1043,9 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
                 continue;
             }
             st.cache.insert(key, IndexPage::empty(it.c, page_no), true);
-            if root.is_none() {
-                if let Some(c) = st.components.get_mut(&it.c) {
-                    c.roots.insert(page_no, RootEntry { loc: None, slot: 0 });
-                }
-            }
+            st.add_new_root(it.c, page_no);
         }
+        st.own_page(key);
         let slot = (it.lba % LBAS_PER_PAGE) as usize;
         let new_entry = match it.loc {
             Some(loc) => IndexEntry::plain(loc, it.crc),
@@ -1071,7 +1079,7 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
             st.placed.remove(&it.op);
         }
         if current {
-            st.overlay.remove(&(it.c, it.lba));
+            st.overlay_remove(&(it.c, it.lba));
         }
     }
     complete
@@ -1174,6 +1182,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                 continue;
             }
             st.cache.remove(&(*c, page_no));
+            if root.loc.is_none() {
+                st.new_roots = st.new_roots.saturating_sub(1);
+            }
             if let Some(comp) = st.components.get_mut(c) {
                 comp.roots.remove(&page_no);
                 if let Some(loc) = root.loc {
@@ -1210,6 +1221,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
             .get(&key.1)
             .copied()
             .unwrap_or(RootEntry { loc: None, slot: 0 });
+        let family = comp.family;
+        // A changed page never sits in a shared pair (`State::own_page`
+        // gave it one of its own first), so the other slot is free to take.
         let (loc, slot) = match root.loc {
             Some(loc) => (loc, 1 - root.slot),
             None => match st.alloc.allocate_pair() {
@@ -1217,6 +1231,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                     if let Some(comp) = st.components.get_mut(&key.0) {
                         comp.hold(loc, 2);
                     }
+                    st.new_roots = st.new_roots.saturating_sub(1);
                     (loc, 0)
                 }
                 None => return Err("capacity devices are full: no room for an index page".into()),
@@ -1233,6 +1248,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
         }
         if let Some(p) = st.cache.get(&key) {
             p.page.generation = generation;
+            p.page.component = family;
             p.dirty = false;
             p.pins += 1;
             page_writes.push((
@@ -1246,6 +1262,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
         }
     }
     let frees = std::mem::take(&mut st.pending_free);
+    st.freeing += frees.len() as u64;
     let ck = Checkpoint {
         generation,
         log_tail_block: vtail % log_blocks,
@@ -1258,10 +1275,12 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                 size_bytes: c.size_bytes,
                 reserve_bytes: c.reserve_bytes,
                 highest_epoch: c.highest_epoch,
-                flags: c.flags,
+                family: c.family,
+                root_table: c.snapshot.as_ref().map(|(t, _)| *t),
                 pages: c
                     .roots
                     .iter()
+                    .filter(|_| c.snapshot.is_none())
                     .filter_map(|(p, r)| {
                         r.loc.map(|loc| PageRoot {
                             page_no: *p,
@@ -1324,6 +1343,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
         }
     }
     st.alloc.free_all(&frees);
+    st.freeing = st.freeing.saturating_sub(frees.len() as u64);
     st.vtail = vtail;
     st.tail_seq = tail_seq;
     st.checkpoint_gen = generation;

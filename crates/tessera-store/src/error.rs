@@ -63,6 +63,12 @@ pub enum StoreError {
         /// The highest epoch persisted.
         highest: Epoch,
     },
+    /// A snapshot is a point in time: nothing changes it.
+    #[error("component {component} is a snapshot: it cannot be written, unmapped or resized")]
+    ReadOnly {
+        /// The snapshot.
+        component: ComponentId,
+    },
     /// The disk group has no space for the blocks this write would allocate.
     #[error("component {component} at {lba}: no space left in the disk group")]
     NoSpace {

@@ -111,9 +111,11 @@ pub struct ComponentSpace {
 pub struct DiskGroupSpace {
     /// Bytes components can use (capacity devices minus a destaging reserve).
     pub capacity_bytes: u64,
-    /// Bytes committed to written data and index pages. A block shared by
-    /// several LBAs (a copy by reference) counts once per LBA: each may be
-    /// overwritten and then needs a block of its own.
+    /// Bytes committed to written data, index pages and snapshots' root
+    /// tables, data still in the write log included. A block shared by
+    /// several LBAs (a copy by reference, a snapshot, a clone) counts once;
+    /// the first overwrite of one takes a new block, and is refused when
+    /// there is none.
     pub used_bytes: u64,
     /// Bytes reserved and not yet written.
     pub reserved_bytes: u64,
@@ -377,7 +379,7 @@ impl DiskGroup {
             })?
     }
 
-    fn enqueue(st: &mut State, shared: &Shared, req: Request) {
+    pub(crate) fn enqueue(st: &mut State, shared: &Shared, req: Request) {
         st.queue.push_back(req);
         // Whoever is writing the log wakes the log writer when done.
         if !st.log_writing {
@@ -385,7 +387,7 @@ impl DiskGroup {
         }
     }
 
-    async fn wait(
+    pub(crate) async fn wait(
         rx: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
         rx.await.unwrap_or_else(|_| {
@@ -443,7 +445,7 @@ impl DiskGroup {
                 });
             }
             st.components
-                .insert(id.0, Component::new(size_bytes, reserve_bytes, 0));
+                .insert(id.0, Component::new(id.0, size_bytes, reserve_bytes, 0));
             let (tx, rx) = tokio::sync::oneshot::channel();
             let req = Request {
                 entries: vec![op_entry(
@@ -527,6 +529,7 @@ impl DiskGroup {
         let _guard = lock.write().await;
         let (rx, token, old) = {
             let mut st = self.shared.state.lock();
+            st.check_writable(id)?;
             let old = st.component(id)?.size_bytes;
             if old == size_bytes {
                 return Ok(());
@@ -642,6 +645,7 @@ impl DiskGroup {
             let need = {
                 let mut st = self.shared.state.lock();
                 st.check_range(id, lba, n)?;
+                st.check_writable(id)?;
                 st.check_epoch(id, epoch)?;
                 let need = st.missing_pages(id.0, lba.0, lba.0 + n);
                 if need.0.is_empty() {
@@ -944,6 +948,7 @@ impl DiskGroup {
         if blocks == 0 {
             let st = self.shared.state.lock();
             st.check_range(id, lba, 0)?;
+            st.check_writable(id)?;
             return st.check_epoch(id, epoch);
         }
         let lock = self.component_lock(id)?;
@@ -951,6 +956,7 @@ impl DiskGroup {
         let (rx, token) = {
             let mut st = self.shared.state.lock();
             st.check_range(id, lba, blocks)?;
+            st.check_writable(id)?;
             st.check_epoch(id, epoch)?;
             if let Some(c) = st.components.get_mut(&id.0) {
                 c.highest_epoch = c.highest_epoch.max(epoch.0);
@@ -1030,6 +1036,7 @@ impl DiskGroup {
             let st = self.shared.state.lock();
             st.check_range(src, src_lba, blocks)?;
             st.check_range(dst, dst_lba, blocks)?;
+            st.check_writable(dst)?;
             st.check_epoch(dst, epoch)?;
         }
         if blocks == 0 {
@@ -1074,6 +1081,7 @@ impl DiskGroup {
                 let mut st = self.shared.state.lock();
                 st.check_range(src, src_lba, blocks)?;
                 st.check_range(dst, dst_lba, blocks)?;
+                st.check_writable(dst)?;
                 st.check_epoch(dst, epoch)?;
                 let mut need = st.missing_pages(src.0, src_lba.0, src_lba.0 + blocks);
                 need.0
@@ -1252,21 +1260,13 @@ impl DiskGroup {
     pub fn space(&self) -> DiskGroupSpace {
         let st = self.shared.state.lock();
         let capacity = st.usable_blocks;
-        let used: u64 = st
-            .components
-            .values()
-            .map(|c| c.allocated + 2 * c.roots.len() as u64)
-            .sum();
-        let reserved: u64 = st
-            .components
-            .values()
-            .map(|c| (c.reserve_bytes / BLOCK_BYTES).saturating_sub(c.allocated))
-            .sum();
+        let committed = st.committed_blocks();
+        let used = st.written_blocks();
         DiskGroupSpace {
             capacity_bytes: capacity * BLOCK_BYTES,
             used_bytes: used * BLOCK_BYTES,
-            reserved_bytes: reserved * BLOCK_BYTES,
-            free_bytes: capacity.saturating_sub(used + reserved) * BLOCK_BYTES,
+            reserved_bytes: (committed - used) * BLOCK_BYTES,
+            free_bytes: capacity.saturating_sub(committed) * BLOCK_BYTES,
             physical_bytes: st.alloc.used_blocks() * BLOCK_BYTES,
         }
     }

@@ -46,6 +46,7 @@ mod group;
 mod index;
 mod recovery;
 mod scrub;
+mod snapshot;
 mod state;
 
 pub use check::{check_devices, CheckProblem, CheckReport};

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tessera_env::{AlignedBuf, Disk};
 use tessera_format::{
     block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogEntry, LogOp,
-    LogRecordHeader, Superblock, BLOCK,
+    LogRecordHeader, PageRoot, RootTableRef, Superblock, BLOCK,
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
@@ -303,9 +303,23 @@ pub(crate) fn load_state(
     let headroom = HEADROOM_BLOCKS_MIN.max(capacity_blocks / 64);
     let mut components = BTreeMap::new();
     for rec in &ck.components {
-        let mut comp = Component::new(rec.size_bytes, rec.reserve_bytes, rec.highest_epoch);
-        comp.flags = rec.flags;
-        for p in &rec.pages {
+        let mut comp = Component::new(rec.id, rec.size_bytes, rec.reserve_bytes, rec.highest_epoch);
+        comp.family = rec.family;
+        let mut pages = rec.pages.clone();
+        if let Some(table) = rec.root_table {
+            // A snapshot's pages are in its root table.
+            match crate::snapshot::read_root_table(devices, table, rec.id) {
+                Ok(t) => {
+                    pages = t.roots;
+                    comp.snapshot = Some((table, t.blocks));
+                }
+                Err(reason) => {
+                    comp.snapshot = Some((table, Vec::new()));
+                    comp.failed = Some(reason);
+                }
+            }
+        }
+        for p in &pages {
             comp.roots.insert(
                 p.page_no,
                 crate::index::RootEntry {
@@ -323,6 +337,11 @@ pub(crate) fn load_state(
         alloc,
         pending_free: Vec::new(),
         shares: std::collections::HashMap::new(),
+        page_shares: std::collections::HashMap::new(),
+        overlay_new: 0,
+        new_roots: 0,
+        destage_inflight: 0,
+        freeing: 0,
         placed: std::collections::HashMap::new(),
         replay_holds: std::collections::HashMap::new(),
         log_writing: false,
@@ -359,18 +378,46 @@ pub(crate) fn load_state(
     // Rebuild the free-space map and accounting from the committed pages.
     // A block may be referenced by several shared entries and at most one
     // plain one; every other double reference is damage.
+    // Snapshots and clones share slot pairs: each pair's page is read and
+    // its blocks counted once, and every further component that lists it
+    // holds a share of it.
     let ids: Vec<u64> = st.components.keys().copied().collect();
     let mut refs = ReferenceCount::default();
+    let mut pairs: HashMap<u64, (u8, u64)> = HashMap::new();
     for c in ids {
         let roots: Vec<(u64, crate::index::RootEntry)> = st.components[&c]
             .roots
             .iter()
             .map(|(p, r)| (*p, *r))
             .collect();
-        let mut failure: Option<String> = None;
+        let family = st.components[&c].family;
+        let mut failure: Option<String> = st.components[&c].failed.clone();
         let (mut allocated, mut held): (u64, Vec<(BlockLoc, u64)>) = (0, Vec::new());
+        let table_blocks: Vec<BlockLoc> = st.components[&c]
+            .snapshot
+            .as_ref()
+            .map(|(_, blocks)| blocks.clone())
+            .unwrap_or_default();
+        for loc in table_blocks {
+            if !refs.page_slot(&mut st.alloc, loc) {
+                failure.get_or_insert(format!("root table block {loc} overlaps other data"));
+            }
+            held.push((loc, 1));
+        }
         for (page_no, root) in roots {
             let Some(loc) = root.loc else { continue };
+            held.push((loc, 2));
+            if let Some(&(slot, mapped)) = pairs.get(&loc.pack(0)) {
+                if slot != root.slot {
+                    failure.get_or_insert(format!(
+                        "index page {page_no} at {loc} is listed with slot {} and slot {slot}",
+                        root.slot
+                    ));
+                }
+                *st.page_shares.entry(loc.pack(0)).or_insert(0) += 1;
+                allocated += mapped;
+                continue;
+            }
             let second = BlockLoc {
                 device: loc.device,
                 block: loc.block + 1,
@@ -380,7 +427,6 @@ pub(crate) fn load_state(
                     "index page {page_no} slots at {loc} overlap other data"
                 ));
             }
-            held.push((loc, 2));
             let current = root.current().unwrap_or(loc);
             let Some(disk) = devices
                 .get(current.device as usize)
@@ -401,7 +447,7 @@ pub(crate) fn load_state(
                 continue;
             }
             let page = match IndexPage::decode(buf.as_slice()) {
-                Ok(p) if p.component == c && p.page_no == page_no => p,
+                Ok(p) if p.component == family && p.page_no == page_no => p,
                 Ok(p) => {
                     failure.get_or_insert(format!(
                         "index page {page_no} at {current} holds component {} page {}",
@@ -414,6 +460,7 @@ pub(crate) fn load_state(
                     continue;
                 }
             };
+            let before = allocated;
             for (slot, e) in page.entries.iter().enumerate() {
                 match e.kind {
                     EntryKind::Unmapped => {}
@@ -436,6 +483,7 @@ pub(crate) fn load_state(
                     }
                 }
             }
+            pairs.insert(loc.pack(0), (root.slot, allocated - before));
         }
         if let Some(comp) = st.components.get_mut(&c) {
             comp.allocated = allocated;
@@ -605,8 +653,28 @@ fn hold_placed_blocks(shared: &Shared, mut v: u64, mut seq: u64) {
         });
         let Some((at, header)) = found else { break };
         for e in &header.entries {
-            if let LogOp::Place { .. } = e.op {
-                *named.entry(BlockLoc::unpack(e.arg).0.pack(0)).or_insert(0) += 1;
+            match e.op {
+                LogOp::Place { .. } => {
+                    *named.entry(BlockLoc::unpack(e.arg).0.pack(0)).or_insert(0) += 1;
+                }
+                LogOp::Snapshot => {
+                    // A snapshot's root table is read back when its record
+                    // replays: nothing replay does before may take its
+                    // blocks. A table that does not read back whole is of
+                    // a snapshot deleted later (its blocks reused).
+                    let table = RootTableRef {
+                        first: BlockLoc::unpack(e.arg).0,
+                        blocks: e.count,
+                    };
+                    if let Ok(t) =
+                        crate::snapshot::read_root_table(&shared.devices, table, e.component)
+                    {
+                        for b in t.blocks {
+                            *named.entry(b.pack(0)).or_insert(0) += 1;
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         v = at + header.record_blocks() as u64;
@@ -846,7 +914,7 @@ pub(crate) fn free_component_blocking(
             continue;
         }
         if let Some(current) = root.current() {
-            match shared.read_page((c, *page_no), current) {
+            match shared.read_page((c, *page_no), current, comp.family) {
                 Ok(page) => freed.extend(page.entries.iter().filter_map(|e| e.block())),
                 Err(_) => tracing::warn!(
                     component = %ComponentId(c),
@@ -855,6 +923,10 @@ pub(crate) fn free_component_blocking(
                 ),
             }
         }
+    }
+    // A snapshot's root table goes with it.
+    if let Some((_, blocks)) = &comp.snapshot {
+        freed.extend(blocks.iter().copied());
     }
     let mut st = shared.state.lock();
     for loc in freed {
@@ -972,9 +1044,41 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
                         .state
                         .lock()
                         .components
-                        .insert(c, Component::new(e.arg, e.arg2, e.epoch));
+                        .insert(c, Component::new(c, e.arg, e.arg2, e.epoch));
                 }
             }
+            LogOp::Snapshot if !exists => replay_snapshot(shared, e),
+            LogOp::Clone if !exists => {
+                let mut st = shared.state.lock();
+                match st.components.get(&e.arg2).filter(|s| s.snapshot.is_some()) {
+                    Some(snapshot) => {
+                        let roots: Vec<PageRoot> = snapshot
+                            .roots
+                            .iter()
+                            .filter_map(|(page_no, r)| {
+                                r.loc.map(|loc| PageRoot {
+                                    page_no: *page_no,
+                                    loc,
+                                    slot: r.slot,
+                                })
+                            })
+                            .collect();
+                        let (family, size, allocated, epoch) = (
+                            snapshot.family,
+                            snapshot.size_bytes,
+                            snapshot.allocated,
+                            snapshot.highest_epoch.max(e.epoch),
+                        );
+                        st.add_copy(c, family, size, allocated, &roots, None, epoch);
+                    }
+                    None => tracing::warn!(
+                        component = %ComponentId(c),
+                        snapshot = %ComponentId(e.arg2),
+                        "replay: a clone's snapshot is gone; the clone was deleted later"
+                    ),
+                }
+            }
+            LogOp::Snapshot | LogOp::Clone => {}
             LogOp::Delete => {
                 let taken = shared.state.lock().take_component(c);
                 if let Some((comp, cached)) = taken {
@@ -1002,6 +1106,65 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// Replays the creation of a snapshot from its root table. The table
+/// names pages a checkpoint had committed before the snapshot was taken;
+/// replay may since have changed the source's copy of such a page in
+/// memory (re-applying writes the page already held), and that copy must
+/// not be written into the pair the snapshot now shares, so the source
+/// takes a pair of its own for it.
+fn replay_snapshot(shared: &Shared, e: &LogEntry) {
+    let c = e.component;
+    let table = RootTableRef {
+        first: BlockLoc::unpack(e.arg).0,
+        blocks: e.count,
+    };
+    let read = crate::snapshot::read_root_table(&shared.devices, table, c);
+    let mut st = shared.state.lock();
+    match read {
+        Ok(t) => {
+            for b in &t.blocks {
+                st.take_replayed_ref(*b);
+            }
+            let epoch = e.epoch;
+            st.add_copy(
+                c,
+                t.family,
+                t.size_bytes,
+                t.allocated,
+                &t.roots,
+                Some((table, t.blocks)),
+                epoch,
+            );
+            let src = e.arg2;
+            let changed: Vec<u64> = t
+                .roots
+                .iter()
+                .filter(|r| {
+                    st.components
+                        .get(&src)
+                        .and_then(|s| s.roots.get(&r.page_no))
+                        .is_some_and(|sr| sr.loc == Some(r.loc))
+                        && st.cache.peek(&(src, r.page_no)).is_some_and(|p| p.dirty)
+                })
+                .map(|r| r.page_no)
+                .collect();
+            for page_no in changed {
+                st.own_page((src, page_no));
+            }
+        }
+        Err(reason) => {
+            // Unreadable: a snapshot deleted later whose table blocks were
+            // reused is deleted again by a later record; any other is
+            // damage, shown as a failed component.
+            tracing::warn!(component = %ComponentId(c), %reason, "replay: snapshot root table unreadable");
+            let mut comp = Component::new(c, 0, 0, e.epoch);
+            comp.snapshot = Some((table, Vec::new()));
+            comp.failed = Some(format!("snapshot root table unreadable: {reason}"));
+            st.components.insert(c, comp);
+        }
+    }
 }
 
 fn raise_epoch(shared: &Shared, c: u64, epoch: u64) {

@@ -30,7 +30,9 @@ use crate::StoreError;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
-use tessera_format::{BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp};
+use tessera_format::{
+    BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp, PageRoot, RootTableRef,
+};
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
 /// Index pages to load before an operation can go on: (page key, block of
@@ -43,7 +45,12 @@ pub(crate) struct Component {
     pub(crate) size_bytes: u64,
     pub(crate) reserve_bytes: u64,
     pub(crate) highest_epoch: u64,
-    pub(crate) flags: u64,
+    /// The component whose index pages this one may share (its own id when
+    /// it is no snapshot or clone): what its index pages are stamped with.
+    pub(crate) family: u64,
+    /// A snapshot (read-only): its root table and the table's blocks, which
+    /// it owns. Its roots never change, so the table stays true.
+    pub(crate) snapshot: Option<(RootTableRef, Vec<BlockLoc>)>,
     /// LBAs whose latest state is a stored (or lost) block.
     pub(crate) allocated: u64,
     /// Capacity blocks held: data blocks and index page slots.
@@ -58,12 +65,18 @@ pub(crate) struct Component {
 }
 
 impl Component {
-    pub(crate) fn new(size_bytes: u64, reserve_bytes: u64, highest_epoch: u64) -> Component {
+    pub(crate) fn new(
+        id: u64,
+        size_bytes: u64,
+        reserve_bytes: u64,
+        highest_epoch: u64,
+    ) -> Component {
         Component {
             size_bytes,
             reserve_bytes,
             highest_epoch,
-            flags: 0,
+            family: id,
+            snapshot: None,
             allocated: 0,
             physical: 0,
             per_device: BTreeMap::new(),
@@ -89,16 +102,32 @@ impl Component {
         }
     }
 
-    /// Blocks this component commits against the disk group's capacity.
-    pub(crate) fn committed_blocks(&self) -> u64 {
-        self.allocated.max(self.reserve_bytes / BLOCK_BYTES) + 2 * self.roots.len() as u64
+    /// Blocks its reservation holds beyond what it has written.
+    pub(crate) fn reserve_shortfall(&self) -> u64 {
+        (self.reserve_bytes / BLOCK_BYTES).saturating_sub(self.allocated)
+    }
+
+    /// Index page roots the checkpoint lists for it (a snapshot's are in
+    /// its root table instead).
+    pub(crate) fn listed_roots(&self) -> u64 {
+        if self.snapshot.is_some() {
+            0
+        } else {
+            self.roots.len() as u64
+        }
     }
 }
 
 /// What an operation would add to a component (see `State::growth`).
 #[derive(Default)]
 struct Growth {
+    /// LBAs that map nothing yet (the component's `allocated` grows).
+    new_lbas: u64,
+    /// LBAs that need a block of their own: unmapped ones, and those whose
+    /// block is shared (with a snapshot, a clone or a copy by reference),
+    /// which an overwrite must leave to the others.
     new_blocks: u64,
+    /// The first of those.
     first_new: Option<u64>,
     new_pages: BTreeSet<u64>,
 }
@@ -118,6 +147,10 @@ pub(crate) struct Pending {
     /// A placed write: the block is already stored at this location (and
     /// `data` is empty), only its log entry waits for the destager.
     pub(crate) placed: Option<BlockLoc>,
+    /// Destaging it will take a block without letting one go: the LBA held
+    /// no block of its own (unmapped, or a block other entries share) when
+    /// the overlay first took it. Counted in `State::overlay_new`.
+    pub(crate) new_block: bool,
 }
 
 /// A request waiting for the log writer.
@@ -175,9 +208,28 @@ pub(crate) struct State {
     pub(crate) cache: IndexCache,
     pub(crate) alloc: Allocator,
     pub(crate) pending_free: Vec<BlockLoc>,
+    /// Blocks a running checkpoint frees once it is durable (taken from
+    /// `pending_free`).
+    pub(crate) freeing: u64,
     /// References beyond the first to each shared capacity block (packed
     /// location). A block absent here has one reference (or none, if free).
+    /// A reference is held by an index page instance (a page's slot pair),
+    /// not by each component that shares the page.
     pub(crate) shares: HashMap<u64, u32>,
+    /// Components beyond the first whose roots point to each index page
+    /// slot pair (packed location of its first block): snapshots and clones
+    /// share their source's pages until one of them changes a page, which
+    /// then gets a pair of its own (see [`State::own_page`]). A pair absent
+    /// here belongs to one component.
+    pub(crate) page_shares: HashMap<u64, u32>,
+    /// Overlay blocks whose destaging takes a new block (see
+    /// [`Pending::new_block`]).
+    pub(crate) overlay_new: u64,
+    /// Index page roots that have no slot pair yet (taken at the next
+    /// checkpoint).
+    pub(crate) new_roots: u64,
+    /// Blocks a destage pass took and has not yet put in the index.
+    pub(crate) destage_inflight: u64,
     /// Placed blocks not yet in the index nor let go, by operation number,
     /// with their CRC32C. Each holds one reference to its block: taken by
     /// the allocator when a live write placed it, or by replay.
@@ -304,6 +356,14 @@ impl State {
         Ok(())
     }
 
+    /// Fails for a snapshot, which nothing may change.
+    pub(crate) fn check_writable(&self, id: ComponentId) -> Result<(), StoreError> {
+        if self.component(id)?.snapshot.is_some() {
+            return Err(StoreError::ReadOnly { component: id });
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_epoch(&self, id: ComponentId, epoch: Epoch) -> Result<(), StoreError> {
         let c = self.component(id)?;
         if epoch.0 < c.highest_epoch {
@@ -356,13 +416,166 @@ impl State {
         self.add_ref(loc);
     }
 
-    /// Blocks committed by all components.
+    /// Blocks the disk group has committed: what the capacity devices hold
+    /// (data blocks, index page slots and root tables, less what a
+    /// checkpoint is about to free and what a destage pass is placing), what
+    /// the overlay's blocks will take once destaged, the index pages still
+    /// to be placed, and reservations not yet written. A block shared by
+    /// several components, snapshots or copies counts once.
     pub(crate) fn committed_blocks(&self) -> u64 {
-        self.components.values().map(|c| c.committed_blocks()).sum()
+        let held = self
+            .alloc
+            .used_blocks()
+            .saturating_sub(self.pending_free.len() as u64 + self.freeing + self.destage_inflight);
+        held + self.overlay_new
+            + 2 * self.new_roots
+            + self
+                .components
+                .values()
+                .map(|c| c.reserve_shortfall())
+                .sum::<u64>()
     }
 
+    /// Blocks the disk group holds for data written: committed blocks less
+    /// reservations.
+    pub(crate) fn written_blocks(&self) -> u64 {
+        let reserved: u64 = self
+            .components
+            .values()
+            .map(|c| c.reserve_shortfall())
+            .sum();
+        self.committed_blocks().saturating_sub(reserved)
+    }
+
+    /// Index page roots the checkpoint lists.
     pub(crate) fn roots_total(&self) -> u64 {
-        self.components.values().map(|c| c.roots.len() as u64).sum()
+        self.components.values().map(|c| c.listed_roots()).sum()
+    }
+
+    /// Puts a block in the overlay, replacing what it held for the LBA.
+    pub(crate) fn overlay_insert(&mut self, key: (u64, u64), pending: Pending) {
+        if pending.new_block {
+            self.overlay_new += 1;
+        }
+        if let Some(old) = self.overlay.insert(key, pending) {
+            if old.new_block {
+                self.overlay_new -= 1;
+            }
+        }
+    }
+
+    /// Takes a block out of the overlay.
+    pub(crate) fn overlay_remove(&mut self, key: &(u64, u64)) -> Option<Pending> {
+        let old = self.overlay.remove(key)?;
+        if old.new_block {
+            self.overlay_new -= 1;
+        }
+        Some(old)
+    }
+
+    /// Adds a root with no slot pair yet for page `page_no` of `c`, unless
+    /// the page has one.
+    pub(crate) fn add_new_root(&mut self, c: u64, page_no: u64) {
+        if let Some(comp) = self.components.get_mut(&c) {
+            if let std::collections::btree_map::Entry::Vacant(v) = comp.roots.entry(page_no) {
+                v.insert(RootEntry { loc: None, slot: 0 });
+                self.new_roots += 1;
+            }
+        }
+    }
+
+    /// Whether page `page_no` of `c` is a slot pair other components share.
+    pub(crate) fn page_shared(&self, c: u64, page_no: u64) -> bool {
+        self.components
+            .get(&c)
+            .and_then(|comp| comp.roots.get(&page_no))
+            .and_then(|r| r.loc)
+            .is_some_and(|loc| self.page_shares.contains_key(&loc.pack(0)))
+    }
+
+    /// Makes the cached page `key` its component's own before the component
+    /// changes it: if its slot pair is shared with other components
+    /// (snapshots, clones), the component lets go of the pair (the others
+    /// keep it unchanged) and the page gets a pair of its own at the next
+    /// checkpoint; every block the page maps gets one more reference, the
+    /// new page's, and the page's plain entries become shared ones (a block
+    /// has at most one plain entry). Does nothing for a page the component
+    /// alone holds. The page must be cached.
+    pub(crate) fn own_page(&mut self, key: PageKey) {
+        let Some(loc) = self
+            .components
+            .get(&key.0)
+            .and_then(|comp| comp.roots.get(&key.1))
+            .and_then(|r| r.loc)
+        else {
+            return;
+        };
+        let packed = loc.pack(0);
+        match self.page_shares.get_mut(&packed) {
+            None => return,
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.page_shares.remove(&packed);
+            }
+        }
+        let blocks: Vec<BlockLoc> = match self.cache.get(&key) {
+            Some(p) => {
+                for e in p.page.entries.iter_mut() {
+                    if e.kind == EntryKind::Plain {
+                        e.kind = EntryKind::Shared;
+                    }
+                }
+                p.dirty = true;
+                p.page.entries.iter().filter_map(|e| e.block()).collect()
+            }
+            None => Vec::new(),
+        };
+        for b in blocks {
+            self.add_ref(b);
+        }
+        if let Some(comp) = self.components.get_mut(&key.0) {
+            comp.roots.insert(key.1, RootEntry { loc: None, slot: 0 });
+            comp.release(loc, 2);
+        }
+        self.new_roots += 1;
+    }
+
+    /// Adds `dst`, a snapshot or clone whose index page roots are `roots`
+    /// (every one with a slot pair, shared from here on), of family
+    /// `family`, `size_bytes` and `allocated` mapped LBAs. A snapshot owns
+    /// its root table (`snapshot`); a clone lists its roots in checkpoints.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_copy(
+        &mut self,
+        dst: u64,
+        family: u64,
+        size_bytes: u64,
+        allocated: u64,
+        roots: &[PageRoot],
+        snapshot: Option<(RootTableRef, Vec<BlockLoc>)>,
+        epoch: u64,
+    ) {
+        let mut comp = Component::new(dst, size_bytes, 0, epoch);
+        comp.family = family;
+        comp.allocated = allocated;
+        for r in roots {
+            comp.roots.insert(
+                r.page_no,
+                RootEntry {
+                    loc: Some(r.loc),
+                    slot: r.slot,
+                },
+            );
+            comp.hold(r.loc, 2);
+            *self.page_shares.entry(r.loc.pack(0)).or_insert(0) += 1;
+        }
+        if let Some((_, blocks)) = &snapshot {
+            for b in blocks {
+                comp.hold(*b, 1);
+            }
+        }
+        comp.snapshot = snapshot;
+        self.components.insert(dst, comp);
     }
 
     /// Pages of `[start, end)` of component `c` that must be loaded first.
@@ -409,6 +622,9 @@ impl State {
         let mut g = Growth::default();
         for l in lbas {
             if !self.is_mapped(id.0, l) {
+                g.new_lbas += 1;
+            }
+            if self.needs_block(id.0, l) {
                 g.new_blocks += 1;
                 g.first_new.get_or_insert(l);
             }
@@ -420,22 +636,41 @@ impl State {
         Ok(g)
     }
 
-    /// Fails with `NoSpace` (naming the first new LBA) unless the component
-    /// can take `growth`. Blocks shared by reference count as allocated in
-    /// every component that references them, so an overwrite, which must
-    /// then store a block of its own, always finds room.
+    /// Whether writing `(c, lba)` needs a new block: it holds none of its
+    /// own in the overlay, and in the index it maps nothing or a block that
+    /// other entries share (which must stay as it is for them). Pages must
+    /// be cached.
+    fn needs_block(&self, c: u64, lba: u64) -> bool {
+        if self.overlay.contains_key(&(c, lba)) {
+            return false;
+        }
+        match self.index_entry(c, lba).block() {
+            None => true,
+            Some(loc) => {
+                self.shares.contains_key(&loc.pack(0)) || self.page_shared(c, lba / LBAS_PER_PAGE)
+            }
+        }
+    }
+
+    /// Fails with `NoSpace` (naming the first LBA that needs a block)
+    /// unless the disk group can take `growth`: a write to a block that
+    /// snapshots or copies share needs a block of its own, and is refused
+    /// here, cleanly, rather than when it is destaged.
     fn check_space(&self, id: ComponentId, growth: &Growth) -> Result<(), StoreError> {
-        let Some(first_new) = growth.first_new else {
+        let Some(first_new) = growth.first_new.or_else(|| {
+            (!growth.new_pages.is_empty())
+                .then(|| growth.new_pages.first().copied().unwrap_or(0) * LBAS_PER_PAGE)
+        }) else {
             return Ok(());
         };
         let comp = self.component(id)?;
         let new_pages = growth.new_pages.len() as u64;
-        let before = comp.committed_blocks();
-        let after = (comp.allocated + growth.new_blocks).max(comp.reserve_bytes / BLOCK_BYTES)
-            + 2 * (comp.roots.len() as u64 + new_pages);
-        let others = self.committed_blocks() - before;
+        // A reservation already counts the blocks it will be written into.
+        let reserved = comp.reserve_shortfall().min(growth.new_lbas);
+        let after =
+            self.committed_blocks() + growth.new_blocks.saturating_sub(reserved) + 2 * new_pages;
         let roots_after = self.roots_total() + new_pages;
-        if others + after > self.usable_blocks || roots_after > self.roots_max {
+        if after > self.usable_blocks || roots_after > self.roots_max {
             return Err(StoreError::NoSpace {
                 component: id,
                 lba: Lba(first_new),
@@ -530,7 +765,10 @@ impl State {
                 s,
             ));
         }
-        let growth = self.growth(dst, shared_lbas.into_iter())?;
+        let mut growth = self.growth(dst, shared_lbas.into_iter())?;
+        // A copy by reference takes no block, only the pages to map it.
+        growth.new_blocks = 0;
+        growth.first_new = None;
         self.check_space(dst, &growth)?;
         Ok(Some(entries))
     }
@@ -564,6 +802,7 @@ impl State {
             crc: *crc,
             lost: *lost,
             placed: None,
+            new_block: false,
         });
         self.stage(id, lba, pending, epoch, check_space)
     }
@@ -587,6 +826,7 @@ impl State {
             crc: *crc,
             lost: false,
             placed: Some(*loc),
+            new_block: false,
         });
         let ops = self.stage(id, lba, pending, epoch, check_space)?;
         for (op, placed) in ops.iter().zip(blocks) {
@@ -613,16 +853,25 @@ impl State {
         for (i, mut pending) in blocks.enumerate() {
             let op = self.next_op;
             self.next_op += 1;
+            let key = (c, lba.0 + i as u64);
             pending.op = op;
-            self.overlay.insert((c, lba.0 + i as u64), pending);
+            // A placed block is on the capacity tier already; any other
+            // takes a block when destaged unless the LBA has one of its own
+            // to give back (or the overlay already counted one for it).
+            pending.new_block = pending.placed.is_none()
+                && match self.overlay.get(&key) {
+                    Some(old) => old.new_block,
+                    None => self.needs_block(c, key.1),
+                };
+            self.overlay_insert(key, pending);
             ops.push(op);
         }
         if let Some(comp) = self.components.get_mut(&c) {
-            comp.allocated += growth.new_blocks;
+            comp.allocated += growth.new_lbas;
             comp.highest_epoch = comp.highest_epoch.max(epoch.0);
-            for p in growth.new_pages {
-                comp.roots.insert(p, RootEntry { loc: None, slot: 0 });
-            }
+        }
+        for p in growth.new_pages {
+            self.add_new_root(c, p);
         }
         Ok(ops)
     }
@@ -647,7 +896,7 @@ impl State {
         let mut unmapped = 0u64;
         let mut in_overlay = BTreeSet::new();
         for k in keys {
-            self.overlay.remove(&k);
+            self.overlay_remove(&k);
             unmapped += 1;
             in_overlay.insert(k.1);
         }
@@ -658,12 +907,21 @@ impl State {
         };
         let mut freed = Vec::new();
         for page_no in pages {
-            let Some(cached) = self.cache.get(&(c, page_no)) else {
-                continue;
-            };
             let base = page_no * LBAS_PER_PAGE;
             let lo = start.max(base);
             let hi = end.min(base + LBAS_PER_PAGE);
+            let changes = self.cache.peek(&(c, page_no)).is_some_and(|p| {
+                p.page.entries[(lo - base) as usize..(hi - base) as usize]
+                    .iter()
+                    .any(|e| e.is_mapped())
+            });
+            if !changes {
+                continue;
+            }
+            self.own_page((c, page_no));
+            let Some(cached) = self.cache.get(&(c, page_no)) else {
+                continue;
+            };
             for l in lo..hi {
                 let e = &mut cached.page.entries[(l - base) as usize];
                 if e.is_mapped() {
@@ -714,14 +972,11 @@ impl State {
         let key = (c, page_no);
         if !self.cache.contains(&key) {
             self.cache.insert(key, IndexPage::empty(c, page_no), true);
-            if let Some(comp) = self.components.get_mut(&c) {
-                comp.roots
-                    .entry(page_no)
-                    .or_insert(RootEntry { loc: None, slot: 0 });
-            }
+            self.add_new_root(c, page_no);
         }
+        self.own_page(key);
         let was_mapped = self.is_mapped(c, lba);
-        self.overlay.remove(&(c, lba));
+        self.overlay_remove(&(c, lba));
         self.add_ref(loc);
         let slot = (lba % LBAS_PER_PAGE) as usize;
         let old = match self.cache.get(&key) {
@@ -806,8 +1061,33 @@ impl State {
 
     /// Removes a component from the table with its cached pages; the caller
     /// frees its blocks once it has read the pages that were not cached.
+    /// Pages whose slot pair other components share (a snapshot's, a
+    /// clone's) stay with them: the component only lets go of its share, and
+    /// they are left out of the returned roots and pages, so the caller
+    /// frees only what the component alone held (its root table too, for a
+    /// snapshot).
     pub(crate) fn take_component(&mut self, c: u64) -> Option<(Component, Vec<IndexPage>)> {
-        let comp = self.components.remove(&c)?;
+        let mut comp = self.components.remove(&c)?;
+        let mut kept_shared = Vec::new();
+        for (page_no, root) in &comp.roots {
+            match root.loc {
+                None => self.new_roots = self.new_roots.saturating_sub(1),
+                Some(loc) => {
+                    let packed = loc.pack(0);
+                    match self.page_shares.get_mut(&packed) {
+                        Some(n) if *n > 1 => *n -= 1,
+                        Some(_) => {
+                            self.page_shares.remove(&packed);
+                        }
+                        None => continue,
+                    }
+                    kept_shared.push(*page_no);
+                }
+            }
+        }
+        for page_no in kept_shared {
+            comp.roots.remove(&page_no);
+        }
         let mut cached = Vec::new();
         for page_no in comp.roots.keys() {
             if let Some(p) = self.cache.remove(&(c, *page_no)) {
@@ -821,7 +1101,7 @@ impl State {
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
-            self.overlay.remove(&k);
+            self.overlay_remove(&k);
         }
         Some((comp, cached))
     }

@@ -150,6 +150,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     };
     let mut version = 0u64;
     for op in ops {
+        let shown = format!("{op:?}");
         match op {
             Op::Write { big, slot, blocks } => {
                 let c = if big { BIG } else { SMALL };
@@ -254,6 +255,9 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 dg = rig.open().await;
             }
         }
+        dg.audit_references()
+            .await
+            .map_err(|e| TestCaseError::fail(format!("after {shown}: {e}")))?;
     }
     verify(&dg, &model).await?;
     // A settled store holds data blocks plus two blocks per index page that
