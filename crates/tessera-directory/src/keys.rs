@@ -557,6 +557,99 @@ impl Keyspace {
     pub fn evacuations(&self) -> Prefix<EvacuationRecord> {
         self.prefix(&["evacuations"])
     }
+
+    /// A snapshot of a volume.
+    pub fn snapshot(&self, volume: &VolumeId, name: &SnapshotName) -> Key<SnapshotRecord> {
+        self.key(&["snapshots", volume.as_str(), name.as_str()])
+    }
+
+    /// The snapshots of one volume.
+    pub fn snapshots_of(&self, volume: &VolumeId) -> Prefix<SnapshotRecord> {
+        self.prefix(&["snapshots", volume.as_str()])
+    }
+
+    /// Every volume's snapshots.
+    pub fn snapshots(&self) -> Prefix<SnapshotRecord> {
+        self.prefix(&["snapshots"])
+    }
+}
+
+/// A snapshot's name: 1 to 64 characters of letters, digits, `.`, `_` and
+/// `-`, not starting with `.` (it is a directory key segment and part of
+/// the export name `volume@snapshot`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SnapshotName(String);
+
+impl SnapshotName {
+    /// Checks `name`.
+    pub fn new(name: &str) -> std::result::Result<SnapshotName, String> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && !name.starts_with('.')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if ok {
+            Ok(SnapshotName(name.to_string()))
+        } else {
+            Err(format!(
+                "snapshot name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"
+            ))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for SnapshotName {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<SnapshotName, String> {
+        SnapshotName::new(&s)
+    }
+}
+
+impl From<SnapshotName> for String {
+    fn from(n: SnapshotName) -> String {
+        n.0
+    }
+}
+
+impl std::fmt::Display for SnapshotName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A snapshot of a volume: a crash-consistent point in time its owner took
+/// on every data copy between two of its writes, and the components that
+/// hold it (read-only, each on the disk group of the copy it was taken of).
+/// Written by the owner that took it, under its epoch; removed by the
+/// control plane when the snapshot is deleted, after its components.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRecord {
+    /// The volume.
+    pub volume: VolumeId,
+    /// The snapshot's name, unique among the volume's snapshots.
+    pub name: SnapshotName,
+    /// Its number, unique in the cluster: each of its components' ids is
+    /// made from it and the id of the copy it was taken of.
+    pub id: u64,
+    /// When it was taken (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    /// The volume's logical block size.
+    pub block_bytes: u32,
+    /// The owner epoch that took it.
+    pub epoch: Epoch,
+    /// Its components: the volume's columns, each copy replaced by its
+    /// snapshot, no witnesses.
+    pub layout: Layout,
 }
 
 /// Where a scheduled scrub pass of one disk group is: the next block it

@@ -35,6 +35,9 @@
 //! | DELETE | `/volumes/{name}[?force=true]` | 204 |
 //! | GET | `/volumes/{name}/iscsi-access` | 200 `IscsiAccessView` |
 //! | PUT | `/volumes/{name}/iscsi-access` (`IscsiAccess`) | 200 `IscsiAccessView` |
+//! | GET | `/volumes/{name}/snapshots` | 200 `[SnapshotView]` (oldest first) |
+//! | POST | `/volumes/{name}/snapshots` (`CreateSnapshot`) | 201 `SnapshotView` |
+//! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
@@ -42,8 +45,8 @@
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
 
 use crate::control::{
-    ClusterControl, ControlError, CreatePolicy, CreateVolume, Evacuate, InjectFault, IscsiAccess,
-    RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
+    ClusterControl, ControlError, CreatePolicy, CreateSnapshot, CreateVolume, Evacuate,
+    InjectFault, IscsiAccess, RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -85,6 +88,14 @@ pub fn router(control: Control) -> Router {
         .route(
             "/v1/volumes/{name}/iscsi-access",
             get(iscsi_access).put(set_iscsi_access),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots",
+            get(snapshots).post(create_snapshot),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots/{snapshot}",
+            axum::routing::delete(delete_snapshot),
         )
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
@@ -193,6 +204,31 @@ async fn rename_volume(
         Ok(request) => respond(StatusCode::OK, control.rename_volume(&name, request).await),
         Err(e) => error_response(e),
     }
+}
+
+async fn snapshots(State(control): State<Control>, Path(name): Path<String>) -> Response {
+    respond(StatusCode::OK, control.snapshots(&name).await)
+}
+
+async fn create_snapshot(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<CreateSnapshot>(&body) {
+        Ok(request) => respond(
+            StatusCode::CREATED,
+            control.create_snapshot(&name, request).await,
+        ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn delete_snapshot(
+    State(control): State<Control>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> Response {
+    respond_empty(control.delete_snapshot(&name, &snapshot).await)
 }
 
 async fn iscsi_access(State(control): State<Control>, Path(name): Path<String>) -> Response {

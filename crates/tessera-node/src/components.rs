@@ -15,7 +15,7 @@ use tessera_replica::{ReplicaError, ReplicaService};
 use tessera_store::StoreError;
 use tessera_transport::{Transport, TransportError};
 use tessera_types::layout::ComponentPlacement;
-use tessera_types::{Epoch, HostId, Lba, VolumeId};
+use tessera_types::{ComponentId, Epoch, HostId, Lba, VolumeId};
 use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
 
 // The coordinator cuts sharing copies into pieces the store accepts whole.
@@ -90,6 +90,41 @@ impl ClusterComponents {
         match self.send(c, class, request).await? {
             Response::Ok => Ok(()),
             other => Err(unexpected(c, other)),
+        }
+    }
+
+    /// Sends a request that makes a snapshot or a clone of `c` to its host
+    /// and expects `Ok`. A host whose release predates the request (wire
+    /// v4) is never sent it: the transport refuses it before sending, and
+    /// that is answered [`ComponentError::NotShared`] (nothing changed, the
+    /// host cannot share its blocks), never `Unreachable`, which would count
+    /// a host that is up, and its copy, as gone.
+    async fn expect_ok_shared(
+        &self,
+        c: &ComponentPlacement,
+        request: Request,
+    ) -> Result<(), ComponentError> {
+        let unreachable = |detail: String| ComponentError::Unreachable {
+            component: c.id,
+            host: c.host.clone(),
+            detail,
+        };
+        let Some(addr) = self.peers.transport_addr(&c.host) else {
+            return Err(unreachable("no address known for the host".into()));
+        };
+        match self
+            .transport
+            .call(&c.host, addr, QueueClass::Guest, request)
+            .await
+        {
+            Ok(Response::Ok) => Ok(()),
+            Ok(other) => Err(unexpected(c, other)),
+            Err(e @ TransportError::Encode { .. }) => Err(ComponentError::NotShared {
+                component: c.id,
+                host: c.host.clone(),
+                detail: e.to_string(),
+            }),
+            Err(e) => Err(unreachable(e.to_string())),
         }
     }
 }
@@ -441,6 +476,56 @@ impl ComponentIo for ClusterComponents {
             .await
     }
 
+    async fn snapshot(
+        &self,
+        c: &ComponentPlacement,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        let component = self.reference(c);
+        if self.is_local(c) {
+            return self
+                .replica
+                .snapshot(&component, snapshot, epoch)
+                .await
+                .map_err(|e| local_error(c, e));
+        }
+        self.expect_ok_shared(
+            c,
+            Request::SnapshotComponent {
+                component,
+                snapshot,
+                epoch,
+            },
+        )
+        .await
+    }
+
+    async fn clone_snapshot(
+        &self,
+        c: &ComponentPlacement,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        let snapshot = self.reference(c);
+        if self.is_local(c) {
+            return self
+                .replica
+                .clone_snapshot(&snapshot, clone, epoch)
+                .await
+                .map_err(|e| local_error(c, e));
+        }
+        self.expect_ok_shared(
+            c,
+            Request::CloneSnapshot {
+                snapshot,
+                clone,
+                epoch,
+            },
+        )
+        .await
+    }
+
     async fn status(&self, c: &ComponentPlacement) -> Result<ComponentStatus, ComponentError> {
         let component = self.reference(c);
         if self.is_local(c) {
@@ -470,5 +555,245 @@ impl ComponentIo for ClusterComponents {
             }),
             other => Err(unexpected(c, other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Snapshots and clones reached from one host: of a component on the
+    //! host itself (the replica's typed API) and of one on a peer (the wire,
+    //! over real loopback transports), and a peer whose release predates
+    //! them, which is never sent the request.
+
+    use super::*;
+    use tessera_directory::keys::{HostAddresses, HostRecord};
+    use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig};
+    use tessera_transport::{RequestHandler, TransportConfig};
+    use tessera_types::layout::{ComponentRole, ComponentState};
+    use tessera_types::{DiskGroupId, FaultDomainId, BLOCK_BYTES};
+    use tessera_wire::VersionRange;
+
+    const BLOCKS: u32 = 64;
+
+    /// A host's replica service answering its transport.
+    struct Serve(Arc<ReplicaService>);
+
+    #[async_trait]
+    impl RequestHandler for Serve {
+        async fn handle(&self, _from: HostId, request: Request) -> Response {
+            self.0.handle(request).await
+        }
+    }
+
+    struct TestHost {
+        id: HostId,
+        replica: Arc<ReplicaService>,
+        transport: Arc<Transport>,
+    }
+
+    async fn host(dir: &std::path::Path, name: &str, versions: VersionRange) -> TestHost {
+        let group = DiskGroup::create(DiskGroupConfig {
+            id: DiskGroupId::new("dg0").unwrap(),
+            cache: DeviceSpec {
+                path: dir.join(format!("{name}-cache")),
+                size_bytes: 64 << 20,
+            },
+            capacity: vec![DeviceSpec {
+                path: dir.join(format!("{name}-capacity")),
+                size_bytes: 256 << 20,
+            }],
+            index_cache_bytes: 1 << 20,
+            content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
+            direct_io: tessera_store::DirectIo::Off,
+        })
+        .await
+        .expect("disk group created");
+        let replica = Arc::new(ReplicaService::new(vec![group]));
+        let id = HostId::new(name).unwrap();
+        let transport = Transport::bind(
+            id.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Serve(Arc::clone(&replica))),
+            TransportConfig {
+                versions,
+                ..TransportConfig::default()
+            },
+        )
+        .await
+        .expect("transport bound");
+        TestHost {
+            id,
+            replica,
+            transport: Arc::new(transport),
+        }
+    }
+
+    fn record(h: &TestHost) -> HostRecord {
+        let at = h.transport.local_addr();
+        HostRecord {
+            id: h.id.clone(),
+            fault_domain: FaultDomainId::new(h.id.as_str()).unwrap(),
+            addresses: HostAddresses {
+                transport: at,
+                nbd: at,
+                iscsi: at,
+                api: at,
+            },
+            disk_groups: Vec::new(),
+            witness_only: false,
+        }
+    }
+
+    fn placement(id: u64, host: &TestHost) -> ComponentPlacement {
+        ComponentPlacement {
+            id: ComponentId(id),
+            role: ComponentRole::Data,
+            host: host.id.clone(),
+            disk_group: DiskGroupId::new("dg0").unwrap(),
+            fault_domain: FaultDomainId::new(host.id.as_str()).unwrap(),
+            votes: 1,
+            size_bytes: 16 << 20,
+            state: ComponentState::Active,
+        }
+    }
+
+    fn pattern(seed: u8) -> Bytes {
+        Bytes::from(
+            (0..u64::from(BLOCKS) * BLOCK_BYTES)
+                .map(|i| seed.wrapping_add((i % 251) as u8))
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    async fn read(io: &ClusterComponents, c: &ComponentPlacement) -> Bytes {
+        io.read(c, Lba(0), BLOCKS, IoClass::Guest)
+            .await
+            .unwrap_or_else(|e| panic!("read of {}: {e}", c.id))
+    }
+
+    /// Snapshot, check the point in time and the refusal of writes, clone,
+    /// write the clone: the same whether `on` is the calling host or not.
+    async fn snapshot_and_clone(io: &ClusterComponents, on: &TestHost, first: u64) {
+        let live = placement(first, on);
+        let snap = placement(first + 1, on);
+        let clone = placement(first + 2, on);
+        io.create(&live, 0).await.unwrap();
+        io.write(&live, Lba(0), pattern(1), Epoch(1), IoClass::Guest)
+            .await
+            .unwrap();
+        io.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
+        io.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
+        io.write(&live, Lba(0), pattern(2), Epoch(1), IoClass::Guest)
+            .await
+            .unwrap();
+        assert_eq!(read(io, &snap).await, pattern(1));
+        assert_eq!(read(io, &live).await, pattern(2));
+
+        // A snapshot refuses changes, naming itself.
+        let err = io
+            .write(&snap, Lba(0), pattern(3), Epoch(1), IoClass::Guest)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ComponentError::Io { component, detail }
+                if *component == snap.id && detail.contains("is a snapshot")),
+            "{err:?}"
+        );
+        let err = io
+            .unmap(&snap, Lba(0), 1, Epoch(1), IoClass::Guest)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ComponentError::Io { .. }), "{err:?}");
+
+        io.clone_snapshot(&snap, clone.id, Epoch(1)).await.unwrap();
+        io.clone_snapshot(&snap, clone.id, Epoch(1)).await.unwrap();
+        assert_eq!(read(io, &clone).await, pattern(1));
+        io.write(&clone, Lba(0), pattern(4), Epoch(1), IoClass::Guest)
+            .await
+            .unwrap();
+        assert_eq!(read(io, &clone).await, pattern(4));
+        assert_eq!(read(io, &snap).await, pattern(1));
+
+        // A stale owner takes no snapshot.
+        io.fence(&live, Epoch(5)).await.unwrap();
+        let err = io
+            .snapshot(&live, ComponentId(first + 3), Epoch(4))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ComponentError::StaleEpoch {
+                    highest: Epoch(5),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn snapshots_and_clones_of_local_and_remote_components() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = host(dir.path(), "h1", VersionRange::SUPPORTED).await;
+        let peer = host(dir.path(), "h2", VersionRange::SUPPORTED).await;
+        let peers = Arc::new(Peers::default());
+        peers.set_record(record(&peer));
+        let io = ClusterComponents::new(
+            here.id.clone(),
+            VolumeId::new("vol").unwrap(),
+            Arc::clone(&here.replica),
+            Arc::clone(&here.transport),
+            peers,
+        );
+
+        snapshot_and_clone(&io, &here, 10).await;
+        snapshot_and_clone(&io, &peer, 20).await;
+        // Each was made on the host of the component it was made from.
+        for id in [11, 12] {
+            assert!(here.replica.home(ComponentId(id)).is_some());
+            assert!(peer.replica.home(ComponentId(id)).is_none());
+        }
+        for id in [21, 22] {
+            assert!(peer.replica.home(ComponentId(id)).is_some());
+            assert!(here.replica.home(ComponentId(id)).is_none());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_older_than_snapshots_is_never_sent_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = host(dir.path(), "h1", VersionRange::SUPPORTED).await;
+        let old = host(dir.path(), "h2", VersionRange { min: 1, max: 3 }).await;
+        let peers = Arc::new(Peers::default());
+        peers.set_record(record(&old));
+        let io = ClusterComponents::new(
+            here.id.clone(),
+            VolumeId::new("vol").unwrap(),
+            Arc::clone(&here.replica),
+            Arc::clone(&here.transport),
+            peers,
+        );
+        let live = placement(1, &old);
+        io.create(&live, 0).await.unwrap();
+
+        for err in [
+            io.snapshot(&live, ComponentId(2), Epoch(1)).await,
+            io.clone_snapshot(&live, ComponentId(3), Epoch(1)).await,
+        ] {
+            match err {
+                Err(ComponentError::NotShared {
+                    component, detail, ..
+                }) => {
+                    assert_eq!(component, live.id);
+                    assert!(detail.contains("older release"), "{detail}");
+                }
+                other => panic!("expected NotShared, got {other:?}"),
+            }
+        }
+        // The peer is up and still answers what it speaks; nothing was made.
+        io.status(&live).await.unwrap();
+        assert!(old.replica.home(ComponentId(2)).is_none());
+        assert!(old.replica.home(ComponentId(3)).is_none());
     }
 }

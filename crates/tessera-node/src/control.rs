@@ -420,6 +420,44 @@ pub struct IscsiAccess {
     pub target_chap: Option<ChapCredential>,
 }
 
+/// Body of `POST /v1/volumes/{name}/snapshots`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// The snapshot's name: 1 to 64 letters, digits, `.`, `_` or `-`.
+    pub name: String,
+}
+
+/// A snapshot of a volume, as shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotView {
+    /// The volume.
+    pub volume: String,
+    /// The snapshot's name.
+    pub name: String,
+    /// The read-only NBD export that serves it (`volume@snapshot`).
+    pub export: String,
+    /// When it was taken (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    /// The owner epoch that took it.
+    pub epoch: u64,
+    /// Its components, one per data copy of the volume.
+    pub components: Vec<SnapshotComponentView>,
+}
+
+/// One component of a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotComponentView {
+    /// The component.
+    pub id: String,
+    /// Its host.
+    pub host: String,
+    /// Its disk group.
+    pub disk_group: String,
+}
+
 /// A volume's iSCSI access settings, as shown (secrets never are).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IscsiAccessView {
@@ -848,6 +886,19 @@ pub trait ClusterControl: Send + Sync + 'static {
     ) -> Result<IscsiAccessView, ControlError>;
     /// Shows who may log in to a volume's iSCSI target.
     async fn iscsi_access(&self, name: &str) -> Result<IscsiAccessView, ControlError>;
+    /// Takes a snapshot of a volume: a crash-consistent point in time on
+    /// every copy, taken by its owner between two writes while clients go
+    /// on (their writes wait for it).
+    async fn create_snapshot(
+        &self,
+        volume: &str,
+        request: CreateSnapshot,
+    ) -> Result<SnapshotView, ControlError>;
+    /// A volume's snapshots, oldest first.
+    async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotView>, ControlError>;
+    /// Deletes a snapshot and frees what it alone holds; the volume and its
+    /// other snapshots are untouched.
+    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError>;
     /// The component tree of a volume.
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError>;
     /// Compares every active copy of a volume block by block.

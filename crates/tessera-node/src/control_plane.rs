@@ -126,6 +126,8 @@ pub struct ControlPlane {
     changes: tokio::sync::Mutex<()>,
 }
 
+mod snapshots;
+
 fn internal(e: impl std::fmt::Display) -> ControlError {
     ControlError::Unavailable(format!("directory: {e}"))
 }
@@ -1252,7 +1254,15 @@ impl ClusterControl for ControlPlane {
                 missed.push(format!("{} on {}: {e}", c.id, c.host));
             }
         }
-        let ops = vec![
+        // Its snapshots go with it (linked clones made of them stay).
+        let mut ops = Vec::new();
+        for snapshot in self.snapshot_records(&record.name).await? {
+            if let Err(e) = self.delete_snapshot_components(&snapshot).await {
+                missed.push(e.to_string());
+            }
+            ops.push(self.keys.snapshot(&record.name, &snapshot.name).delete_op());
+        }
+        ops.extend([
             self.keys.volume(&record.name).delete_op(),
             self.keys.layout(&record.name).delete_op(),
             self.keys.dirty_regions(&record.name).delete_op(),
@@ -1260,7 +1270,7 @@ impl ClusterControl for ControlPlane {
             self.keys.owner_epoch(&record.name).delete_op(),
             self.keys.reservation(&record.name).delete_op(),
             self.keys.iscsi_access(&record.name).delete_op(),
-        ];
+        ]);
         self.directory
             .txn(tessera_directory::Txn::new().and_then(ops))
             .await
@@ -1318,6 +1328,22 @@ impl ClusterControl for ControlPlane {
         .await
         .map_err(internal)?;
         Ok(iscsi_access_view(name, stored.as_ref().map(|r| &r.value)))
+    }
+
+    async fn create_snapshot(
+        &self,
+        volume: &str,
+        request: CreateSnapshot,
+    ) -> Result<SnapshotView, ControlError> {
+        self.take_snapshot(volume, request).await
+    }
+
+    async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotView>, ControlError> {
+        self.list_snapshots(volume).await
+    }
+
+    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError> {
+        self.remove_snapshot(volume, name).await
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {

@@ -88,6 +88,9 @@ fn parse_mem_total(text: &str) -> Option<u64> {
 /// Coordinators of the volumes a host owns, shared with its request handler.
 pub type Owned = Arc<RwLock<HashMap<VolumeId, Arc<Coordinator>>>>;
 
+/// A snapshot as the view keys it: its volume and its name.
+pub type SnapshotKey = (VolumeId, keys::SnapshotName);
+
 /// What the host knows of the cluster's volumes, kept current by the directory
 /// watch (`host/directory_mirror.rs`).
 #[derive(Default)]
@@ -103,6 +106,8 @@ pub struct VolumeView {
     pub datastore: RwLock<Option<DatastoreSpace>>,
     /// Who may log in to each volume's iSCSI target.
     pub iscsi_access: RwLock<HashMap<VolumeId, keys::IscsiAccessRecord>>,
+    /// Snapshots, by volume and name.
+    pub snapshots: RwLock<HashMap<SnapshotKey, keys::SnapshotRecord>>,
 }
 
 /// A running host.
@@ -312,6 +317,7 @@ impl Host {
         let attachments = Arc::new(Attachments::default());
         let catalog = Arc::new(HostCatalog::new(
             id.clone(),
+            Arc::clone(&replica),
             Arc::clone(&owned),
             Arc::clone(&view),
             Arc::clone(&peers),
@@ -473,6 +479,20 @@ impl Host {
     /// cache.
     pub fn memory_bytes(&self) -> u64 {
         self.memory_bytes
+    }
+
+    /// The record of snapshot `name` of `volume`, as this host's view of
+    /// the directory has it.
+    pub fn snapshot(
+        &self,
+        volume: &VolumeId,
+        name: &keys::SnapshotName,
+    ) -> Option<keys::SnapshotRecord> {
+        self.view
+            .snapshots
+            .read()
+            .get(&(volume.clone(), name.clone()))
+            .cloned()
     }
 
     /// A handle on a ready volume, as this host's NBD server and iSCSI

@@ -22,6 +22,7 @@ pub mod iscsi;
 pub mod peers;
 pub mod resync_board;
 pub mod routing;
+pub mod snapshot_export;
 pub mod up;
 
 pub use error::NodeError;

@@ -40,6 +40,7 @@ const ROUTE_RETRY: Duration = Duration::from_millis(200);
 /// The exports of one host.
 pub struct HostCatalog {
     host: HostId,
+    replica: Arc<tessera_replica::ReplicaService>,
     owned: Owned,
     view: Arc<VolumeView>,
     peers: Arc<Peers>,
@@ -51,6 +52,7 @@ impl HostCatalog {
     /// A catalog over the host's view of the volumes.
     pub fn new(
         host: HostId,
+        replica: Arc<tessera_replica::ReplicaService>,
         owned: Owned,
         view: Arc<VolumeView>,
         peers: Arc<Peers>,
@@ -59,6 +61,7 @@ impl HostCatalog {
     ) -> HostCatalog {
         HostCatalog {
             host,
+            replica,
             owned,
             view,
             peers,
@@ -95,6 +98,16 @@ impl HostCatalog {
         }))
     }
 
+    /// The snapshot an export name (`volume@snapshot`) names, if it exists.
+    fn snapshot(&self, name: &str) -> Option<tessera_directory::keys::SnapshotRecord> {
+        let (volume, snapshot) = name.split_once(crate::snapshot_export::SNAPSHOT_SEPARATOR)?;
+        let key = (
+            VolumeId::new(volume).ok()?,
+            tessera_directory::keys::SnapshotName::new(snapshot).ok()?,
+        );
+        self.view.snapshots.read().get(&key).cloned()
+    }
+
     /// Counts one iSCSI session of `volume` while the guard lives.
     pub fn attach(&self, volume: &VolumeId) -> AttachGuard {
         self.attachments.attach(volume)
@@ -111,16 +124,43 @@ impl ExportCatalog for HostCatalog {
             .filter(|v| v.state == tessera_directory::keys::VolumeState::Ready)
             .map(|v| v.name.to_string())
             .collect();
+        names.extend(
+            self.view
+                .snapshots
+                .read()
+                .values()
+                .map(crate::snapshot_export::export_name),
+        );
         names.sort();
         names
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+        if let Some(record) = self.snapshot(name) {
+            let io = Arc::new(crate::components::ClusterComponents::new(
+                self.host.clone(),
+                record.volume.clone(),
+                Arc::clone(&self.replica),
+                Arc::clone(&self.transport),
+                Arc::clone(&self.peers),
+            ));
+            return Some(Arc::new(crate::snapshot_export::SnapshotDevice::new(
+                record,
+                io,
+                self.host.clone(),
+            )));
+        }
         self.open_handle(name, true)
             .map(|h| h as Arc<dyn BlockDevice>)
     }
 
     fn description(&self, name: &str) -> Option<String> {
+        if let Some(record) = self.snapshot(name) {
+            return Some(format!(
+                "Tessera snapshot {} of volume {} (read-only)",
+                record.name, record.volume
+            ));
+        }
         let volume = VolumeId::new(name).ok()?;
         let record = self.view.volumes.read().get(&volume).cloned()?;
         Some(format!("Tessera volume {name} (policy {})", record.policy))
@@ -270,6 +310,27 @@ impl VolumeHandle {
                 blocks,
             },
             true,
+        )
+        .await?
+        .done()
+    }
+
+    /// Has the owner take snapshot number `id`, named `name`, of the volume
+    /// on every copy and record it. Not repeated on a lost answer: the
+    /// caller looks for the record instead.
+    pub async fn snapshot(
+        &self,
+        name: &tessera_directory::keys::SnapshotName,
+        id: u64,
+        created_ms: u64,
+    ) -> Result<(), BlockError> {
+        self.run(
+            VolumeOp::Snapshot {
+                name: name.to_string(),
+                id,
+                created_ms,
+            },
+            false,
         )
         .await?
         .done()
@@ -473,6 +534,12 @@ enum VolumeOp {
         lba: Lba,
         blocks: u32,
     },
+    /// Take and record a snapshot of the volume.
+    Snapshot {
+        name: String,
+        id: u64,
+        created_ms: u64,
+    },
 }
 
 /// What a volume operation answers.
@@ -542,7 +609,7 @@ impl VolumeOp {
             | VolumeOp::WriteZeroes { offset, .. }
             | VolumeOp::CompareAndWrite { offset, .. }
             | VolumeOp::BlockStatus { offset, .. } => *offset,
-            VolumeOp::Flush | VolumeOp::RepairCopy { .. } => 0,
+            VolumeOp::Flush | VolumeOp::RepairCopy { .. } | VolumeOp::Snapshot { .. } => 0,
         }
     }
 
@@ -560,7 +627,10 @@ impl VolumeOp {
                 0
             }),
             VolumeOp::Unmap { .. } => Some(0),
-            VolumeOp::Flush | VolumeOp::BlockStatus { .. } | VolumeOp::RepairCopy { .. } => None,
+            VolumeOp::Flush
+            | VolumeOp::BlockStatus { .. }
+            | VolumeOp::RepairCopy { .. }
+            | VolumeOp::Snapshot { .. } => None,
         }
     }
 
@@ -600,6 +670,14 @@ impl VolumeOp {
                 blocks,
             } => c
                 .repair_copy(component, lba, blocks as u64)
+                .await
+                .map(|_| Answer::Done),
+            VolumeOp::Snapshot {
+                name,
+                id,
+                created_ms,
+            } => c
+                .snapshot(&name, id, created_ms)
                 .await
                 .map(|_| Answer::Done),
         }
@@ -655,6 +733,16 @@ impl VolumeOp {
                 component,
                 lba,
                 blocks,
+            },
+            VolumeOp::Snapshot {
+                name,
+                id,
+                created_ms,
+            } => Request::VolumeSnapshot {
+                volume,
+                name,
+                snapshot: id,
+                created_ms,
             },
         }
     }
@@ -722,6 +810,19 @@ impl VolumeOp {
                     component,
                     lba,
                     blocks,
+                },
+            ),
+            Request::VolumeSnapshot {
+                volume,
+                name,
+                snapshot,
+                created_ms,
+            } => (
+                volume,
+                VolumeOp::Snapshot {
+                    name,
+                    id: snapshot,
+                    created_ms,
                 },
             ),
             _ => return None,

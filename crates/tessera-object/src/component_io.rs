@@ -199,6 +199,31 @@ pub trait ComponentIo: Send + Sync + 'static {
     /// Deletes the component and frees its space.
     async fn delete(&self, component: &ComponentPlacement) -> Result<(), ComponentError>;
 
+    /// Takes a snapshot of `component`: a new read-only component
+    /// `snapshot` on the same disk group that holds what `component` holds
+    /// now, sharing its stored blocks (nothing is copied). Writes to
+    /// `component` that reach its host while it is taken are ordered before
+    /// or after it; the caller makes sure none is in flight. Checked against
+    /// the component's epoch like a write. Taking the same snapshot again
+    /// succeeds and changes nothing.
+    async fn snapshot(
+        &self,
+        component: &ComponentPlacement,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError>;
+
+    /// Makes `clone` a new writable component on the snapshot's disk group
+    /// that holds what the snapshot `snapshot` holds, sharing its stored
+    /// blocks until either is changed (a linked clone). Making the same
+    /// clone again succeeds and changes nothing.
+    async fn clone_snapshot(
+        &self,
+        snapshot: &ComponentPlacement,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError>;
+
     /// Epoch and space of the component.
     async fn status(
         &self,
@@ -230,4 +255,26 @@ pub trait LayoutRecorder: Send + Sync + 'static {
 
     /// Persists `dirty` alone (the layout did not change).
     async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String>;
+
+    /// Persists a snapshot the coordinator took, if its epoch is still the
+    /// volume's and the volume has no snapshot of that name; an error
+    /// otherwise (the coordinator then deletes what it took).
+    async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String>;
+}
+
+/// A snapshot a coordinator took on every copy of its volume, for its
+/// [`LayoutRecorder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenSnapshot {
+    /// Its name, as asked.
+    pub name: String,
+    /// Its number (its components' ids are made from it).
+    pub id: u64,
+    /// When it was taken (ms since the Unix epoch), as asked.
+    pub created_ms: u64,
+    /// The owner epoch that took it.
+    pub epoch: Epoch,
+    /// Its components: the volume's columns, each copy replaced by its
+    /// snapshot (see [`crate::snapshot_layout`]).
+    pub layout: Layout,
 }

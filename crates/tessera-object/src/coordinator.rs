@@ -39,8 +39,10 @@
 //!   refuses all further I/O.
 
 mod share;
+mod snapshot;
 
 pub use share::{CopyReport, SHARE_STEP_BYTES};
+pub use snapshot::snapshot_layout;
 
 use crate::component_io::{ComponentError, ComponentIo, IoClass, LayoutRecorder};
 use crate::dirty::DirtyRegions;

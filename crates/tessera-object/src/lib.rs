@@ -20,11 +20,11 @@ mod read_cache;
 
 pub use component_io::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder,
-    CLONE_BLOCKS_MAX,
+    TakenSnapshot, CLONE_BLOCKS_MAX,
 };
 pub use coordinator::{
-    Coordinator, CopyReport, HostShared, ObjectCounters, ResyncError, ResyncProgress, ResyncReport,
-    RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
+    snapshot_layout, Coordinator, CopyReport, HostShared, ObjectCounters, ResyncError,
+    ResyncProgress, ResyncReport, RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use io_scheduler::{IoClient, IoPermit, IoScheduler};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tessera_blockdev::{BlockDevice, BlockError, ExtentKind, WriteFlags, ZeroMode};
 use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, CopyReport, IoClass,
-    LayoutRecorder, ResyncProgress, CLONE_BLOCKS_MAX,
+    LayoutRecorder, ResyncProgress, TakenSnapshot, CLONE_BLOCKS_MAX,
 };
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{
@@ -26,6 +26,11 @@ struct Replica {
     blocks: BTreeMap<u64, Vec<u8>>,
     corrupt: HashSet<u64>,
     epoch: Epoch,
+    /// A snapshot: refuses every change, as the store's does.
+    read_only: bool,
+    /// The component a snapshot or clone was made from (making it again
+    /// succeeds; making it over another component does not).
+    made_from: Option<ComponentId>,
 }
 
 /// Components held in memory, keyed by component id (unique across the
@@ -72,6 +77,70 @@ impl Components {
         }
         Ok(())
     }
+    /// What a change to a snapshot gets from a host: the store refuses it
+    /// (answered `Invalid`, an I/O error naming the component).
+    fn check_writable(r: &Replica, c: &ComponentPlacement) -> Result<(), ComponentError> {
+        if r.read_only {
+            return Err(ComponentError::Io {
+                component: c.id,
+                detail: format!("component {} is a snapshot: it cannot be written", c.id),
+            });
+        }
+        Ok(())
+    }
+    /// Makes `made` on the host of `from` holding what `from` holds, as a
+    /// snapshot (checked against `from`'s epoch) or as a clone of one.
+    fn make(
+        &self,
+        from: &ComponentPlacement,
+        made: ComponentId,
+        epoch: Epoch,
+        snapshot: bool,
+    ) -> Result<(), ComponentError> {
+        self.check(from)?;
+        if self.cannot_share.lock().contains(&from.host) {
+            return Err(ComponentError::NotShared {
+                component: from.id,
+                host: from.host.clone(),
+                detail: "the host's release cannot share blocks".into(),
+            });
+        }
+        let mut all = self.replicas.lock();
+        let Some(source) = all.get(&from.id) else {
+            return Err(ComponentError::NotFound {
+                component: from.id,
+                host: from.host.clone(),
+            });
+        };
+        if snapshot {
+            Self::check_epoch(source, from, epoch)?;
+            Self::check_writable(source, from)?;
+        } else if !source.read_only {
+            return Err(ComponentError::Io {
+                component: from.id,
+                detail: format!("component {} is not a snapshot", from.id),
+            });
+        }
+        if let Some(existing) = all.get(&made) {
+            if existing.made_from == Some(from.id) && existing.read_only == snapshot {
+                return Ok(());
+            }
+            return Err(ComponentError::Io {
+                component: from.id,
+                detail: format!("component {made} already exists"),
+            });
+        }
+        // The blocks are shared, so a bad one is bad in both.
+        let copy = Replica {
+            blocks: source.blocks.clone(),
+            corrupt: source.corrupt.clone(),
+            epoch: source.epoch.max(epoch),
+            read_only: snapshot,
+            made_from: Some(from.id),
+        };
+        all.insert(made, copy);
+        Ok(())
+    }
     fn contents(&self, id: ComponentId) -> BTreeMap<u64, Vec<u8>> {
         self.replicas
             .lock()
@@ -95,6 +164,7 @@ impl ComponentIo for Components {
         let mut all = self.replicas.lock();
         let r = all.entry(c.id).or_default();
         Self::check_epoch(r, c, epoch)?;
+        Self::check_writable(r, c)?;
         for (i, chunk) in data.chunks(BLOCK_BYTES as usize).enumerate() {
             r.blocks.insert(lba.0 + i as u64, chunk.to_vec());
             r.corrupt.remove(&(lba.0 + i as u64));
@@ -142,6 +212,7 @@ impl ComponentIo for Components {
         let mut all = self.replicas.lock();
         let r = all.entry(c.id).or_default();
         Self::check_epoch(r, c, epoch)?;
+        Self::check_writable(r, c)?;
         for b in lba.0..lba.0 + blocks {
             r.blocks.remove(&b);
         }
@@ -203,6 +274,7 @@ impl ComponentIo for Components {
         }
         let mut all = self.replicas.lock();
         Self::check_epoch(all.entry(target.id).or_default(), target, clone.epoch)?;
+        Self::check_writable(&all[&target.id], target)?;
         let from: Vec<Option<Vec<u8>>> = {
             let r = all.entry(source.id).or_default();
             (s..s + n).map(|b| r.blocks.get(&b).cloned()).collect()
@@ -234,11 +306,31 @@ impl ComponentIo for Components {
         Ok(())
     }
     async fn resize(&self, c: &ComponentPlacement, _size: u64) -> Result<(), ComponentError> {
-        self.check(c)
+        self.check(c)?;
+        match self.replicas.lock().get(&c.id) {
+            Some(r) => Self::check_writable(r, c),
+            None => Ok(()),
+        }
     }
     async fn delete(&self, c: &ComponentPlacement) -> Result<(), ComponentError> {
         self.replicas.lock().remove(&c.id);
         Ok(())
+    }
+    async fn snapshot(
+        &self,
+        c: &ComponentPlacement,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.make(c, snapshot, epoch, true)
+    }
+    async fn clone_snapshot(
+        &self,
+        snapshot: &ComponentPlacement,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.make(snapshot, clone, epoch, false)
     }
     async fn status(&self, c: &ComponentPlacement) -> Result<ComponentStatus, ComponentError> {
         self.check(c)?;
@@ -255,7 +347,12 @@ impl ComponentIo for Components {
 /// What the coordinator recorded: every layout, and the dirty-region
 /// record as the directory would hold it.
 #[derive(Default)]
-struct Recorded(Mutex<Vec<Layout>>, Mutex<Option<DirtyRecord>>, AtomicBool);
+struct Recorded(
+    Mutex<Vec<Layout>>,
+    Mutex<Option<DirtyRecord>>,
+    AtomicBool,
+    Mutex<Vec<TakenSnapshot>>,
+);
 
 impl Recorded {
     /// The directory's latest layout and dirty-region record.
@@ -286,6 +383,15 @@ impl LayoutRecorder for Recorded {
             return Err("the directory cannot be reached".into());
         }
         *self.1.lock() = Some(dirty.clone());
+        Ok(())
+    }
+
+    async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String> {
+        let mut taken = self.3.lock();
+        if taken.iter().any(|s| s.name == snapshot.name) {
+            return Err(format!("a snapshot named {} exists", snapshot.name));
+        }
+        taken.push(snapshot.clone());
         Ok(())
     }
 }
@@ -1411,4 +1517,101 @@ async fn sequential_writes_mark_intents_ahead_of_themselves() {
         .await
         .unwrap();
     assert_eq!(coord.intent_blocks(), vec![19 * 256]);
+}
+
+/// Writes of block `i` with seed `i + round`, `count` of them at once.
+async fn write_round(coord: &Arc<Coordinator>, round: u8, count: u64) {
+    let writes = (0..count).map(|i| {
+        let coord = Arc::clone(coord);
+        async move {
+            coord
+                .write(
+                    i * 4096,
+                    pattern(round.wrapping_add(i as u8), 4096),
+                    WriteFlags::default(),
+                )
+                .await
+        }
+    });
+    for result in futures::future::join_all(writes).await {
+        result.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_is_one_point_in_time_on_every_copy_between_writes_in_flight() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    write_round(&coord, 1, 64).await;
+    // Writes of round 2 run while the snapshot is taken: each lands wholly
+    // before it on both copies, or wholly after.
+    let racing = {
+        let coord = Arc::clone(&coord);
+        tokio::spawn(async move { write_round(&coord, 2, 64).await })
+    };
+    tokio::task::yield_now().await;
+    let layout = coord.snapshot("s1", 77, 1_000).await.unwrap();
+    racing.await.unwrap();
+    // Round 3 starts after it returned: none of it is in the snapshot.
+    write_round(&coord, 3, 64).await;
+    let copies: Vec<ComponentId> = layout.columns[0].copies.iter().map(|c| c.id).collect();
+    assert_eq!(
+        copies,
+        [ComponentId(1).snapshot(77), ComponentId(2).snapshot(77)]
+    );
+    assert!(layout.witnesses.is_empty());
+    let (first, second) = (comps.contents(copies[0]), comps.contents(copies[1]));
+    assert_eq!(first, second, "the copies' snapshots are one point in time");
+    for i in 0..64u64 {
+        let block = &first[&i];
+        let round1 = pattern(1u8.wrapping_add(i as u8), 4096);
+        let round2 = pattern(2u8.wrapping_add(i as u8), 4096);
+        assert!(
+            block[..] == round1[..] || block[..] == round2[..],
+            "block {i} holds neither round 1 nor round 2"
+        );
+    }
+    // The volume holds round 3; the snapshot refuses changes.
+    assert_eq!(comps.contents(ComponentId(1))[&5][..], pattern(8, 4096)[..]);
+    let snapshot_copy = layout.columns[0].copies[0].clone();
+    assert!(comps
+        .write(
+            &snapshot_copy,
+            Lba(0),
+            pattern(9, 4096),
+            Epoch(1),
+            IoClass::Guest
+        )
+        .await
+        .is_err());
+    // Recorded under the owner's epoch.
+    let recorded = rec.3.lock().clone();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(
+        (recorded[0].name.as_str(), recorded[0].id, recorded[0].epoch),
+        ("s1", 77, Epoch(1))
+    );
+    assert_eq!(recorded[0].layout, layout);
+    // The same name again: refused, and its components are deleted again.
+    let err = coord.snapshot("s1", 78, 2_000).await.unwrap_err();
+    assert!(err.to_string().contains("not recorded"), "{err}");
+    assert!(comps.contents(ComponentId(1).snapshot(78)).is_empty());
+}
+
+#[tokio::test]
+async fn a_snapshot_is_refused_while_a_copy_is_behind_and_leaves_nothing() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    coord
+        .write(0, pattern(1, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    comps.down.lock().insert(HostId("h2".into()));
+    coord.host_absent(&HostId("h2".into())).await.unwrap();
+    coord
+        .write(0, pattern(2, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    let err = coord.snapshot("s", 5, 0).await.unwrap_err();
+    assert!(err.to_string().contains("in sync"), "{err}");
+    assert!(rec.3.lock().is_empty());
+    assert!(comps.contents(ComponentId(1).snapshot(5)).is_empty());
 }

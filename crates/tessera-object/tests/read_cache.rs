@@ -15,7 +15,7 @@ use std::time::Duration;
 use tessera_blockdev::{copy_by_data, BlockDevice, BlockError, WriteFlags, ZeroMode};
 use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, IoClass, LayoutRecorder,
-    ReadCache, READ_CACHE_ENTRY_COST_BYTES,
+    ReadCache, TakenSnapshot, READ_CACHE_ENTRY_COST_BYTES,
 };
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::{
@@ -44,6 +44,25 @@ struct Hold {
 struct Replica {
     blocks: BTreeMap<u64, Vec<u8>>,
     epoch: Epoch,
+    /// A snapshot: refuses every change, as the store's does.
+    read_only: bool,
+    /// The component a snapshot or clone was made from (making it again
+    /// succeeds; making it over another component does not).
+    made_from: Option<ComponentId>,
+}
+
+impl Replica {
+    /// What a change to a snapshot gets from a host: the store refuses it
+    /// (answered `Invalid`, an I/O error naming the component).
+    fn check_writable(&self, c: &ComponentPlacement) -> Result<(), ComponentError> {
+        if self.read_only {
+            return Err(ComponentError::Io {
+                component: c.id,
+                detail: format!("component {} is a snapshot: it cannot be written", c.id),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Components in memory. Reads are counted per component; a read can be
@@ -97,6 +116,56 @@ impl Components {
         (reached, tx)
     }
 
+    /// Makes `made` holding what `from` holds, as a snapshot (checked
+    /// against `from`'s epoch) or as a clone of one.
+    fn make(
+        &self,
+        from: &ComponentPlacement,
+        made: ComponentId,
+        epoch: Epoch,
+        snapshot: bool,
+    ) -> Result<(), ComponentError> {
+        let mut all = self.replicas.lock();
+        let Some(source) = all.get(&from.id) else {
+            return Err(ComponentError::NotFound {
+                component: from.id,
+                host: from.host.clone(),
+            });
+        };
+        if snapshot {
+            if epoch < source.epoch {
+                return Err(ComponentError::StaleEpoch {
+                    component: from.id,
+                    epoch,
+                    highest: source.epoch,
+                });
+            }
+            source.check_writable(from)?;
+        } else if !source.read_only {
+            return Err(ComponentError::Io {
+                component: from.id,
+                detail: format!("component {} is not a snapshot", from.id),
+            });
+        }
+        if let Some(existing) = all.get(&made) {
+            if existing.made_from == Some(from.id) && existing.read_only == snapshot {
+                return Ok(());
+            }
+            return Err(ComponentError::Io {
+                component: from.id,
+                detail: format!("component {made} already exists"),
+            });
+        }
+        let copy = Replica {
+            blocks: source.blocks.clone(),
+            epoch: source.epoch.max(epoch),
+            read_only: snapshot,
+            made_from: Some(from.id),
+        };
+        all.insert(made, copy);
+        Ok(())
+    }
+
     /// Holds the next write of `lba` on `component` before it lands.
     fn hold_write(&self, component: u64, lba: u64) -> (Arc<Notify>, oneshot::Sender<()>) {
         let (tx, rx) = oneshot::channel();
@@ -137,6 +206,7 @@ impl ComponentIo for Components {
                 highest: r.epoch,
             });
         }
+        r.check_writable(c)?;
         for (i, chunk) in data.chunks(B as usize).enumerate() {
             r.blocks.insert(lba.0 + i as u64, chunk.to_vec());
         }
@@ -179,6 +249,7 @@ impl ComponentIo for Components {
     ) -> Result<(), ComponentError> {
         let mut all = self.replicas.lock();
         let r = all.entry(c.id).or_default();
+        r.check_writable(c)?;
         for b in lba.0..lba.0 + blocks {
             r.blocks.remove(&b);
         }
@@ -221,6 +292,7 @@ impl ComponentIo for Components {
                 .collect()
         };
         let r = all.entry(target.id).or_default();
+        r.check_writable(target)?;
         for (i, block) in from.into_iter().enumerate() {
             let b = clone.target_lba.0 + i as u64;
             match block {
@@ -250,13 +322,34 @@ impl ComponentIo for Components {
         Ok(())
     }
 
-    async fn resize(&self, _c: &ComponentPlacement, _size: u64) -> Result<(), ComponentError> {
-        Ok(())
+    async fn resize(&self, c: &ComponentPlacement, _size: u64) -> Result<(), ComponentError> {
+        match self.replicas.lock().get(&c.id) {
+            Some(r) => r.check_writable(c),
+            None => Ok(()),
+        }
     }
 
     async fn delete(&self, c: &ComponentPlacement) -> Result<(), ComponentError> {
         self.replicas.lock().remove(&c.id);
         Ok(())
+    }
+
+    async fn snapshot(
+        &self,
+        c: &ComponentPlacement,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.make(c, snapshot, epoch, true)
+    }
+
+    async fn clone_snapshot(
+        &self,
+        snapshot: &ComponentPlacement,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        self.make(snapshot, clone, epoch, false)
     }
 
     async fn status(&self, c: &ComponentPlacement) -> Result<ComponentStatus, ComponentError> {
@@ -284,6 +377,10 @@ impl LayoutRecorder for Recorded {
     }
 
     async fn record_dirty(&self, _dirty: &DirtyRecord) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn record_snapshot(&self, _snapshot: &TakenSnapshot) -> Result<(), String> {
         Ok(())
     }
 }

@@ -12,7 +12,9 @@
 //! create for a component that exists elsewhere on the host goes to that
 //! disk group (idempotent), never to a second one. Blocks are shared
 //! (`CloneBlocks`) only between components of one disk group; any other
-//! pair is answered `NotColocated` and nothing changes.
+//! pair is answered `NotColocated` and nothing changes. A snapshot, and a
+//! clone of one, is made on the disk group of the component it is made
+//! from: that is where the blocks it shares are.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
@@ -370,6 +372,16 @@ impl ReplicaService {
                 self.clone_blocks(&source, source_lba, &target, target_lba, blocks, epoch)
                     .await,
             ),
+            Request::SnapshotComponent {
+                component,
+                snapshot,
+                epoch,
+            } => done(self.snapshot(&component, snapshot, epoch).await),
+            Request::CloneSnapshot {
+                snapshot,
+                clone,
+                epoch,
+            } => done(self.clone_snapshot(&snapshot, clone, epoch).await),
             other => Response::error(
                 WireErrorKind::Invalid,
                 format!("{} is not a component operation", other.kind().name()),
@@ -427,6 +439,97 @@ impl ReplicaService {
             .clone_blocks(source.id, source_lba, target.id, target_lba, blocks, epoch)
             .await
             .map_err(|e| store(target, e))
+    }
+
+    /// Takes a snapshot `snapshot` of `component` (see
+    /// [`DiskGroup::snapshot_component`]): a read-only component of the
+    /// same volume, on `component`'s disk group, holding what `component`
+    /// holds now. Refused with a stale epoch if `component` has seen a
+    /// newer owner than `epoch`. Taking the same snapshot again succeeds and
+    /// changes nothing.
+    pub async fn snapshot(
+        &self,
+        component: &ComponentRef,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ReplicaError> {
+        let (group, home) = self.home_for_copy(component, snapshot)?;
+        // The store takes the snapshot without looking at the source's
+        // epoch, so a stale owner is turned away here, as its writes are:
+        // it must not leave a point in time the new owner does not know of.
+        // A fence that lands after this check orders the snapshot before it.
+        let highest = group.epoch(component.id).map_err(|e| store(component, e))?;
+        if epoch < highest {
+            return Err(store(
+                component,
+                StoreError::StaleEpoch {
+                    component: component.id,
+                    epoch,
+                    highest,
+                },
+            ));
+        }
+        group
+            .snapshot_component(component.id, snapshot, epoch)
+            .await
+            .map_err(|e| store(component, e))?;
+        self.homes.write().insert(snapshot, home);
+        Ok(())
+    }
+
+    /// Makes `clone` a writable linked clone of the snapshot `snapshot`
+    /// (see [`DiskGroup::clone_component`]): a component of the same volume,
+    /// on the snapshot's disk group, holding what the snapshot holds and
+    /// accepting `epoch` and later. Making the same clone again succeeds and
+    /// changes nothing.
+    pub async fn clone_snapshot(
+        &self,
+        snapshot: &ComponentRef,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ReplicaError> {
+        let (group, home) = self.home_for_copy(snapshot, clone)?;
+        group
+            .clone_component(snapshot.id, clone, epoch)
+            .await
+            .map_err(|e| store(snapshot, e))?;
+        self.homes.write().insert(clone, home);
+        Ok(())
+    }
+
+    /// The disk group (and its index) of `from`, where a snapshot or clone
+    /// `made` of it is made. A `made` that already lives on another disk
+    /// group of this host is refused: the store would make a second
+    /// component of that number, on a second disk group. Errors name
+    /// `from`, the component the request addresses (the store's error names
+    /// the component it is about).
+    fn home_for_copy(
+        &self,
+        from: &ComponentRef,
+        made: ComponentId,
+    ) -> Result<(Arc<DiskGroup>, usize), ReplicaError> {
+        let (from_home, made_home) = {
+            let homes = self.homes.read();
+            (homes.get(&from.id).copied(), homes.get(&made).copied())
+        };
+        let Some(home) = from_home else {
+            return Err(ReplicaError::NotFound {
+                component: from.clone(),
+            });
+        };
+        if let Some(other) = made_home.filter(|&h| h != home) {
+            let size_bytes = self.groups[other]
+                .component_space(made)
+                .map_or(0, |s| s.logical_bytes);
+            return Err(store(
+                from,
+                StoreError::ComponentExists {
+                    component: made,
+                    size_bytes,
+                },
+            ));
+        }
+        Ok((Arc::clone(&self.groups[home]), home))
     }
 }
 

@@ -5,9 +5,10 @@
 //! workload of writes and reads checked against an oracle of what was
 //! acknowledged.
 //!
-//! Owns: the simulated copies' hosts and their fault model, the in-memory
-//! directory the owners record layouts and dirty-region maps in, the
-//! workload and its oracle, and the checks.
+//! Owns: the simulated copies' hosts and their fault model (snapshots and
+//! clones of copies included, made on the copy's host as the store makes
+//! them), the in-memory directory the owners record layouts and
+//! dirty-region maps in, the workload and its oracle, and the checks.
 //!
 //! The volume: FTT=1, two data copies on hosts 0 and 1 and a witness on
 //! host 2, 8 MiB (eight 1 MiB dirty regions). Its owner is not on any of
@@ -63,7 +64,7 @@ use tessera_blockdev::{BlockDevice, WriteFlags};
 use tessera_env::{Rng, SeededRng};
 use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, HostShared, IoClass,
-    LayoutRecorder, ResyncProgress,
+    LayoutRecorder, ResyncProgress, TakenSnapshot,
 };
 use tessera_types::dirty::{DirtyRecord, RecordedDirty};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror};
@@ -135,6 +136,20 @@ struct Copy {
     /// Writes acknowledged but not yet durable: each block with what it
     /// held before, oldest first.
     unsynced: Vec<(u64, Option<u64>)>,
+    /// A snapshot: refuses every change, as the store's does.
+    read_only: bool,
+    /// The component a snapshot or clone was made from, so that making it
+    /// again is told apart from a clash with another component.
+    made_from: Option<ComponentId>,
+}
+
+/// How a copy is made from another on its host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// A read-only point in time of a component.
+    Snapshot,
+    /// A writable copy of a snapshot.
+    Clone,
 }
 
 /// Everything the hosts of the copies hold, and the run's randomness.
@@ -190,6 +205,9 @@ impl Hosts {
                 highest: copy.epoch,
             });
         }
+        if copy.read_only {
+            return Err(read_only(c.id));
+        }
         copy.epoch = copy.epoch.max(epoch);
         for (i, &tag) in tags.iter().enumerate() {
             let block = lba + i as u64;
@@ -202,6 +220,76 @@ impl Hosts {
                 copy.unsynced.push((block, before));
             }
         }
+        Ok(())
+    }
+
+    /// Makes `made`, on the host of `from`, a snapshot of `from` or a clone
+    /// of the snapshot `from`, holding what `from` holds, as the store does:
+    /// a snapshot is checked against `from`'s epoch; making the same one
+    /// again succeeds; making one over another component is refused.
+    fn make(
+        &mut self,
+        from: &ComponentPlacement,
+        made: ComponentId,
+        epoch: Epoch,
+        how: Made,
+    ) -> Result<(), ComponentError> {
+        let host = self.reach(from)?;
+        let source = self.copies.get(&from.id).ok_or(ComponentError::NotFound {
+            component: from.id,
+            host: from.host.clone(),
+        })?;
+        match how {
+            Made::Snapshot if source.read_only => return Err(read_only(from.id)),
+            Made::Snapshot if self.epoch_fencing && epoch < source.epoch => {
+                return Err(ComponentError::StaleEpoch {
+                    component: from.id,
+                    epoch,
+                    highest: source.epoch,
+                })
+            }
+            Made::Clone if !source.read_only => {
+                return Err(ComponentError::Io {
+                    component: from.id,
+                    detail: format!(
+                        "component {} is not a snapshot: only a snapshot can be cloned",
+                        from.id
+                    ),
+                })
+            }
+            _ => {}
+        }
+        let is_snapshot = how == Made::Snapshot;
+        match self.copies.get(&made) {
+            Some(existing)
+                if existing.made_from == Some(from.id) && existing.read_only == is_snapshot =>
+            {
+                return Ok(());
+            }
+            Some(_) => {
+                return Err(ComponentError::Io {
+                    component: from.id,
+                    detail: format!("component {made} already exists"),
+                })
+            }
+            None => {}
+        }
+        let copy = Copy {
+            host,
+            epoch: source.epoch.max(epoch),
+            blocks: source.blocks.clone(),
+            unsynced: Vec::new(),
+            read_only: is_snapshot,
+            made_from: Some(from.id),
+        };
+        if is_snapshot {
+            // The store commits the source's blocks before it takes the
+            // snapshot, so a crash loses none of them from either.
+            if let Some(source) = self.copies.get_mut(&from.id) {
+                source.unsynced.clear();
+            }
+        }
+        self.copies.insert(made, copy);
         Ok(())
     }
 
@@ -224,6 +312,18 @@ impl Hosts {
         for copy in self.copies.values_mut() {
             copy.unsynced.clear();
         }
+    }
+}
+
+/// What a change to a snapshot gets: the error the node gives for the
+/// store's refusal (answered `Invalid`, which the coordinator sees as an
+/// I/O error naming the component).
+fn read_only(component: ComponentId) -> ComponentError {
+    ComponentError::Io {
+        component,
+        detail: format!(
+            "component {component} is a snapshot: it cannot be written, unmapped or resized"
+        ),
     }
 }
 
@@ -273,13 +373,23 @@ impl SimComponents {
         tags: Vec<u64>,
         epoch: Epoch,
     ) -> Result<(), ComponentError> {
+        let c = c.clone();
+        self.deliver(move |hosts| hosts.apply(&c, lba, &tags, epoch))
+            .await
+    }
+
+    /// Carries `change` to the hosts and its answer back, each way after a
+    /// seeded wait; the change is made even if the caller stops waiting.
+    async fn deliver<F>(&self, change: F) -> Result<(), ComponentError>
+    where
+        F: FnOnce(&mut Hosts) -> Result<(), ComponentError> + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let hosts = Arc::clone(&self.hosts);
-        let c = c.clone();
         tokio::spawn(async move {
             let link = SimComponents { hosts };
             link.hop().await;
-            let result = link.hosts.lock().apply(&c, lba, &tags, epoch);
+            let result = change(&mut link.hosts.lock());
             link.hop().await;
             let _ = tx.send(result);
         });
@@ -408,12 +518,39 @@ impl ComponentIo for SimComponents {
         component: &ComponentPlacement,
         _size_bytes: u64,
     ) -> Result<(), ComponentError> {
-        self.hosts.lock().reach(component).map(|_| ())
+        let hosts = self.hosts.lock();
+        hosts.reach(component)?;
+        match hosts.copies.get(&component.id) {
+            Some(copy) if copy.read_only => Err(read_only(component.id)),
+            _ => Ok(()),
+        }
     }
 
     async fn delete(&self, component: &ComponentPlacement) -> Result<(), ComponentError> {
         self.hosts.lock().copies.remove(&component.id);
         Ok(())
+    }
+
+    async fn snapshot(
+        &self,
+        component: &ComponentPlacement,
+        snapshot: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        let c = component.clone();
+        self.deliver(move |hosts| hosts.make(&c, snapshot, epoch, Made::Snapshot))
+            .await
+    }
+
+    async fn clone_snapshot(
+        &self,
+        snapshot: &ComponentPlacement,
+        clone: ComponentId,
+        epoch: Epoch,
+    ) -> Result<(), ComponentError> {
+        let c = snapshot.clone();
+        self.deliver(move |hosts| hosts.make(&c, clone, epoch, Made::Clone))
+            .await
     }
 
     async fn status(
@@ -439,6 +576,8 @@ struct Directory {
     dirty: Option<DirtyRecord>,
     record_dirty_regions: bool,
     record_write_intents: bool,
+    /// Snapshots recorded, by name.
+    snapshots: BTreeMap<String, TakenSnapshot>,
 }
 
 /// One owner's way to the directory, fenced by its epoch.
@@ -485,6 +624,19 @@ impl LayoutRecorder for SimRecorder {
             return Err(format!("owned at {} now", d.owner_epoch));
         }
         Self::store_dirty(&mut d, dirty);
+        Ok(())
+    }
+
+    async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String> {
+        tokio::task::yield_now().await;
+        let mut d = self.directory.lock();
+        if d.owner_epoch != self.epoch {
+            return Err(format!("owned at {} now", d.owner_epoch));
+        }
+        if d.snapshots.contains_key(&snapshot.name) {
+            return Err(format!("a snapshot named {} exists", snapshot.name));
+        }
+        d.snapshots.insert(snapshot.name.clone(), snapshot.clone());
         Ok(())
     }
 }
@@ -956,6 +1108,7 @@ pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathRepor
             dirty: None,
             record_dirty_regions: config.record_dirty_regions,
             record_write_intents: config.record_write_intents,
+            snapshots: BTreeMap::new(),
         }));
         let first = {
             let io = Arc::new(SimComponents {
@@ -999,4 +1152,177 @@ pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathRepor
         world.report.digest = digest;
         Ok(world.report)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The simulated copies' snapshots and clones behave as the store's:
+    //! a point in time that refuses changes, a writable copy of one, both
+    //! idempotent, and subject to the hosts' faults like any operation.
+
+    use super::*;
+
+    fn world(write_before_ack: bool) -> SimComponents {
+        let mut copies = BTreeMap::new();
+        copies.insert(
+            ComponentId(1),
+            Copy {
+                host: 0,
+                ..Copy::default()
+            },
+        );
+        SimComponents {
+            hosts: Arc::new(Mutex::new(Hosts {
+                up: [true; HOSTS],
+                copies,
+                rng: SeededRng::new(1),
+                write_before_ack,
+                epoch_fencing: true,
+                log: Vec::new(),
+            })),
+        }
+    }
+
+    fn run<F: std::future::Future<Output = ()>>(f: F) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(f);
+    }
+
+    fn data(tag: u64, blocks: u64) -> Bytes {
+        let mut b = BytesMut::new();
+        for _ in 0..blocks {
+            b.extend_from_slice(&block_of(tag));
+        }
+        b.freeze()
+    }
+
+    async fn tags(io: &SimComponents, c: &ComponentPlacement) -> Vec<u64> {
+        let data = io.read(c, Lba(0), 4, IoClass::Guest).await.unwrap();
+        data.chunks(BLOCK_BYTES as usize).map(tag_of).collect()
+    }
+
+    #[test]
+    fn a_snapshot_keeps_its_point_in_time_and_a_clone_changes_alone() {
+        run(async {
+            let io = world(true);
+            let live = placement(1, ComponentRole::Data, 0);
+            let snap = placement(2, ComponentRole::Data, 0);
+            let clone = placement(3, ComponentRole::Data, 0);
+            io.write(&live, Lba(0), data(7, 4), Epoch(1), IoClass::Guest)
+                .await
+                .unwrap();
+            io.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
+            io.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
+            io.write(&live, Lba(0), data(8, 2), Epoch(1), IoClass::Guest)
+                .await
+                .unwrap();
+            assert_eq!(tags(&io, &live).await, [8, 8, 7, 7]);
+            assert_eq!(tags(&io, &snap).await, [7, 7, 7, 7]);
+
+            for refused in [
+                io.write(&snap, Lba(0), data(9, 1), Epoch(1), IoClass::Guest)
+                    .await,
+                io.unmap(&snap, Lba(0), 1, Epoch(1), IoClass::Guest).await,
+                io.resize(&snap, 0).await,
+            ] {
+                assert!(
+                    matches!(&refused, Err(ComponentError::Io { component, detail })
+                        if *component == snap.id && detail.contains("is a snapshot")),
+                    "{refused:?}"
+                );
+            }
+            assert_eq!(tags(&io, &snap).await, [7, 7, 7, 7]);
+
+            io.clone_snapshot(&snap, clone.id, Epoch(2)).await.unwrap();
+            io.clone_snapshot(&snap, clone.id, Epoch(2)).await.unwrap();
+            io.unmap(&clone, Lba(3), 1, Epoch(2), IoClass::Guest)
+                .await
+                .unwrap();
+            assert_eq!(tags(&io, &clone).await, [7, 7, 7, 0]);
+            assert_eq!(tags(&io, &snap).await, [7, 7, 7, 7]);
+            assert_eq!(io.status(&clone).await.unwrap().epoch, Epoch(2));
+        });
+    }
+
+    #[test]
+    fn what_the_store_refuses_the_simulation_refuses() {
+        run(async {
+            let io = world(true);
+            let live = placement(1, ComponentRole::Data, 0);
+            let snap = placement(2, ComponentRole::Data, 0);
+            io.fence(&live, Epoch(5)).await.unwrap();
+            let stale = io.snapshot(&live, snap.id, Epoch(4)).await;
+            assert!(
+                matches!(
+                    stale,
+                    Err(ComponentError::StaleEpoch {
+                        highest: Epoch(5),
+                        ..
+                    })
+                ),
+                "{stale:?}"
+            );
+            // Only a snapshot is cloned; nothing is made over another
+            // component.
+            let not_a_snapshot = io.clone_snapshot(&live, ComponentId(3), Epoch(5)).await;
+            assert!(
+                matches!(not_a_snapshot, Err(ComponentError::Io { .. })),
+                "{not_a_snapshot:?}"
+            );
+            io.snapshot(&live, snap.id, Epoch(5)).await.unwrap();
+            let onto_snapshot = io.clone_snapshot(&snap, live.id, Epoch(5)).await;
+            assert!(
+                matches!(onto_snapshot, Err(ComponentError::Io { .. })),
+                "{onto_snapshot:?}"
+            );
+            let of_a_snapshot = io.snapshot(&snap, ComponentId(4), Epoch(5)).await;
+            assert!(
+                matches!(of_a_snapshot, Err(ComponentError::Io { .. })),
+                "{of_a_snapshot:?}"
+            );
+            let missing = placement(9, ComponentRole::Data, 0);
+            let gone = io.snapshot(&missing, ComponentId(10), Epoch(5)).await;
+            assert!(
+                matches!(gone, Err(ComponentError::NotFound { .. })),
+                "{gone:?}"
+            );
+            assert!(!io.hosts.lock().copies.contains_key(&ComponentId(3)));
+            assert!(!io.hosts.lock().copies.contains_key(&ComponentId(4)));
+        });
+    }
+
+    #[test]
+    fn a_snapshot_of_a_host_that_is_down_is_not_taken_and_one_taken_survives_a_crash() {
+        run(async {
+            // Writes acknowledged before they are durable: a crash loses
+            // them from the copy, but not from a snapshot taken since (the
+            // store commits a component's blocks before it takes one).
+            let io = world(false);
+            let live = placement(1, ComponentRole::Data, 0);
+            let snap = placement(2, ComponentRole::Data, 0);
+            io.write(&live, Lba(0), data(7, 4), Epoch(1), IoClass::Guest)
+                .await
+                .unwrap();
+            io.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
+            io.hosts.lock().crash(0);
+            let down = io.snapshot(&live, ComponentId(3), Epoch(1)).await;
+            assert!(
+                matches!(down, Err(ComponentError::Unreachable { .. })),
+                "{down:?}"
+            );
+            let down = io.clone_snapshot(&snap, ComponentId(3), Epoch(1)).await;
+            assert!(
+                matches!(down, Err(ComponentError::Unreachable { .. })),
+                "{down:?}"
+            );
+            io.hosts.lock().up[0] = true;
+            assert_eq!(tags(&io, &live).await, [7, 7, 7, 7]);
+            assert_eq!(tags(&io, &snap).await, [7, 7, 7, 7]);
+            assert!(!io.hosts.lock().copies.contains_key(&ComponentId(3)));
+        });
+    }
 }

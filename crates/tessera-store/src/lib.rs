@@ -58,6 +58,7 @@ pub use group::{
 };
 pub use recovery::COMPONENTS_MAX;
 pub use scrub::{BadBlock, ScrubCursor, ScrubProgress, ScrubReport};
+pub use snapshot::HeldSpace;
 
 /// Most blocks [`DiskGroup::clone_blocks`] shares in one call: bounds the log
 /// entries (56 bytes each) one request holds.

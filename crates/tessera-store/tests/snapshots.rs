@@ -418,6 +418,15 @@ fn a_snapshot_costs_exactly_the_blocks_overwritten_since_it_was_taken() {
             (overwritten.len() as u64 + 2 * pages.len() as u64) * 4096,
             "the snapshot holds the overwritten blocks, and the volume has pages of its own"
         );
+        // It holds alone exactly what was overwritten, and shares the rest.
+        let held = dg.held_space(ComponentId(2)).await.unwrap();
+        assert_eq!(held.alone_bytes, 450 * 4096);
+        assert_eq!(held.shared_bytes, 550 * 4096);
+        let held = dg.held_space(ComponentId(1)).await.unwrap();
+        assert_eq!(
+            (held.alone_bytes, held.shared_bytes),
+            (450 * 4096, 550 * 4096)
+        );
         // Each reads its own version.
         let snap = dg.read(ComponentId(2), Lba(0), 1000).await.unwrap();
         let live = dg.read(ComponentId(1), Lba(0), 1000).await.unwrap();

@@ -295,6 +295,28 @@ fn every_request() -> Vec<Request> {
             offset: 0,
             len: 1 << 20,
         },
+        Request::VolumeRepairCopy {
+            volume: volume("vol-2"),
+            component: ComponentId(7),
+            lba: Lba(3),
+            blocks: 2,
+        },
+        Request::SnapshotComponent {
+            component: component(3),
+            snapshot: ComponentId(33),
+            epoch: Epoch(4),
+        },
+        Request::CloneSnapshot {
+            snapshot: component(33),
+            clone: ComponentId(34),
+            epoch: Epoch(4),
+        },
+        Request::VolumeSnapshot {
+            volume: volume("vol-2"),
+            name: "nightly".into(),
+            snapshot: 99,
+            created_ms: 1_700_000_000_000,
+        },
     ]
 }
 

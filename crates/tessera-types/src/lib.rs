@@ -137,6 +137,20 @@ fn validate_name(name: &str, kind: &'static str) -> Result<(), NameError> {
 #[serde(transparent)]
 pub struct ComponentId(pub u64);
 
+impl ComponentId {
+    /// The id of snapshot number `snapshot` of this component: a fixed mix
+    /// of the two (63 bits, like every component id), so every host names
+    /// a snapshot's components alike without asking anyone.
+    pub fn snapshot(self, snapshot: u64) -> ComponentId {
+        // SplitMix64's finaliser over both: neighbouring numbers land far
+        // apart, so a snapshot's id collides with no copy's in practice.
+        let mut z = self.0 ^ snapshot.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ComponentId((z ^ (z >> 31)) >> 1)
+    }
+}
+
 impl fmt::Display for ComponentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "c{:016x}", self.0)

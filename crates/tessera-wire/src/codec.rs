@@ -381,6 +381,20 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.u64(*blocks);
             w.u64(epoch.0);
         }
+        Request::SnapshotComponent {
+            component,
+            snapshot: made,
+            epoch,
+        }
+        | Request::CloneSnapshot {
+            snapshot: component,
+            clone: made,
+            epoch,
+        } => {
+            w.component(component);
+            w.u64(made.0);
+            w.u64(epoch.0);
+        }
         Request::Allocated {
             component,
             from,
@@ -421,6 +435,17 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.u64(component.0);
             w.u64(lba.0);
             w.u32(*blocks);
+        }
+        Request::VolumeSnapshot {
+            volume,
+            name,
+            snapshot,
+            created_ms,
+        } => {
+            w.name(volume.as_str());
+            w.text(name);
+            w.u64(*snapshot);
+            w.u64(*created_ms);
         }
         Request::VolumeUnmap {
             volume,
@@ -685,6 +710,16 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
             blocks: r.u64("blocks")?,
             epoch: r.epoch("epoch")?,
         },
+        MessageKind::SnapshotComponent => Request::SnapshotComponent {
+            component: r.component()?,
+            snapshot: ComponentId(r.u64("snapshot")?),
+            epoch: r.epoch("epoch")?,
+        },
+        MessageKind::CloneSnapshot => Request::CloneSnapshot {
+            snapshot: r.component()?,
+            clone: ComponentId(r.u64("clone")?),
+            epoch: r.epoch("epoch")?,
+        },
         MessageKind::VolumeRead => Request::VolumeRead {
             volume: r.volume("volume")?,
             offset: r.u64("offset")?,
@@ -726,6 +761,12 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
             component: ComponentId(r.u64("component")?),
             lba: r.lba("lba")?,
             blocks: r.u32("blocks")?,
+        },
+        MessageKind::VolumeSnapshot => Request::VolumeSnapshot {
+            volume: r.volume("volume")?,
+            name: r.text("name")?,
+            snapshot: r.u64("snapshot")?,
+            created_ms: r.u64("created_ms")?,
         },
         other => {
             return Err(WireError::UnknownKind {

@@ -229,6 +229,37 @@ pub enum Request {
         /// seen is refused.
         epoch: Epoch,
     },
+    /// Take a snapshot of `component`: make `snapshot` a new read-only
+    /// component of the same volume, on the same disk group of the
+    /// answering host, that holds what `component` holds now, sharing its
+    /// stored blocks (nothing is copied), on behalf of the owner at
+    /// `epoch`. Taking the same snapshot again succeeds and changes
+    /// nothing. Acknowledged (by [`Response::Ok`]) only once durable; a
+    /// later write to the snapshot is answered [`WireErrorKind::Invalid`].
+    /// Since wire v4.
+    SnapshotComponent {
+        /// The component whose contents the snapshot holds.
+        component: ComponentRef,
+        /// The new snapshot's number within the component's volume.
+        snapshot: ComponentId,
+        /// The owner's epoch; lower than the highest `component` has seen
+        /// is refused.
+        epoch: Epoch,
+    },
+    /// Make `clone` a new writable component of the snapshot's volume, on
+    /// the snapshot's disk group of the answering host, that holds what the
+    /// snapshot `snapshot` holds, sharing its stored blocks until either
+    /// changes them (a linked clone), on behalf of the owner at `epoch`.
+    /// Making the same clone again succeeds and changes nothing.
+    /// Acknowledged (by [`Response::Ok`]) only once durable. Since wire v4.
+    CloneSnapshot {
+        /// The snapshot the clone starts as.
+        snapshot: ComponentRef,
+        /// The new clone's number within the snapshot's volume.
+        clone: ComponentId,
+        /// The owner's epoch, the lowest the clone accepts.
+        epoch: Epoch,
+    },
 
     /// Read from a volume through its owner, answered by [`Response::Data`].
     VolumeRead {
@@ -308,6 +339,20 @@ pub enum Request {
         lba: Lba,
         /// Blocks.
         blocks: u32,
+    },
+    /// Take a snapshot of the volume on every copy, between two of its
+    /// writes, and record it under the owner's epoch; answered by
+    /// [`Response::Ok`] once recorded. Since wire v4.
+    VolumeSnapshot {
+        /// The volume.
+        volume: VolumeId,
+        /// The snapshot's name (checked by the owner).
+        name: String,
+        /// The snapshot's number: its components' ids are made from it.
+        snapshot: u64,
+        /// When it is taken (ms since the Unix epoch), as the requester
+        /// asked it.
+        created_ms: u64,
     },
 }
 
@@ -465,6 +510,8 @@ pub enum MessageKind {
     Allocated = 0x19,
     ComponentStatus = 0x1a,
     CloneBlocks = 0x1b,
+    SnapshotComponent = 0x1c,
+    CloneSnapshot = 0x1d,
     VolumeRead = 0x30,
     VolumeWrite = 0x31,
     VolumeFlush = 0x32,
@@ -473,6 +520,7 @@ pub enum MessageKind {
     VolumeCompareAndWrite = 0x35,
     VolumeBlockStatus = 0x36,
     VolumeRepairCopy = 0x37,
+    VolumeSnapshot = 0x38,
     HelloOk = 0x81,
     Pong = 0x82,
     Ok = 0x90,
@@ -484,7 +532,7 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 30] = [
+    const ALL: [MessageKind; 33] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -499,6 +547,8 @@ impl MessageKind {
         MessageKind::Allocated,
         MessageKind::ComponentStatus,
         MessageKind::CloneBlocks,
+        MessageKind::SnapshotComponent,
+        MessageKind::CloneSnapshot,
         MessageKind::VolumeRead,
         MessageKind::VolumeWrite,
         MessageKind::VolumeFlush,
@@ -507,6 +557,7 @@ impl MessageKind {
         MessageKind::VolumeCompareAndWrite,
         MessageKind::VolumeBlockStatus,
         MessageKind::VolumeRepairCopy,
+        MessageKind::VolumeSnapshot,
         MessageKind::HelloOk,
         MessageKind::Pong,
         MessageKind::Ok,
@@ -552,6 +603,9 @@ impl MessageKind {
         match self {
             MessageKind::CloneBlocks => WireVersion::V2,
             MessageKind::VolumeRepairCopy => WireVersion::V3,
+            MessageKind::SnapshotComponent
+            | MessageKind::CloneSnapshot
+            | MessageKind::VolumeSnapshot => WireVersion::V4,
             _ => WireVersion::V1,
         }
     }
@@ -573,6 +627,8 @@ impl MessageKind {
             MessageKind::Allocated => "Allocated",
             MessageKind::ComponentStatus => "ComponentStatus",
             MessageKind::CloneBlocks => "CloneBlocks",
+            MessageKind::SnapshotComponent => "SnapshotComponent",
+            MessageKind::CloneSnapshot => "CloneSnapshot",
             MessageKind::VolumeRead => "VolumeRead",
             MessageKind::VolumeWrite => "VolumeWrite",
             MessageKind::VolumeFlush => "VolumeFlush",
@@ -581,6 +637,7 @@ impl MessageKind {
             MessageKind::VolumeCompareAndWrite => "VolumeCompareAndWrite",
             MessageKind::VolumeBlockStatus => "VolumeBlockStatus",
             MessageKind::VolumeRepairCopy => "VolumeRepairCopy",
+            MessageKind::VolumeSnapshot => "VolumeSnapshot",
             MessageKind::HelloOk => "HelloOk",
             MessageKind::Pong => "Pong",
             MessageKind::Ok => "Ok",
@@ -617,6 +674,8 @@ impl Request {
             Request::Allocated { .. } => MessageKind::Allocated,
             Request::ComponentStatus { .. } => MessageKind::ComponentStatus,
             Request::CloneBlocks { .. } => MessageKind::CloneBlocks,
+            Request::SnapshotComponent { .. } => MessageKind::SnapshotComponent,
+            Request::CloneSnapshot { .. } => MessageKind::CloneSnapshot,
             Request::VolumeRead { .. } => MessageKind::VolumeRead,
             Request::VolumeWrite { .. } => MessageKind::VolumeWrite,
             Request::VolumeFlush { .. } => MessageKind::VolumeFlush,
@@ -625,6 +684,7 @@ impl Request {
             Request::VolumeCompareAndWrite { .. } => MessageKind::VolumeCompareAndWrite,
             Request::VolumeBlockStatus { .. } => MessageKind::VolumeBlockStatus,
             Request::VolumeRepairCopy { .. } => MessageKind::VolumeRepairCopy,
+            Request::VolumeSnapshot { .. } => MessageKind::VolumeSnapshot,
         }
     }
 }
@@ -632,7 +692,9 @@ impl Request {
 impl Request {
     /// The component a component operation addresses (`None` for volume
     /// operations and the handshake): what the replica service routes on.
-    /// For `CloneBlocks` it is the target, the component that changes.
+    /// For `CloneBlocks` it is the target, the component that changes; for
+    /// `SnapshotComponent` and `CloneSnapshot` the component the new one is
+    /// made from, which the answering host must hold.
     pub fn component(&self) -> Option<&ComponentRef> {
         match self {
             Request::CreateComponent { component, .. }
@@ -648,6 +710,11 @@ impl Request {
             | Request::ComponentStatus { component }
             | Request::CloneBlocks {
                 target: component, ..
+            }
+            | Request::SnapshotComponent { component, .. }
+            | Request::CloneSnapshot {
+                snapshot: component,
+                ..
             } => Some(component),
             _ => None,
         }
@@ -664,7 +731,8 @@ impl Request {
             | Request::VolumeWriteZeroes { volume, .. }
             | Request::VolumeCompareAndWrite { volume, .. }
             | Request::VolumeBlockStatus { volume, .. }
-            | Request::VolumeRepairCopy { volume, .. } => Some(volume),
+            | Request::VolumeRepairCopy { volume, .. }
+            | Request::VolumeSnapshot { volume, .. } => Some(volume),
             other => other.component().map(|c| &c.volume),
         }
     }

@@ -23,11 +23,17 @@ pub enum WireVersion {
     /// Adds `VolumeRepairCopy` (the owner rewrites a copy's bad blocks,
     /// found by its host's scrubber, from another copy).
     V3 = 3,
+    /// Adds `SnapshotComponent` (a read-only point-in-time copy of a
+    /// component sharing its stored blocks) and `CloneSnapshot` (a writable
+    /// linked clone of such a snapshot), both made on the disk group of the
+    /// component they are made from, and `VolumeSnapshot` (the owner takes
+    /// a snapshot of a volume on every copy and records it).
+    V4 = 4,
 }
 
 impl WireVersion {
     /// The newest version this build speaks.
-    pub const CURRENT: WireVersion = WireVersion::V3;
+    pub const CURRENT: WireVersion = WireVersion::V4;
     /// The oldest version this build still speaks.
     pub const OLDEST: WireVersion = WireVersion::V1;
 
@@ -42,6 +48,7 @@ impl WireVersion {
             1 => Ok(WireVersion::V1),
             2 => Ok(WireVersion::V2),
             3 => Ok(WireVersion::V3),
+            4 => Ok(WireVersion::V4),
             other => Err(WireError::UnsupportedVersion {
                 version: other,
                 supported: VersionRange::SUPPORTED,
@@ -121,7 +128,7 @@ mod tests {
         let err = ours.negotiate(theirs).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("v7..=v9"), "{text}");
-        assert!(text.contains("v1..=v3"), "{text}");
+        assert!(text.contains("v1..=v4"), "{text}");
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub enum Command {
     /// Volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Snapshots of volumes: crash-consistent points in time, taken while
+    /// clients write, each served read-only as the NBD export
+    /// `volume@snapshot`.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// A volume's object: its component tree, and a comparison of its copies.
     #[command(subcommand)]
     Object(ObjectCommand),
@@ -83,6 +88,31 @@ pub enum Command {
     Up(crate::daemon::UpArgs),
     /// Run one host from its configuration file.
     Node(crate::daemon::NodeArgs),
+}
+
+/// `tessera snapshot ...`
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of a volume now (its clients go on writing).
+    Create {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name: 1 to 64 letters, digits, '.', '_' or '-'.
+        name: String,
+    },
+    /// A volume's snapshots, oldest first.
+    List {
+        /// Volume name.
+        volume: String,
+    },
+    /// Delete a snapshot; the volume and its other snapshots stay as they
+    /// are.
+    Delete {
+        /// Volume name.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
 }
 
 /// `tessera host ...`

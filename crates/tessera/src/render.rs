@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use tessera_node::control::{
     CapacityView, ClusterSettings, ComponentView, EvacuationView, Health, HealthCheck, HealthCode,
     HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView,
-    Severity, StatusView, VerifyReport, VolumeView,
+    Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -424,6 +424,61 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
     t.render()
 }
 
+/// `tessera snapshot list`.
+pub fn snapshots(snapshots: &[SnapshotView]) -> String {
+    if snapshots.is_empty() {
+        return "no snapshots\n".to_string();
+    }
+    let mut t = Table::new(&["NAME", "TAKEN (UTC)", "SIZE", "EPOCH", "COPIES", "EXPORT"]);
+    for s in snapshots {
+        t.row(vec![
+            s.name.clone(),
+            utc(s.created_ms),
+            format_size(s.size_bytes),
+            s.epoch.to_string(),
+            s.components.len().to_string(),
+            s.export.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// The line printed after `snapshot create`.
+pub fn snapshot_taken(s: &SnapshotView) -> String {
+    format!(
+        "took snapshot {} of volume {} ({}, {} copies, epoch {}) at {} UTC; read it at NBD export {}\n",
+        s.name,
+        s.volume,
+        format_size(s.size_bytes),
+        s.components.len(),
+        s.epoch,
+        utc(s.created_ms),
+        s.export
+    )
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
 /// How a volume presents its blocks: "512e" (512-byte logical blocks over
 /// 4 KiB physical ones) or "4Kn".
 fn block_format(block_bytes: u32) -> &'static str {
@@ -741,6 +796,14 @@ pub fn scrubs(rows: &[ScrubView]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn snapshot_times_are_shown_as_utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_795_651_873_000), "2026-11-26 00:11:13");
+        assert_eq!(utc(951_868_799_000), "2000-02-29 23:59:59");
+    }
+
     use super::*;
     use proptest::prelude::*;
     use tessera_node::control::{DiskGroupView, Divergence, ReadCacheView};

@@ -10,7 +10,7 @@
 
 use crate::args::{
     Command, DiskGroupCommand, FaultCommand, HostCommand, ObjectCommand, PolicyCommand,
-    ResyncCommand, ScrubCommand, SettingsCommand, StoreCommand, VolumeCommand,
+    ResyncCommand, ScrubCommand, SettingsCommand, SnapshotCommand, StoreCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
@@ -19,7 +19,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
     ClusterSettings, EvacuationView, HealthReport, HostView, IscsiAccessView, ObjectView,
-    ResyncView, ScrubView, Severity, StatusView, VerifyReport, VolumeView,
+    ResyncView, ScrubView, Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -377,6 +377,26 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             client.delete(&format!("/v1/volumes/{}{query}", segment(name)))?;
             if !output.json {
                 output.text(&format!("deleted volume {name}\n"))?;
+            }
+        }
+        Command::Snapshot(SnapshotCommand::Create { volume, name }) => {
+            let path = format!("/v1/volumes/{}/snapshots", segment(volume));
+            let v = client.post_json(&path, &json!({ "name": name }))?;
+            output.view::<SnapshotView>(&path, v, render::snapshot_taken)?;
+        }
+        Command::Snapshot(SnapshotCommand::List { volume }) => {
+            let path = format!("/v1/volumes/{}/snapshots", segment(volume));
+            let v = client.get(&path)?;
+            output.view::<Vec<SnapshotView>>(&path, v, |v| render::snapshots(v))?;
+        }
+        Command::Snapshot(SnapshotCommand::Delete { volume, name }) => {
+            client.delete(&format!(
+                "/v1/volumes/{}/snapshots/{}",
+                segment(volume),
+                segment(name)
+            ))?;
+            if !output.json {
+                output.text(&format!("deleted snapshot {name} of volume {volume}\n"))?;
             }
         }
         Command::Object(ObjectCommand::Show { name }) => {

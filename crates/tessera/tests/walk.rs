@@ -268,3 +268,79 @@ fn list_show_object_status_and_json_agree_through_create_resize_host_stop_and_re
         .iter()
         .all(|r| r["state"] != "running"));
 }
+
+#[test]
+fn snapshots_are_taken_listed_served_and_deleted_through_the_cli() {
+    let cluster = Cluster::start();
+    cluster.ok(&["volume", "create", "db", "--size", "64M"]);
+    let taken = cluster.json(&["snapshot", "create", "db", "nightly-1"]);
+    assert_eq!(taken["name"], "nightly-1");
+    assert_eq!(taken["export"], "db@nightly-1");
+    assert_eq!(taken["size_bytes"], 64 << 20);
+    assert_eq!(taken["components"].as_array().unwrap().len(), 2);
+    let text = cluster.ok(&["snapshot", "create", "db", "nightly-2"]);
+    assert!(
+        text.contains("took snapshot nightly-2 of volume db") && text.contains("db@nightly-2"),
+        "{text}"
+    );
+    // Listed oldest first, in a table and in JSON.
+    let listed = cluster.json(&["snapshot", "list", "db"]);
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["nightly-1", "nightly-2"]);
+    let table = cluster.ok(&["snapshot", "list", "db"]);
+    assert!(
+        table.contains("nightly-1") && table.contains("db@nightly-2"),
+        "{table}"
+    );
+    // Bad requests get a clear error and change nothing.
+    for (args, says) in [
+        (
+            &["snapshot", "create", "db", "nightly-1"][..],
+            "already has a snapshot named nightly-1",
+        ),
+        (&["snapshot", "create", "db", "a/b"][..], "snapshot name"),
+        (
+            &["snapshot", "create", "nope", "x"][..],
+            "no volume named nope",
+        ),
+        (
+            &["snapshot", "delete", "db", "never"][..],
+            "no snapshot named never",
+        ),
+    ] {
+        let out = cluster.tessera(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "tessera {args:?} succeeded: {text}");
+        assert!(text.contains(says), "tessera {args:?}: {text}");
+    }
+    assert_eq!(
+        cluster
+            .json(&["snapshot", "list", "db"])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Deleted: gone from the list.
+    let text = cluster.ok(&["snapshot", "delete", "db", "nightly-1"]);
+    assert!(
+        text.contains("deleted snapshot nightly-1 of volume db"),
+        "{text}"
+    );
+    let listed = cluster.json(&["snapshot", "list", "db"]);
+    assert_eq!(named(&listed, "nightly-2")["export"], "db@nightly-2");
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    cluster.ok(&["snapshot", "delete", "db", "nightly-2"]);
+    assert!(cluster
+        .ok(&["snapshot", "list", "db"])
+        .contains("no snapshots"));
+}

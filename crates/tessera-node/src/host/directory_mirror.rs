@@ -4,8 +4,8 @@
 //! Owns: loading every record of the cluster in one listing (at start, after
 //! a watch ended, and when the control plane asks for a fresh view), then
 //! applying each change the watch reports: host records and liveness (to
-//! [`crate::peers::Peers`]), volumes, owners, layouts and iSCSI access (to
-//! the host's `VolumeView`), the read cache budget and resync delay
+//! [`crate::peers::Peers`]), volumes, owners, layouts, snapshots and iSCSI
+//! access (to the host's `VolumeView`), the read cache budget and resync delay
 //! multiplier of the cluster settings, policies (the QoS of the volumes the
 //! host coordinates, set in its I/O scheduler), the disk groups being
 //! evacuated (for the control loop), and disk group records
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tessera_directory::keys::{
     self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, IscsiAccessRecord,
-    OwnerRecord, Prefix, VolumeRecord,
+    OwnerRecord, Prefix, SnapshotName, SnapshotRecord, VolumeRecord,
 };
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
@@ -34,6 +34,8 @@ use tessera_types::layout::Layout;
 use tessera_types::policy::Policy;
 use tessera_types::{DiskGroupId, HostId, PolicyName, VolumeId};
 use tokio::sync::watch;
+
+use super::SnapshotKey;
 
 /// What the mirror keeps beside the view: where it stands and the space of
 /// each disk group.
@@ -118,6 +120,7 @@ impl Host {
         *self.view.owners.write() = loaded.owners;
         *self.view.layouts.write() = loaded.layouts;
         *self.view.iscsi_access.write() = loaded.iscsi_access;
+        *self.view.snapshots.write() = loaded.snapshots;
         *self.mirror.disk_groups.lock() = loaded.disk_groups;
         *self.mirror.policies.lock() = loaded.policies;
         *self.mirror.evacuations.lock() = loaded.evacuations;
@@ -220,6 +223,7 @@ trait RecordSink {
     fn owner(&mut self, name: VolumeId, record: Option<OwnerRecord>);
     fn layout(&mut self, name: VolumeId, layout: Option<Layout>);
     fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>);
+    fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>);
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
     fn policy(&mut self, name: PolicyName, record: Option<Policy>);
     fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>);
@@ -243,6 +247,14 @@ fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
     } else if let Some(name) = under(&keys.iscsi_accesses(), key) {
         let access = decoded(&keys.iscsi_accesses(), event);
         sink.iscsi_access(VolumeId(name.to_string()), access);
+    } else if let Some(rest) = under(&keys.snapshots(), key) {
+        let named = rest
+            .split_once('/')
+            .and_then(|(v, n)| Some((VolumeId::new(v).ok()?, SnapshotName::new(n).ok()?)));
+        match named {
+            Some(at) => sink.snapshot(at, decoded(&keys.snapshots(), event)),
+            None => tracing::warn!(%key, "a snapshot key with a bad name"),
+        }
     } else if let Some(name) = under(&keys.evacuations(), key) {
         sink.evacuation(
             HostId(name.to_string()),
@@ -275,6 +287,7 @@ struct Loaded {
     owners: HashMap<VolumeId, OwnerRecord>,
     layouts: HashMap<VolumeId, Layout>,
     iscsi_access: HashMap<VolumeId, IscsiAccessRecord>,
+    snapshots: HashMap<SnapshotKey, SnapshotRecord>,
     disk_groups: HashMap<String, DiskGroupRecord>,
     policies: HashMap<PolicyName, Policy>,
     evacuations: HashMap<HostId, EvacuationRecord>,
@@ -309,6 +322,9 @@ impl RecordSink for Loaded {
     }
     fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
         set(&mut self.iscsi_access, name, access);
+    }
+    fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>) {
+        set(&mut self.snapshots, key, record);
     }
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>) {
         set(&mut self.disk_groups, key.to_string(), record);
@@ -348,6 +364,9 @@ impl RecordSink for LiveView<'_> {
     }
     fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
         set(&mut self.0.view.iscsi_access.write(), name, access);
+    }
+    fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>) {
+        set(&mut self.0.view.snapshots.write(), key, record);
     }
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>) {
         set(

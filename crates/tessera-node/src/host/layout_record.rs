@@ -4,14 +4,16 @@
 //! Owns: [`DirectoryLayouts`], the `LayoutRecorder` each coordinator of
 //! this host is given.
 //! Must not touch: what a layout change means (the coordinator's).
-//! Invariant: a layout or dirty-region record is written only while the directory still names the
-//! recorder's epoch as the volume's highest, and never by a stopping host.
+//! Invariant: a layout, dirty-region or snapshot record is written only
+//! while the directory still names the recorder's epoch as the volume's
+//! highest, and never by a stopping host; a snapshot record never replaces
+//! another of the same name.
 
 use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_directory::keys;
 use tessera_directory::{Directory, Keyspace};
-use tessera_object::LayoutRecorder;
+use tessera_object::{LayoutRecorder, TakenSnapshot};
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::Layout;
 use tessera_types::VolumeId;
@@ -34,6 +36,15 @@ impl DirectoryLayouts {
     /// Writes `puts` in one transaction, if this epoch is still the
     /// volume's highest and the host is not stopping.
     async fn put_fenced(&self, puts: Vec<tessera_directory::TxnOp>) -> Result<(), String> {
+        self.put_fenced_when(Vec::new(), puts).await
+    }
+
+    /// [`DirectoryLayouts::put_fenced`], if `compares` hold too.
+    async fn put_fenced_when(
+        &self,
+        compares: Vec<tessera_directory::Compare>,
+        puts: Vec<tessera_directory::TxnOp>,
+    ) -> Result<(), String> {
         if self.halted.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(format!(
                 "host coordinating volume {} is stopping",
@@ -49,7 +60,11 @@ impl DirectoryLayouts {
             .map_err(|e| e.to_string())?;
         let outcome = self
             .directory
-            .txn(tessera_directory::Txn::new().when([holds]).and_then(puts))
+            .txn(
+                tessera_directory::Txn::new()
+                    .when(std::iter::once(holds).chain(compares))
+                    .and_then(puts),
+            )
             .await
             .map_err(|e| e.to_string())?;
         if outcome.succeeded {
@@ -83,5 +98,41 @@ impl LayoutRecorder for DirectoryLayouts {
 
     async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String> {
         self.put_fenced(vec![self.dirty_put(dirty)?]).await
+    }
+
+    async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String> {
+        let name = keys::SnapshotName::new(&snapshot.name)?;
+        let volume = keys::get(self.directory.as_ref(), &self.keys.volume(&self.volume))
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("volume {} is gone", self.volume))?
+            .value;
+        let key = self.keys.snapshot(&self.volume, &name);
+        let record = keys::SnapshotRecord {
+            volume: self.volume.clone(),
+            name: name.clone(),
+            id: snapshot.id,
+            created_ms: snapshot.created_ms,
+            size_bytes: snapshot.layout.size_bytes,
+            block_bytes: volume.block_bytes,
+            epoch: snapshot.epoch,
+            layout: snapshot.layout.clone(),
+        };
+        let put = key.put_op(&record, None).map_err(|e| e.to_string())?;
+        match self.put_fenced_when(vec![key.absent()], vec![put]).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let exists = keys::get(self.directory.as_ref(), &key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some();
+                Err(if exists {
+                    format!("volume {} already has a snapshot named {name}", self.volume)
+                } else {
+                    e
+                })
+            }
+        }
     }
 }

@@ -44,7 +44,8 @@ impl RequestHandler for HostHandler {
             | Request::VolumeWriteZeroes { volume, .. }
             | Request::VolumeCompareAndWrite { volume, .. }
             | Request::VolumeBlockStatus { volume, .. }
-            | Request::VolumeRepairCopy { volume, .. } => volume.clone(),
+            | Request::VolumeRepairCopy { volume, .. }
+            | Request::VolumeSnapshot { volume, .. } => volume.clone(),
             Request::Ping => return Response::Pong,
             _ => return self.replica.handle(request).await,
         };

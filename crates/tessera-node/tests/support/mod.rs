@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
-    CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess, IscsiAccessView,
-    ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, ScrubView, StatusView,
-    UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
+    CreateSnapshot, CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess,
+    IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, ScrubView,
+    SnapshotView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -44,6 +44,8 @@ struct Records {
     resyncs: Vec<ResyncView>,
     iscsi_access: BTreeMap<String, IscsiAccess>,
     settings: ClusterSettings,
+    /// Snapshots by (volume, name), in the order taken.
+    snapshots: Vec<SnapshotView>,
 }
 
 /// The in-memory control plane.
@@ -70,6 +72,7 @@ impl MemoryControl {
                 resyncs: Vec::new(),
                 iscsi_access: BTreeMap::new(),
                 settings: ClusterSettings::default(),
+                snapshots: Vec::new(),
             }),
         }
     }
@@ -445,6 +448,66 @@ impl ClusterControl for MemoryControl {
             return Err(ControlError::NotFound(format!("no volume named {name:?}")));
         }
         Ok(access_view(name, r.iscsi_access.get(name)))
+    }
+
+    async fn create_snapshot(
+        &self,
+        volume: &str,
+        request: CreateSnapshot,
+    ) -> Result<SnapshotView, ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let size_bytes = r
+            .volumes
+            .get(volume)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {volume:?}")))?
+            .size_bytes;
+        if r.snapshots
+            .iter()
+            .any(|s| s.volume == volume && s.name == request.name)
+        {
+            return Err(ControlError::Conflict(format!(
+                "volume {volume} already has a snapshot named {}",
+                request.name
+            )));
+        }
+        let view = SnapshotView {
+            volume: volume.to_string(),
+            name: request.name.clone(),
+            export: format!("{volume}@{}", request.name),
+            created_ms: r.snapshots.len() as u64,
+            size_bytes,
+            epoch: 1,
+            components: Vec::new(),
+        };
+        r.snapshots.push(view.clone());
+        Ok(view)
+    }
+
+    async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotView>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        if !r.volumes.contains_key(volume) {
+            return Err(ControlError::NotFound(format!(
+                "no volume named {volume:?}"
+            )));
+        }
+        Ok(r.snapshots
+            .iter()
+            .filter(|s| s.volume == volume)
+            .cloned()
+            .collect())
+    }
+
+    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let before = r.snapshots.len();
+        r.snapshots
+            .retain(|s| !(s.volume == volume && s.name == name));
+        if r.snapshots.len() == before {
+            return Err(ControlError::NotFound(format!(
+                "volume {volume} has no snapshot named {name}"
+            )));
+        }
+        Ok(())
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {

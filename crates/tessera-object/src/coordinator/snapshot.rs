@@ -1,0 +1,133 @@
+//! Snapshots of a volume: one point in time on every copy.
+//!
+//! Owns: [`Coordinator::snapshot`], which orders a snapshot between the
+//! volume's writes and takes it on every data copy, and
+//! [`snapshot_layout`], the layout a snapshot's components form. Must not
+//! touch: the store (snapshots are taken through
+//! [`ComponentIo::snapshot`](crate::ComponentIo::snapshot)), names and
+//! records of snapshots (kept above, in the directory).
+//!
+//! Invariants:
+//! - a snapshot holds the whole volume's range locks while it is taken:
+//!   every write, unmap or share in flight ends first and none starts until
+//!   every copy has its snapshot, so all copies' snapshots hold the same
+//!   writes (crash-consistent: an acknowledged write is in it or came after
+//!   it, never half of one);
+//! - it is taken only when every data copy is Active: a copy that is behind
+//!   would give a snapshot missing writes, so the caller is told to wait
+//!   for the resync instead;
+//! - it is taken at the owner's epoch, so a stale owner cannot take one;
+//!   a copy that fails leaves no snapshot on the others (they are deleted
+//!   again) and the caller gets the failure.
+
+use futures::future::join_all;
+use tessera_blockdev::BlockError;
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
+use tessera_types::ComponentId;
+
+use super::{bad, Coordinator};
+use crate::component_io::TakenSnapshot;
+
+/// The layout of a snapshot of a volume laid out as `volume`: the same
+/// columns and stripe unit, each data copy replaced by its snapshot
+/// (`snapshot_of` names it), no witnesses. Reads of the snapshot go to any
+/// copy of each column: they are identical and never change.
+pub fn snapshot_layout(
+    volume: &Layout,
+    snapshot_of: impl Fn(ComponentId) -> ComponentId,
+) -> Layout {
+    let mut layout = volume.clone();
+    layout.witnesses.clear();
+    for column in &mut layout.columns {
+        column.copies.retain(|c| c.role == ComponentRole::Data);
+        for copy in &mut column.copies {
+            copy.id = snapshot_of(copy.id);
+            copy.state = ComponentState::Active;
+        }
+    }
+    layout
+}
+
+impl Coordinator {
+    /// Takes snapshot number `id`, named `name`, of the volume: on every
+    /// data copy, a read-only component that holds what the copy holds now
+    /// (its id made from the copy's and `id`: [`ComponentId::snapshot`]),
+    /// then records it through the coordinator's recorder, under its epoch,
+    /// before any write goes on. Writes to the volume wait meanwhile; it is
+    /// refused, and nothing is left behind, unless every data copy is
+    /// Active, every copy takes it and it is recorded. Returns the
+    /// snapshot's layout.
+    pub async fn snapshot(
+        &self,
+        name: &str,
+        id: u64,
+        created_ms: u64,
+    ) -> Result<Layout, BlockError> {
+        let snapshot_of = |c: ComponentId| c.snapshot(id);
+        let size = self.info.size_bytes;
+        let _guards = self.lock_span(0, size).await;
+        self.check_usable()?;
+        let (layout, epoch) = {
+            let state = self.state.lock();
+            (state.layout.clone(), self.epoch())
+        };
+        let copies: Vec<&ComponentPlacement> = layout
+            .columns
+            .iter()
+            .flat_map(|m| m.copies.iter())
+            .filter(|c| c.role == ComponentRole::Data)
+            .collect();
+        if let Some(behind) = copies.iter().find(|c| c.state != ComponentState::Active) {
+            return Err(bad(format!(
+                "volume {}: copy {} on host {} is {:?}; a snapshot is taken when every copy is in sync (wait for its resync to finish)",
+                self.info.name, behind.id, behind.host, behind.state
+            )));
+        }
+        let results = join_all(
+            copies
+                .iter()
+                .map(|c| self.io.snapshot(c, snapshot_of(c.id), epoch)),
+        )
+        .await;
+        let mut failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        let taken = snapshot_layout(&layout, snapshot_of);
+        if failed.is_empty() {
+            let record = TakenSnapshot {
+                name: name.to_string(),
+                id,
+                created_ms,
+                epoch,
+                layout: taken.clone(),
+            };
+            if let Err(e) = self.recorder.record_snapshot(&record).await {
+                failed.push(format!("not recorded: {e}"));
+            }
+        }
+        if !failed.is_empty() {
+            // Leave no partial snapshot: delete what the other copies made.
+            let made: Vec<ComponentPlacement> = copies
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(c, _)| ComponentPlacement {
+                    id: snapshot_of(c.id),
+                    ..(*c).clone()
+                })
+                .collect();
+            for m in &made {
+                if let Err(e) = self.io.delete(m).await {
+                    tracing::warn!(volume = %self.info.name, component = %m.id, error = %e, "could not delete part of a failed snapshot");
+                }
+            }
+            return Err(bad(format!(
+                "volume {}: snapshot not taken: {}",
+                self.info.name,
+                failed.join("; ")
+            )));
+        }
+        Ok(taken)
+    }
+}
