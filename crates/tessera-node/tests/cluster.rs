@@ -7,7 +7,7 @@ mod fixture;
 
 use bytes::Bytes;
 use fixture::{have, Cluster};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_blockdev::{BlockDevice, WriteFlags};
@@ -20,27 +20,7 @@ use tessera_types::layout::ComponentRole;
 use tessera_types::{ComponentId, HostId};
 
 fn fio(uri: &str, runtime_s: u32) -> std::process::Child {
-    Command::new("fio")
-        .args([
-            "--name=verify",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randrw",
-            "--bs=4k",
-            "--iodepth=8",
-            "--size=64M",
-            "--time_based",
-            &format!("--runtime={runtime_s}"),
-            "--verify=crc32c",
-            "--verify_backlog=256",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--output-format=terse",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio starts")
+    fixture::fio_verify(uri, "randrw", 0, 64 << 20, runtime_s)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

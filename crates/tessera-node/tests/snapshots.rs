@@ -67,33 +67,6 @@ async fn same(image: &str, uri: &str) -> (bool, String) {
     .await
 }
 
-/// fio writing and verifying 4 KiB random writes on the volume for
-/// `seconds`.
-fn fio(uri: &str, seconds: u32) -> std::process::Child {
-    Command::new("fio")
-        .args([
-            "--name=verify",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=8",
-            "--size=32M",
-            "--offset=32M",
-            "--time_based",
-            &format!("--runtime={seconds}"),
-            "--verify=crc32c",
-            "--verify_backlog=256",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--output-format=terse",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio starts")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_changes() {
     if !have("qemu-img") || !have("fio") {
@@ -112,7 +85,13 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
 
     // Taken while fio writes and verifies the second half of the volume:
     // the clients only wait, and its checks pass.
-    let writer = fio(&cluster.nbd_uri(&owner, "vm"), 6);
+    let writer = fixture::fio_verify(
+        &cluster.nbd_uri(&owner, "vm"),
+        "randwrite",
+        32 << 20,
+        32 << 20,
+        6,
+    );
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let taken = cluster
         .control

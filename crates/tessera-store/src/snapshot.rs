@@ -304,28 +304,7 @@ impl DiskGroup {
                 Some((table, blocks)),
                 source.highest_epoch.max(epoch.0),
             );
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let entry = crate::engine::op_entry(
-                LogOp::Snapshot,
-                dst.0,
-                0,
-                table.blocks,
-                epoch.0,
-                table.first.pack(0),
-                src.0,
-            );
-            Self::enqueue(
-                &mut st,
-                self.shared(),
-                Request {
-                    entries: vec![entry],
-                    data: Vec::new(),
-                    writes: Vec::new(),
-                    token: None,
-                    done: Some(tx),
-                },
-            );
-            rx
+            self.log_copy(&mut st, LogOp::Snapshot, dst, table, epoch, src)
         };
         Self::wait(rx).await
     }
@@ -376,30 +355,45 @@ impl DiskGroup {
                 None,
                 source.highest_epoch.max(epoch.0),
             );
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let entry = crate::engine::op_entry(
-                LogOp::Clone,
-                dst.0,
-                0,
-                table.blocks,
-                epoch.0,
-                table.first.pack(0),
-                snapshot.0,
-            );
-            Self::enqueue(
-                &mut st,
-                self.shared(),
-                Request {
-                    entries: vec![entry],
-                    data: Vec::new(),
-                    writes: Vec::new(),
-                    token: None,
-                    done: Some(tx),
-                },
-            );
-            rx
+            self.log_copy(&mut st, LogOp::Clone, dst, table, epoch, snapshot)
         };
         Self::wait(rx).await
+    }
+
+    /// Queues the log record that makes `dst` a snapshot or clone (`op`) of
+    /// `source` from the root table `table`; the receiver answers once it
+    /// is durable.
+    fn log_copy(
+        &self,
+        st: &mut crate::state::State,
+        op: LogOp,
+        dst: ComponentId,
+        table: RootTableRef,
+        epoch: Epoch,
+        source: ComponentId,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let entry = crate::engine::op_entry(
+            op,
+            dst.0,
+            0,
+            table.blocks,
+            epoch.0,
+            table.first.pack(0),
+            source.0,
+        );
+        Self::enqueue(
+            st,
+            self.shared(),
+            Request {
+                entries: vec![entry],
+                data: Vec::new(),
+                writes: Vec::new(),
+                token: None,
+                done: Some(tx),
+            },
+        );
+        rx
     }
 
     /// Whether `id` is a snapshot.
