@@ -38,6 +38,7 @@
 //! | GET | `/volumes/{name}/snapshots` | 200 `[SnapshotView]` (oldest first) |
 //! | POST | `/volumes/{name}/snapshots` (`CreateSnapshot`) | 201 `SnapshotView` |
 //! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 |
+//! | POST | `/volumes/{name}/snapshots/{snapshot}/clones` (`CloneVolume`) | 201 `VolumeView` (a linked clone) |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
@@ -45,8 +46,8 @@
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
 
 use crate::control::{
-    ClusterControl, ControlError, CreatePolicy, CreateSnapshot, CreateVolume, Evacuate,
-    InjectFault, IscsiAccess, RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
+    CloneVolume, ClusterControl, ControlError, CreatePolicy, CreateSnapshot, CreateVolume,
+    Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -96,6 +97,10 @@ pub fn router(control: Control) -> Router {
         .route(
             "/v1/volumes/{name}/snapshots/{snapshot}",
             axum::routing::delete(delete_snapshot),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots/{snapshot}/clones",
+            post(clone_volume),
         )
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
@@ -219,6 +224,20 @@ async fn create_snapshot(
         Ok(request) => respond(
             StatusCode::CREATED,
             control.create_snapshot(&name, request).await,
+        ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn clone_volume(
+    State(control): State<Control>,
+    Path((name, snapshot)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<CloneVolume>(&body) {
+        Ok(request) => respond(
+            StatusCode::CREATED,
+            control.clone_volume(&name, &snapshot, request).await,
         ),
         Err(e) => error_response(e),
     }

@@ -428,6 +428,14 @@ pub struct CreateSnapshot {
     pub name: String,
 }
 
+/// Body of `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneVolume {
+    /// The new volume's name.
+    pub name: String,
+}
+
 /// A snapshot of a volume, as shown.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotView {
@@ -899,6 +907,15 @@ pub trait ClusterControl: Send + Sync + 'static {
     /// Deletes a snapshot and frees what it alone holds; the volume and its
     /// other snapshots are untouched.
     async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError>;
+    /// Makes a new volume from a snapshot at once (a linked clone): it
+    /// holds what the snapshot holds and shares its stored blocks until it
+    /// is written; deleting the snapshot or its volume leaves it whole.
+    async fn clone_volume(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        request: CloneVolume,
+    ) -> Result<VolumeView, ControlError>;
     /// The component tree of a volume.
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError>;
     /// Compares every active copy of a volume block by block.

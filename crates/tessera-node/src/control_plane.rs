@@ -1346,6 +1346,15 @@ impl ClusterControl for ControlPlane {
         self.remove_snapshot(volume, name).await
     }
 
+    async fn clone_volume(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        request: CloneVolume,
+    ) -> Result<VolumeView, ControlError> {
+        self.clone_snapshot(volume, snapshot, request).await
+    }
+
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
         // Record, layout, owner and host liveness from one read, as every
         // other view takes them.

@@ -10,7 +10,7 @@ mod fixture;
 
 use fixture::{have, Cluster};
 use std::process::{Command, Stdio};
-use tessera_node::control::{ClusterControl, ControlError, CreateSnapshot};
+use tessera_node::control::{CloneVolume, ClusterControl, ControlError, CreateSnapshot};
 use tessera_object::{ComponentError, ComponentIo, IoClass};
 use tessera_types::{Lba, VolumeId};
 
@@ -160,6 +160,55 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
     assert!(contents[0] == contents[1], "the copies' snapshots differ");
     assert!(contents[0][..(SIZE / 2) as usize] == want[..(SIZE / 2) as usize]);
 
+    // A linked clone holds the snapshot at once and then goes its own way.
+    let clone = cluster
+        .control
+        .clone_volume(
+            "vm",
+            "before-b",
+            CloneVolume {
+                name: "vm-clone".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(clone.size_bytes, SIZE);
+    assert!(clone.owner.is_some(), "{clone:?}");
+    let (ok, out) = same(&copied, &cluster.nbd_uri(other, "vm-clone")).await;
+    assert!(ok, "the clone holds the snapshot: {out}");
+    let c = image(&cluster, "c.raw", 0xc);
+    write_image(&c, &cluster.nbd_uri(&owner, "vm-clone")).await;
+    let (ok, out) = same(&c, &cluster.nbd_uri(other, "vm-clone")).await;
+    assert!(ok, "the clone holds what was written to it: {out}");
+    let (ok, out) = same(&copied, &snapshot).await;
+    assert!(ok, "the snapshot is untouched by its clone: {out}");
+    let (ok, out) = same(&b, &cluster.nbd_uri(other, "vm")).await;
+    assert!(ok, "the volume is untouched by the clone: {out}");
+    let e = cluster
+        .control
+        .clone_volume(
+            "vm",
+            "before-b",
+            CloneVolume {
+                name: "vm-clone".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ControlError::Conflict(_)), "{e}");
+    let e = cluster
+        .control
+        .clone_volume(
+            "vm",
+            "nope",
+            CloneVolume {
+                name: "other".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ControlError::NotFound(_)), "{e}");
+
     // Bad requests change nothing.
     let e = cluster
         .control
@@ -236,6 +285,11 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             p.id
         );
     }
+    // The clone outlives its snapshot and its volume, whole.
+    let (ok, out) = same(&c, &cluster.nbd_uri(other, "vm-clone")).await;
+    assert!(ok, "the clone after its source's deletion: {out}");
+    let report = cluster.control.verify_object("vm-clone").await.unwrap();
+    assert!(report.identical, "{report:?}");
     cluster.stop().await;
 }
 

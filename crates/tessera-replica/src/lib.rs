@@ -453,22 +453,10 @@ impl ReplicaService {
         snapshot: ComponentId,
         epoch: Epoch,
     ) -> Result<(), ReplicaError> {
+        // The store turns a stale owner away (its epoch is checked like a
+        // write's), so no point in time is left that a newer owner does not
+        // know of.
         let (group, home) = self.home_for_copy(component, snapshot)?;
-        // The store takes the snapshot without looking at the source's
-        // epoch, so a stale owner is turned away here, as its writes are:
-        // it must not leave a point in time the new owner does not know of.
-        // A fence that lands after this check orders the snapshot before it.
-        let highest = group.epoch(component.id).map_err(|e| store(component, e))?;
-        if epoch < highest {
-            return Err(store(
-                component,
-                StoreError::StaleEpoch {
-                    component: component.id,
-                    epoch,
-                    highest,
-                },
-            ));
-        }
         group
             .snapshot_component(component.id, snapshot, epoch)
             .await

@@ -1067,7 +1067,7 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
                             snapshot.family,
                             snapshot.size_bytes,
                             snapshot.allocated,
-                            snapshot.highest_epoch.max(e.epoch),
+                            e.epoch,
                         );
                         st.add_copy(c, family, size, allocated, &roots, None, epoch);
                     }

@@ -353,7 +353,8 @@ impl DiskGroup {
                 source.allocated,
                 &source.roots,
                 None,
-                source.highest_epoch.max(epoch.0),
+                // A clone is a new object: its owners count epochs from `epoch`.
+                epoch.0,
             );
             self.log_copy(&mut st, LogOp::Clone, dst, table, epoch, snapshot)
         };

@@ -338,6 +338,16 @@ impl QosArgs {
 /// `tessera volume ...`
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
+    /// A new volume made at once from a snapshot (a linked clone): it
+    /// holds what the snapshot holds and shares its blocks until written,
+    /// and stays whole when the snapshot or its volume is deleted.
+    Clone {
+        /// The new volume's name.
+        name: String,
+        /// The snapshot, as VOLUME@SNAPSHOT.
+        #[arg(long)]
+        from: String,
+    },
     /// Create a volume: its name is its NBD export name and the suffix of
     /// its iSCSI target, iqn.2026-11.io.tessera:NAME.
     Create {

@@ -384,6 +384,20 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             let v = client.post_json(&path, &json!({ "name": name }))?;
             output.view::<SnapshotView>(&path, v, render::snapshot_taken)?;
         }
+        Command::Volume(VolumeCommand::Clone { name, from }) => {
+            let Some((volume, snapshot)) = from.split_once('@') else {
+                return Err(CliError::Usage(format!(
+                    "{from}: name the snapshot as VOLUME@SNAPSHOT"
+                )));
+            };
+            let path = format!(
+                "/v1/volumes/{}/snapshots/{}/clones",
+                segment(volume),
+                segment(snapshot)
+            );
+            let v = client.post_json(&path, &json!({ "name": name }))?;
+            output.view::<VolumeView>(&path, v, |v| render::volume_changed("cloned", v))?;
+        }
         Command::Snapshot(SnapshotCommand::List { volume }) => {
             let path = format!("/v1/volumes/{}/snapshots", segment(volume));
             let v = client.get(&path)?;

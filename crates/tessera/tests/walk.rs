@@ -270,7 +270,7 @@ fn list_show_object_status_and_json_agree_through_create_resize_host_stop_and_re
 }
 
 #[test]
-fn snapshots_are_taken_listed_served_and_deleted_through_the_cli() {
+fn snapshots_are_taken_listed_cloned_and_deleted_through_the_cli() {
     let cluster = Cluster::start();
     cluster.ok(&["volume", "create", "db", "--size", "64M"]);
     let taken = cluster.json(&["snapshot", "create", "db", "nightly-1"]);
@@ -330,6 +330,17 @@ fn snapshots_are_taken_listed_served_and_deleted_through_the_cli() {
             .len(),
         2
     );
+    // A linked clone is a volume at once.
+    let clone = cluster.json(&["volume", "clone", "db-copy", "--from", "db@nightly-1"]);
+    assert_eq!(clone["name"], "db-copy");
+    assert_eq!(clone["size_bytes"], 64 << 20);
+    assert_eq!(
+        named(&cluster.json(&["volume", "list"]), "db-copy")["policy"],
+        "default"
+    );
+    let out = cluster.tessera(&["volume", "clone", "x", "--from", "db"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("VOLUME@SNAPSHOT"));
     // Deleted: gone from the list.
     let text = cluster.ok(&["snapshot", "delete", "db", "nightly-1"]);
     assert!(

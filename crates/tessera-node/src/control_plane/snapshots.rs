@@ -3,7 +3,9 @@
 //!
 //! Owns: checking a request (names, the volume, duplicates), handing the
 //! snapshot to the owner (through a volume handle: locally or over the
-//! transport), the views, and deleting a snapshot's components and record.
+//! transport), the views, deleting a snapshot's components and record, and
+//! making a new volume from a snapshot (a linked clone: each copy's
+//! snapshot cloned on its own disk group, a witness beside the source's).
 //! Must not touch: ordering a snapshot against writes (the owner's
 //! coordinator does it, and records the snapshot under its epoch).
 //! Invariant: a snapshot's record goes only after every one of its
@@ -11,11 +13,15 @@
 //! delete can be asked again), so no component is ever left unnamed.
 
 use super::{internal, ControlPlane};
-use crate::control::{ControlError, CreateSnapshot, SnapshotComponentView, SnapshotView};
+use crate::control::{
+    CloneVolume, ControlError, CreateSnapshot, SnapshotComponentView, SnapshotView, VolumeView,
+};
 use tessera_blockdev::BlockError;
+use tessera_directory::keys::VolumeRecord;
 use tessera_directory::keys::{self, SnapshotName, SnapshotRecord, VolumeState};
 use tessera_object::{ComponentError, ComponentIo};
-use tessera_types::VolumeId;
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
+use tessera_types::{ComponentId, Epoch, VolumeId};
 
 /// How a snapshot is shown.
 pub(super) fn snapshot_view(r: &SnapshotRecord) -> SnapshotView {
@@ -170,5 +176,139 @@ impl ControlPlane {
                 missed.join("; ")
             )))
         }
+    }
+
+    pub(super) async fn clone_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        request: CloneVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let name =
+            VolumeId::new(&request.name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let snapshot_name = snapshot_name(snapshot)?;
+        let source = VolumeId::new(volume).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let _guard = self.changes.lock().await;
+        let taken = keys::get(
+            self.directory.as_ref(),
+            &self.keys.snapshot(&source, &snapshot_name),
+        )
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| {
+            ControlError::NotFound(format!(
+                "volume {volume} has no snapshot named {snapshot_name}"
+            ))
+        })?
+        .value;
+        let (source_record, source_layout) = self.volume_record(volume).await?;
+        if keys::get(self.directory.as_ref(), &self.keys.volume(&name))
+            .await
+            .map_err(internal)?
+            .is_some()
+        {
+            return Err(ControlError::Conflict(format!(
+                "a volume named {name} already exists"
+            )));
+        }
+        // The clone's copies are clones of the snapshot's, on their disk
+        // groups (where the blocks they share are); its witnesses are new,
+        // beside the source's, so it has the source's protection.
+        let fresh = |c: &ComponentPlacement| ComponentPlacement {
+            id: ComponentId(self.rng.next_u64() >> 1),
+            state: ComponentState::Active,
+            ..c.clone()
+        };
+        let mut pairs = Vec::new();
+        let mut layout = Layout {
+            volume: name.clone(),
+            generation: 1,
+            witnesses: source_layout.witnesses.iter().map(fresh).collect(),
+            ..taken.layout.clone()
+        };
+        for column in &mut layout.columns {
+            for copy in &mut column.copies {
+                let made = fresh(copy);
+                pairs.push((copy.clone(), made.clone()));
+                *copy = made;
+            }
+        }
+        let host = self.via().await?;
+        let components = host.components(&name);
+        let mut made: Vec<ComponentPlacement> = Vec::new();
+        let mut failure = None;
+        for (from, to) in &pairs {
+            match components.clone_snapshot(from, to.id, Epoch(0)).await {
+                Ok(()) => made.push(to.clone()),
+                Err(e) => {
+                    failure = Some(format!(
+                        "cloning snapshot component {} on host {}: {e}",
+                        from.id, from.host
+                    ));
+                    break;
+                }
+            }
+        }
+        for w in layout
+            .witnesses
+            .iter()
+            .filter(|w| w.role == ComponentRole::Witness)
+        {
+            if failure.is_some() {
+                break;
+            }
+            match components.create(w, 0).await {
+                Ok(()) => made.push(w.clone()),
+                Err(e) => failure = Some(format!("witness on host {}: {e}", w.host)),
+            }
+        }
+        let record = VolumeRecord {
+            name: name.clone(),
+            size_bytes: taken.size_bytes,
+            policy: source_record.policy.clone(),
+            state: VolumeState::Ready,
+            created_ms: self.clock.wall_ms(),
+            reserved_bytes: 0,
+            block_bytes: taken.block_bytes,
+        };
+        let recorded = match failure {
+            Some(reason) => Err(ControlError::Unavailable(format!(
+                "volume {name}: {reason}"
+            ))),
+            None => {
+                let txn = tessera_directory::Txn::new()
+                    .when([self.keys.volume(&name).absent()])
+                    .and_then([
+                        self.keys
+                            .volume(&name)
+                            .put_op(&record, None)
+                            .map_err(internal)?,
+                        self.keys
+                            .layout(&name)
+                            .put_op(&layout, None)
+                            .map_err(internal)?,
+                    ]);
+                match self.directory.txn(txn).await {
+                    Ok(outcome) if outcome.succeeded => Ok(()),
+                    Ok(_) => Err(ControlError::Conflict(format!(
+                        "a volume named {name} already exists"
+                    ))),
+                    Err(e) => Err(internal(e)),
+                }
+            }
+        };
+        if let Err(e) = recorded {
+            // Nothing half made is left behind.
+            for c in &made {
+                let _ = components.delete(c).await;
+            }
+            return Err(e);
+        }
+        tracing::info!(volume = %name, from = %source, snapshot = %snapshot_name, "volume cloned from a snapshot");
+        for h in self.hosts.running() {
+            h.refresh_view().await;
+        }
+        self.await_owner(&name).await;
+        self.fresh_volume_view(&name).await
     }
 }

@@ -12,10 +12,11 @@ use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::control::{
-    CapacityView, ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy,
-    CreateSnapshot, CreateVolume, DiskGroupView, Divergence, Health, HostView, IscsiAccess,
-    IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView, ScrubView,
-    SnapshotView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
+    CapacityView, CloneVolume, ClusterControl, ClusterSettings, ComponentView, ControlError,
+    CreatePolicy, CreateSnapshot, CreateVolume, DiskGroupView, Divergence, Health, HostView,
+    IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
+    ResyncView, ScrubView, SnapshotView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport,
+    VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -508,6 +509,33 @@ impl ClusterControl for MemoryControl {
             )));
         }
         Ok(())
+    }
+
+    async fn clone_volume(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        request: CloneVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let size_bytes = {
+            let r = self.records.lock().expect("records lock");
+            r.snapshots
+                .iter()
+                .find(|s| s.volume == volume && s.name == snapshot)
+                .ok_or_else(|| {
+                    ControlError::NotFound(format!(
+                        "volume {volume} has no snapshot named {snapshot}"
+                    ))
+                })?
+                .size_bytes
+        };
+        self.create_volume(CreateVolume {
+            name: request.name,
+            size_bytes,
+            policy: None,
+            block_bytes: None,
+        })
+        .await
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
