@@ -605,6 +605,9 @@ pub struct Divergence {
     /// Components that were compared.
     #[serde(with = "component_id_text::list")]
     pub components: Vec<ComponentId>,
+    /// The snapshot whose copies differ; absent for the volume itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// The result of comparing all copies of a volume.
@@ -618,6 +621,9 @@ pub struct VerifyReport {
     pub compared_bytes: u64,
     /// Copies that were not compared (absent, resyncing) and why.
     pub skipped: Vec<String>,
+    /// The volume's snapshots whose copies were compared too.
+    #[serde(default)]
+    pub snapshots: Vec<String>,
     /// Where copies differ (first entries only).
     pub divergences: Vec<Divergence>,
 }

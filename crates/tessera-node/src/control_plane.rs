@@ -128,6 +128,84 @@ pub struct ControlPlane {
 
 mod snapshots;
 
+/// Compares every Active copy of each column of `layout` (the volume's, or
+/// its `snapshot`'s) where any copy holds data, into `report`.
+async fn compare_copies(
+    components: &dyn ComponentIo,
+    name: &str,
+    layout: &Layout,
+    snapshot: Option<&str>,
+    report: &mut VerifyReport,
+) -> Result<(), ControlError> {
+    for (column, mirror) in layout.columns.iter().enumerate() {
+        let copies: Vec<_> = mirror
+            .copies
+            .iter()
+            .filter(|c| {
+                let ok = c.state == ComponentState::Active;
+                if !ok {
+                    report
+                        .skipped
+                        .push(format!("component {} on {} is {:?}", c.id, c.host, c.state));
+                }
+                ok
+            })
+            .collect();
+        if copies.len() < 2 {
+            continue;
+        }
+        let blocks = copies[0].size_bytes / BLOCK_BYTES;
+        // Compare where any copy holds data; elsewhere all read as zeros.
+        let mut ranges = tessera_object::DirtyRegions::new();
+        for c in &copies {
+            let runs = components
+                .allocated(c, tessera_types::Lba(0), blocks)
+                .await
+                .map_err(|e| ControlError::Unavailable(format!("volume {name}: {e}")))?;
+            for (lba, n) in runs {
+                ranges.insert(lba.0, n);
+            }
+        }
+        for (start, count) in ranges.ranges().collect::<Vec<_>>() {
+            let mut pos = start;
+            while pos < start + count {
+                let step = (start + count - pos).min(VERIFY_STEP_BLOCKS);
+                let mut first: Option<bytes::Bytes> = None;
+                for c in &copies {
+                    let data = components
+                        .read(
+                            c,
+                            tessera_types::Lba(pos),
+                            step as u32,
+                            tessera_object::IoClass::Resync,
+                        )
+                        .await
+                        .map_err(|e| ControlError::Unavailable(format!("volume {name}: {e}")))?;
+                    match &first {
+                        None => first = Some(data),
+                        Some(f) if *f != data => {
+                            report.identical = false;
+                            if report.divergences.len() < DIVERGENCES_SHOWN_MAX {
+                                report.divergences.push(Divergence {
+                                    column,
+                                    component_offset: pos * BLOCK_BYTES,
+                                    len: step * BLOCK_BYTES,
+                                    components: copies.iter().map(|c| c.id).collect(),
+                                    snapshot: snapshot.map(str::to_string),
+                                });
+                            }
+                        }
+                        Some(_) => {}
+                    }
+                }
+                report.compared_bytes += step * BLOCK_BYTES;
+                pos += step;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn internal(e: impl std::fmt::Display) -> ControlError {
     ControlError::Unavailable(format!("directory: {e}"))
 }
@@ -1464,74 +1542,23 @@ impl ClusterControl for ControlPlane {
             identical: true,
             compared_bytes: 0,
             skipped: Vec::new(),
+            snapshots: Vec::new(),
             divergences: Vec::new(),
         };
-        for (column, mirror) in layout.columns.iter().enumerate() {
-            let copies: Vec<_> = mirror
-                .copies
-                .iter()
-                .filter(|c| {
-                    let ok = c.state == ComponentState::Active;
-                    if !ok {
-                        report
-                            .skipped
-                            .push(format!("component {} on {} is {:?}", c.id, c.host, c.state));
-                    }
-                    ok
-                })
-                .collect();
-            if copies.len() < 2 {
-                continue;
-            }
-            let blocks = copies[0].size_bytes / BLOCK_BYTES;
-            // Compare where any copy holds data; elsewhere all read as zeros.
-            let mut ranges = tessera_object::DirtyRegions::new();
-            for c in &copies {
-                let runs = components
-                    .allocated(c, tessera_types::Lba(0), blocks)
-                    .await
-                    .map_err(|e| ControlError::Unavailable(format!("volume {name}: {e}")))?;
-                for (lba, n) in runs {
-                    ranges.insert(lba.0, n);
-                }
-            }
-            for (start, count) in ranges.ranges().collect::<Vec<_>>() {
-                let mut pos = start;
-                while pos < start + count {
-                    let step = (start + count - pos).min(VERIFY_STEP_BLOCKS);
-                    let mut first: Option<bytes::Bytes> = None;
-                    for c in &copies {
-                        let data = components
-                            .read(
-                                c,
-                                tessera_types::Lba(pos),
-                                step as u32,
-                                tessera_object::IoClass::Resync,
-                            )
-                            .await
-                            .map_err(|e| {
-                                ControlError::Unavailable(format!("volume {name}: {e}"))
-                            })?;
-                        match &first {
-                            None => first = Some(data),
-                            Some(f) if *f != data => {
-                                report.identical = false;
-                                if report.divergences.len() < DIVERGENCES_SHOWN_MAX {
-                                    report.divergences.push(Divergence {
-                                        column,
-                                        component_offset: pos * BLOCK_BYTES,
-                                        len: step * BLOCK_BYTES,
-                                        components: copies.iter().map(|c| c.id).collect(),
-                                    });
-                                }
-                            }
-                            Some(_) => {}
-                        }
-                    }
-                    report.compared_bytes += step * BLOCK_BYTES;
-                    pos += step;
-                }
-            }
+        compare_copies(components.as_ref(), name, &layout, None, &mut report).await?;
+        // Every snapshot's copies hold the same point in time.
+        let mut snapshots = self.snapshot_records(&record.name).await?;
+        snapshots.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
+        for s in snapshots {
+            compare_copies(
+                components.as_ref(),
+                name,
+                &s.layout,
+                Some(s.name.as_str()),
+                &mut report,
+            )
+            .await?;
+            report.snapshots.push(s.name.to_string());
         }
         Ok(report)
     }

@@ -3,8 +3,9 @@
 //! snapshot's read-only export `volume@snapshot` reads back exactly what
 //! the volume held when it was taken (qemu-img compare, from a host that is
 //! not the owner), writes to it are refused, the copies' snapshots are
-//! identical, and deleting a snapshot (or its volume) deletes its
-//! components.
+//! identical (also by `object verify`), a linked clone of it diverges on its
+//! own and outlives its source, and deleting a snapshot (or its volume)
+//! deletes its components.
 
 mod fixture;
 
@@ -159,6 +160,11 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
     assert_eq!(contents.len(), 2);
     assert!(contents[0] == contents[1], "the copies' snapshots differ");
     assert!(contents[0][..(SIZE / 2) as usize] == want[..(SIZE / 2) as usize]);
+
+    // `object verify` compares every snapshot's copies too.
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "{report:?}");
+    assert_eq!(report.snapshots, ["before-b"]);
 
     // A linked clone holds the snapshot at once and then goes its own way.
     let clone = cluster

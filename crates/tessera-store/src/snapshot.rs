@@ -215,6 +215,10 @@ impl DiskGroup {
             st.check_epoch(src, epoch)?;
             st.component(src)?.lock.clone()
         };
+        // One destage pass and checkpoint before the source's writes are
+        // made to wait, so the one under the lock has only what arrives
+        // meanwhile: the pause clients see is that one.
+        self.checkpoint_once(SETTLE_TIMEOUT).await?;
         let _guard = lock.write().await;
         // Bring the source's pages to the capacity tier and into a
         // checkpoint: its writes wait on the lock meanwhile.
@@ -248,14 +252,10 @@ impl DiskGroup {
                     };
                     break (source, blocks);
                 }
-                let destaged = st
-                    .overlay
-                    .range((src.0, 0)..(src.0, u64::MAX))
-                    .next()
-                    .is_none();
-                if destaged {
-                    st.checkpoint_wanted = true;
-                }
+                // A checkpoint request makes the destager move what is
+                // logged now (without waiting to gather more) and then
+                // checkpoint.
+                st.checkpoint_wanted = true;
                 self.shared().destage_work.notify_all();
             }
             if std::time::Instant::now() > deadline {
@@ -307,6 +307,29 @@ impl DiskGroup {
             self.log_copy(&mut st, LogOp::Snapshot, dst, table, epoch, src)
         };
         Self::wait(rx).await
+    }
+
+    /// Has the destager run one destage pass and checkpoint, and waits for
+    /// the checkpoint (at most `timeout`).
+    async fn checkpoint_once(&self, timeout: Duration) -> Result<(), StoreError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let target = {
+            let mut st = self.shared().state.lock();
+            st.check_group()?;
+            st.checkpoint_wanted = true;
+            st.checkpoints_done + 1
+        };
+        self.shared().destage_work.notify_all();
+        loop {
+            {
+                let st = self.shared().state.lock();
+                st.check_group()?;
+                if st.checkpoints_done >= target || std::time::Instant::now() > deadline {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Makes `dst` a linked clone of the snapshot `snapshot`: a writable

@@ -636,13 +636,20 @@ pub fn verify(r: &VerifyReport) -> String {
         r.volume,
         format_size(r.compared_bytes)
     );
+    if !r.snapshots.is_empty() {
+        out.push_str(&format!(
+            "snapshots compared too: {}\n",
+            r.snapshots.join(", ")
+        ));
+    }
     for s in &r.skipped {
         out.push_str(&format!("skipped: {s}\n"));
     }
     if !r.divergences.is_empty() {
-        let mut t = Table::new(&["COLUMN", "OFFSET", "LENGTH", "COMPONENTS"]);
+        let mut t = Table::new(&["SNAPSHOT", "COLUMN", "OFFSET", "LENGTH", "COMPONENTS"]);
         for d in &r.divergences {
             t.row(vec![
+                d.snapshot.clone().unwrap_or_else(|| "-".to_string()),
                 d.column.to_string(),
                 format!("byte {}", d.component_offset),
                 format_size(d.len),
@@ -926,6 +933,7 @@ mod tests {
             identical: true,
             compared_bytes: 1 << 30,
             skipped: vec!["c0000000000000003 on host-3: absent".to_string()],
+            snapshots: Vec::new(),
             divergences: Vec::new(),
         };
         assert_eq!(
@@ -939,6 +947,7 @@ mod tests {
             component_offset: 8192,
             len: 4096,
             components: vec![ComponentId(1), ComponentId(2)],
+            snapshot: None,
         });
         let text = verify(&report);
         assert!(text.contains("copies DIFFER"), "{text}");

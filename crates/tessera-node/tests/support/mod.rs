@@ -600,12 +600,14 @@ impl ClusterControl for MemoryControl {
             identical: !v.divergent,
             compared_bytes: v.size_bytes,
             skipped: Vec::new(),
+            snapshots: Vec::new(),
             divergences: if v.divergent {
                 vec![Divergence {
                     column: 0,
                     component_offset: 8192,
                     len: 4096,
                     components: copies,
+                    snapshot: None,
                 }]
             } else {
                 Vec::new()
