@@ -39,6 +39,7 @@
 //! | POST | `/volumes/{name}/snapshots` (`CreateSnapshot`) | 201 `SnapshotView` |
 //! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 |
 //! | POST | `/volumes/{name}/snapshots/{snapshot}/clones` (`CloneVolume`) | 201 `VolumeView` (a linked clone) |
+//! | POST | `/volumes/{name}/revert` (`RevertVolume`) | 200 `VolumeView` |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
@@ -47,7 +48,8 @@
 
 use crate::control::{
     CloneVolume, ClusterControl, ControlError, CreatePolicy, CreateSnapshot, CreateVolume,
-    Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume, UpdatePolicy, UpdateSettings,
+    Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume, RevertVolume, UpdatePolicy,
+    UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -86,6 +88,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
         .route("/v1/volumes/{name}/rename", post(rename_volume))
+        .route("/v1/volumes/{name}/revert", post(revert_volume))
         .route(
             "/v1/volumes/{name}/iscsi-access",
             get(iscsi_access).put(set_iscsi_access),
@@ -225,6 +228,17 @@ async fn create_snapshot(
             StatusCode::CREATED,
             control.create_snapshot(&name, request).await,
         ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn revert_volume(
+    State(control): State<Control>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<RevertVolume>(&body) {
+        Ok(request) => respond(StatusCode::OK, control.revert_volume(&name, request).await),
         Err(e) => error_response(e),
     }
 }

@@ -436,6 +436,14 @@ pub struct CloneVolume {
     pub name: String,
 }
 
+/// Body of `POST /v1/volumes/{name}/revert`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevertVolume {
+    /// The snapshot the volume goes back to.
+    pub to: String,
+}
+
 /// A snapshot of a volume, as shown.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotView {
@@ -913,6 +921,14 @@ pub trait ClusterControl: Send + Sync + 'static {
     /// Deletes a snapshot and frees what it alone holds; the volume and its
     /// other snapshots are untouched.
     async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError>;
+    /// Takes a volume back to one of its snapshots: what was written since
+    /// is gone; the snapshot and the others stay. Refused while a client
+    /// has the volume open.
+    async fn revert_volume(
+        &self,
+        volume: &str,
+        request: RevertVolume,
+    ) -> Result<VolumeView, ControlError>;
     /// Makes a new volume from a snapshot at once (a linked clone): it
     /// holds what the snapshot holds and shares its stored blocks until it
     /// is written; deleting the snapshot or its volume leaves it whole.

@@ -1433,6 +1433,14 @@ impl ClusterControl for ControlPlane {
         self.clone_snapshot(volume, snapshot, request).await
     }
 
+    async fn revert_volume(
+        &self,
+        volume: &str,
+        request: RevertVolume,
+    ) -> Result<VolumeView, ControlError> {
+        self.revert_to_snapshot(volume, request).await
+    }
+
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
         // Record, layout, owner and host liveness from one read, as every
         // other view takes them.

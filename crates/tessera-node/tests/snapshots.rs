@@ -11,7 +11,9 @@ mod fixture;
 
 use fixture::{have, Cluster};
 use std::process::{Command, Stdio};
-use tessera_node::control::{CloneVolume, ClusterControl, ControlError, CreateSnapshot};
+use tessera_node::control::{
+    CloneVolume, ClusterControl, ControlError, CreateSnapshot, RevertVolume,
+};
 use tessera_object::{ComponentError, ComponentIo, IoClass};
 use tessera_types::{Lba, VolumeId};
 
@@ -214,6 +216,47 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
         .await
         .unwrap_err();
     assert!(matches!(e, ControlError::NotFound(_)), "{e}");
+
+    // Reverted, the volume holds the snapshot again; not while a client
+    // has it open.
+    let writer = fixture::fio_verify(
+        &cluster.nbd_uri(&owner, "vm"),
+        "randwrite",
+        32 << 20,
+        32 << 20,
+        4,
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let e = cluster
+        .control
+        .revert_volume(
+            "vm",
+            RevertVolume {
+                to: "before-b".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ControlError::Conflict(_)), "{e}");
+    fixture::expect_fio_success(writer).await;
+    let reverted = cluster
+        .control
+        .revert_volume(
+            "vm",
+            RevertVolume {
+                to: "before-b".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(reverted.owner.is_some(), "{reverted:?}");
+    let (ok, out) = same(&copied, &cluster.nbd_uri(other, "vm")).await;
+    assert!(ok, "the reverted volume holds the snapshot: {out}");
+    let report = cluster.control.verify_object("vm").await.unwrap();
+    assert!(report.identical, "{report:?}");
+    write_image(&b, &cluster.nbd_uri(other, "vm")).await;
+    let (ok, out) = same(&copied, &snapshot).await;
+    assert!(ok, "the snapshot outlives a revert to it: {out}");
 
     // Bad requests change nothing.
     let e = cluster

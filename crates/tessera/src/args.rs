@@ -338,6 +338,15 @@ impl QosArgs {
 /// `tessera volume ...`
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
+    /// Take a volume back to one of its snapshots (refused while a client
+    /// has it open): what was written since is gone; the snapshots stay.
+    Revert {
+        /// Volume name.
+        name: String,
+        /// The snapshot.
+        #[arg(long)]
+        to: String,
+    },
     /// A new volume made at once from a snapshot (a linked clone): it
     /// holds what the snapshot holds and shares its blocks until written,
     /// and stays whole when the snapshot or its volume is deleted.

@@ -384,6 +384,11 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             let v = client.post_json(&path, &json!({ "name": name }))?;
             output.view::<SnapshotView>(&path, v, render::snapshot_taken)?;
         }
+        Command::Volume(VolumeCommand::Revert { name, to }) => {
+            let path = format!("/v1/volumes/{}/revert", segment(name));
+            let v = client.post_json(&path, &json!({ "to": to }))?;
+            output.view::<VolumeView>(&path, v, |v| render::volume_changed("reverted", v))?;
+        }
         Command::Volume(VolumeCommand::Clone { name, from }) => {
             let Some((volume, snapshot)) = from.split_once('@') else {
                 return Err(CliError::Usage(format!(

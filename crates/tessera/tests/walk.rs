@@ -350,6 +350,11 @@ fn snapshots_are_taken_listed_cloned_and_deleted_through_the_cli() {
     let listed = cluster.json(&["snapshot", "list", "db"]);
     assert_eq!(named(&listed, "nightly-2")["export"], "db@nightly-2");
     assert_eq!(listed.as_array().unwrap().len(), 1);
+    let text = cluster.ok(&["volume", "revert", "db", "--to", "nightly-2"]);
+    assert!(text.contains("reverted volume db"), "{text}");
+    let out = cluster.tessera(&["volume", "revert", "db", "--to", "nightly-1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no snapshot named nightly-1"));
     cluster.ok(&["snapshot", "delete", "db", "nightly-2"]);
     assert!(cluster
         .ok(&["snapshot", "list", "db"])

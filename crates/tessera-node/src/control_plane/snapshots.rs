@@ -14,7 +14,8 @@
 
 use super::{internal, ControlPlane};
 use crate::control::{
-    CloneVolume, ControlError, CreateSnapshot, SnapshotComponentView, SnapshotView, VolumeView,
+    CloneVolume, ControlError, CreateSnapshot, RevertVolume, SnapshotComponentView, SnapshotView,
+    VolumeView,
 };
 use tessera_blockdev::BlockError;
 use tessera_directory::keys::VolumeRecord;
@@ -310,5 +311,137 @@ impl ControlPlane {
         }
         self.await_owner(&name).await;
         self.fresh_volume_view(&name).await
+    }
+
+    pub(super) async fn revert_to_snapshot(
+        &self,
+        volume: &str,
+        request: RevertVolume,
+    ) -> Result<VolumeView, ControlError> {
+        let snapshot_name = snapshot_name(&request.to)?;
+        let _guard = self.changes.lock().await;
+        let (record, layout) = self.volume_record(volume).await?;
+        let taken = keys::get(
+            self.directory.as_ref(),
+            &self.keys.snapshot(&record.name, &snapshot_name),
+        )
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| {
+            ControlError::NotFound(format!(
+                "volume {volume} has no snapshot named {snapshot_name}"
+            ))
+        })?
+        .value;
+        let state = self.read_state().await?;
+        let (open, on) = self.open_by(&state, &record.name);
+        if open > 0 {
+            return Err(ControlError::Conflict(format!(
+                "volume {volume} is open by {open} client(s) through {}: disconnect them before reverting it (what they wrote since the snapshot would vanish under them)",
+                on.join(", ")
+            )));
+        }
+        if taken.size_bytes != record.size_bytes {
+            return Err(ControlError::Conflict(format!(
+                "volume {volume} was resized since snapshot {snapshot_name} was taken; clone the snapshot instead"
+            )));
+        }
+        // New copies, each a clone of a snapshot copy on its disk group,
+        // replace the volume's; its witnesses stay.
+        let host = self.via().await?;
+        let components = host.components(&record.name);
+        let mut reverted = Layout {
+            witnesses: layout.witnesses.clone(),
+            generation: layout.generation + 1,
+            ..taken.layout.clone()
+        };
+        let mut made: Vec<ComponentPlacement> = Vec::new();
+        let mut failure = None;
+        for column in &mut reverted.columns {
+            for copy in &mut column.copies {
+                let from = copy.clone();
+                copy.id = ComponentId(self.rng.next_u64() >> 1);
+                match components.clone_snapshot(&from, copy.id, Epoch(0)).await {
+                    Ok(()) => made.push(copy.clone()),
+                    Err(e) => {
+                        failure.get_or_insert(format!(
+                            "cloning snapshot component {} on host {}: {e}",
+                            from.id, from.host
+                        ));
+                    }
+                }
+            }
+        }
+        // The owner steps down, and its epoch is passed at once, so nothing
+        // it still does is recorded over the new layout; the next owner
+        // takes the new copies over.
+        let owner =
+            tessera_directory::current_owner(self.directory.as_ref(), &self.keys, &record.name)
+                .await
+                .map_err(internal)?;
+        let epoch = keys::get(
+            self.directory.as_ref(),
+            &self.keys.owner_epoch(&record.name),
+        )
+        .await
+        .map_err(internal)?
+        .map_or(Epoch(0), |r| r.value.epoch);
+        let recorded = match failure {
+            Some(reason) => Err(ControlError::Unavailable(format!(
+                "volume {volume}: {reason}"
+            ))),
+            None => {
+                let mut ops = vec![
+                    self.keys
+                        .layout(&record.name)
+                        .put_op(&reverted, None)
+                        .map_err(internal)?,
+                    self.keys
+                        .owner_epoch(&record.name)
+                        .put_op(
+                            &keys::OwnerEpochRecord {
+                                volume: record.name.clone(),
+                                epoch: Epoch(epoch.0 + 1),
+                            },
+                            None,
+                        )
+                        .map_err(internal)?,
+                    self.keys.dirty_regions(&record.name).delete_op(),
+                ];
+                if owner.is_some() {
+                    ops.push(self.keys.owner(&record.name).delete_op());
+                }
+                self.directory
+                    .txn(tessera_directory::Txn::new().and_then(ops))
+                    .await
+                    .map(|_| ())
+                    .map_err(internal)
+            }
+        };
+        if let Err(e) = recorded {
+            for c in &made {
+                let _ = components.delete(c).await;
+            }
+            return Err(e);
+        }
+        if let Some(owner) = &owner {
+            for h in self.hosts.running() {
+                if h.id() == &owner.host {
+                    h.forget_cached(&record.name);
+                }
+            }
+        }
+        // The copies that held what is now undone go.
+        for c in layout.columns.iter().flat_map(|m| m.copies.iter()) {
+            if let Err(e) = components.delete(c).await {
+                tracing::warn!(volume = %volume, component = %c.id, host = %c.host, error = %e, "replaced copy not deleted");
+            }
+        }
+        tracing::info!(volume = %volume, snapshot = %snapshot_name, "volume reverted to a snapshot");
+        for h in self.hosts.running() {
+            h.refresh_view().await;
+        }
+        self.await_owner(&record.name).await;
+        self.fresh_volume_view(&record.name).await
     }
 }

@@ -15,8 +15,8 @@ use tessera_node::control::{
     CapacityView, CloneVolume, ClusterControl, ClusterSettings, ComponentView, ControlError,
     CreatePolicy, CreateSnapshot, CreateVolume, DiskGroupView, Divergence, Health, HostView,
     IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
-    ResyncView, ScrubView, SnapshotView, StatusView, UpdatePolicy, UpdateSettings, VerifyReport,
-    VolumeView,
+    ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, UpdatePolicy, UpdateSettings,
+    VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -509,6 +509,27 @@ impl ClusterControl for MemoryControl {
             )));
         }
         Ok(())
+    }
+
+    async fn revert_volume(
+        &self,
+        volume: &str,
+        request: RevertVolume,
+    ) -> Result<VolumeView, ControlError> {
+        {
+            let r = self.records.lock().expect("records lock");
+            if !r
+                .snapshots
+                .iter()
+                .any(|s| s.volume == volume && s.name == request.to)
+            {
+                return Err(ControlError::NotFound(format!(
+                    "volume {volume} has no snapshot named {}",
+                    request.to
+                )));
+            }
+        }
+        self.volume(volume).await
     }
 
     async fn clone_volume(
