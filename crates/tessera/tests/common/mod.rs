@@ -1,5 +1,6 @@
 //! Helpers the tests that run real processes share.
 
+pub mod mount;
 pub mod up;
 
 use std::process::{Command, Stdio};

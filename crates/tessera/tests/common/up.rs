@@ -110,6 +110,13 @@ impl UpCluster {
         unreachable!("the third start either answers or fails the test")
     }
 
+    /// The NBD URI of `export` (a volume, or `volume@snapshot`) through
+    /// `host` (host-K).
+    pub fn nbd_uri(&self, host: &str, export: &str) -> String {
+        let k: u8 = host.trim_start_matches("host-").parse().unwrap();
+        format!("nbd://{}.{k}:{}/{export}", self.net, self.nbd_port)
+    }
+
     /// Creates volume `name` of `size` (with `policy`, or the default) and
     /// waits until it is healthy with an owner; answers its view and its
     /// NBD URI through the owner.
