@@ -10,10 +10,13 @@
 //! TESSERA_REQUIRE_TOOLS=1, when it fails. Every path (success or failure)
 //! unmounts, detaches the loop device, stops nbdfuse and stops `tessera up`.
 
+mod common;
+
+use common::free_port;
+use common::mount::{can_mount, run_bounded, run_ok, Attached};
 use serde_json::Value;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -24,79 +27,6 @@ const FILE_BYTES: u64 = 50 * MIB;
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the used bytes get to reflect a write or a trim.
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn tools_required() -> bool {
-    std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() == Ok("1")
-}
-
-/// Skips (returns false) or, under TESSERA_REQUIRE_TOOLS=1, fails.
-fn missing(what: &str) -> bool {
-    assert!(
-        !tools_required(),
-        "{what} (required: TESSERA_REQUIRE_TOOLS=1)"
-    );
-    eprintln!("skipping: {what}");
-    false
-}
-
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found || missing(&format!("{tool} is not installed"))
-}
-
-fn can_mount() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root || !Path::new("/dev/fuse").exists() {
-        return missing("needs root and /dev/fuse for loop devices and mounts");
-    }
-    let loop_free = Command::new("losetup")
-        .arg("-f")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    loop_free || missing("no free loop device (losetup -f failed)")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
-
-/// Runs a command, killed after `secs` seconds (coreutils `timeout`), so a
-/// hung mount or fsck fails the test instead of blocking it.
-fn run_bounded(secs: u32, program: &str, args: &[&str]) -> Output {
-    Command::new("timeout")
-        .arg("-k")
-        .arg("5")
-        .arg(secs.to_string())
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
-}
-
-fn run_ok(secs: u32, program: &str, args: &[&str]) -> String {
-    let out = run_bounded(secs, program, args);
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Stops a child process: SIGTERM, a grace period, then SIGKILL.
 fn stop(child: &mut Child) {
@@ -117,30 +47,15 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Undoes, in reverse order, whatever the test set up.
+/// Stops `tessera up` however the test ends (the volume's mount, loop
+/// device and nbdfuse go first: see `common::mount::Attached`).
 #[derive(Default)]
 struct Teardown {
-    mounted: Option<PathBuf>,
-    loop_device: Option<String>,
-    fuse_dir: Option<PathBuf>,
-    nbdfuse: Option<Child>,
     cluster: Option<Child>,
 }
 
 impl Drop for Teardown {
     fn drop(&mut self) {
-        if let Some(dir) = self.mounted.take() {
-            let _ = run_bounded(60, "umount", &[&dir.to_string_lossy()]);
-        }
-        if let Some(dev) = self.loop_device.take() {
-            let _ = run_bounded(30, "losetup", &["-d", &dev]);
-        }
-        if let Some(dir) = self.fuse_dir.take() {
-            let _ = run_bounded(30, "fusermount3", &["-u", &dir.to_string_lossy()]);
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            stop(&mut child);
-        }
         if let Some(mut child) = self.cluster.take() {
             stop(&mut child);
         }
@@ -219,22 +134,7 @@ fn file_contents(seed: u64, len: u64) -> Vec<u8> {
 
 #[test]
 fn fstrim_in_a_thin_volume_returns_space_to_the_datastore() {
-    for tool in [
-        "nbdfuse",
-        "fusermount3",
-        "losetup",
-        "mkfs.ext4",
-        "e2fsck",
-        "fstrim",
-        "mount",
-        "umount",
-        "timeout",
-    ] {
-        if !have(tool) {
-            return;
-        }
-    }
-    if !can_mount() {
+    if !can_mount() || !common::have("fstrim") {
         return;
     }
     let work = tempfile::tempdir().expect("temp dir");
@@ -300,36 +200,16 @@ fn fstrim_in_a_thin_volume_returns_space_to_the_datastore() {
     let empty = cli.used_bytes("fs");
     assert_eq!(empty, 0, "a new thin volume already uses {empty} bytes");
 
-    let fuse_dir = work.path().join("fuse");
-    let mount_dir = work.path().join("mnt");
-    std::fs::create_dir(&fuse_dir).expect("fuse dir");
-    std::fs::create_dir(&mount_dir).expect("mount dir");
-    let pidfile = work.path().join("nbdfuse.pid");
-    let disk = fuse_dir.join("disk");
-    let nbdfuse = Command::new("nbdfuse")
-        .arg("-P")
-        .arg(&pidfile)
-        .arg(&disk)
-        .arg(format!("nbd://{owner_ip}:{nbd_port}/fs"))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start nbdfuse");
-    teardown.nbdfuse = Some(nbdfuse);
-    teardown.fuse_dir = Some(fuse_dir.clone());
-    let deadline = Instant::now() + START_TIMEOUT;
-    while !pidfile.exists() || !disk.exists() {
-        assert!(Instant::now() < deadline, "nbdfuse did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
-    let loop_device = run_ok(30, "losetup", &["-f", "--show", &disk.to_string_lossy()])
-        .trim()
-        .to_owned();
-    teardown.loop_device = Some(loop_device.clone());
+    let mut attached = Attached::new(
+        &format!("nbd://{owner_ip}:{nbd_port}/fs"),
+        &work.path().join("attach"),
+        false,
+    );
+    let loop_device = attached.device.clone();
     run_ok(300, "mkfs.ext4", &["-q", "-F", &loop_device]);
+    let mount_dir = work.path().join("mnt");
     let mnt = mount_dir.to_string_lossy().into_owned();
-    run_ok(60, "mount", &[&loop_device, &mnt]);
-    teardown.mounted = Some(mount_dir.clone());
+    attached.mount(&mount_dir, "rw");
     run_ok(120, "sync", &[]);
     let formatted = cli.used_bytes("fs");
 
@@ -366,8 +246,7 @@ fn fstrim_in_a_thin_volume_returns_space_to_the_datastore() {
     );
     eprintln!("used bytes: {formatted} after mkfs, {full} with the files, {trimmed} after fstrim");
 
-    run_ok(60, "umount", &[&mnt]);
-    teardown.mounted = None;
+    attached.unmount();
     let fsck = run_bounded(300, "e2fsck", &["-fn", &loop_device]);
     assert!(
         fsck.status.success(),
