@@ -1,0 +1,278 @@
+//! A database on a volume, snapshotted while it works: PostgreSQL on ext4
+//! on a volume of the real `tessera up` (nbdfuse and a loop device) runs
+//! pgbench while snapshots are taken with the CLI every few seconds, without
+//! stopping or freezing anything. A linked clone of the last snapshot then
+//! mounts (ext4 replays its journal), PostgreSQL starts on it (crash
+//! recovery from its WAL), `pg_amcheck` finds nothing wrong and every
+//! account row is there. Throughput with and without snapshots is compared
+//! by a benchmark, not here.
+//!
+//! Needs what `filesystem_snapshots.rs` needs, PostgreSQL's server binaries
+//! (`/usr/lib/postgresql/*/bin`, Debian's `postgresql`) and the `postgres`
+//! user; without them it skips with a message, unless
+//! TESSERA_REQUIRE_TOOLS=1, when it fails.
+
+mod common;
+
+use common::mount::{can_mount, run_ok, Attached};
+use common::up::{tessera, UpCluster};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// pgbench's scale: 100,000 account rows each.
+const SCALE: u64 = 4;
+
+/// The directory of PostgreSQL's server binaries, if installed.
+fn postgres_bin() -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists() && bin.join("pg_amcheck").exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// Runs `program args` as the `postgres` user; fails the test unless it
+/// succeeded.
+fn as_postgres(program: &Path, args: &[&str]) -> String {
+    let out = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("runuser starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {text}",
+        program.display()
+    );
+    text
+}
+
+/// A PostgreSQL server on a data directory, stopped when dropped.
+struct Server {
+    bin: PathBuf,
+    data: String,
+    socket: String,
+    port: String,
+}
+
+impl Server {
+    fn start(bin: &Path, data: &Path, socket: &Path, port: u16, log: &Path) -> Server {
+        let server = Server {
+            bin: bin.to_path_buf(),
+            data: data.to_string_lossy().into_owned(),
+            socket: socket.to_string_lossy().into_owned(),
+            port: port.to_string(),
+        };
+        let options = format!("-p {port} -k {} -c listen_addresses=''", server.socket);
+        let started = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join("pg_ctl"))
+            .args([
+                "-D",
+                &server.data,
+                "-o",
+                &options,
+                "-l",
+                &log.to_string_lossy(),
+                "-w",
+                "-t",
+                "120",
+                "start",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("runuser starts");
+        assert!(
+            started.status.success(),
+            "PostgreSQL did not start on {}: {}{}\nits log:\n{}",
+            server.data,
+            String::from_utf8_lossy(&started.stdout),
+            String::from_utf8_lossy(&started.stderr),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        server
+    }
+
+    /// Connection arguments for the client tools.
+    fn connect(&self) -> [&str; 6] {
+        ["-h", &self.socket, "-p", &self.port, "-U", "postgres"]
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args(["-D", &self.data, "-m", "fast", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A directory the `postgres` user owns.
+fn postgres_dir(path: &Path) {
+    std::fs::create_dir_all(path).unwrap();
+    run_ok(
+        30,
+        "chown",
+        &["-R", "postgres:postgres", &path.to_string_lossy()],
+    );
+}
+
+#[test]
+fn postgres_under_pgbench_snapshotted_and_cloned_recovers_cleanly() {
+    let Some(bin) = postgres_bin() else {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "PostgreSQL's server binaries are required (TESSERA_REQUIRE_TOOLS=1)"
+        );
+        eprintln!("skipping: PostgreSQL is not installed");
+        return;
+    };
+    if !can_mount() || !common::have("runuser") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // The server runs as `postgres`: it must reach its directories.
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cluster = UpCluster::start(63, &[]);
+    let (view, uri) = cluster.create_volume("pg", "512M", None);
+    let owner = view["owner"].as_str().unwrap().to_string();
+
+    let mut volume = Attached::new(&uri, &work.path().join("vol"), false);
+    run_ok(300, "mkfs.ext4", &["-q", "-F", &volume.device]);
+    let mnt = work.path().join("vol-mnt");
+    volume.mount(&mnt, "rw");
+    let data = mnt.join("pgdata");
+    postgres_dir(&data);
+    let socket = work.path().join("sock");
+    postgres_dir(&socket);
+    let logs = work.path().join("logs");
+    postgres_dir(&logs);
+    // initdb syncs what it writes (no -N): a snapshot, like a crash,
+    // holds only what was made durable.
+    as_postgres(
+        &bin.join("initdb"),
+        &[
+            "-D",
+            &data.to_string_lossy(),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+        ],
+    );
+    let server = Server::start(
+        &bin,
+        &data,
+        &socket,
+        common::free_port(),
+        &logs.join("pg.log"),
+    );
+    let pgbench = bin.join("pgbench");
+    let scale = SCALE.to_string();
+    let mut init = server.connect().to_vec();
+    init.extend(["-i", "-q", "-s", &scale, "postgres"]);
+    as_postgres(&pgbench, &init);
+
+    // pgbench runs; snapshots are taken under it, nothing stops or waits.
+    let mut load = server.connect().to_vec();
+    load.extend(["-T", "12", "-c", "4", "-j", "2", "-n", "postgres"]);
+    let bench = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(&pgbench)
+        .args(&load)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pgbench starts");
+    for n in 1..=3 {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let (ok, text) = tessera(
+            &cluster.api,
+            &["snapshot", "create", "pg", &format!("s{n}")],
+        );
+        assert!(ok, "snapshot s{n} under pgbench: {text}");
+    }
+    let out = bench.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "pgbench failed while snapshots were taken: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("tps = "), "{report}");
+    eprintln!(
+        "pgbench while snapshots were taken: {}",
+        report
+            .lines()
+            .filter(|l| l.contains("tps"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+
+    // A clone of the last snapshot: ext4 replays its journal, PostgreSQL
+    // recovers from its WAL, and everything checks out.
+    let (ok, text) = tessera(
+        &cluster.api,
+        &["volume", "clone", "pg-clone", "--from", "pg@s3"],
+    );
+    assert!(ok, "{text}");
+    let other = if owner == "host-1" {
+        "host-2"
+    } else {
+        "host-1"
+    };
+    let mut clone = Attached::new(
+        &cluster.nbd_uri(other, "pg-clone"),
+        &work.path().join("clone"),
+        false,
+    );
+    let clone_mnt = work.path().join("clone-mnt");
+    clone.mount(&clone_mnt, "rw");
+    let clone_socket = work.path().join("clone-sock");
+    postgres_dir(&clone_socket);
+    // The clone's data directory holds the running original's lock file,
+    // whose process is alive on this machine: it goes, as when a database
+    // is started from a copy of a running one; the rest is as after a crash.
+    std::fs::remove_file(clone_mnt.join("pgdata/postmaster.pid")).unwrap();
+    let recovered = Server::start(
+        &bin,
+        &clone_mnt.join("pgdata"),
+        &clone_socket,
+        common::free_port(),
+        &logs.join("clone.log"),
+    );
+    let mut check = recovered.connect().to_vec();
+    check.extend(["--install-missing", "--heapallindexed", "-d", "postgres"]);
+    as_postgres(&bin.join("pg_amcheck"), &check);
+    let mut count = recovered.connect().to_vec();
+    count.extend([
+        "-d",
+        "postgres",
+        "-Atc",
+        "select count(*) from pgbench_accounts",
+    ]);
+    let rows = as_postgres(&bin.join("psql"), &count);
+    assert_eq!(
+        rows.trim(),
+        (SCALE * 100_000).to_string(),
+        "account rows in the clone"
+    );
+    drop(recovered);
+    drop(server);
+    clone.unmount();
+    volume.unmount();
+}
