@@ -299,6 +299,29 @@ impl ControlPlane {
         Ok(host)
     }
 
+    /// Records a new volume and its layout in one transaction, if no volume
+    /// of its name exists; false if one does.
+    async fn record_new_volume(
+        &self,
+        record: &VolumeRecord,
+        layout: &Layout,
+    ) -> Result<bool, ControlError> {
+        let name = &record.name;
+        let txn = tessera_directory::Txn::new()
+            .when([self.keys.volume(name).absent()])
+            .and_then([
+                self.keys
+                    .volume(name)
+                    .put_op(record, None)
+                    .map_err(internal)?,
+                self.keys
+                    .layout(name)
+                    .put_op(layout, None)
+                    .map_err(internal)?,
+            ]);
+        Ok(self.directory.txn(txn).await.map_err(internal)?.succeeded)
+    }
+
     async fn volume_record(&self, name: &str) -> Result<(VolumeRecord, Layout), ControlError> {
         let volume = VolumeId::new(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
         let record = keys::get(self.directory.as_ref(), &self.keys.volume(&volume))
@@ -1046,20 +1069,7 @@ impl ClusterControl for ControlPlane {
             reserved_bytes: reserved,
             block_bytes,
         };
-        let txn = tessera_directory::Txn::new()
-            .when([self.keys.volume(&name).absent()])
-            .and_then([
-                self.keys
-                    .volume(&name)
-                    .put_op(&record, None)
-                    .map_err(internal)?,
-                self.keys
-                    .layout(&name)
-                    .put_op(&layout, None)
-                    .map_err(internal)?,
-            ]);
-        let outcome = self.directory.txn(txn).await.map_err(internal)?;
-        if !outcome.succeeded {
+        if !self.record_new_volume(&record, &layout).await? {
             for c in &created {
                 let _ = components.delete(c).await;
             }

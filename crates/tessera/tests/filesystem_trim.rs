@@ -13,7 +13,7 @@
 mod common;
 
 use common::free_port;
-use common::mount::{can_mount, run_bounded, run_ok, Attached};
+use common::mount::{can_mount, run_bounded, run_ok, stop, Attached};
 use serde_json::Value;
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
@@ -27,25 +27,6 @@ const FILE_BYTES: u64 = 50 * MIB;
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the used bytes get to reflect a write or a trim.
 const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Stops a child process: SIGTERM, a grace period, then SIGKILL.
-fn stop(child: &mut Child) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
-    }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
 
 /// Stops `tessera up` however the test ends (the volume's mount, loop
 /// device and nbdfuse go first: see `common::mount::Attached`).

@@ -276,27 +276,13 @@ impl ControlPlane {
             Some(reason) => Err(ControlError::Unavailable(format!(
                 "volume {name}: {reason}"
             ))),
-            None => {
-                let txn = tessera_directory::Txn::new()
-                    .when([self.keys.volume(&name).absent()])
-                    .and_then([
-                        self.keys
-                            .volume(&name)
-                            .put_op(&record, None)
-                            .map_err(internal)?,
-                        self.keys
-                            .layout(&name)
-                            .put_op(&layout, None)
-                            .map_err(internal)?,
-                    ]);
-                match self.directory.txn(txn).await {
-                    Ok(outcome) if outcome.succeeded => Ok(()),
-                    Ok(_) => Err(ControlError::Conflict(format!(
-                        "a volume named {name} already exists"
-                    ))),
-                    Err(e) => Err(internal(e)),
-                }
-            }
+            None => match self.record_new_volume(&record, &layout).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(ControlError::Conflict(format!(
+                    "a volume named {name} already exists"
+                ))),
+                Err(e) => Err(e),
+            },
         };
         if let Err(e) = recorded {
             // Nothing half made is left behind.
