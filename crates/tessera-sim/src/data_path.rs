@@ -276,7 +276,13 @@ impl Hosts {
         }
         let copy = Copy {
             host,
-            epoch: source.epoch.max(epoch),
+            // A snapshot keeps its source's epochs; a clone is a new object
+            // whose owners count from `epoch`, as in the store.
+            epoch: if is_snapshot {
+                source.epoch.max(epoch)
+            } else {
+                epoch
+            },
             blocks: source.blocks.clone(),
             unsynced: Vec::new(),
             read_only: is_snapshot,
