@@ -188,7 +188,7 @@ pub struct DiskGroup {
 /// Attempts at loading index pages for one operation before giving up (the
 /// cache is at least [`crate::index::CACHE_PAGES_MIN`] pages, so a second
 /// attempt only happens under heavy concurrent eviction).
-const LOAD_ATTEMPTS_MAX: usize = 8;
+pub(crate) const LOAD_ATTEMPTS_MAX: usize = 8;
 
 fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, StoreError> {
     let open = |spec: &DeviceSpec, cache: bool| -> Result<Arc<dyn Disk>, StoreError> {
@@ -365,12 +365,15 @@ impl DiskGroup {
         self.shared.ack_before_durable.store(on, Ordering::Relaxed);
     }
 
-    fn component_lock(&self, id: ComponentId) -> Result<Arc<tokio::sync::RwLock<()>>, StoreError> {
+    pub(crate) fn component_lock(
+        &self,
+        id: ComponentId,
+    ) -> Result<Arc<tokio::sync::RwLock<()>>, StoreError> {
         let st = self.shared.state.lock();
         Ok(st.component(id)?.lock.clone())
     }
 
-    async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
+    pub(crate) async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || shared.load_pages_blocking(&need.0))
             .await

@@ -26,6 +26,7 @@
 //!   component shares them.
 
 use crate::engine::Shared;
+use crate::index::LBAS_PER_PAGE;
 use crate::state::Request;
 use crate::{DiskGroup, StoreError};
 use std::sync::Arc;
@@ -35,7 +36,7 @@ use tessera_format::{
     root_table_blocks, BlockLoc, LogOp, PageRoot, RootTableBlock, RootTableRef, BLOCK,
     ROOTS_PER_BLOCK,
 };
-use tessera_types::{ComponentId, Epoch, BLOCK_BYTES};
+use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
 /// How long a snapshot waits for its source's pages to be committed.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -418,6 +419,72 @@ impl DiskGroup {
             },
         );
         rx
+    }
+
+    /// Runs of blocks within `[from, from + blocks)` where component `id`
+    /// may hold other data than component `base` of the same disk group, in
+    /// order, as (first LBA, block count): what a copy that holds `base`
+    /// must be sent to hold `id`. Never leaves out a block that differs. A
+    /// snapshot and the snapshot or volume taken after it compare in the
+    /// index pages the writes between them changed, not in the whole index.
+    pub async fn changed(
+        &self,
+        base: ComponentId,
+        id: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, StoreError> {
+        // Both read-locked (in id order, as every taker of two does), so
+        // neither is deleted or snapshotted meanwhile.
+        let (first, second) = if base.0 <= id.0 {
+            (base, id)
+        } else {
+            (id, base)
+        };
+        let first_lock = self.component_lock(first)?;
+        let second_lock = self.component_lock(second)?;
+        let _first = first_lock.read().await;
+        let _second = if first != second {
+            Some(second_lock.read().await)
+        } else {
+            None
+        };
+        let end = {
+            let st = self.shared().state.lock();
+            let (b, c) = (st.component(base)?, st.component(id)?);
+            from.0
+                .saturating_add(blocks)
+                .min(c.blocks().max(b.blocks()))
+        };
+        let mut runs: Vec<(Lba, u64)> = Vec::new();
+        let chunk = crate::recovery::UNMAP_CHUNK_PAGES * LBAS_PER_PAGE;
+        let mut s = from.0;
+        while s < end {
+            let e = end.min((s / chunk + 1) * chunk);
+            let mut done = false;
+            for _ in 0..crate::group::LOAD_ATTEMPTS_MAX {
+                let need = {
+                    let st = self.shared().state.lock();
+                    st.component(base)?;
+                    st.component(id)?;
+                    let need = st.missing_changed_pages(base.0, id.0, s, e);
+                    if need.0.is_empty() {
+                        st.changed_runs(base.0, id.0, s, e, &mut runs);
+                        done = true;
+                        break;
+                    }
+                    need
+                };
+                self.load(need).await?;
+            }
+            if !done {
+                return Err(StoreError::DiskGroupFailed {
+                    reason: "index cache too small to compare components".into(),
+                });
+            }
+            s = e;
+        }
+        Ok(runs)
     }
 
     /// Whether `id` is a snapshot.

@@ -1059,6 +1059,88 @@ impl State {
         }
     }
 
+    /// Pages of `[start, end)` that [`State::changed_runs`] must read: those
+    /// of `base` and `c` whose slot pairs differ, where one of them has a
+    /// committed copy not cached.
+    pub(crate) fn missing_changed_pages(&self, base: u64, c: u64, start: u64, end: u64) -> Need {
+        let mut need = Need::default();
+        if end <= start {
+            return need;
+        }
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        let roots = |id: u64| self.components.get(&id).map(|comp| &comp.roots);
+        let (Some(base_roots), Some(roots)) = (roots(base), roots(c)) else {
+            return need;
+        };
+        for page_no in first..=last {
+            let (b, r) = (base_roots.get(&page_no), roots.get(&page_no));
+            if same_pair(b, r) {
+                continue;
+            }
+            for (id, root) in [(base, b), (c, r)] {
+                if let Some(loc) = root.and_then(RootEntry::current) {
+                    if !self.cache.contains(&(id, page_no)) {
+                        need.0.push(((id, page_no), loc));
+                    }
+                }
+            }
+        }
+        need
+    }
+
+    /// Appends to `runs` (merging with the last run) the LBAs of `[start,
+    /// end)` where `c` may hold other data than `base`: mapped to another
+    /// block or mapped in one only, or with a write still staged for either.
+    /// Pages both share (one slot pair, unchanged since) are skipped whole,
+    /// so two snapshots a few writes apart compare in a few page reads.
+    /// Never leaves out an LBA that differs; may name one that does not (a
+    /// staged write of the same data). Pages of [`State::missing_changed_pages`]
+    /// must be cached.
+    pub(crate) fn changed_runs(
+        &self,
+        base: u64,
+        c: u64,
+        start: u64,
+        end: u64,
+        runs: &mut Vec<(Lba, u64)>,
+    ) {
+        if end <= start {
+            return;
+        }
+        let roots = |id: u64| self.components.get(&id).map(|comp| &comp.roots);
+        let (Some(base_roots), Some(roots)) = (roots(base), roots(c)) else {
+            return;
+        };
+        let staged: BTreeSet<u64> = self
+            .overlay
+            .keys()
+            .filter(|(id, l)| (*id == base || *id == c) && (start..end).contains(l))
+            .map(|(_, l)| *l)
+            .collect();
+        let mut push = |l: u64| match runs.last_mut() {
+            Some((s, n)) if s.0 + *n == l => *n += 1,
+            _ => runs.push((Lba(l), 1)),
+        };
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        for page_no in first..=last {
+            let base_lba = page_no * LBAS_PER_PAGE;
+            let (from, to) = (start.max(base_lba), end.min(base_lba + LBAS_PER_PAGE));
+            let shared = same_pair(base_roots.get(&page_no), roots.get(&page_no));
+            for l in from..to {
+                let differs = staged.contains(&l)
+                    || (!shared && {
+                        let (a, b) = (self.index_entry(base, l), self.index_entry(c, l));
+                        a.kind == EntryKind::Lost
+                            || b.kind == EntryKind::Lost
+                            || a.block() != b.block()
+                    });
+                if differs {
+                    push(l);
+                }
+            }
+        }
+    }
+
     /// Removes a component from the table with its cached pages; the caller
     /// frees its blocks once it has read the pages that were not cached.
     /// Pages whose slot pair other components share (a snapshot's, a
@@ -1183,5 +1265,15 @@ impl State {
     fn take_unsynced_requests(&mut self) -> Vec<Request> {
         self.unsynced_blocks = 0;
         self.unsynced.drain(..).flat_map(|b| b.reqs).collect()
+    }
+}
+
+/// Whether two components' roots of one page name the same committed slot
+/// pair and copy (or neither has the page): their entries are then equal.
+fn same_pair(a: Option<&RootEntry>, b: Option<&RootEntry>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.loc.is_some() && a == b,
+        _ => false,
     }
 }

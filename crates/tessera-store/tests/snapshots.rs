@@ -176,6 +176,36 @@ async fn verify(dg: &Arc<DiskGroup>, model: &Model) -> Result<(), TestCaseError>
             }
         }
     }
+    // What `changed` names between any two components of one size covers
+    // every block where they differ (what a rebuild copies between them).
+    for (&a, &(size, _)) in &model.comps {
+        for (&b, &(other_size, _)) in &model.comps {
+            if a == b || size != other_size {
+                continue;
+            }
+            let runs = dg
+                .changed(ComponentId(a), ComponentId(b), Lba(0), size)
+                .await
+                .map_err(fail)?;
+            let named: std::collections::BTreeSet<u64> =
+                runs.iter().flat_map(|(l, n)| l.0..l.0 + n).collect();
+            let lbas: std::collections::BTreeSet<u64> = [a, b]
+                .iter()
+                .flat_map(|&c| model.blocks.range((c, 0)..(c, u64::MAX)).map(|(k, _)| k.1))
+                .collect();
+            for lba in lbas {
+                if model.blocks.get(&(a, lba)) != model.blocks.get(&(b, lba)) {
+                    prop_assert!(
+                        named.contains(&lba),
+                        "LBA {} differs between {} and {} but is not named changed",
+                        lba,
+                        a,
+                        b
+                    );
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -436,6 +466,35 @@ fn a_snapshot_costs_exactly_the_blocks_overwritten_since_it_was_taken() {
             let v = if l % 20 < 9 { 2 } else { 1 };
             assert_eq!(&live[at], &payload(1, l, v)[..]);
         }
+        // Between the snapshot and the volume, exactly the overwritten
+        // blocks changed, and unmapping adds what it unmapped.
+        let changed = |runs: Vec<(Lba, u64)>| -> Vec<u64> {
+            runs.iter().flat_map(|(l, n)| l.0..l.0 + n).collect()
+        };
+        let runs = dg
+            .changed(ComponentId(2), ComponentId(1), Lba(0), 16384)
+            .await
+            .unwrap();
+        assert_eq!(changed(runs), overwritten);
+        dg.unmap(ComponentId(1), Lba(2000), 8, Epoch(1))
+            .await
+            .unwrap();
+        dg.unmap(ComponentId(1), Lba(999), 1, Epoch(1))
+            .await
+            .unwrap();
+        dg.settle().await.unwrap();
+        let runs = dg
+            .changed(ComponentId(1), ComponentId(2), Lba(0), 16384)
+            .await
+            .unwrap();
+        let mut want = overwritten.clone();
+        want.push(999);
+        assert_eq!(
+            changed(runs),
+            want,
+            "unmapping a mapped block changes it; a hole stays a hole"
+        );
+        write_each(&dg, 1, 999..1000, 1).await;
         // Deleting the snapshot gives back exactly what it held alone.
         dg.delete_component(ComponentId(2)).await.unwrap();
         dg.settle().await.unwrap();
