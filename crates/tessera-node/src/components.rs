@@ -323,6 +323,39 @@ impl ComponentIo for ClusterComponents {
         }
     }
 
+    async fn changed(
+        &self,
+        c: &ComponentPlacement,
+        base: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError> {
+        let component = self.reference(c);
+        if self.is_local(c) {
+            return self
+                .replica
+                .changed(&component, base, from, blocks)
+                .await
+                .map_err(|e| local_error(c, e));
+        }
+        match self
+            .send(
+                c,
+                IoClass::Resync,
+                Request::Changed {
+                    component,
+                    base,
+                    from,
+                    blocks,
+                },
+            )
+            .await?
+        {
+            Response::Ranges(ranges) => Ok(ranges),
+            other => Err(unexpected(c, other)),
+        }
+    }
+
     async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError> {
         let c = &clone.target;
         let source = ComponentRef {

@@ -33,7 +33,7 @@ use crate::resync_board::ResyncBoard;
 use crate::routing::{HostCatalog, VolumeHandle};
 use control_loop::ControlState;
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,6 +146,10 @@ pub struct Host {
     halted: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Lost copies whose replacements are being given the volume's
+    /// snapshots (a rebuild that carries snapshots runs as a task; the
+    /// core asks again every tick meanwhile).
+    carrying: Mutex<HashSet<(VolumeId, ComponentId)>>,
     /// The iSCSI targets this host serves.
     targets: Arc<HostTargets>,
     /// Volumes its clients have open.
@@ -379,6 +383,7 @@ impl Host {
             halted: Arc::default(),
             stop,
             tasks: Mutex::new(Vec::new()),
+            carrying: Mutex::new(HashSet::new()),
             targets: Arc::clone(&targets),
             attachments,
             attachments_published: std::sync::atomic::AtomicU64::new(u64::MAX),

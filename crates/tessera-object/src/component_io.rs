@@ -167,6 +167,39 @@ pub trait ComponentIo: Send + Sync + 'static {
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ComponentError>;
 
+    /// Runs of blocks within `[from, from+blocks)` where `component` may
+    /// hold other data than `base`, a component of its volume on the same
+    /// disk group (a snapshot taken before it): what a copy holding `base`
+    /// must be sent to hold `component`. Never leaves out a block that
+    /// differs. This answer names every block either allocates, which is
+    /// right but sends more than a store that compares index pages.
+    async fn changed(
+        &self,
+        component: &ComponentPlacement,
+        base: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError> {
+        let base = ComponentPlacement {
+            id: base,
+            ..component.clone()
+        };
+        let mut lbas = std::collections::BTreeSet::new();
+        for c in [component, &base] {
+            for (lba, n) in self.allocated(c, from, blocks).await? {
+                lbas.extend(lba.0..lba.0 + n);
+            }
+        }
+        let mut runs: Vec<(Lba, u64)> = Vec::new();
+        for l in lbas {
+            match runs.last_mut() {
+                Some((s, n)) if s.0 + *n == l => *n += 1,
+                _ => runs.push((Lba(l), 1)),
+            }
+        }
+        Ok(runs)
+    }
+
     /// Makes the target blocks of `clone` hold what its source blocks hold
     /// by sharing the stored blocks: no data moves, holes stay holes, and a
     /// later write to either side leaves the other as it was. Checked
@@ -260,6 +293,51 @@ pub trait LayoutRecorder: Send + Sync + 'static {
     /// volume's and the volume has no snapshot of that name; an error
     /// otherwise (the coordinator then deletes what it took).
     async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String>;
+
+    /// Persists `layout` and `dirty` as [`LayoutRecorder::record`] does,
+    /// and in the same transaction puts each snapshot of `carried` on its
+    /// new copy: in the record of snapshot `snapshot`, its component made
+    /// of `lost` gives way to `made`. Returns the snapshots of `carried`
+    /// that have no record any more (deleted meanwhile): their `made`
+    /// components are the caller's to delete.
+    async fn record_carried(
+        &self,
+        layout: &Layout,
+        dirty: &DirtyRecord,
+        carried: &[CarriedSnapshot],
+    ) -> Result<Vec<u64>, String>;
+}
+
+/// A snapshot a rebuilt copy was given: see
+/// [`LayoutRecorder::record_carried`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CarriedSnapshot {
+    /// The snapshot's number.
+    pub snapshot: u64,
+    /// The copy that was lost (its snapshot component is `lost.snapshot(snapshot)`).
+    pub lost: ComponentId,
+    /// The new copy's snapshot component.
+    pub made: ComponentPlacement,
+}
+
+impl CarriedSnapshot {
+    /// Puts `made` in `layout` (a snapshot's) where the lost copy's
+    /// snapshot component was; false if it is not there.
+    pub fn apply(&self, layout: &mut Layout) -> bool {
+        let gone = self.lost.snapshot(self.snapshot);
+        match layout
+            .columns
+            .iter_mut()
+            .flat_map(|m| m.copies.iter_mut())
+            .find(|c| c.id == gone)
+        {
+            Some(slot) => {
+                *slot = self.made.clone();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// A snapshot a coordinator took on every copy of its volume, for its

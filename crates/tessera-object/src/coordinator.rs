@@ -38,9 +38,11 @@
 //! - once a component reports a newer epoch the coordinator is superseded and
 //!   refuses all further I/O.
 
+mod carry;
 mod share;
 mod snapshot;
 
+pub use carry::{CarriedSnapshots, SnapshotChainLink};
 pub use share::{CopyReport, SHARE_STEP_BYTES};
 pub use snapshot::snapshot_layout;
 

@@ -19,12 +19,13 @@ mod range_lock;
 mod read_cache;
 
 pub use component_io::{
-    BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder,
-    TakenSnapshot, CLONE_BLOCKS_MAX,
+    BlockClone, CarriedSnapshot, ComponentError, ComponentIo, ComponentStatus, IoClass,
+    LayoutRecorder, TakenSnapshot, CLONE_BLOCKS_MAX,
 };
 pub use coordinator::{
-    snapshot_layout, Coordinator, CopyReport, HostShared, ObjectCounters, ResyncError,
-    ResyncProgress, ResyncReport, RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
+    snapshot_layout, CarriedSnapshots, Coordinator, CopyReport, HostShared, ObjectCounters,
+    ResyncError, ResyncProgress, ResyncReport, SnapshotChainLink, RESYNC_STEP_BLOCKS,
+    SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use io_scheduler::{IoClient, IoPermit, IoScheduler};

@@ -394,6 +394,28 @@ impl LayoutRecorder for Recorded {
         taken.push(snapshot.clone());
         Ok(())
     }
+
+    async fn record_carried(
+        &self,
+        layout: &Layout,
+        dirty: &DirtyRecord,
+        carried: &[tessera_object::CarriedSnapshot],
+    ) -> Result<Vec<u64>, String> {
+        let mut gone = Vec::new();
+        let mut taken = self.3.lock();
+        for c in carried {
+            let applied = taken
+                .iter_mut()
+                .find(|s| s.id == c.snapshot)
+                .is_some_and(|s| c.apply(&mut s.layout));
+            if !applied {
+                gone.push(c.snapshot);
+            }
+        }
+        self.0.lock().push(layout.clone());
+        *self.1.lock() = Some(dirty.clone());
+        Ok(gone)
+    }
 }
 
 fn component(id: u64, role: ComponentRole, host: &str, size: u64) -> ComponentPlacement {

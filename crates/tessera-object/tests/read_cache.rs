@@ -383,6 +383,16 @@ impl LayoutRecorder for Recorded {
     async fn record_snapshot(&self, _snapshot: &TakenSnapshot) -> Result<(), String> {
         Ok(())
     }
+
+    async fn record_carried(
+        &self,
+        _layout: &Layout,
+        _dirty: &DirtyRecord,
+        carried: &[tessera_object::CarriedSnapshot],
+    ) -> Result<Vec<u64>, String> {
+        // No snapshot is ever recorded here.
+        Ok(carried.iter().map(|c| c.snapshot).collect())
+    }
 }
 
 fn placement(id: u64, role: ComponentRole, host: &str, dg: &str) -> ComponentPlacement {

@@ -280,6 +280,21 @@ impl ReplicaService {
         .await
     }
 
+    /// Runs of blocks within `[from, from+blocks)` where `component` may
+    /// hold other data than `base` (of the same disk group).
+    pub async fn changed(
+        &self,
+        component: &ComponentRef,
+        base: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ReplicaError> {
+        self.on_group(component, |g| async move {
+            g.changed(base, component.id, from, blocks).await
+        })
+        .await
+    }
+
     /// Epoch and space of a component.
     pub fn status(&self, component: &ComponentRef) -> Result<ReplicaStatus, ReplicaError> {
         let group = self.group_for(component)?;
@@ -349,6 +364,15 @@ impl ReplicaService {
                 from,
                 blocks,
             } => match self.allocated(&component, from, blocks).await {
+                Ok(ranges) => Response::Ranges(ranges),
+                Err(e) => answer_error(e),
+            },
+            Request::Changed {
+                component,
+                base,
+                from,
+                blocks,
+            } => match self.changed(&component, base, from, blocks).await {
                 Ok(ranges) => Response::Ranges(ranges),
                 Err(e) => answer_error(e),
             },

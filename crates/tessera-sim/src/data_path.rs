@@ -645,6 +645,33 @@ impl LayoutRecorder for SimRecorder {
         d.snapshots.insert(snapshot.name.clone(), snapshot.clone());
         Ok(())
     }
+
+    async fn record_carried(
+        &self,
+        layout: &Layout,
+        dirty: &DirtyRecord,
+        carried: &[tessera_object::CarriedSnapshot],
+    ) -> Result<Vec<u64>, String> {
+        tokio::task::yield_now().await;
+        let mut d = self.directory.lock();
+        if d.owner_epoch != self.epoch {
+            return Err(format!("owned at {} now", d.owner_epoch));
+        }
+        let mut gone = Vec::new();
+        for c in carried {
+            let applied = d
+                .snapshots
+                .values_mut()
+                .find(|s| s.id == c.snapshot)
+                .is_some_and(|s| c.apply(&mut s.layout));
+            if !applied {
+                gone.push(c.snapshot);
+            }
+        }
+        d.layout = layout.clone();
+        Self::store_dirty(&mut d, dirty);
+        Ok(gone)
+    }
 }
 
 /// What each block may read as.

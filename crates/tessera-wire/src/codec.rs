@@ -404,6 +404,17 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.u64(from.0);
             w.u64(*blocks);
         }
+        Request::Changed {
+            component,
+            base,
+            from,
+            blocks,
+        } => {
+            w.component(component);
+            w.u64(base.0);
+            w.u64(from.0);
+            w.u64(*blocks);
+        }
         Request::VolumeRead {
             volume,
             offset,
@@ -696,6 +707,12 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
         },
         MessageKind::Allocated => Request::Allocated {
             component: r.component()?,
+            from: r.lba("from")?,
+            blocks: r.u64("blocks")?,
+        },
+        MessageKind::Changed => Request::Changed {
+            component: r.component()?,
+            base: ComponentId(r.u64("base")?),
             from: r.lba("from")?,
             blocks: r.u64("blocks")?,
         },

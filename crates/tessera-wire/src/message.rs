@@ -202,6 +202,21 @@ pub enum Request {
         /// Blocks in the query.
         blocks: u64,
     },
+    /// Block ranges within `blocks` blocks from `from` where `component`
+    /// may hold other data than `base`, a component of the same disk group
+    /// (a snapshot taken earlier), answered by [`Response::Ranges`]; never
+    /// leaves out a block that differs. A rebuild sends a new copy only
+    /// these. Since wire v5.
+    Changed {
+        /// The component (the later one).
+        component: ComponentRef,
+        /// The component it is compared with, of the same volume.
+        base: ComponentId,
+        /// First block of the query.
+        from: Lba,
+        /// Blocks in the query.
+        blocks: u64,
+    },
     /// Size, epoch and space of a component, answered by [`Response::Status`].
     ComponentStatus {
         /// The component.
@@ -512,6 +527,7 @@ pub enum MessageKind {
     CloneBlocks = 0x1b,
     SnapshotComponent = 0x1c,
     CloneSnapshot = 0x1d,
+    Changed = 0x1e,
     VolumeRead = 0x30,
     VolumeWrite = 0x31,
     VolumeFlush = 0x32,
@@ -532,7 +548,7 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 33] = [
+    const ALL: [MessageKind; 34] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -549,6 +565,7 @@ impl MessageKind {
         MessageKind::CloneBlocks,
         MessageKind::SnapshotComponent,
         MessageKind::CloneSnapshot,
+        MessageKind::Changed,
         MessageKind::VolumeRead,
         MessageKind::VolumeWrite,
         MessageKind::VolumeFlush,
@@ -606,6 +623,7 @@ impl MessageKind {
             MessageKind::SnapshotComponent
             | MessageKind::CloneSnapshot
             | MessageKind::VolumeSnapshot => WireVersion::V4,
+            MessageKind::Changed => WireVersion::V5,
             _ => WireVersion::V1,
         }
     }
@@ -629,6 +647,7 @@ impl MessageKind {
             MessageKind::CloneBlocks => "CloneBlocks",
             MessageKind::SnapshotComponent => "SnapshotComponent",
             MessageKind::CloneSnapshot => "CloneSnapshot",
+            MessageKind::Changed => "Changed",
             MessageKind::VolumeRead => "VolumeRead",
             MessageKind::VolumeWrite => "VolumeWrite",
             MessageKind::VolumeFlush => "VolumeFlush",
@@ -676,6 +695,7 @@ impl Request {
             Request::CloneBlocks { .. } => MessageKind::CloneBlocks,
             Request::SnapshotComponent { .. } => MessageKind::SnapshotComponent,
             Request::CloneSnapshot { .. } => MessageKind::CloneSnapshot,
+            Request::Changed { .. } => MessageKind::Changed,
             Request::VolumeRead { .. } => MessageKind::VolumeRead,
             Request::VolumeWrite { .. } => MessageKind::VolumeWrite,
             Request::VolumeFlush { .. } => MessageKind::VolumeFlush,
@@ -707,6 +727,7 @@ impl Request {
             | Request::Flush { component }
             | Request::Fence { component, .. }
             | Request::Allocated { component, .. }
+            | Request::Changed { component, .. }
             | Request::ComponentStatus { component }
             | Request::CloneBlocks {
                 target: component, ..

@@ -29,11 +29,16 @@ pub enum WireVersion {
     /// component they are made from, and `VolumeSnapshot` (the owner takes
     /// a snapshot of a volume on every copy and records it).
     V4 = 4,
+    /// Adds `Changed` (the blocks where one component differs from another
+    /// of the same disk group, read from the index pages they do not share),
+    /// so a rebuilt copy receives each snapshot as what changed since the
+    /// one before.
+    V5 = 5,
 }
 
 impl WireVersion {
     /// The newest version this build speaks.
-    pub const CURRENT: WireVersion = WireVersion::V4;
+    pub const CURRENT: WireVersion = WireVersion::V5;
     /// The oldest version this build still speaks.
     pub const OLDEST: WireVersion = WireVersion::V1;
 
@@ -49,6 +54,7 @@ impl WireVersion {
             2 => Ok(WireVersion::V2),
             3 => Ok(WireVersion::V3),
             4 => Ok(WireVersion::V4),
+            5 => Ok(WireVersion::V5),
             other => Err(WireError::UnsupportedVersion {
                 version: other,
                 supported: VersionRange::SUPPORTED,
@@ -128,7 +134,7 @@ mod tests {
         let err = ours.negotiate(theirs).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("v7..=v9"), "{text}");
-        assert!(text.contains("v1..=v4"), "{text}");
+        assert!(text.contains("v1..=v5"), "{text}");
     }
 
     #[test]

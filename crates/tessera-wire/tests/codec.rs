@@ -132,6 +132,14 @@ fn request() -> impl Strategy<Value = Request> {
                 epoch: Epoch(e),
             }
         }),
+        (component(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(component, base, from, blocks)| Request::Changed {
+                component,
+                base: ComponentId(base),
+                from: Lba(from),
+                blocks,
+            }
+        ),
         (volume(), any::<u64>(), any::<u32>()).prop_map(|(volume, offset, len)| {
             Request::VolumeRead {
                 volume,
@@ -704,5 +712,40 @@ fn malformed_snapshot_requests_are_refused_naming_the_field() {
             decode_frame(&mut frame),
             Err(WireError::TrailingBytes { extra: 1, .. })
         ));
+    }
+}
+
+#[test]
+fn a_changed_query_round_trips_in_v5_and_is_never_sent_to_an_older_peer() {
+    let message = Message::Request(Request::Changed {
+        component: ComponentRef {
+            volume: VolumeId::new("db-1").unwrap(),
+            id: ComponentId(40),
+        },
+        base: ComponentId(41),
+        from: Lba(8),
+        blocks: 1 << 20,
+    });
+    assert_eq!(message.kind().number(), 0x1e);
+    assert_eq!(message.kind().name(), "Changed");
+    let encoded = encode_frame(WireVersion::V5, 3, QueueClass::Resync, &message).unwrap();
+    let frame = decode_frame(&mut BytesMut::from(&encoded.to_bytes()[..]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.header.version, 5);
+    assert_eq!(frame.message, message);
+    for version in [WireVersion::V1, WireVersion::V4] {
+        assert!(matches!(
+            encode_frame(version, 1, QueueClass::Resync, &message),
+            Err(WireError::KindNotInVersion { since: 5, .. })
+        ));
+    }
+    let payload = encoded.to_bytes().slice(HEADER_BYTES..);
+    for cut in 0..payload.len() {
+        let mut frame = frame_around(0x1e, 5, 0, &payload[..cut]);
+        assert!(
+            matches!(decode_frame(&mut frame), Err(WireError::Truncated { .. })),
+            "cut at {cut}"
+        );
     }
 }

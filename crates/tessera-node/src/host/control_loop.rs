@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_control::{Action, Event, HostControl, ResyncKind};
 use tessera_directory::keys::{self, DiskGroupState, VolumeState};
-use tessera_object::{ComponentIo, Coordinator, HostShared};
+use tessera_object::{
+    ComponentIo, Coordinator, HostShared, ResyncError, ResyncReport, SnapshotChainLink,
+};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState};
-use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId};
+use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId, BLOCK_BYTES};
 
 /// What the core was last told, to tell it only what changed.
 pub(super) struct Reported {
@@ -510,6 +512,9 @@ impl Host {
         coordinator: &Arc<Coordinator>,
         lost: ComponentId,
     ) -> Option<Event> {
+        if self.carrying.lock().contains(&(volume.clone(), lost)) {
+            return None;
+        }
         let record = self.view.volumes.read().get(volume).cloned()?;
         let policy =
             match keys::get(self.directory.as_ref(), &self.keys.policy(&record.policy)).await {
@@ -538,6 +543,11 @@ impl Host {
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
         let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
+        let chain = self.snapshot_chain(volume);
+        if role == ComponentRole::Data && !chain.is_empty() {
+            self.spawn_carrying_rebuild(volume, coordinator, lost, target, reserve, chain);
+            return None;
+        }
         tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
         if let Err(e) = coordinator.replace_component(lost, target, reserve).await {
             tracing::warn!(%volume, error = %e, "rebuild could not start");
@@ -552,6 +562,86 @@ impl Host {
 }
 
 impl Host {
+    /// The snapshots of `volume` this host knows, oldest first, as a
+    /// rebuild gives them to a new copy.
+    fn snapshot_chain(&self, volume: &VolumeId) -> Vec<SnapshotChainLink> {
+        let mut records: Vec<keys::SnapshotRecord> = self
+            .view
+            .snapshots
+            .read()
+            .iter()
+            .filter(|((v, _), _)| v == volume)
+            .map(|(_, r)| r.clone())
+            .collect();
+        records.sort_by_key(|r| (r.created_ms, r.id));
+        records
+            .into_iter()
+            .map(|r| SnapshotChainLink {
+                id: r.id,
+                layout: r.layout,
+            })
+            .collect()
+    }
+
+    /// Rebuilds data copy `lost` of `volume` on `target` with the volume's
+    /// snapshots `chain`, as a task with a row on the resync board (the
+    /// snapshots are copied before the copy enters the layout); once it is
+    /// in the layout the core hears [`Event::Rebuilt`] and resyncs what
+    /// changed since the last snapshot. A rebuild of `lost` already under
+    /// way is left alone.
+    fn spawn_carrying_rebuild(
+        self: &Arc<Self>,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+        lost: ComponentId,
+        target: ComponentPlacement,
+        reserve: u64,
+        chain: Vec<SnapshotChainLink>,
+    ) {
+        if !self.carrying.lock().insert((volume.clone(), lost)) {
+            return;
+        }
+        tracing::warn!(%volume, %lost, replacement = %target.id, host = %target.host, snapshots = chain.len(), "rebuilding a component elsewhere with its snapshots");
+        let attempt = self.board.start(volume, target.id, &target.host, "rebuild");
+        let coordinator = Arc::clone(coordinator);
+        let volume = volume.clone();
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let (new_id, new_host) = (target.id, target.host.clone());
+            let result = coordinator
+                .replace_with_snapshots(lost, target, reserve, &chain, attempt.progress())
+                .await;
+            let report = match &result {
+                Ok(carried) => {
+                    tracing::info!(%volume, %lost, replacement = %new_id, copied_bytes = carried.copied_bytes, dirty_blocks = carried.dirty_blocks, "snapshots carried to the new copy");
+                    Ok(ResyncReport {
+                        component: new_id,
+                        dirty_bytes: carried.dirty_blocks * BLOCK_BYTES,
+                        copied_bytes: carried.copied_bytes,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(%volume, %lost, error = %e, "rebuild with snapshots stopped");
+                    Err(ResyncError::Unavailable {
+                        volume: volume.to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+            };
+            attempt.finish(&report);
+            let Some(host) = weak.upgrade() else { return };
+            host.carrying.lock().remove(&(volume.clone(), lost));
+            if result.is_ok() {
+                host.control.lock().inbox.push(Event::Rebuilt {
+                    volume,
+                    lost,
+                    replacement: Some((new_id, new_host)),
+                });
+            }
+        });
+        self.tasks.lock().push(task);
+    }
+
     /// One step of moving `component` of `volume` off the disk group being
     /// evacuated that holds it: a witness is replaced at once; a data copy
     /// gets a new copy elsewhere beside it (filled by a resync the core

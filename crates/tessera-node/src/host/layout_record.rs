@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_directory::keys;
 use tessera_directory::{Directory, Keyspace};
-use tessera_object::{LayoutRecorder, TakenSnapshot};
+use tessera_object::{CarriedSnapshot, LayoutRecorder, TakenSnapshot};
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::Layout;
 use tessera_types::VolumeId;
@@ -135,4 +135,61 @@ impl LayoutRecorder for DirectoryLayouts {
             }
         }
     }
+
+    async fn record_carried(
+        &self,
+        layout: &Layout,
+        dirty: &DirtyRecord,
+        carried: &[CarriedSnapshot],
+    ) -> Result<Vec<u64>, String> {
+        let layout_put = self
+            .keys
+            .layout(&self.volume)
+            .put_op(layout, None)
+            .map_err(|e| e.to_string())?;
+        // Each snapshot record is rewritten only as read: one deleted or
+        // changed meanwhile makes the transaction fail, and it is read
+        // again.
+        let mut last_error = String::new();
+        for _ in 0..CARRY_ATTEMPTS {
+            let listing = keys::list(
+                self.directory.as_ref(),
+                &self.keys.snapshots_of(&self.volume),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let mut compares = Vec::new();
+            let mut puts = vec![layout_put.clone(), self.dirty_put(dirty)?];
+            let mut gone: Vec<u64> = carried.iter().map(|c| c.snapshot).collect();
+            for entry in listing.records {
+                let mut record = entry.value;
+                let mine: Vec<&CarriedSnapshot> =
+                    carried.iter().filter(|c| c.snapshot == record.id).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let mut changed = false;
+                for c in mine {
+                    if c.apply(&mut record.layout) {
+                        changed = true;
+                        gone.retain(|s| *s != c.snapshot);
+                    }
+                }
+                if changed {
+                    let key = self.keys.snapshot(&self.volume, &record.name);
+                    compares.push(key.at_revision(entry.mod_revision));
+                    puts.push(key.put_op(&record, None).map_err(|e| e.to_string())?);
+                }
+            }
+            match self.put_fenced_when(compares, puts).await {
+                Ok(()) => return Ok(gone),
+                Err(e) => last_error = e,
+            }
+        }
+        Err(last_error)
+    }
 }
+
+/// How many times a rebuilt copy's snapshots are put in their records
+/// while snapshots are being deleted meanwhile.
+const CARRY_ATTEMPTS: usize = 5;

@@ -1,0 +1,349 @@
+//! Rebuilding a copy together with the volume's snapshots.
+//!
+//! Owns: [`Coordinator::replace_with_snapshots`], which fills a new copy
+//! with each snapshot in the order they were taken, takes each snapshot of
+//! it as it goes, and only then puts it in the layout in place of the lost
+//! copy, with what changed since the last snapshot left for its resync.
+//! Must not touch: the snapshots' records (the caller records the new
+//! copy's snapshots once this returns), the choice of the new copy's place
+//! (placement's).
+//!
+//! Invariants:
+//! - the new copy's snapshots hold what the surviving copy's snapshots
+//!   hold, block for block, and share stored blocks as theirs do: snapshot
+//!   `k` is sent only the blocks that changed since snapshot `k - 1`, and
+//!   the volume only those that changed since the last snapshot, so a
+//!   rebuilt host holds about what the lost one held, not a full copy per
+//!   snapshot;
+//! - nothing reaches the new copy but this filling until it is in the
+//!   layout (it is not in it, so no guest write goes to it), and it enters
+//!   the layout under the whole volume's range locks, at the moment its
+//!   dirty map is read from the surviving copy: every write after that
+//!   reaches it, every write before it is in the map;
+//! - on any failure the new copy and the snapshots made of it are deleted
+//!   and the layout is unchanged.
+
+use tessera_blockdev::BlockError;
+use tessera_types::dirty::RecordedDirty;
+use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
+use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
+
+use super::{bad, Coordinator, ResyncProgress, RESYNC_STEP_BLOCKS};
+use crate::component_io::CarriedSnapshot;
+use crate::dirty::DirtyRegions;
+use std::sync::atomic::Ordering;
+
+/// One snapshot of the volume, as its record lays it out.
+#[derive(Debug, Clone)]
+pub struct SnapshotChainLink {
+    /// The snapshot's number ([`ComponentId::snapshot`] makes its
+    /// components' ids).
+    pub id: u64,
+    /// Its components.
+    pub layout: Layout,
+}
+
+/// What [`Coordinator::replace_with_snapshots`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CarriedSnapshots {
+    /// The new copy's snapshots, one per link, in the order given: the
+    /// caller puts each in its snapshot's record in place of `lost`'s.
+    pub made: Vec<(u64, ComponentPlacement)>,
+    /// The component they were read from, which stays.
+    pub source: ComponentId,
+    /// Bytes sent to the new copy for its snapshots.
+    pub copied_bytes: u64,
+    /// Blocks the new copy still misses (what its resync copies).
+    pub dirty_blocks: u64,
+}
+
+impl Coordinator {
+    /// Replaces data copy `lost` with `new` (chosen by placement; created
+    /// here with `reserve_bytes`), giving `new` the volume's snapshots
+    /// `chain` (oldest first) as the surviving copy of its column holds
+    /// them: see the module's invariants. On success `new` is in the layout
+    /// as Resyncing with only what changed since the last snapshot dirty;
+    /// run [`Coordinator::resync`] on it next. `progress` counts the
+    /// snapshots' blocks as they are sent.
+    pub async fn replace_with_snapshots(
+        &self,
+        lost: ComponentId,
+        mut new: ComponentPlacement,
+        reserve_bytes: u64,
+        chain: &[SnapshotChainLink],
+        progress: &ResyncProgress,
+    ) -> Result<CarriedSnapshots, BlockError> {
+        let volume = self.info.name.clone();
+        let (column, source) = {
+            let state = self.state.lock();
+            let column = state
+                .layout
+                .columns
+                .iter()
+                .position(|m| {
+                    m.copies
+                        .iter()
+                        .any(|c| c.id == lost && c.role == ComponentRole::Data)
+                })
+                .ok_or_else(|| {
+                    bad(format!(
+                        "component {lost} is not a data copy of volume {volume}"
+                    ))
+                })?;
+            // The source must hold every snapshot of the chain: a copy added
+            // after a snapshot was taken does not.
+            let source = state.layout.columns[column]
+                .copies
+                .iter()
+                .filter(|c| c.id != lost && c.state == ComponentState::Active)
+                .find(|c| chain.iter().all(|link| snapshot_copy(link, column, c.id).is_some()))
+                .cloned()
+                .ok_or_else(|| {
+                    bad(format!(
+                        "volume {volume}: no Active copy of column {column} holds every snapshot to carry"
+                    ))
+                })?;
+            (column, source)
+        };
+        new.size_bytes = source.size_bytes;
+        self.create_fenced(&new, reserve_bytes, "replacement component")
+            .await?;
+        let mut made = Vec::new();
+        let filled = self
+            .fill_snapshots(column, &source, &new, chain, progress, &mut made)
+            .await;
+        let result = match filled {
+            Ok(copied_bytes) => self
+                .enter_behind_last_snapshot(lost, &new, &source, chain.last(), &made)
+                .await
+                .map(|dirty_blocks| CarriedSnapshots {
+                    made: made.clone(),
+                    source: source.id,
+                    copied_bytes,
+                    dirty_blocks,
+                }),
+            Err(e) => Err(Unentered(e)),
+        };
+        let e = match result {
+            Ok(carried) => return Ok(carried),
+            // In the layout already: it stays, and its resync fills it.
+            Err(Entered(e)) => return Err(e),
+            Err(Unentered(e)) => e,
+        };
+        {
+            for (_, m) in made.iter().rev() {
+                if let Err(e) = self.io.delete(m).await {
+                    tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of an unfinished rebuild not deleted");
+                }
+            }
+            if let Err(e) = self.io.delete(&new).await {
+                tracing::warn!(%volume, component = %new.id, error = %e, "unfinished rebuild not deleted");
+            }
+        }
+        Err(e)
+    }
+
+    /// Sends `new` each snapshot of `chain` in turn, as what changed since
+    /// the one before, and takes its own snapshot after each. Returns the
+    /// bytes sent.
+    async fn fill_snapshots(
+        &self,
+        column: usize,
+        source: &ComponentPlacement,
+        new: &ComponentPlacement,
+        chain: &[SnapshotChainLink],
+        progress: &ResyncProgress,
+        made: &mut Vec<(u64, ComponentPlacement)>,
+    ) -> Result<u64, BlockError> {
+        let volume = &self.info.name;
+        let blocks = source.size_bytes / BLOCK_BYTES;
+        let mut copied = 0u64;
+        let mut base: Option<ComponentPlacement> = None;
+        for link in chain {
+            if let Some(reason) = self.superseded() {
+                return Err(bad(format!("volume {volume}: {reason}")));
+            }
+            let from = snapshot_copy(link, column, source.id).expect("source checked to hold it");
+            let runs = match &base {
+                None => self.io.allocated(&from, Lba(0), blocks).await,
+                Some(b) => self.io.changed(&from, b.id, Lba(0), blocks).await,
+            }
+            .map_err(|e| {
+                bad(format!(
+                    "volume {volume}: reading snapshot {} of copy {}: {e}",
+                    link.id, source.id
+                ))
+            })?;
+            let total: u64 = runs.iter().map(|(_, n)| n).sum();
+            progress
+                .left_bytes
+                .fetch_add(total * BLOCK_BYTES, Ordering::Relaxed);
+            for (lba, n) in runs {
+                let mut at = lba.0;
+                while at < lba.0 + n {
+                    let step = (lba.0 + n - at).min(RESYNC_STEP_BLOCKS);
+                    let turn = self
+                        .scheduler
+                        .admit(crate::io_scheduler::IoClient::Resync, step * BLOCK_BYTES)
+                        .await;
+                    let bytes = self
+                        .copy_range(&from, new, at, step)
+                        .await
+                        .map_err(|(c, e)| {
+                            bad(format!(
+                                "volume {volume}: carrying snapshot {} (component {c}): {e}",
+                                link.id
+                            ))
+                        })?;
+                    drop(turn);
+                    copied += bytes;
+                    progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    progress
+                        .done_bytes
+                        .fetch_add(step * BLOCK_BYTES, Ordering::Relaxed);
+                    progress
+                        .left_bytes
+                        .fetch_sub(step * BLOCK_BYTES, Ordering::Relaxed);
+                    at += step;
+                }
+            }
+            let snapshot = ComponentPlacement {
+                id: new.id.snapshot(link.id),
+                state: ComponentState::Active,
+                ..new.clone()
+            };
+            self.io
+                .snapshot(new, snapshot.id, self.epoch)
+                .await
+                .map_err(|e| {
+                    bad(format!(
+                        "volume {volume}: snapshot {} of the new copy: {e}",
+                        link.id
+                    ))
+                })?;
+            made.push((link.id, snapshot));
+            base = Some(from);
+        }
+        Ok(copied)
+    }
+
+    /// Puts `new` in `lost`'s place, under the whole volume's range locks,
+    /// with the blocks where `source` differs from its `last` snapshot (all
+    /// it holds when there is none) left dirty, and its snapshots `made` in
+    /// their records, in one record. Returns those blocks.
+    async fn enter_behind_last_snapshot(
+        &self,
+        lost: ComponentId,
+        new: &ComponentPlacement,
+        source: &ComponentPlacement,
+        last: Option<&SnapshotChainLink>,
+        made: &[(u64, ComponentPlacement)],
+    ) -> Result<u64, EnterError> {
+        let volume = self.info.name.clone();
+        let _guards = self.lock_span(0, self.info.size_bytes).await;
+        self.check_usable().map_err(Unentered)?;
+        let blocks = source.size_bytes / BLOCK_BYTES;
+        let runs = match last {
+            Some(link) => {
+                self.io
+                    .changed(source, source.id.snapshot(link.id), Lba(0), blocks)
+                    .await
+            }
+            None => self.io.allocated(source, Lba(0), blocks).await,
+        }
+        .map_err(|e| {
+            Unentered(bad(format!(
+                "volume {volume}: what copy {} changed since its last snapshot: {e}",
+                source.id
+            )))
+        })?;
+        let dirty_blocks = runs.iter().map(|(_, n)| n).sum();
+        {
+            let mut state = self.state.lock();
+            let slot = state
+                .layout
+                .columns
+                .iter_mut()
+                .flat_map(|m| m.copies.iter_mut())
+                .find(|c| c.id == lost)
+                .ok_or_else(|| {
+                    Unentered(bad(format!(
+                        "component {lost} is no longer part of volume {volume}"
+                    )))
+                })?;
+            *slot = ComponentPlacement {
+                state: ComponentState::Resyncing,
+                role: ComponentRole::Data,
+                size_bytes: slot.size_bytes,
+                ..new.clone()
+            };
+            state.caught_up(lost);
+            let column_blocks = state.column_blocks(new.id).unwrap_or(blocks);
+            let mut recorded = RecordedDirty::empty(column_blocks);
+            let mut exact = DirtyRegions::new();
+            for (lba, n) in &runs {
+                recorded.mark(lba.0, *n);
+                exact.insert(lba.0, *n);
+            }
+            state.dirty.insert(new.id, exact);
+            state.recorded.insert(new.id, recorded);
+            state.fit_intent_maps();
+        }
+        let carried: Vec<CarriedSnapshot> = made
+            .iter()
+            .map(|(snapshot, m)| CarriedSnapshot {
+                snapshot: *snapshot,
+                lost,
+                made: m.clone(),
+            })
+            .collect();
+        let gone = {
+            let _turn = self.record_turn.lock().await;
+            let (layout, dirty) = {
+                let mut state = self.state.lock();
+                state.layout.generation += 1;
+                (state.layout.clone(), state.dirty_record())
+            };
+            let gone = self
+                .recorder
+                .record_carried(&layout, &dirty, &carried)
+                .await
+                .map_err(|e| Entered(bad(format!("volume {volume}: recording layout: {e}"))))?;
+            self.state.lock().recorded_as(dirty);
+            gone
+        };
+        // Snapshots deleted while the copy was filled: nothing names what
+        // was made of them.
+        for (snapshot, m) in made.iter().filter(|(s, _)| gone.contains(s)) {
+            if let Err(e) = self.io.delete(m).await {
+                tracing::warn!(%volume, %snapshot, component = %m.id, error = %e, "snapshot of a deleted snapshot not deleted");
+            }
+        }
+        Ok(dirty_blocks)
+    }
+}
+
+/// Why a new copy did not enter the layout as planned, and whether it is
+/// in it all the same (its layout could not be recorded).
+enum EnterError {
+    Unentered(BlockError),
+    Entered(BlockError),
+}
+use EnterError::{Entered, Unentered};
+
+/// The snapshot component of data copy `copy` in column `column` of
+/// `link`'s layout, if the snapshot has one there.
+fn snapshot_copy(
+    link: &SnapshotChainLink,
+    column: usize,
+    copy: ComponentId,
+) -> Option<ComponentPlacement> {
+    let id = copy.snapshot(link.id);
+    link.layout
+        .columns
+        .get(column)?
+        .copies
+        .iter()
+        .find(|c| c.id == id)
+        .cloned()
+}
