@@ -295,48 +295,70 @@ pub trait LayoutRecorder: Send + Sync + 'static {
     async fn record_snapshot(&self, snapshot: &TakenSnapshot) -> Result<(), String>;
 
     /// Persists `layout` and `dirty` as [`LayoutRecorder::record`] does,
-    /// and in the same transaction puts each snapshot of `carried` on its
-    /// new copy: in the record of snapshot `snapshot`, its component made
-    /// of `lost` gives way to `made`. Returns the snapshots of `carried`
-    /// that have no record any more (deleted meanwhile): their `made`
-    /// components are the caller's to delete.
-    async fn record_carried(
+    /// and in the same transaction changes the records of the volume's
+    /// snapshots as `changes` say (a copy that joins or leaves the volume
+    /// with its snapshots). Returns the snapshots of `changes` that have no
+    /// record any more (deleted meanwhile): components made for them are
+    /// the caller's to delete.
+    async fn record_snapshot_copies(
         &self,
         layout: &Layout,
         dirty: &DirtyRecord,
-        carried: &[CarriedSnapshot],
+        changes: &[SnapshotCopyChange],
     ) -> Result<Vec<u64>, String>;
 }
 
-/// A snapshot a rebuilt copy was given: see
-/// [`LayoutRecorder::record_carried`].
+/// A change to the components of one snapshot of a volume, made when a
+/// copy of the volume joins or leaves it: see
+/// [`LayoutRecorder::record_snapshot_copies`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CarriedSnapshot {
+pub struct SnapshotCopyChange {
     /// The snapshot's number.
     pub snapshot: u64,
-    /// The copy that was lost (its snapshot component is `lost.snapshot(snapshot)`).
-    pub lost: ComponentId,
-    /// The new copy's snapshot component.
-    pub made: ComponentPlacement,
+    /// The copy of the volume whose snapshot component the change is
+    /// made at (`copy.snapshot(snapshot)` in the snapshot's layout).
+    pub copy: ComponentId,
+    /// What happens there.
+    pub edit: SnapshotCopyEdit,
 }
 
-impl CarriedSnapshot {
-    /// Puts `made` in `layout` (a snapshot's) where the lost copy's
-    /// snapshot component was; false if it is not there.
+/// What a [`SnapshotCopyChange`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotCopyEdit {
+    /// The copy was lost: this new copy's snapshot takes its place.
+    Replace(ComponentPlacement),
+    /// This new copy's snapshot joins the copy's column.
+    AddBeside(ComponentPlacement),
+    /// The copy left: its snapshot leaves too.
+    Remove,
+}
+
+impl SnapshotCopyChange {
+    /// Applies the change to `layout` (the snapshot's); false if the copy's
+    /// snapshot component is not in it.
     pub fn apply(&self, layout: &mut Layout) -> bool {
-        let gone = self.lost.snapshot(self.snapshot);
-        match layout
+        let at = self.copy.snapshot(self.snapshot);
+        let Some(column) = layout
             .columns
             .iter_mut()
-            .flat_map(|m| m.copies.iter_mut())
-            .find(|c| c.id == gone)
-        {
-            Some(slot) => {
-                *slot = self.made.clone();
-                true
+            .find(|m| m.copies.iter().any(|c| c.id == at))
+        else {
+            return false;
+        };
+        match &self.edit {
+            SnapshotCopyEdit::Replace(made) => {
+                for slot in column.copies.iter_mut().filter(|c| c.id == at) {
+                    *slot = made.clone();
+                }
             }
-            None => false,
+            SnapshotCopyEdit::AddBeside(made) => {
+                if !column.copies.iter().any(|c| c.id == made.id) {
+                    column.copies.push(made.clone());
+                }
+            }
+            SnapshotCopyEdit::Remove => column.copies.retain(|c| c.id != at),
         }
+        true
     }
 }
 

@@ -42,7 +42,7 @@ mod carry;
 mod share;
 mod snapshot;
 
-pub use carry::{CarriedSnapshots, SnapshotChainLink};
+pub use carry::{CarriedSnapshots, NewCopyPlace, SnapshotChainLink};
 pub use share::{CopyReport, SHARE_STEP_BYTES};
 pub use snapshot::snapshot_layout;
 

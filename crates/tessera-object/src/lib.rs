@@ -19,13 +19,13 @@ mod range_lock;
 mod read_cache;
 
 pub use component_io::{
-    BlockClone, CarriedSnapshot, ComponentError, ComponentIo, ComponentStatus, IoClass,
-    LayoutRecorder, TakenSnapshot, CLONE_BLOCKS_MAX,
+    BlockClone, ComponentError, ComponentIo, ComponentStatus, IoClass, LayoutRecorder,
+    SnapshotCopyChange, SnapshotCopyEdit, TakenSnapshot, CLONE_BLOCKS_MAX,
 };
 pub use coordinator::{
-    snapshot_layout, CarriedSnapshots, Coordinator, CopyReport, HostShared, ObjectCounters,
-    ResyncError, ResyncProgress, ResyncReport, SnapshotChainLink, RESYNC_STEP_BLOCKS,
-    SHARE_STEP_BYTES,
+    snapshot_layout, CarriedSnapshots, Coordinator, CopyReport, HostShared, NewCopyPlace,
+    ObjectCounters, ResyncError, ResyncProgress, ResyncReport, SnapshotChainLink,
+    RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use io_scheduler::{IoClient, IoPermit, IoScheduler};

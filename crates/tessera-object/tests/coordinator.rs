@@ -395,15 +395,15 @@ impl LayoutRecorder for Recorded {
         Ok(())
     }
 
-    async fn record_carried(
+    async fn record_snapshot_copies(
         &self,
         layout: &Layout,
         dirty: &DirtyRecord,
-        carried: &[tessera_object::CarriedSnapshot],
+        changes: &[tessera_object::SnapshotCopyChange],
     ) -> Result<Vec<u64>, String> {
         let mut gone = Vec::new();
         let mut taken = self.3.lock();
-        for c in carried {
+        for c in changes {
             let applied = taken
                 .iter_mut()
                 .find(|s| s.id == c.snapshot)

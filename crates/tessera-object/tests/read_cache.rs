@@ -384,14 +384,14 @@ impl LayoutRecorder for Recorded {
         Ok(())
     }
 
-    async fn record_carried(
+    async fn record_snapshot_copies(
         &self,
         _layout: &Layout,
         _dirty: &DirtyRecord,
-        carried: &[tessera_object::CarriedSnapshot],
+        changes: &[tessera_object::SnapshotCopyChange],
     ) -> Result<Vec<u64>, String> {
         // No snapshot is ever recorded here.
-        Ok(carried.iter().map(|c| c.snapshot).collect())
+        Ok(changes.iter().map(|c| c.snapshot).collect())
     }
 }
 

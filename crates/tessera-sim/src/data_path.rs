@@ -646,11 +646,11 @@ impl LayoutRecorder for SimRecorder {
         Ok(())
     }
 
-    async fn record_carried(
+    async fn record_snapshot_copies(
         &self,
         layout: &Layout,
         dirty: &DirtyRecord,
-        carried: &[tessera_object::CarriedSnapshot],
+        changes: &[tessera_object::SnapshotCopyChange],
     ) -> Result<Vec<u64>, String> {
         tokio::task::yield_now().await;
         let mut d = self.directory.lock();
@@ -658,7 +658,7 @@ impl LayoutRecorder for SimRecorder {
             return Err(format!("owned at {} now", d.owner_epoch));
         }
         let mut gone = Vec::new();
-        for c in carried {
+        for c in changes {
             let applied = d
                 .snapshots
                 .values_mut()

@@ -3,8 +3,10 @@
 //! component copied elsewhere before the old one goes; fio's checked reads
 //! of what was written before and during the move pass, the copies compare
 //! identical, and the host shows as evacuated until the evacuation ends.
-//! Evacuating a second host, which would leave nowhere for the copies, is
-//! refused and changes nothing. Skips without fio.
+//! A snapshot taken before moves with its copy: it still reads as the
+//! volume was, none of its components stays behind, and its copies compare
+//! identical. Evacuating a second host, which would leave nowhere for the
+//! copies, is refused and changes nothing. Skips without fio.
 
 mod common;
 
@@ -35,6 +37,8 @@ fn an_evacuated_host_is_emptied_without_losing_data_and_a_second_is_refused() {
     let first_half = ["--rw=write", "--verify=pattern", "--verify_pattern=0x71%o"];
     let written = fio(&uri, &first_half).arg("--do_verify=0").spawn().unwrap();
     expect_success(written, "writing the first half");
+    let (ok, text) = tessera(&api, &["snapshot", "create", "vm", "before"]);
+    assert!(ok, "{text}");
 
     let during = fio(
         &uri,
@@ -77,7 +81,23 @@ fn an_evacuated_host_is_emptied_without_losing_data_and_a_second_is_refused() {
     let read = fio(&uri, &first_half).arg("--verify_only").spawn().unwrap();
     expect_success(read, "reading back the first half");
     let (ok, text) = tessera(&api, &["object", "verify", "vm"]);
+    assert!(ok && text.contains("before"), "{text}");
+    // The snapshot moved with the copy, and still holds the first half.
+    let (ok, text) = tessera(&api, &["--json", "snapshot", "list", "vm"]);
     assert!(ok, "{text}");
+    let snapshots: Value = serde_json::from_str(&text).unwrap();
+    let components = snapshots[0]["components"].as_array().unwrap();
+    assert_eq!(components.len(), 2, "{snapshots:#}");
+    assert!(
+        components.iter().all(|c| c["host"] != leaving.as_str()),
+        "a snapshot component stayed on the evacuated host: {snapshots:#}"
+    );
+    let snapshot_uri = format!("{uri}@before");
+    let read = fio(&snapshot_uri, &first_half)
+        .arg("--verify_only")
+        .spawn()
+        .unwrap();
+    expect_success(read, "reading the first half from the snapshot");
     let (ok, text) = tessera(&api, &["resync", "list"]);
     assert!(ok && text.contains("evacuate"), "{text}");
     assert_eq!(disk_group_health(&api, &leaving), "evacuated");

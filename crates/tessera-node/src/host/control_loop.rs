@@ -22,7 +22,8 @@ use std::time::Duration;
 use tessera_control::{Action, Event, HostControl, ResyncKind};
 use tessera_directory::keys::{self, DiskGroupState, VolumeState};
 use tessera_object::{
-    ComponentIo, Coordinator, HostShared, ResyncError, ResyncReport, SnapshotChainLink,
+    ComponentIo, Coordinator, HostShared, NewCopyPlace, ResyncError, ResyncReport,
+    SnapshotChainLink,
 };
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId, BLOCK_BYTES};
@@ -545,7 +546,8 @@ impl Host {
         let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
         let chain = self.snapshot_chain(volume);
         if role == ComponentRole::Data && !chain.is_empty() {
-            self.spawn_carrying_rebuild(volume, coordinator, lost, target, reserve, chain);
+            let place = NewCopyPlace::Replacing(lost);
+            self.spawn_carrying(volume, coordinator, place, target, reserve, chain);
             return None;
         }
         tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
@@ -583,37 +585,44 @@ impl Host {
             .collect()
     }
 
-    /// Rebuilds data copy `lost` of `volume` on `target` with the volume's
-    /// snapshots `chain`, as a task with a row on the resync board (the
-    /// snapshots are copied before the copy enters the layout); once it is
-    /// in the layout the core hears [`Event::Rebuilt`] and resyncs what
-    /// changed since the last snapshot. A rebuild of `lost` already under
+    /// Puts new copy `target` of `volume` at `place` (a rebuild's or an
+    /// evacuation's) with the volume's snapshots `chain`, as a task with a
+    /// row on the resync board (the snapshots are copied before the copy
+    /// enters the layout); once it is in the layout the core hears
+    /// [`Event::Rebuilt`] or [`Event::Evacuated`] and resyncs what changed
+    /// since the last snapshot. A new copy for the same place already under
     /// way is left alone.
-    fn spawn_carrying_rebuild(
+    fn spawn_carrying(
         self: &Arc<Self>,
         volume: &VolumeId,
         coordinator: &Arc<Coordinator>,
-        lost: ComponentId,
+        place: NewCopyPlace,
         target: ComponentPlacement,
         reserve: u64,
         chain: Vec<SnapshotChainLink>,
     ) {
-        if !self.carrying.lock().insert((volume.clone(), lost)) {
+        let (at, kind) = match place {
+            NewCopyPlace::Replacing(lost) => (lost, ResyncKind::Rebuild),
+            NewCopyPlace::Beside(leaving) => (leaving, ResyncKind::Evacuate),
+        };
+        if !self.carrying.lock().insert((volume.clone(), at)) {
             return;
         }
-        tracing::warn!(%volume, %lost, replacement = %target.id, host = %target.host, snapshots = chain.len(), "rebuilding a component elsewhere with its snapshots");
-        let attempt = self.board.start(volume, target.id, &target.host, "rebuild");
+        tracing::warn!(%volume, copy = %at, new = %target.id, host = %target.host, snapshots = chain.len(), "{}: a new copy with the volume's snapshots", kind.as_str());
+        let attempt = self
+            .board
+            .start(volume, target.id, &target.host, kind.as_str());
         let coordinator = Arc::clone(coordinator);
         let volume = volume.clone();
         let weak = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             let (new_id, new_host) = (target.id, target.host.clone());
             let result = coordinator
-                .replace_with_snapshots(lost, target, reserve, &chain, attempt.progress())
+                .add_copy_with_snapshots(place, target, reserve, &chain, attempt.progress())
                 .await;
             let report = match &result {
                 Ok(carried) => {
-                    tracing::info!(%volume, %lost, replacement = %new_id, copied_bytes = carried.copied_bytes, dirty_blocks = carried.dirty_blocks, "snapshots carried to the new copy");
+                    tracing::info!(%volume, copy = %at, new = %new_id, copied_bytes = carried.copied_bytes, dirty_blocks = carried.dirty_blocks, "snapshots carried to the new copy");
                     Ok(ResyncReport {
                         component: new_id,
                         dirty_bytes: carried.dirty_blocks * BLOCK_BYTES,
@@ -621,7 +630,7 @@ impl Host {
                     })
                 }
                 Err(e) => {
-                    tracing::warn!(%volume, %lost, error = %e, "rebuild with snapshots stopped");
+                    tracing::warn!(%volume, copy = %at, error = %e, "new copy with snapshots stopped");
                     Err(ResyncError::Unavailable {
                         volume: volume.to_string(),
                         reason: e.to_string(),
@@ -630,12 +639,20 @@ impl Host {
             };
             attempt.finish(&report);
             let Some(host) = weak.upgrade() else { return };
-            host.carrying.lock().remove(&(volume.clone(), lost));
+            host.carrying.lock().remove(&(volume.clone(), at));
             if result.is_ok() {
-                host.control.lock().inbox.push(Event::Rebuilt {
-                    volume,
-                    lost,
-                    replacement: Some((new_id, new_host)),
+                let added = Some((new_id, new_host));
+                host.control.lock().inbox.push(match place {
+                    NewCopyPlace::Replacing(lost) => Event::Rebuilt {
+                        volume,
+                        lost,
+                        replacement: added,
+                    },
+                    NewCopyPlace::Beside(component) => Event::Evacuated {
+                        volume,
+                        component,
+                        added,
+                    },
                 });
             }
         });
@@ -654,6 +671,9 @@ impl Host {
         coordinator: &Arc<Coordinator>,
         component: ComponentId,
     ) -> Option<Event> {
+        if self.carrying.lock().contains(&(volume.clone(), component)) {
+            return None;
+        }
         let layout = coordinator.layout();
         let leaving = layout.component(component)?.clone();
         let record = self.view.volumes.read().get(volume).cloned()?;
@@ -692,12 +712,22 @@ impl Host {
                 .filter(|c| c.id != component && stays(c))
                 .count();
             if full >= policy.copies() {
-                if let Err(e) = coordinator.drop_copy(component).await {
-                    tracing::warn!(%volume, %component, error = %e, "evacuated copy not dropped");
-                    return None;
+                // Its snapshots leave with it: the new copy has its own.
+                let chain = self.snapshot_chain(volume);
+                let snapshots = match coordinator
+                    .drop_copy_with_snapshots(component, &chain)
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(%volume, %component, error = %e, "evacuated copy not dropped");
+                        return None;
+                    }
+                };
+                tracing::info!(%volume, %component, host = %leaving.host, snapshots = snapshots.len(), "evacuated copy dropped");
+                for s in snapshots.iter().chain(std::iter::once(&leaving)) {
+                    self.delete_left_component(volume, s).await;
                 }
-                tracing::info!(%volume, %component, host = %leaving.host, "evacuated copy dropped");
-                self.delete_left_component(volume, &leaving).await;
                 return done(None);
             }
         }
@@ -736,6 +766,12 @@ impl Host {
         }
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
+        let chain = self.snapshot_chain(volume);
+        if !chain.is_empty() {
+            let place = NewCopyPlace::Beside(component);
+            self.spawn_carrying(volume, coordinator, place, target, reserve, chain);
+            return None;
+        }
         if let Err(e) = coordinator.add_copy(component, target, reserve).await {
             tracing::warn!(%volume, %component, error = %e, "no copy added for an evacuation");
             return None;

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_directory::keys;
 use tessera_directory::{Directory, Keyspace};
-use tessera_object::{CarriedSnapshot, LayoutRecorder, TakenSnapshot};
+use tessera_object::{LayoutRecorder, SnapshotCopyChange, TakenSnapshot};
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::Layout;
 use tessera_types::VolumeId;
@@ -136,11 +136,11 @@ impl LayoutRecorder for DirectoryLayouts {
         }
     }
 
-    async fn record_carried(
+    async fn record_snapshot_copies(
         &self,
         layout: &Layout,
         dirty: &DirtyRecord,
-        carried: &[CarriedSnapshot],
+        changes: &[SnapshotCopyChange],
     ) -> Result<Vec<u64>, String> {
         let layout_put = self
             .keys
@@ -160,11 +160,11 @@ impl LayoutRecorder for DirectoryLayouts {
             .map_err(|e| e.to_string())?;
             let mut compares = Vec::new();
             let mut puts = vec![layout_put.clone(), self.dirty_put(dirty)?];
-            let mut gone: Vec<u64> = carried.iter().map(|c| c.snapshot).collect();
+            let mut gone: Vec<u64> = changes.iter().map(|c| c.snapshot).collect();
             for entry in listing.records {
                 let mut record = entry.value;
-                let mine: Vec<&CarriedSnapshot> =
-                    carried.iter().filter(|c| c.snapshot == record.id).collect();
+                let mine: Vec<&SnapshotCopyChange> =
+                    changes.iter().filter(|c| c.snapshot == record.id).collect();
                 if mine.is_empty() {
                     continue;
                 }
@@ -190,6 +190,6 @@ impl LayoutRecorder for DirectoryLayouts {
     }
 }
 
-/// How many times a rebuilt copy's snapshots are put in their records
-/// while snapshots are being deleted meanwhile.
+/// How many times a copy's snapshots are put in (or taken out of) their
+/// records while snapshots are being deleted meanwhile.
 const CARRY_ATTEMPTS: usize = 5;

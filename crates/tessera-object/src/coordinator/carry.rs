@@ -1,12 +1,14 @@
-//! Rebuilding a copy together with the volume's snapshots.
+//! Copies that join or leave a volume together with its snapshots.
 //!
-//! Owns: [`Coordinator::replace_with_snapshots`], which fills a new copy
-//! with each snapshot in the order they were taken, takes each snapshot of
-//! it as it goes, and only then puts it in the layout in place of the lost
-//! copy, with what changed since the last snapshot left for its resync.
-//! Must not touch: the snapshots' records (the caller records the new
-//! copy's snapshots once this returns), the choice of the new copy's place
-//! (placement's).
+//! Owns: [`Coordinator::add_copy_with_snapshots`], which fills a new copy
+//! (a rebuild's replacement or an evacuation's new copy) with each snapshot
+//! in the order they were taken, takes each snapshot of it as it goes, and
+//! only then puts it in the layout, with what changed since the last
+//! snapshot left for its resync; and
+//! [`Coordinator::drop_copy_with_snapshots`], the other half of a move.
+//! Must not touch: what the snapshots' records hold beyond their
+//! components (changed through the recorder, in the same record as the
+//! layout), the choice of the new copy's place (placement's).
 //!
 //! Invariants:
 //! - the new copy's snapshots hold what the surviving copy's snapshots
@@ -29,7 +31,7 @@ use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, L
 use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
 
 use super::{bad, Coordinator, ResyncProgress, RESYNC_STEP_BLOCKS};
-use crate::component_io::CarriedSnapshot;
+use crate::component_io::{SnapshotCopyChange, SnapshotCopyEdit};
 use crate::dirty::DirtyRegions;
 use std::sync::atomic::Ordering;
 
@@ -43,7 +45,33 @@ pub struct SnapshotChainLink {
     pub layout: Layout,
 }
 
-/// What [`Coordinator::replace_with_snapshots`] did.
+/// Where a new copy goes in the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewCopyPlace {
+    /// In place of this lost copy (a rebuild).
+    Replacing(ComponentId),
+    /// Beside this copy, which keeps serving (an evacuation).
+    Beside(ComponentId),
+}
+
+impl NewCopyPlace {
+    /// The copy already in the layout the new one goes with.
+    fn copy(self) -> ComponentId {
+        match self {
+            NewCopyPlace::Replacing(c) | NewCopyPlace::Beside(c) => c,
+        }
+    }
+
+    /// How the new copy's snapshot changes a snapshot's record.
+    fn edit(self, made: ComponentPlacement) -> SnapshotCopyEdit {
+        match self {
+            NewCopyPlace::Replacing(_) => SnapshotCopyEdit::Replace(made),
+            NewCopyPlace::Beside(_) => SnapshotCopyEdit::AddBeside(made),
+        }
+    }
+}
+
+/// What [`Coordinator::add_copy_with_snapshots`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CarriedSnapshots {
     /// The new copy's snapshots, one per link, in the order given: the
@@ -58,22 +86,23 @@ pub struct CarriedSnapshots {
 }
 
 impl Coordinator {
-    /// Replaces data copy `lost` with `new` (chosen by placement; created
-    /// here with `reserve_bytes`), giving `new` the volume's snapshots
-    /// `chain` (oldest first) as the surviving copy of its column holds
+    /// Puts `new` (chosen by placement; created here with `reserve_bytes`)
+    /// in the layout at `place`, giving it first the volume's snapshots
+    /// `chain` (oldest first) as another Active copy of its column holds
     /// them: see the module's invariants. On success `new` is in the layout
     /// as Resyncing with only what changed since the last snapshot dirty;
     /// run [`Coordinator::resync`] on it next. `progress` counts the
     /// snapshots' blocks as they are sent.
-    pub async fn replace_with_snapshots(
+    pub async fn add_copy_with_snapshots(
         &self,
-        lost: ComponentId,
+        place: NewCopyPlace,
         mut new: ComponentPlacement,
         reserve_bytes: u64,
         chain: &[SnapshotChainLink],
         progress: &ResyncProgress,
     ) -> Result<CarriedSnapshots, BlockError> {
         let volume = self.info.name.clone();
+        let at = place.copy();
         let (column, source) = {
             let state = self.state.lock();
             let column = state
@@ -83,19 +112,24 @@ impl Coordinator {
                 .position(|m| {
                     m.copies
                         .iter()
-                        .any(|c| c.id == lost && c.role == ComponentRole::Data)
+                        .any(|c| c.id == at && c.role == ComponentRole::Data)
                 })
                 .ok_or_else(|| {
                     bad(format!(
-                        "component {lost} is not a data copy of volume {volume}"
+                        "component {at} is not a data copy of volume {volume}"
                     ))
                 })?;
             // The source must hold every snapshot of the chain: a copy added
-            // after a snapshot was taken does not.
+            // after a snapshot was taken does not. A lost copy is no source;
+            // one that is moving still is.
+            let usable = |c: &ComponentPlacement| {
+                c.state == ComponentState::Active
+                    && (c.id != at || matches!(place, NewCopyPlace::Beside(_)))
+            };
             let source = state.layout.columns[column]
                 .copies
                 .iter()
-                .filter(|c| c.id != lost && c.state == ComponentState::Active)
+                .filter(|c| usable(c))
                 .find(|c| chain.iter().all(|link| snapshot_copy(link, column, c.id).is_some()))
                 .cloned()
                 .ok_or_else(|| {
@@ -106,7 +140,7 @@ impl Coordinator {
             (column, source)
         };
         new.size_bytes = source.size_bytes;
-        self.create_fenced(&new, reserve_bytes, "replacement component")
+        self.create_fenced(&new, reserve_bytes, "a new copy")
             .await?;
         let mut made = Vec::new();
         let filled = self
@@ -114,7 +148,7 @@ impl Coordinator {
             .await;
         let result = match filled {
             Ok(copied_bytes) => self
-                .enter_behind_last_snapshot(lost, &new, &source, chain.last(), &made)
+                .enter_behind_last_snapshot(place, &new, &source, chain.last(), &made)
                 .await
                 .map(|dirty_blocks| CarriedSnapshots {
                     made: made.clone(),
@@ -130,15 +164,13 @@ impl Coordinator {
             Err(Entered(e)) => return Err(e),
             Err(Unentered(e)) => e,
         };
-        {
-            for (_, m) in made.iter().rev() {
-                if let Err(e) = self.io.delete(m).await {
-                    tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of an unfinished rebuild not deleted");
-                }
+        for (_, m) in made.iter().rev() {
+            if let Err(e) = self.io.delete(m).await {
+                tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of an unfinished new copy not deleted");
             }
-            if let Err(e) = self.io.delete(&new).await {
-                tracing::warn!(%volume, component = %new.id, error = %e, "unfinished rebuild not deleted");
-            }
+        }
+        if let Err(e) = self.io.delete(&new).await {
+            tracing::warn!(%volume, component = %new.id, error = %e, "unfinished new copy not deleted");
         }
         Err(e)
     }
@@ -227,13 +259,13 @@ impl Coordinator {
         Ok(copied)
     }
 
-    /// Puts `new` in `lost`'s place, under the whole volume's range locks,
-    /// with the blocks where `source` differs from its `last` snapshot (all
-    /// it holds when there is none) left dirty, and its snapshots `made` in
+    /// Puts `new` at `place`, under the whole volume's range locks, with
+    /// the blocks where `source` differs from its `last` snapshot (all it
+    /// holds when there is none) left dirty, and its snapshots `made` in
     /// their records, in one record. Returns those blocks.
     async fn enter_behind_last_snapshot(
         &self,
-        lost: ComponentId,
+        place: NewCopyPlace,
         new: &ComponentPlacement,
         source: &ComponentPlacement,
         last: Option<&SnapshotChainLink>,
@@ -260,24 +292,32 @@ impl Coordinator {
         let dirty_blocks = runs.iter().map(|(_, n)| n).sum();
         {
             let mut state = self.state.lock();
-            let slot = state
+            let at = place.copy();
+            let column = state
                 .layout
                 .columns
                 .iter_mut()
-                .flat_map(|m| m.copies.iter_mut())
-                .find(|c| c.id == lost)
+                .find(|m| m.copies.iter().any(|c| c.id == at))
                 .ok_or_else(|| {
                     Unentered(bad(format!(
-                        "component {lost} is no longer part of volume {volume}"
+                        "component {at} is no longer part of volume {volume}"
                     )))
                 })?;
-            *slot = ComponentPlacement {
+            let entering = ComponentPlacement {
                 state: ComponentState::Resyncing,
                 role: ComponentRole::Data,
-                size_bytes: slot.size_bytes,
+                size_bytes: source.size_bytes,
                 ..new.clone()
             };
-            state.caught_up(lost);
+            match place {
+                NewCopyPlace::Replacing(lost) => {
+                    for slot in column.copies.iter_mut().filter(|c| c.id == lost) {
+                        *slot = entering.clone();
+                    }
+                    state.caught_up(lost);
+                }
+                NewCopyPlace::Beside(_) => column.copies.push(entering),
+            }
             let column_blocks = state.column_blocks(new.id).unwrap_or(blocks);
             let mut recorded = RecordedDirty::empty(column_blocks);
             let mut exact = DirtyRegions::new();
@@ -289,29 +329,18 @@ impl Coordinator {
             state.recorded.insert(new.id, recorded);
             state.fit_intent_maps();
         }
-        let carried: Vec<CarriedSnapshot> = made
+        let changes: Vec<SnapshotCopyChange> = made
             .iter()
-            .map(|(snapshot, m)| CarriedSnapshot {
+            .map(|(snapshot, m)| SnapshotCopyChange {
                 snapshot: *snapshot,
-                lost,
-                made: m.clone(),
+                copy: place.copy(),
+                edit: place.edit(m.clone()),
             })
             .collect();
-        let gone = {
-            let _turn = self.record_turn.lock().await;
-            let (layout, dirty) = {
-                let mut state = self.state.lock();
-                state.layout.generation += 1;
-                (state.layout.clone(), state.dirty_record())
-            };
-            let gone = self
-                .recorder
-                .record_carried(&layout, &dirty, &carried)
-                .await
-                .map_err(|e| Entered(bad(format!("volume {volume}: recording layout: {e}"))))?;
-            self.state.lock().recorded_as(dirty);
-            gone
-        };
+        let gone = self
+            .record_with_snapshots(&changes)
+            .await
+            .map_err(Entered)?;
         // Snapshots deleted while the copy was filled: nothing names what
         // was made of them.
         for (snapshot, m) in made.iter().filter(|(s, _)| gone.contains(s)) {
@@ -320,6 +349,81 @@ impl Coordinator {
             }
         }
         Ok(dirty_blocks)
+    }
+
+    /// Drops data copy `id` from the layout as [`Coordinator::drop_copy`]
+    /// does, and its snapshots (of `chain`) from their records, in one
+    /// record. Returns the components that left with it (its snapshots),
+    /// for the caller to delete with the copy.
+    pub async fn drop_copy_with_snapshots(
+        &self,
+        id: ComponentId,
+        chain: &[SnapshotChainLink],
+    ) -> Result<Vec<ComponentPlacement>, BlockError> {
+        let volume = self.info.name.clone();
+        let column = {
+            let mut state = self.state.lock();
+            let Some(column) = state
+                .layout
+                .columns
+                .iter()
+                .position(|m| m.copies.iter().any(|c| c.id == id))
+            else {
+                return Err(bad(format!(
+                    "component {id} is not a data copy of volume {volume}"
+                )));
+            };
+            let mirror = &mut state.layout.columns[column];
+            if !mirror
+                .copies
+                .iter()
+                .any(|c| c.id != id && c.state == ComponentState::Active)
+            {
+                return Err(bad(format!(
+                    "component {id} is the only Active copy of its column of volume {volume}"
+                )));
+            }
+            mirror.copies.retain(|c| c.id != id);
+            state.caught_up(id);
+            column
+        };
+        let leaving: Vec<ComponentPlacement> = chain
+            .iter()
+            .filter_map(|link| snapshot_copy(link, column, id))
+            .collect();
+        let changes: Vec<SnapshotCopyChange> = chain
+            .iter()
+            .filter(|link| snapshot_copy(link, column, id).is_some())
+            .map(|link| SnapshotCopyChange {
+                snapshot: link.id,
+                copy: id,
+                edit: SnapshotCopyEdit::Remove,
+            })
+            .collect();
+        self.record_with_snapshots(&changes).await?;
+        Ok(leaving)
+    }
+
+    /// Records the layout (its generation raised) and the dirty-region
+    /// maps with `changes` to the snapshots' records; answers the
+    /// snapshots of `changes` that have no record any more.
+    async fn record_with_snapshots(
+        &self,
+        changes: &[SnapshotCopyChange],
+    ) -> Result<Vec<u64>, BlockError> {
+        let _turn = self.record_turn.lock().await;
+        let (layout, dirty) = {
+            let mut state = self.state.lock();
+            state.layout.generation += 1;
+            (state.layout.clone(), state.dirty_record())
+        };
+        let gone = self
+            .recorder
+            .record_snapshot_copies(&layout, &dirty, changes)
+            .await
+            .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
+        self.state.lock().recorded_as(dirty);
+        Ok(gone)
     }
 }
 
