@@ -650,6 +650,11 @@ pub struct SnapshotRecord {
     /// Its components: the volume's columns, each copy replaced by its
     /// snapshot, no witnesses.
     pub layout: Layout,
+    /// The other volumes of its consistency group: their snapshots of the
+    /// same name hold the same point in time. Empty for a snapshot of one
+    /// volume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group: Vec<VolumeId>,
 }
 
 /// Where a scheduled scrub pass of one disk group is: the next block it

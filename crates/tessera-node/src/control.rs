@@ -421,11 +421,17 @@ pub struct IscsiAccess {
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshot {
     /// The snapshot's name: 1 to 64 letters, digits, `.`, `_` or `-`.
     pub name: String,
+    /// Other volumes to take a snapshot of, of the same name, at the same
+    /// point in time (a consistency group: a database and its log on
+    /// separate volumes). Every write acknowledged before the snapshot is
+    /// in all of them; none made after it is in any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group: Vec<String>,
 }
 
 /// Body of `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`.
@@ -461,6 +467,10 @@ pub struct SnapshotView {
     pub epoch: u64,
     /// Its components, one per data copy of the volume.
     pub components: Vec<SnapshotComponentView>,
+    /// The other volumes of its consistency group (their snapshots of the
+    /// same name hold the same point in time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group: Vec<String>,
 }
 
 /// One component of a snapshot.

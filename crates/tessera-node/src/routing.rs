@@ -336,6 +336,43 @@ impl VolumeHandle {
         .done()
     }
 
+    /// Has the owner hold every write to the volume under `hold` for at
+    /// most `ttl` (see [`Coordinator::hold_writes`]). Safe to repeat.
+    pub async fn hold_writes(&self, hold: u64, ttl: Duration) -> Result<(), BlockError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.run(VolumeOp::HoldWrites { hold, ttl_ms }, true)
+            .await?
+            .done()
+    }
+
+    /// Has the owner end hold `hold`. Safe to repeat.
+    pub async fn release_writes(&self, hold: u64) -> Result<(), BlockError> {
+        self.run(VolumeOp::ReleaseWrites { hold }, true)
+            .await?
+            .done()
+    }
+
+    /// [`VolumeHandle::snapshot`] under hold `hold`.
+    pub async fn snapshot_held(
+        &self,
+        hold: u64,
+        name: &tessera_directory::keys::SnapshotName,
+        id: u64,
+        created_ms: u64,
+    ) -> Result<(), BlockError> {
+        self.run(
+            VolumeOp::SnapshotHeld {
+                hold,
+                name: name.to_string(),
+                id,
+                created_ms,
+            },
+            false,
+        )
+        .await?
+        .done()
+    }
+
     /// The coordinators of `source` and of this volume, when `source` is a
     /// volume of the same datastore (a handle of this host) and this host
     /// owns both.
@@ -540,6 +577,22 @@ enum VolumeOp {
         id: u64,
         created_ms: u64,
     },
+    /// Hold every write to the volume (a consistency group's snapshot).
+    HoldWrites {
+        hold: u64,
+        ttl_ms: u64,
+    },
+    /// End a hold.
+    ReleaseWrites {
+        hold: u64,
+    },
+    /// Take and record a snapshot under a hold.
+    SnapshotHeld {
+        hold: u64,
+        name: String,
+        id: u64,
+        created_ms: u64,
+    },
 }
 
 /// What a volume operation answers.
@@ -609,7 +662,12 @@ impl VolumeOp {
             | VolumeOp::WriteZeroes { offset, .. }
             | VolumeOp::CompareAndWrite { offset, .. }
             | VolumeOp::BlockStatus { offset, .. } => *offset,
-            VolumeOp::Flush | VolumeOp::RepairCopy { .. } | VolumeOp::Snapshot { .. } => 0,
+            VolumeOp::Flush
+            | VolumeOp::RepairCopy { .. }
+            | VolumeOp::Snapshot { .. }
+            | VolumeOp::HoldWrites { .. }
+            | VolumeOp::ReleaseWrites { .. }
+            | VolumeOp::SnapshotHeld { .. } => 0,
         }
     }
 
@@ -630,13 +688,16 @@ impl VolumeOp {
             VolumeOp::Flush
             | VolumeOp::BlockStatus { .. }
             | VolumeOp::RepairCopy { .. }
-            | VolumeOp::Snapshot { .. } => None,
+            | VolumeOp::Snapshot { .. }
+            | VolumeOp::HoldWrites { .. }
+            | VolumeOp::ReleaseWrites { .. }
+            | VolumeOp::SnapshotHeld { .. } => None,
         }
     }
 
     /// Runs the operation on the owner's coordinator once the volume's
     /// turn in the host's I/O scheduler comes (its QoS acts here).
-    async fn run_on(self, c: &Coordinator) -> Result<Answer, BlockError> {
+    async fn run_on(self, c: &Arc<Coordinator>) -> Result<Answer, BlockError> {
         let _turn = match self.scheduled_bytes() {
             Some(bytes) => Some(c.guest_turn(bytes).await),
             None => None,
@@ -678,6 +739,23 @@ impl VolumeOp {
                 created_ms,
             } => c
                 .snapshot(&name, id, created_ms)
+                .await
+                .map(|_| Answer::Done),
+            VolumeOp::HoldWrites { hold, ttl_ms } => c
+                .hold_writes(hold, Duration::from_millis(ttl_ms))
+                .await
+                .map(|_| Answer::Done),
+            VolumeOp::ReleaseWrites { hold } => {
+                c.release_writes(hold);
+                Ok(Answer::Done)
+            }
+            VolumeOp::SnapshotHeld {
+                hold,
+                name,
+                id,
+                created_ms,
+            } => c
+                .snapshot_held(hold, &name, id, created_ms)
                 .await
                 .map(|_| Answer::Done),
         }
@@ -740,6 +818,24 @@ impl VolumeOp {
                 created_ms,
             } => Request::VolumeSnapshot {
                 volume,
+                name,
+                snapshot: id,
+                created_ms,
+            },
+            VolumeOp::HoldWrites { hold, ttl_ms } => Request::VolumeHoldWrites {
+                volume,
+                hold,
+                ttl_ms,
+            },
+            VolumeOp::ReleaseWrites { hold } => Request::VolumeReleaseWrites { volume, hold },
+            VolumeOp::SnapshotHeld {
+                hold,
+                name,
+                id,
+                created_ms,
+            } => Request::VolumeSnapshotHeld {
+                volume,
+                hold,
                 name,
                 snapshot: id,
                 created_ms,
@@ -825,6 +921,29 @@ impl VolumeOp {
                     created_ms,
                 },
             ),
+            Request::VolumeHoldWrites {
+                volume,
+                hold,
+                ttl_ms,
+            } => (volume, VolumeOp::HoldWrites { hold, ttl_ms }),
+            Request::VolumeReleaseWrites { volume, hold } => {
+                (volume, VolumeOp::ReleaseWrites { hold })
+            }
+            Request::VolumeSnapshotHeld {
+                volume,
+                hold,
+                name,
+                snapshot,
+                created_ms,
+            } => (
+                volume,
+                VolumeOp::SnapshotHeld {
+                    hold,
+                    name,
+                    id: snapshot,
+                    created_ms,
+                },
+            ),
             _ => return None,
         })
     }
@@ -833,7 +952,7 @@ impl VolumeOp {
 /// Serves a volume request forwarded by another host on this host's
 /// coordinator of the volume: the same typed operation a local client's
 /// request runs.
-pub async fn execute(coordinator: &Coordinator, request: Request) -> Response {
+pub async fn execute(coordinator: &Arc<Coordinator>, request: Request) -> Response {
     let kind = request.kind();
     let Some((volume, op)) = VolumeOp::from_request(request) else {
         return Response::error(

@@ -102,6 +102,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "vm",
             CreateSnapshot {
                 name: "before-b".into(),
+                ..Default::default()
             },
         )
         .await
@@ -265,6 +266,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "vm",
             CreateSnapshot {
                 name: "before-b".into(),
+                ..Default::default()
             },
         )
         .await
@@ -276,6 +278,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "vm",
             CreateSnapshot {
                 name: "no/slash".into(),
+                ..Default::default()
             },
         )
         .await
@@ -283,7 +286,13 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
     assert!(matches!(e, ControlError::Invalid(_)), "{e}");
     let e = cluster
         .control
-        .create_snapshot("nope", CreateSnapshot { name: "x".into() })
+        .create_snapshot(
+            "nope",
+            CreateSnapshot {
+                name: "x".into(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, ControlError::NotFound(_)), "{e}");
@@ -320,6 +329,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "vm",
             CreateSnapshot {
                 name: "last".into(),
+                ..Default::default()
             },
         )
         .await
@@ -422,7 +432,13 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
         let control = &cluster.control;
         async move {
             control
-                .create_snapshot("vm", CreateSnapshot { name: name.into() })
+                .create_snapshot(
+                    "vm",
+                    CreateSnapshot {
+                        name: name.into(),
+                        ..Default::default()
+                    },
+                )
                 .await
                 .unwrap()
         }

@@ -604,6 +604,9 @@ pub struct Coordinator {
     /// Held while a record is written, so records reach the directory in
     /// the order their contents were taken.
     record_turn: tokio::sync::Mutex<()>,
+    /// Holds of every write to the volume, by name (a consistency group's
+    /// snapshot holds each of its volumes while it is taken).
+    write_holds: Mutex<HashMap<u64, snapshot::WriteHold>>,
     /// This coordinator's part of the host read cache.
     cache: VolumeCache,
     /// The host's I/O scheduler: guest operations and resync steps wait
@@ -708,6 +711,7 @@ impl Coordinator {
             }),
             columns,
             record_turn: tokio::sync::Mutex::new(()),
+            write_holds: Mutex::new(HashMap::new()),
             cache: host.read_cache.volume(),
             scheduler: Arc::clone(&host.scheduler),
             client: IoClient::Volume(layout_volume),

@@ -458,6 +458,32 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
             w.u64(*snapshot);
             w.u64(*created_ms);
         }
+        Request::VolumeHoldWrites {
+            volume,
+            hold,
+            ttl_ms,
+        } => {
+            w.name(volume.as_str());
+            w.u64(*hold);
+            w.u64(*ttl_ms);
+        }
+        Request::VolumeReleaseWrites { volume, hold } => {
+            w.name(volume.as_str());
+            w.u64(*hold);
+        }
+        Request::VolumeSnapshotHeld {
+            volume,
+            hold,
+            name,
+            snapshot,
+            created_ms,
+        } => {
+            w.name(volume.as_str());
+            w.u64(*hold);
+            w.text(name);
+            w.u64(*snapshot);
+            w.u64(*created_ms);
+        }
         Request::VolumeUnmap {
             volume,
             offset,
@@ -781,6 +807,22 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
         },
         MessageKind::VolumeSnapshot => Request::VolumeSnapshot {
             volume: r.volume("volume")?,
+            name: r.text("name")?,
+            snapshot: r.u64("snapshot")?,
+            created_ms: r.u64("created_ms")?,
+        },
+        MessageKind::VolumeHoldWrites => Request::VolumeHoldWrites {
+            volume: r.volume("volume")?,
+            hold: r.u64("hold")?,
+            ttl_ms: r.u64("ttl_ms")?,
+        },
+        MessageKind::VolumeReleaseWrites => Request::VolumeReleaseWrites {
+            volume: r.volume("volume")?,
+            hold: r.u64("hold")?,
+        },
+        MessageKind::VolumeSnapshotHeld => Request::VolumeSnapshotHeld {
+            volume: r.volume("volume")?,
+            hold: r.u64("hold")?,
             name: r.text("name")?,
             snapshot: r.u64("snapshot")?,
             created_ms: r.u64("created_ms")?,

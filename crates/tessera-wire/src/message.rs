@@ -369,6 +369,39 @@ pub enum Request {
         /// asked it.
         created_ms: u64,
     },
+    /// Hold every write to the volume (those under way finish first) until
+    /// [`Request::VolumeReleaseWrites`] with the same `hold` or until
+    /// `ttl_ms` pass; answered by [`Response::Ok`] once held. Since wire v5.
+    VolumeHoldWrites {
+        /// The volume.
+        volume: VolumeId,
+        /// Names the hold.
+        hold: u64,
+        /// How long it lasts at most.
+        ttl_ms: u64,
+    },
+    /// End the hold `hold` (nothing if it is gone); answered by
+    /// [`Response::Ok`]. Since wire v5.
+    VolumeReleaseWrites {
+        /// The volume.
+        volume: VolumeId,
+        /// The hold.
+        hold: u64,
+    },
+    /// [`Request::VolumeSnapshot`] while the volume's writes are held by
+    /// `hold`, which stays; refused if the hold is gone. Since wire v5.
+    VolumeSnapshotHeld {
+        /// The volume.
+        volume: VolumeId,
+        /// The hold it is taken under.
+        hold: u64,
+        /// The snapshot's name (checked by the owner).
+        name: String,
+        /// The snapshot's number.
+        snapshot: u64,
+        /// When it is taken (ms since the Unix epoch).
+        created_ms: u64,
+    },
 }
 
 /// The answer to a [`Request`].
@@ -537,6 +570,9 @@ pub enum MessageKind {
     VolumeBlockStatus = 0x36,
     VolumeRepairCopy = 0x37,
     VolumeSnapshot = 0x38,
+    VolumeHoldWrites = 0x39,
+    VolumeReleaseWrites = 0x3a,
+    VolumeSnapshotHeld = 0x3b,
     HelloOk = 0x81,
     Pong = 0x82,
     Ok = 0x90,
@@ -548,7 +584,7 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 34] = [
+    const ALL: [MessageKind; 37] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -575,6 +611,9 @@ impl MessageKind {
         MessageKind::VolumeBlockStatus,
         MessageKind::VolumeRepairCopy,
         MessageKind::VolumeSnapshot,
+        MessageKind::VolumeHoldWrites,
+        MessageKind::VolumeReleaseWrites,
+        MessageKind::VolumeSnapshotHeld,
         MessageKind::HelloOk,
         MessageKind::Pong,
         MessageKind::Ok,
@@ -623,7 +662,10 @@ impl MessageKind {
             MessageKind::SnapshotComponent
             | MessageKind::CloneSnapshot
             | MessageKind::VolumeSnapshot => WireVersion::V4,
-            MessageKind::Changed => WireVersion::V5,
+            MessageKind::Changed
+            | MessageKind::VolumeHoldWrites
+            | MessageKind::VolumeReleaseWrites
+            | MessageKind::VolumeSnapshotHeld => WireVersion::V5,
             _ => WireVersion::V1,
         }
     }
@@ -656,6 +698,9 @@ impl MessageKind {
             MessageKind::VolumeCompareAndWrite => "VolumeCompareAndWrite",
             MessageKind::VolumeBlockStatus => "VolumeBlockStatus",
             MessageKind::VolumeRepairCopy => "VolumeRepairCopy",
+            MessageKind::VolumeHoldWrites => "VolumeHoldWrites",
+            MessageKind::VolumeReleaseWrites => "VolumeReleaseWrites",
+            MessageKind::VolumeSnapshotHeld => "VolumeSnapshotHeld",
             MessageKind::VolumeSnapshot => "VolumeSnapshot",
             MessageKind::HelloOk => "HelloOk",
             MessageKind::Pong => "Pong",
@@ -705,6 +750,9 @@ impl Request {
             Request::VolumeBlockStatus { .. } => MessageKind::VolumeBlockStatus,
             Request::VolumeRepairCopy { .. } => MessageKind::VolumeRepairCopy,
             Request::VolumeSnapshot { .. } => MessageKind::VolumeSnapshot,
+            Request::VolumeHoldWrites { .. } => MessageKind::VolumeHoldWrites,
+            Request::VolumeReleaseWrites { .. } => MessageKind::VolumeReleaseWrites,
+            Request::VolumeSnapshotHeld { .. } => MessageKind::VolumeSnapshotHeld,
         }
     }
 }
@@ -753,7 +801,10 @@ impl Request {
             | Request::VolumeCompareAndWrite { volume, .. }
             | Request::VolumeBlockStatus { volume, .. }
             | Request::VolumeRepairCopy { volume, .. }
-            | Request::VolumeSnapshot { volume, .. } => Some(volume),
+            | Request::VolumeSnapshot { volume, .. }
+            | Request::VolumeHoldWrites { volume, .. }
+            | Request::VolumeReleaseWrites { volume, .. }
+            | Request::VolumeSnapshotHeld { volume, .. } => Some(volume),
             other => other.component().map(|c| &c.volume),
         }
     }

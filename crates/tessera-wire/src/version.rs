@@ -32,7 +32,9 @@ pub enum WireVersion {
     /// Adds `Changed` (the blocks where one component differs from another
     /// of the same disk group, read from the index pages they do not share),
     /// so a rebuilt copy receives each snapshot as what changed since the
-    /// one before.
+    /// one before; and `VolumeHoldWrites`, `VolumeReleaseWrites` and
+    /// `VolumeSnapshotHeld`, with which one point in time is taken across
+    /// several volumes (a consistency group).
     V5 = 5,
 }
 

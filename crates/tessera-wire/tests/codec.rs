@@ -202,6 +202,31 @@ fn request() -> impl Strategy<Value = Request> {
                 created_ms,
             }
         ),
+        (volume(), any::<u64>(), any::<u64>()).prop_map(|(volume, hold, ttl_ms)| {
+            Request::VolumeHoldWrites {
+                volume,
+                hold,
+                ttl_ms,
+            }
+        }),
+        (volume(), any::<u64>())
+            .prop_map(|(volume, hold)| Request::VolumeReleaseWrites { volume, hold }),
+        (
+            volume(),
+            any::<u64>(),
+            "[a-z0-9._-]{1,64}",
+            any::<u64>(),
+            any::<u64>()
+        )
+            .prop_map(|(volume, hold, name, snapshot, created_ms)| {
+                Request::VolumeSnapshotHeld {
+                    volume,
+                    hold,
+                    name,
+                    snapshot,
+                    created_ms,
+                }
+            }),
     ]
 }
 

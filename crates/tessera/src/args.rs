@@ -99,6 +99,11 @@ pub enum SnapshotCommand {
         volume: String,
         /// Snapshot name: 1 to 64 letters, digits, '.', '_' or '-'.
         name: String,
+        /// Other volumes of a consistency group (comma-separated, or the
+        /// option repeated): each gets a snapshot of the same name, all at
+        /// one point in time (a database and its log on separate volumes).
+        #[arg(long, value_delimiter = ',', value_name = "VOLUME")]
+        group: Vec<String>,
     },
     /// A volume's snapshots, oldest first.
     List {

@@ -429,7 +429,15 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
     if snapshots.is_empty() {
         return "no snapshots\n".to_string();
     }
-    let mut t = Table::new(&["NAME", "TAKEN (UTC)", "SIZE", "EPOCH", "COPIES", "EXPORT"]);
+    let mut t = Table::new(&[
+        "NAME",
+        "TAKEN (UTC)",
+        "SIZE",
+        "EPOCH",
+        "COPIES",
+        "EXPORT",
+        "GROUP",
+    ]);
     for s in snapshots {
         t.row(vec![
             s.name.clone(),
@@ -438,6 +446,11 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
             s.epoch.to_string(),
             s.components.len().to_string(),
             s.export.clone(),
+            if s.group.is_empty() {
+                "-".to_string()
+            } else {
+                s.group.join(",")
+            },
         ]);
     }
     t.render()
@@ -454,7 +467,14 @@ pub fn snapshot_taken(s: &SnapshotView) -> String {
         s.epoch,
         utc(s.created_ms),
         s.export
-    )
+    ) + &if s.group.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "at the same point in time as its snapshots of {}\n",
+            s.group.join(", ")
+        )
+    }
 }
 
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).

@@ -379,9 +379,18 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 output.text(&format!("deleted volume {name}\n"))?;
             }
         }
-        Command::Snapshot(SnapshotCommand::Create { volume, name }) => {
+        Command::Snapshot(SnapshotCommand::Create {
+            volume,
+            name,
+            group,
+        }) => {
             let path = format!("/v1/volumes/{}/snapshots", segment(volume));
-            let v = client.post_json(&path, &json!({ "name": name }))?;
+            let body = if group.is_empty() {
+                json!({ "name": name })
+            } else {
+                json!({ "name": name, "group": group })
+            };
+            let v = client.post_json(&path, &body)?;
             output.view::<SnapshotView>(&path, v, render::snapshot_taken)?;
         }
         Command::Volume(VolumeCommand::Revert { name, to }) => {

@@ -42,8 +42,13 @@ pub(super) fn snapshot_view(r: &SnapshotRecord) -> SnapshotView {
                 disk_group: c.disk_group.to_string(),
             })
             .collect(),
+        group: r.group.iter().map(ToString::to_string).collect(),
     }
 }
+
+/// How long a consistency group's snapshot may hold a volume's writes: if
+/// the control plane that asked is gone by then, the owner lets them go.
+const GROUP_HOLD_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn snapshot_name(name: &str) -> Result<SnapshotName, ControlError> {
     SnapshotName::new(name).map_err(ControlError::Invalid)
@@ -58,21 +63,9 @@ impl ControlPlane {
         let name = snapshot_name(&request.name)?;
         let _guard = self.changes.lock().await;
         let (record, _) = self.volume_record(volume).await?;
-        if record.state != VolumeState::Ready {
-            return Err(ControlError::Conflict(format!(
-                "volume {volume} is {:?}: a snapshot is taken of a ready volume",
-                record.state
-            )));
-        }
-        let key = self.keys.snapshot(&record.name, &name);
-        if keys::get(self.directory.as_ref(), &key)
-            .await
-            .map_err(internal)?
-            .is_some()
-        {
-            return Err(ControlError::Conflict(format!(
-                "volume {volume} already has a snapshot named {name}"
-            )));
+        let key = self.snapshot_may_be_taken(&record, &name).await?;
+        if !request.group.is_empty() {
+            return self.take_group_snapshot(record, name, &request.group).await;
         }
         let id = self.rng.next_u64();
         let created_ms = self.clock.wall_ms();
@@ -99,6 +92,147 @@ impl ControlPlane {
             h.refresh_view().await;
         }
         Ok(snapshot_view(&taken.value))
+    }
+
+    /// The key of snapshot `name` of `record`'s volume, if one may be
+    /// taken: the volume is ready and has none of that name.
+    async fn snapshot_may_be_taken(
+        &self,
+        record: &VolumeRecord,
+        name: &SnapshotName,
+    ) -> Result<keys::Key<SnapshotRecord>, ControlError> {
+        let volume = &record.name;
+        if record.state != VolumeState::Ready {
+            return Err(ControlError::Conflict(format!(
+                "volume {volume} is {:?}: a snapshot is taken of a ready volume",
+                record.state
+            )));
+        }
+        let key = self.keys.snapshot(volume, name);
+        if keys::get(self.directory.as_ref(), &key)
+            .await
+            .map_err(internal)?
+            .is_some()
+        {
+            return Err(ControlError::Conflict(format!(
+                "volume {volume} already has a snapshot named {name}"
+            )));
+        }
+        Ok(key)
+    }
+
+    /// Takes snapshot `name` of `first` and of the volumes of `group` at
+    /// one point in time: every volume's writes are held (in name order,
+    /// so two groups never wait on each other), then each one's snapshot
+    /// is taken, then the writes go on. All or nothing: a volume that
+    /// cannot be held or snapshotted leaves no snapshot on the others.
+    async fn take_group_snapshot(
+        &self,
+        first: VolumeRecord,
+        name: SnapshotName,
+        group: &[String],
+    ) -> Result<SnapshotView, ControlError> {
+        let mut members = vec![first.name.clone()];
+        for v in group {
+            let (record, _) = self.volume_record(v).await?;
+            if members.contains(&record.name) {
+                return Err(ControlError::Invalid(format!(
+                    "volume {v} is named twice in the consistency group"
+                )));
+            }
+            self.snapshot_may_be_taken(&record, &name).await?;
+            members.push(record.name);
+        }
+        members.sort();
+        let host = self.via().await?;
+        let mut handles = Vec::new();
+        for v in &members {
+            let handle = host.open_volume(v.as_str()).ok_or_else(|| {
+                ControlError::Unavailable(format!("volume {v} is not served yet"))
+            })?;
+            handles.push((v.clone(), handle));
+        }
+        let hold = self.rng.next_u64();
+        let created_ms = self.clock.wall_ms();
+        let mut held = Vec::new();
+        let mut taken: Vec<VolumeId> = Vec::new();
+        let mut failure = None;
+        for (v, handle) in &handles {
+            match handle.hold_writes(hold, GROUP_HOLD_TTL).await {
+                Ok(()) => held.push(handle),
+                Err(e) => {
+                    failure = Some(format!("volume {v}: writes not held: {e}"));
+                    break;
+                }
+            }
+        }
+        if failure.is_none() {
+            for (v, handle) in &handles {
+                let id = self.rng.next_u64();
+                match handle.snapshot_held(hold, &name, id, created_ms).await {
+                    Ok(()) => taken.push(v.clone()),
+                    Err(e) => {
+                        failure = Some(format!("volume {v}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        for handle in held {
+            if let Err(e) = handle.release_writes(hold).await {
+                tracing::warn!(error = %e, "a consistency group's hold was not released; it expires on its own");
+            }
+        }
+        if let Some(failure) = failure {
+            // All or nothing: the snapshots already taken go again.
+            for v in &taken {
+                let key = self.keys.snapshot(v, &name);
+                if let Ok(Some(r)) = keys::get(self.directory.as_ref(), &key).await {
+                    if self.delete_snapshot_components(&r.value).await.is_ok() {
+                        let _ = keys::delete(self.directory.as_ref(), &key).await;
+                    }
+                }
+            }
+            return Err(ControlError::Conflict(format!(
+                "consistency group snapshot {name} not taken: {failure}"
+            )));
+        }
+        // Each record names the others of its group.
+        let mut views = Vec::new();
+        for v in &members {
+            let key = self.keys.snapshot(v, &name);
+            let mut record = keys::get(self.directory.as_ref(), &key)
+                .await
+                .map_err(internal)?
+                .ok_or_else(|| {
+                    ControlError::Internal(format!(
+                        "snapshot {name} of volume {v} was taken but its record is missing"
+                    ))
+                })?;
+            record.value.group = members.iter().filter(|m| *m != v).cloned().collect();
+            let put = key.put_op(&record.value, None).map_err(internal)?;
+            let done = self
+                .directory
+                .txn(
+                    tessera_directory::Txn::new()
+                        .when([key.at_revision(record.mod_revision)])
+                        .and_then([put]),
+                )
+                .await
+                .map_err(internal)?;
+            if !done.succeeded {
+                tracing::warn!(volume = %v, snapshot = %name, "snapshot changed while its group was recorded");
+            }
+            views.push(snapshot_view(&record.value));
+        }
+        for h in self.hosts.running() {
+            h.refresh_view().await;
+        }
+        let first = views
+            .into_iter()
+            .find(|view| view.volume == first.name.as_str())
+            .expect("the first volume is a member");
+        Ok(first)
     }
 
     pub(super) async fn list_snapshots(

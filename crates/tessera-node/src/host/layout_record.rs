@@ -117,6 +117,7 @@ impl LayoutRecorder for DirectoryLayouts {
             block_bytes: volume.block_bytes,
             epoch: snapshot.epoch,
             layout: snapshot.layout.clone(),
+            group: Vec::new(),
         };
         let put = key.put_op(&record, None).map_err(|e| e.to_string())?;
         match self.put_fenced_when(vec![key.absent()], vec![put]).await {

@@ -45,7 +45,10 @@ impl RequestHandler for HostHandler {
             | Request::VolumeCompareAndWrite { volume, .. }
             | Request::VolumeBlockStatus { volume, .. }
             | Request::VolumeRepairCopy { volume, .. }
-            | Request::VolumeSnapshot { volume, .. } => volume.clone(),
+            | Request::VolumeSnapshot { volume, .. }
+            | Request::VolumeHoldWrites { volume, .. }
+            | Request::VolumeReleaseWrites { volume, .. }
+            | Request::VolumeSnapshotHeld { volume, .. } => volume.clone(),
             Request::Ping => return Response::Pong,
             _ => return self.replica.handle(request).await,
         };

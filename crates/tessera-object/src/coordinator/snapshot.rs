@@ -27,6 +27,9 @@ use tessera_types::ComponentId;
 
 use super::{bad, Coordinator};
 use crate::component_io::TakenSnapshot;
+use crate::range_lock::RangeGuard;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The layout of a snapshot of a volume laid out as `volume`: the same
 /// columns and stripe unit, each data copy replaced by its snapshot
@@ -63,9 +66,94 @@ impl Coordinator {
         id: u64,
         created_ms: u64,
     ) -> Result<Layout, BlockError> {
+        let _guards = self.lock_span(0, self.info.size_bytes).await;
+        self.snapshot_while_held(name, id, created_ms).await
+    }
+
+    /// Holds every write to the volume under `hold`: those under way end
+    /// first, none starts until [`Coordinator::release_writes`] or until
+    /// `ttl` passes (so a requester that vanishes cannot stop the volume
+    /// for longer). Returns once held. A consistency group's snapshot holds
+    /// all its volumes, then takes each one's with
+    /// [`Coordinator::snapshot_held`]: no write to one comes after a write
+    /// to another that the snapshots leave out.
+    pub async fn hold_writes(self: &Arc<Self>, hold: u64, ttl: Duration) -> Result<(), BlockError> {
+        self.check_usable()?;
+        if self.write_holds.lock().contains_key(&hold) {
+            return Ok(());
+        }
+        let guards = self.lock_span(0, self.info.size_bytes).await;
+        self.write_holds.lock().insert(
+            hold,
+            WriteHold {
+                _guards: guards,
+                in_use: false,
+            },
+        );
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(ttl).await;
+            loop {
+                let Some(c) = weak.upgrade() else { return };
+                {
+                    let mut holds = c.write_holds.lock();
+                    match holds.get(&hold) {
+                        None => return,
+                        Some(h) if !h.in_use => {
+                            holds.remove(&hold);
+                            tracing::warn!(volume = %c.info.name, %hold, "hold of writes expired before it was released");
+                            return;
+                        }
+                        // A snapshot is being taken under it: it ends first.
+                        Some(_) => {}
+                    }
+                }
+                drop(c);
+                tokio::time::sleep(HOLD_RECHECK).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// Ends hold `hold`; false if it had ended already.
+    pub fn release_writes(&self, hold: u64) -> bool {
+        self.write_holds.lock().remove(&hold).is_some()
+    }
+
+    /// [`Coordinator::snapshot`] while `hold` holds the volume's writes
+    /// (it keeps holding them); refused if the hold has ended.
+    pub async fn snapshot_held(
+        &self,
+        hold: u64,
+        name: &str,
+        id: u64,
+        created_ms: u64,
+    ) -> Result<Layout, BlockError> {
+        {
+            let mut holds = self.write_holds.lock();
+            let Some(h) = holds.get_mut(&hold) else {
+                return Err(bad(format!(
+                    "volume {}: its writes are no longer held (the hold expired or its owner changed)",
+                    self.info.name
+                )));
+            };
+            h.in_use = true;
+        }
+        let taken = self.snapshot_while_held(name, id, created_ms).await;
+        if let Some(h) = self.write_holds.lock().get_mut(&hold) {
+            h.in_use = false;
+        }
+        taken
+    }
+
+    /// Takes the snapshot; the caller holds the whole volume's range locks.
+    async fn snapshot_while_held(
+        &self,
+        name: &str,
+        id: u64,
+        created_ms: u64,
+    ) -> Result<Layout, BlockError> {
         let snapshot_of = |c: ComponentId| c.snapshot(id);
-        let size = self.info.size_bytes;
-        let _guards = self.lock_span(0, size).await;
         self.check_usable()?;
         let (layout, epoch) = {
             let state = self.state.lock();
@@ -130,4 +218,16 @@ impl Coordinator {
         }
         Ok(taken)
     }
+}
+
+/// How often an expired hold looks again whether the snapshot taken under
+/// it has ended.
+const HOLD_RECHECK: Duration = Duration::from_millis(50);
+
+/// A hold of every write to a volume.
+pub(super) struct WriteHold {
+    /// The whole volume's range locks.
+    _guards: Vec<RangeGuard>,
+    /// A snapshot is being taken under it: it does not expire meanwhile.
+    in_use: bool,
 }
