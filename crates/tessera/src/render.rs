@@ -429,7 +429,15 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
     if snapshots.is_empty() {
         return "no snapshots\n".to_string();
     }
-    let mut t = Table::new(&["NAME", "TAKEN (UTC)", "SIZE", "EPOCH", "COPIES", "EXPORT"]);
+    let mut t = Table::new(&[
+        "NAME",
+        "TAKEN (UTC)",
+        "SIZE",
+        "EPOCH",
+        "COPIES",
+        "EXPORT",
+        "ISCSI TARGET",
+    ]);
     for s in snapshots {
         t.row(vec![
             s.name.clone(),
@@ -438,6 +446,7 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
             s.epoch.to_string(),
             s.components.len().to_string(),
             s.export.clone(),
+            s.iscsi_target.clone(),
         ]);
     }
     t.render()
@@ -446,14 +455,15 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
 /// The line printed after `snapshot create`.
 pub fn snapshot_taken(s: &SnapshotView) -> String {
     format!(
-        "took snapshot {} of volume {} ({}, {} copies, epoch {}) at {} UTC; read it at NBD export {}\n",
+        "took snapshot {} of volume {} ({}, {} copies, epoch {}) at {} UTC; read it at NBD export {} or iSCSI target {}, LUN 0\n",
         s.name,
         s.volume,
         format_size(s.size_bytes),
         s.components.len(),
         s.epoch,
         utc(s.created_ms),
-        s.export
+        s.export,
+        s.iscsi_target
     )
 }
 
