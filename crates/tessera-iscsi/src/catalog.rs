@@ -12,6 +12,11 @@
 //!   [`target_name_for_volume`]), with its data on LUN 0, the same on every
 //!   host, so the name survives restarts and a multipath initiator sees one
 //!   target through every host's portal;
+//! - one target name per snapshot, its volume's target name, `:` and the
+//!   snapshot's name escaped into the characters an iSCSI name may hold
+//!   (see [`target_name_for_snapshot`]); volume names hold no `:`, so the
+//!   first `:` after the prefix always separates the two, and
+//!   [`parse_target_name`] gives back exactly the names that were encoded;
 //! - an empty access list admits every initiator; a non-empty one admits
 //!   exactly the names it lists.
 
@@ -27,6 +32,99 @@ pub const TARGET_NAME_PREFIX: &str = "iqn.2026-11.io.tessera:";
 /// The target name of a volume.
 pub fn target_name_for_volume(volume: &str) -> String {
     format!("{TARGET_NAME_PREFIX}{volume}")
+}
+
+/// Separates a volume's name from its snapshot's in a snapshot's target
+/// name. Volume names never hold it.
+pub const SNAPSHOT_TARGET_SEPARATOR: char = ':';
+
+/// Starts an escape in the snapshot part of a target name: `:` and a lower
+/// case letter stand for that letter in upper case, `:-` for `_`.
+const ESCAPE: char = ':';
+
+/// The target name of snapshot `snapshot` of `volume`:
+/// `iqn.2026-11.io.tessera:<volume>:<snapshot, escaped>`.
+///
+/// An iSCSI name holds only lower case letters, digits, `.`, `-` and `:`
+/// (RFC 3722 folds case), while a snapshot's name may also hold upper case
+/// letters and `_`. Those two are escaped with `:`, which snapshot names
+/// never hold: `A`..`Z` becomes `:a`..`:z` and `_` becomes `:-`; every
+/// other character stays, so a name of lower case letters, digits, `.` and
+/// `-` reads as itself (`vm1@before-upgrade` is
+/// `iqn.2026-11.io.tessera:vm1:before-upgrade`, `vm1@Nightly_2` is
+/// `iqn.2026-11.io.tessera:vm1::nightly:-2`). At most 23 + 64 + 1 + 128 =
+/// 216 bytes, within the 223 an iSCSI name may have.
+pub fn target_name_for_snapshot(volume: &str, snapshot: &str) -> String {
+    let mut name = target_name_for_volume(volume);
+    name.push(SNAPSHOT_TARGET_SEPARATOR);
+    for c in snapshot.chars() {
+        match c {
+            'A'..='Z' => {
+                name.push(ESCAPE);
+                name.push(c.to_ascii_lowercase());
+            }
+            '_' => {
+                name.push(ESCAPE);
+                name.push('-');
+            }
+            c => name.push(c),
+        }
+    }
+    name
+}
+
+/// What a target name names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamedTarget {
+    /// A volume, by its name as the initiator spelled it (initiators may
+    /// fold case: match it without regard to case).
+    Volume(String),
+    /// A snapshot of a volume.
+    Snapshot {
+        /// The volume's name as the initiator spelled it (match it without
+        /// regard to case).
+        volume: String,
+        /// The snapshot's name, exactly (its escapes decoded).
+        snapshot: String,
+    },
+}
+
+/// The volume or snapshot `name` stands for (see
+/// [`target_name_for_volume`] and [`target_name_for_snapshot`]); `None`
+/// when it is not a name this scheme makes: another prefix, an empty part,
+/// a character an escaped snapshot name never holds, or an unknown escape.
+pub fn parse_target_name(name: &str) -> Option<NamedTarget> {
+    let prefix = name.get(..TARGET_NAME_PREFIX.len())?;
+    if !prefix.eq_ignore_ascii_case(TARGET_NAME_PREFIX) {
+        return None;
+    }
+    let rest = &name[TARGET_NAME_PREFIX.len()..];
+    let Some((volume, escaped)) = rest.split_once(SNAPSHOT_TARGET_SEPARATOR) else {
+        return (!rest.is_empty()).then(|| NamedTarget::Volume(rest.to_string()));
+    };
+    if volume.is_empty() || escaped.is_empty() {
+        return None;
+    }
+    // Case folded by the initiator or not, the escaped part means the same:
+    // it is made of lower case characters only.
+    let escaped = escaped.to_ascii_lowercase();
+    let mut snapshot = String::with_capacity(escaped.len());
+    let mut chars = escaped.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ESCAPE => match chars.next()? {
+                '-' => snapshot.push('_'),
+                l @ 'a'..='z' => snapshot.push(l.to_ascii_uppercase()),
+                _ => return None,
+            },
+            'a'..='z' | '0'..='9' | '.' | '-' => snapshot.push(c),
+            _ => return None,
+        }
+    }
+    Some(NamedTarget::Snapshot {
+        volume: volume.to_string(),
+        snapshot,
+    })
 }
 
 /// One portal a target can be reached through: a host's address and the
@@ -176,5 +274,81 @@ impl TargetCatalog for StaticCatalog {
 
     fn discovery_chap(&self) -> ChapCredentials {
         self.discovery_chap.read().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn snapshot(volume: &str, snapshot: &str) -> Option<NamedTarget> {
+        Some(NamedTarget::Snapshot {
+            volume: volume.into(),
+            snapshot: snapshot.into(),
+        })
+    }
+
+    #[test]
+    fn snapshot_names_an_iscsi_name_can_hold_read_as_themselves() {
+        assert_eq!(
+            target_name_for_snapshot("vm1", "before-upgrade.2"),
+            "iqn.2026-11.io.tessera:vm1:before-upgrade.2"
+        );
+        assert_eq!(
+            target_name_for_snapshot("vm1", "Nightly_2"),
+            "iqn.2026-11.io.tessera:vm1::nightly:-2"
+        );
+        assert_eq!(
+            parse_target_name("iqn.2026-11.io.tessera:vm1:before-upgrade.2"),
+            snapshot("vm1", "before-upgrade.2")
+        );
+        assert_eq!(
+            parse_target_name("IQN.2026-11.IO.TESSERA:VM1::NIGHTLY:-2"),
+            snapshot("VM1", "Nightly_2")
+        );
+        assert_eq!(
+            parse_target_name("iqn.2026-11.io.tessera:Vm_1"),
+            Some(NamedTarget::Volume("Vm_1".into()))
+        );
+    }
+
+    #[test]
+    fn names_the_scheme_never_makes_name_nothing() {
+        for name in [
+            "iqn.2026-11.io.tessera:",
+            "iqn.2026-11.io.tessera::snap",
+            "iqn.2026-11.io.tessera:vm:",
+            "iqn.2026-11.io.tessera:vm:a:",
+            "iqn.2026-11.io.tessera:vm:a:1",
+            "iqn.2026-11.io.tessera:vm:a::",
+            "iqn.2026-11.io.tessera:vm:a_b",
+            "iqn.2026-11.io.tessera:vm:a@b",
+            "iqn.2026-11.io.other:vm",
+            "iqn.2026-11",
+        ] {
+            assert_eq!(parse_target_name(name), None, "{name}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_snapshot_name_round_trips_through_a_valid_iscsi_name(
+            volume in "[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+            name in "[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}",
+        ) {
+            let target = target_name_for_snapshot(&volume, &name);
+            prop_assert!(target.len() <= 223);
+            let (_, escaped) = target[TARGET_NAME_PREFIX.len()..].split_once(':').unwrap();
+            prop_assert!(escaped
+                .chars()
+                .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '.' | '-' | ':')));
+            prop_assert_eq!(parse_target_name(&target), snapshot(&volume, &name));
+            // Initiators may fold the whole name to lower case.
+            prop_assert_eq!(
+                parse_target_name(&target.to_ascii_lowercase()),
+                snapshot(&volume.to_ascii_lowercase(), &name)
+            );
+        }
     }
 }

@@ -31,7 +31,7 @@ pub mod session;
 pub mod text;
 
 pub use catalog::{
-    target_name_for_volume, ChapCredentials, ChapSecret, StaticCatalog, TargetCatalog, TargetEntry,
-    TargetPortal,
+    parse_target_name, target_name_for_snapshot, target_name_for_volume, ChapCredentials,
+    ChapSecret, NamedTarget, StaticCatalog, TargetCatalog, TargetEntry, TargetPortal,
 };
 pub use server::{serve, serve_connection, serve_with, IscsiError, Sessions};

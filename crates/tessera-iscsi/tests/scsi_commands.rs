@@ -355,6 +355,136 @@ fn extended_copy_between_volumes_shares_blocks() {
     );
 }
 
+/// A unit over a read-only device (a snapshot) at LUN 0 holding 0x5A in
+/// every block, and a writable one at LUN 1.
+fn read_only_fixture() -> Fixture {
+    let datastore = MemoryDatastore::new();
+    let target = BlockTarget::new();
+    let size = 1u64 << 20;
+    let source = MemoryDevice::new("vol@snap", size);
+    futures::executor::block_on(source.write(
+        0,
+        Bytes::from(vec![0x5Au8; size as usize]),
+        WriteFlags::default(),
+    ))
+    .unwrap();
+    let devices = vec![
+        Arc::new(source.read_only()),
+        Arc::new(MemoryDevice::new("vol", size)),
+    ];
+    for (lun, device) in devices.iter().enumerate() {
+        datastore.add(device.clone());
+        let unit = LogicalUnit::new(
+            device.clone(),
+            Arc::new(MemoryEnvironment::new(datastore.clone())),
+            UnitSettings::default(),
+        );
+        target.insert_unit(lun as u64, Arc::new(unit));
+    }
+    Fixture {
+        target,
+        datastore,
+        devices,
+    }
+}
+
+#[test]
+fn a_read_only_unit_reports_write_protect_and_refuses_every_change() {
+    let f = read_only_fixture();
+    let n = f.login("a");
+    const PROTECTED: (u8, u8, u8) = (0x07, 0x27, 0x00);
+    // MODE SENSE(6) and (10) set WP in the device-specific parameter; the
+    // writable unit does not.
+    let six = good(&f.run(&n, 0, &[0x1A, 0, 0x3F, 0, 255, 0], &[])).clone();
+    assert_eq!(six[2] & 0x80, 0x80, "WP in MODE SENSE(6)");
+    let ten = good(&f.run(&n, 0, &[0x5A, 0, 0x3F, 0, 0, 0, 0, 1, 0, 0], &[])).clone();
+    assert_eq!(ten[3] & 0x80, 0x80, "WP in MODE SENSE(10)");
+    let writable = good(&f.run(&n, 1, &[0x1A, 0, 0x3F, 0, 255, 0], &[])).clone();
+    assert_eq!(writable[2] & 0x80, 0);
+
+    let block = [0xEEu8; BLOCK];
+    let mut unmap = vec![0u8; 24];
+    unmap[1] = 22;
+    unmap[3] = 16;
+    unmap[16..20].copy_from_slice(&1u32.to_be_bytes());
+    let write10 = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let refused: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+        ("WRITE(10)", write10.to_vec(), block.to_vec()),
+        ("WRITE(16)", write16(0, 1).to_vec(), block.to_vec()),
+        ("WRITE(16) of no block", write16(0, 0).to_vec(), Vec::new()),
+        (
+            "WRITE AND VERIFY(16)",
+            cdb16(0x8E, 0, 0, 1).to_vec(),
+            block.to_vec(),
+        ),
+        (
+            "WRITE SAME(10)",
+            vec![0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+            block.to_vec(),
+        ),
+        (
+            "WRITE SAME(16)",
+            cdb16(0x93, 0, 0, 1).to_vec(),
+            block.to_vec(),
+        ),
+        (
+            "WRITE SAME(16) with UNMAP",
+            cdb16(0x93, 0x08, 0, 1).to_vec(),
+            [0u8; BLOCK].to_vec(),
+        ),
+        // As libiscsi's read-only suite sends it: write protect comes
+        // before the missing data-out.
+        (
+            "WRITE SAME(10) with UNMAP and no data",
+            vec![0x41, 0x08, 0, 0, 0, 0, 0, 0, 1, 0],
+            Vec::new(),
+        ),
+        (
+            "UNMAP",
+            vec![0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0],
+            unmap.clone(),
+        ),
+        ("COMPARE AND WRITE", caw(0, 1).to_vec(), {
+            let mut d = vec![0x5Au8; BLOCK];
+            d.extend_from_slice(&block);
+            d
+        }),
+        ("ORWRITE(16)", cdb16(0x8B, 0, 0, 1).to_vec(), block.to_vec()),
+        (
+            "WRITE ATOMIC(16)",
+            cdb16(0x9C, 0, 0, 1).to_vec(),
+            block.to_vec(),
+        ),
+    ];
+    for (name, cdb, data) in &refused {
+        assert_eq!(sense(&f.run(&n, 0, cdb, data)), PROTECTED, "{name}");
+    }
+    // EXTENDED COPY into it is a write to it, sent to either unit.
+    let (snapshot, volume) = (f.unit(0).designator(), f.unit(1).designator());
+    let into = xcopy_list(&volume, &snapshot, 1, 0, 0);
+    assert_eq!(
+        sense(&f.run(&n, 0, &xcopy_cdb(into.len()), &into)),
+        PROTECTED
+    );
+    assert_eq!(
+        sense(&f.run(&n, 1, &xcopy_cdb(into.len()), &into)),
+        (0x0A, 0x27, 0x00),
+        "the copy manager of another unit aborts the segment"
+    );
+    // Nothing changed; reads, SYNCHRONIZE CACHE and a copy out of it work.
+    assert!(good(&f.run(&n, 0, &read16(0, 2), &[]))
+        .iter()
+        .all(|&b| b == 0x5A));
+    good(&f.run(&n, 0, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+    good(&f.run(&n, 0, &cdb16(0x91, 0, 0, 0), &[]));
+    let out = xcopy_list(&snapshot, &volume, 4, 0, 8);
+    good(&f.run(&n, 0, &xcopy_cdb(out.len()), &out));
+    assert!(good(&f.run(&n, 1, &read16(8, 4), &[]))
+        .iter()
+        .all(|&b| b == 0x5A));
+    assert_eq!(f.unit(0).counters().clone_write_blocks, 0);
+}
+
 #[test]
 fn persistent_reservations_conflict_per_type() {
     let f = fixture(&[1 << 20]);

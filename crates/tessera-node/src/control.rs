@@ -459,6 +459,11 @@ pub struct SnapshotView {
     pub name: String,
     /// The read-only NBD export that serves it (`volume@snapshot`).
     pub export: String,
+    /// The read-only iSCSI target that serves it (LUN 0): the volume's
+    /// target name, `:` and the snapshot's name, upper case letters and `_`
+    /// escaped (`iqn.2026-11.io.tessera:vm1:before-upgrade`).
+    #[serde(default)]
+    pub iscsi_target: String,
     /// When it was taken (ms since the Unix epoch).
     pub created_ms: u64,
     /// The volume's size when it was taken.

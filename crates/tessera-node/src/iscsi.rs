@@ -1,36 +1,52 @@
 //! The host's iSCSI targets: every ready volume is the target
 //! `iqn.2026-11.io.tessera:<volume>` with its data on LUN 0, served on this
 //! host's portal and advertised on every host's, so a multipath initiator
-//! sees one path per host.
+//! sees one path per host. Every snapshot of a ready volume is the
+//! read-only target `iqn.2026-11.io.tessera:<volume>:<snapshot>` (the
+//! snapshot's name escaped into an iSCSI name's characters, see
+//! [`target_name_for_snapshot`]), LUN 0, for backups.
 //!
 //! Owns: [`HostTargets`] (the `TargetCatalog` the iSCSI server asks at every
 //! login), [`ReservationTable`] (every volume's SCSI reservations, cached
 //! from the directory and kept current by a watch) and the
 //! `UnitEnvironment` each logical unit runs in (reservations, ALUA port
-//! groups, other volumes for EXTENDED COPY, datastore space).
-//! Must not touch: SCSI or iSCSI semantics (`tessera-iscsi` owns them); the
-//! data path (units run on the host's `VolumeHandle`, which forwards to the
-//! volume's owner).
+//! groups, other volumes and snapshots for EXTENDED COPY, datastore space).
+//! Must not touch: SCSI or iSCSI semantics (`tessera-iscsi` owns them, the
+//! write protection of a read-only unit among them); the data path (volume
+//! units run on the host's `VolumeHandle`, which forwards to the volume's
+//! owner; snapshot units on a `SnapshotDevice`, which reads any copy).
 //! Invariants:
-//! - one logical unit per volume per host, kept across sessions so unit
-//!   attentions and offload counters outlive a login; a volume deleted (or
-//!   created again under its name) loses its unit, so sessions still logged
-//!   in get LOGICAL UNIT NOT SUPPORTED;
+//! - one logical unit per volume, and per snapshot, per host, kept across
+//!   sessions so unit attentions and offload counters outlive a login; a
+//!   volume or snapshot deleted (or created again under its name) loses its
+//!   unit, so sessions still logged in get LOGICAL UNIT NOT SUPPORTED, and
+//!   its name no longer finds a target: discovery leaves it out and a login
+//!   to it is refused (target not found);
 //! - who may log in (initiator names, CHAP) is a volume's setting in the
-//!   directory, the same on every host, read at every login;
+//!   directory, the same on every host, read at every login and discovery;
+//!   a snapshot's target takes its volume's, and a snapshot whose volume is
+//!   not ready has no target, so a snapshot is never more open than its
+//!   volume;
+//! - a snapshot's unit is read-only: its device says so, and the SCSI layer
+//!   reports write protect and refuses every write with DATA PROTECT;
 //! - a host's relative target port and portal group tag are its position
 //!   (1-based) among the registered hosts sorted by id: the same numbers on
 //!   every host;
-//! - the owner's host is the active/optimized port group, every other live
-//!   host active/non-optimized, absent hosts unavailable;
-//! - reservations change only by compare-and-swap on their key's revision,
-//!   so two hosts updating them at once never lose either change; a host's
-//!   cache follows the directory's watch, so another host's change is seen
-//!   within the watch's delay, and a lost swap re-reads the key at once.
+//! - the owner's host is the active/optimized port group of a volume, every
+//!   other live host active/non-optimized, absent hosts unavailable; a
+//!   snapshot involves no owner, so every live host is active/optimized;
+//! - a volume's reservations change only by compare-and-swap on their key's
+//!   revision, so two hosts updating them at once never lose either change;
+//!   a host's cache follows the directory's watch, so another host's change
+//!   is seen within the watch's delay, and a lost swap re-reads the key at
+//!   once. A snapshot's reservations live in the memory of the host serving
+//!   the session: nothing can be written through it, so they only order
+//!   readers, which need no agreement between hosts.
 
-use crate::host::{serial_of, VolumeView};
+use crate::host::{serial_of, SnapshotKey, VolumeView};
 use crate::peers::Peers;
 use crate::routing::HostCatalog;
+use crate::snapshot_export::export_name;
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -39,10 +55,12 @@ use std::time::Duration;
 use tessera_blockdev::BlockDevice;
 use tessera_directory::keys::{
     self, HeldReservationRecord, Keyspace, NexusRecord, RegistrationRecord, ReservationRecord,
-    SharedAttentionRecord, VolumeState,
+    SharedAttentionRecord, SnapshotName, SnapshotRecord, VolumeState,
 };
 use tessera_directory::{Directory, Revision, WatchEventKind};
-use tessera_iscsi::catalog::{target_name_for_volume, TARGET_NAME_PREFIX};
+use tessera_iscsi::catalog::{
+    parse_target_name, target_name_for_snapshot, target_name_for_volume, NamedTarget,
+};
 use tessera_iscsi::scsi::environment::{
     AluaState, DatastoreSpace, EnvironmentError, TargetPortGroup, UnitEnvironment,
     VersionedReservations,
@@ -53,7 +71,6 @@ use tessera_iscsi::scsi::reservations::{
 };
 use tessera_iscsi::scsi::{BlockTarget, LogicalUnit, Nexus, ReservationState, UnitSettings};
 use tessera_iscsi::{ChapCredentials, ChapSecret, TargetCatalog, TargetEntry, TargetPortal};
-use tessera_nbd::ExportCatalog;
 use tessera_types::{HostId, VolumeId};
 
 /// Pause before a reservation watch that ended is started again.
@@ -373,22 +390,105 @@ impl UnitEnvironment for VolumeEnvironment {
     }
 
     fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
-        let name = self
-            .view
-            .volumes
-            .read()
-            .values()
-            .find(|v| {
-                v.state == VolumeState::Ready && naa_designator(serial_of(v))[..] == *designator
-            })
-            .map(|v| v.name.to_string())?;
-        self.exports
-            .open_handle(&name, false)
-            .map(|h| h as Arc<dyn BlockDevice>)
+        resolve_designator(&self.view, &self.exports, designator)
     }
 
     fn datastore_space(&self) -> Option<DatastoreSpace> {
         *self.view.datastore.read()
+    }
+}
+
+/// The ready volume or the snapshot whose unit has NAA designator
+/// `designator` (a volume's serial, a snapshot's number), for EXTENDED
+/// COPY: a snapshot resolves too, as a source (a restore) or as a
+/// destination the copy then finds read-only.
+fn resolve_designator(
+    view: &VolumeView,
+    exports: &HostCatalog,
+    designator: &[u8],
+) -> Option<Arc<dyn BlockDevice>> {
+    let volume = view
+        .volumes
+        .read()
+        .values()
+        .find(|v| v.state == VolumeState::Ready && naa_designator(serial_of(v))[..] == *designator)
+        .map(|v| v.name.to_string());
+    if let Some(volume) = volume {
+        return exports
+            .open_handle(&volume, false)
+            .map(|h| h as Arc<dyn BlockDevice>);
+    }
+    let snapshot = view
+        .snapshots
+        .read()
+        .values()
+        .find(|s| naa_designator(s.id)[..] == *designator)
+        .cloned()?;
+    Some(exports.open_snapshot(snapshot))
+}
+
+/// What one snapshot's logical unit sees of the cluster.
+struct SnapshotEnvironment {
+    host: HostId,
+    view: Arc<VolumeView>,
+    peers: Arc<Peers>,
+    exports: Arc<HostCatalog>,
+    /// Kept here, not in the directory: see the module's invariants.
+    reservations: Mutex<VersionedReservations>,
+}
+
+#[async_trait]
+impl UnitEnvironment for SnapshotEnvironment {
+    async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
+        Ok(self.reservations.lock().clone())
+    }
+
+    async fn store_reservations(
+        &self,
+        version: u64,
+        state: ReservationState,
+    ) -> Result<bool, EnvironmentError> {
+        let mut current = self.reservations.lock();
+        if current.version != version {
+            return Ok(false);
+        }
+        *current = VersionedReservations {
+            version: version + 1,
+            state: Arc::new(state),
+        };
+        Ok(true)
+    }
+
+    fn port_groups(&self) -> Vec<TargetPortGroup> {
+        self.peers
+            .records()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = port_number(i);
+                // Any host reads a snapshot from any copy, its own first:
+                // no host is better placed than another.
+                let state = if self.peers.is_live(&h.id) || h.id == self.host {
+                    AluaState::ActiveOptimized
+                } else {
+                    AluaState::Unavailable
+                };
+                TargetPortGroup {
+                    id: port,
+                    state,
+                    ports: vec![port],
+                }
+            })
+            .collect()
+    }
+
+    fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
+        resolve_designator(&self.view, &self.exports, designator)
+    }
+
+    fn datastore_space(&self) -> Option<DatastoreSpace> {
+        // Nothing is ever allocated through a snapshot's unit.
+        None
     }
 }
 
@@ -398,11 +498,18 @@ fn port_number(index: usize) -> u16 {
     u16::try_from(index + 1).unwrap_or(u16::MAX)
 }
 
-struct ServedVolume {
+/// The logical unit of a volume or snapshot on this host, and what it was
+/// made for (a volume's serial, a snapshot's number): a unit whose volume
+/// or snapshot was created again under its name is not reused.
+struct ServedUnit {
     serial: u64,
     target: Arc<BlockTarget>,
     unit: Arc<LogicalUnit>,
 }
+
+/// How a snapshot's unit names its product in INQUIRY, so an initiator's
+/// device list tells it from a volume.
+const SNAPSHOT_PRODUCT: &str = "SNAPSHOT";
 
 /// The targets one host offers.
 pub struct HostTargets {
@@ -412,7 +519,8 @@ pub struct HostTargets {
     exports: Arc<HostCatalog>,
     reservations: Arc<ReservationTable>,
     settings: UnitSettings,
-    served: Mutex<HashMap<VolumeId, ServedVolume>>,
+    served: Mutex<HashMap<VolumeId, ServedUnit>>,
+    served_snapshots: Mutex<HashMap<SnapshotKey, ServedUnit>>,
 }
 
 impl HostTargets {
@@ -432,20 +540,51 @@ impl HostTargets {
             reservations,
             settings: UnitSettings::default(),
             served: Mutex::new(HashMap::new()),
+            served_snapshots: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Drops the units of volumes that are gone or were created again, so
+    /// Drops the units of volumes and snapshots that are gone or were
+    /// created again (and of snapshots whose volume is no longer ready), so
     /// sessions still using them answer LOGICAL UNIT NOT SUPPORTED.
     pub fn prune(&self) {
-        let volumes = self.view.volumes.read();
+        // What is current is read first and the view's locks let go before
+        // the units' maps are locked: `served` takes them in the other order
+        // (a unit's device is opened under its map's lock).
+        let ready: HashMap<VolumeId, u64> = self
+            .view
+            .volumes
+            .read()
+            .values()
+            .filter(|v| v.state == VolumeState::Ready)
+            .map(|v| (v.name.clone(), serial_of(v)))
+            .collect();
+        let snapshots: HashMap<SnapshotKey, u64> = self
+            .view
+            .snapshots
+            .read()
+            .iter()
+            .filter(|(key, _)| ready.contains_key(&key.0))
+            .map(|(key, s)| (key.clone(), s.id))
+            .collect();
         self.served.lock().retain(|name, served| {
-            let current = volumes
-                .get(name)
-                .is_some_and(|v| v.state == VolumeState::Ready && serial_of(v) == served.serial);
+            let current = ready.get(name) == Some(&served.serial);
             if !current {
                 served.target.remove_unit(0);
                 tracing::info!(host = %self.host, volume = %name, "iSCSI unit removed");
+            }
+            current
+        });
+        self.served_snapshots.lock().retain(|key, served| {
+            let current = snapshots.get(key) == Some(&served.serial);
+            if !current {
+                served.target.remove_unit(0);
+                tracing::info!(
+                    host = %self.host,
+                    volume = %key.0,
+                    snapshot = %key.1,
+                    "iSCSI unit of a snapshot removed"
+                );
             }
             current
         });
@@ -483,7 +622,7 @@ impl HostTargets {
         target.insert_unit(0, Arc::clone(&unit));
         served.insert(
             volume.clone(),
-            ServedVolume {
+            ServedUnit {
                 serial,
                 target: Arc::clone(&target),
                 unit,
@@ -491,30 +630,71 @@ impl HostTargets {
         );
         Some(target)
     }
-}
 
-impl TargetCatalog for HostTargets {
-    fn target_names(&self) -> Vec<String> {
-        self.exports
-            .list()
-            .iter()
-            .map(|v| target_name_for_volume(v))
-            .collect()
+    /// The target of snapshot `record`, its unit made at the first call.
+    fn served_snapshot(&self, record: &SnapshotRecord) -> Arc<BlockTarget> {
+        let key = (record.volume.clone(), record.name.clone());
+        let mut served = self.served_snapshots.lock();
+        if let Some(s) = served.get(&key) {
+            if s.serial == record.id {
+                return Arc::clone(&s.target);
+            }
+            s.target.remove_unit(0);
+        }
+        let device: Arc<dyn BlockDevice> = self.exports.open_snapshot(record.clone());
+        let environment = Arc::new(SnapshotEnvironment {
+            host: self.host.clone(),
+            view: Arc::clone(&self.view),
+            peers: Arc::clone(&self.peers),
+            exports: Arc::clone(&self.exports),
+            reservations: Mutex::new(VersionedReservations {
+                version: 0,
+                state: Arc::new(ReservationState::default()),
+            }),
+        });
+        let settings = UnitSettings {
+            product: SNAPSHOT_PRODUCT.into(),
+            ..self.settings.clone()
+        };
+        let unit = Arc::new(LogicalUnit::new(device, environment, settings));
+        let target = Arc::new(BlockTarget::new());
+        target.insert_unit(0, Arc::clone(&unit));
+        served.insert(
+            key,
+            ServedUnit {
+                serial: record.id,
+                target: Arc::clone(&target),
+                unit,
+            },
+        );
+        target
     }
 
-    fn target(&self, name: &str) -> Option<TargetEntry> {
-        let lower = name.to_ascii_lowercase();
-        let volume = lower.strip_prefix(TARGET_NAME_PREFIX)?;
-        // Initiators fold names to lower case; volume names may have upper
-        // case letters, so match them without regard to case.
-        let volume = self
-            .view
+    /// The ready volume an initiator's spelling of its name stands for:
+    /// initiators fold names to lower case while volume names may have
+    /// upper case letters, so they are matched without regard to case.
+    fn ready_volume(&self, spelled: &str) -> Option<VolumeId> {
+        self.view
             .volumes
             .read()
-            .keys()
-            .find(|v| v.as_str().eq_ignore_ascii_case(volume))
-            .cloned()?;
-        let target = self.served(&volume)?;
+            .values()
+            .find(|v| {
+                v.state == VolumeState::Ready && v.name.as_str().eq_ignore_ascii_case(spelled)
+            })
+            .map(|v| v.name.clone())
+    }
+
+    /// The entry of a target of `volume` (the volume's own or one of its
+    /// snapshots'): every host's portal, this host's port, and the
+    /// volume's access settings, whichever of them the target serves.
+    fn entry(
+        &self,
+        volume: &VolumeId,
+        name: String,
+        alias: String,
+        device: Arc<BlockTarget>,
+        session_hold: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> TargetEntry {
         let hosts = self.peers.records();
         let portals = hosts
             .iter()
@@ -525,15 +705,15 @@ impl TargetCatalog for HostTargets {
             })
             .collect();
         let own = port_number(hosts.iter().position(|h| h.id == self.host).unwrap_or(0));
-        let access = self.view.iscsi_access.read().get(&volume).cloned();
+        let access = self.view.iscsi_access.read().get(volume).cloned();
         let secret = |c: &keys::ChapRecord| ChapSecret {
             user: c.user.clone(),
             secret: c.secret.clone().into_bytes(),
         };
-        Some(TargetEntry {
-            name: target_name_for_volume(volume.as_str()),
-            alias: Some(volume.to_string()),
-            device: target,
+        TargetEntry {
+            name,
+            alias: Some(alias),
+            device,
             portals,
             portal_group_tag: own,
             relative_port: own,
@@ -549,10 +729,77 @@ impl TargetCatalog for HostTargets {
                     .as_ref()
                     .and_then(|a| a.target_chap.as_ref().map(secret)),
             },
-            // A session that logs in holds this, which counts it among the
-            // volume's clients while it lasts.
-            session_hold: Some(Arc::new(self.exports.attach(&volume))),
-        })
+            session_hold,
+        }
+    }
+}
+
+impl TargetCatalog for HostTargets {
+    fn target_names(&self) -> Vec<String> {
+        let volumes = self.view.volumes.read();
+        let ready = |name: &VolumeId| {
+            volumes
+                .get(name)
+                .is_some_and(|v| v.state == VolumeState::Ready)
+        };
+        let mut names: Vec<String> = volumes
+            .values()
+            .filter(|v| ready(&v.name))
+            .map(|v| target_name_for_volume(v.name.as_str()))
+            .collect();
+        names.extend(
+            self.view
+                .snapshots
+                .read()
+                .values()
+                .filter(|s| ready(&s.volume))
+                .map(|s| target_name_for_snapshot(s.volume.as_str(), s.name.as_str())),
+        );
+        // The same order on every host, whatever order its maps hold.
+        names.sort();
+        names
+    }
+
+    fn target(&self, name: &str) -> Option<TargetEntry> {
+        match parse_target_name(name)? {
+            NamedTarget::Volume(spelled) => {
+                let volume = self.ready_volume(&spelled)?;
+                let target = self.served(&volume)?;
+                // A session that logs in holds this, which counts it among
+                // the volume's clients while it lasts.
+                let hold = Arc::new(self.exports.attach(&volume));
+                Some(self.entry(
+                    &volume,
+                    target_name_for_volume(volume.as_str()),
+                    volume.to_string(),
+                    target,
+                    Some(hold),
+                ))
+            }
+            NamedTarget::Snapshot { volume, snapshot } => {
+                // Only a ready volume's snapshots are served: its access
+                // settings are the ones they take.
+                let volume = self.ready_volume(&volume)?;
+                let snapshot = SnapshotName::new(&snapshot).ok()?;
+                let record = self
+                    .view
+                    .snapshots
+                    .read()
+                    .get(&(volume.clone(), snapshot))
+                    .cloned()?;
+                let target = self.served_snapshot(&record);
+                // Sessions of a snapshot are not the volume's clients (as
+                // with its NBD export): deleting the snapshot or the volume
+                // ends them, and their next command fails.
+                Some(self.entry(
+                    &volume,
+                    target_name_for_snapshot(volume.as_str(), record.name.as_str()),
+                    export_name(&record),
+                    target,
+                    None,
+                ))
+            }
+        }
     }
 }
 

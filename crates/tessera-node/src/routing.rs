@@ -1,11 +1,12 @@
 //! Serving a volume from any host: the NBD catalog and the volume handle
 //! that sends each request to the volume's owner.
 //!
-//! Owns: [`HostCatalog`] (the exports a host offers: every ready volume) and
-//! [`VolumeHandle`] (a `BlockDevice` that runs I/O on the local coordinator
-//! when this host owns the volume, and forwards it over the transport to the
-//! owner otherwise; an EXTENDED COPY between two volumes this host owns
-//! shares stored blocks on the owner's coordinator), the typed volume
+//! Owns: [`HostCatalog`] (the exports a host offers: every ready volume, and
+//! every snapshot read-only) and [`VolumeHandle`] (a `BlockDevice` that runs
+//! I/O on the local coordinator when this host owns the volume, and forwards
+//! it over the transport to the owner otherwise; an EXTENDED COPY between
+//! two volumes this host owns shares stored blocks on the owner's
+//! coordinator), the typed volume
 //! operation both paths run (encoded as a wire request only when it leaves
 //! the host), and the mapping between `BlockError` and wire errors.
 //! Invariant: while ownership moves, requests wait (bounded by
@@ -108,6 +109,27 @@ impl HostCatalog {
         self.view.snapshots.read().get(&key).cloned()
     }
 
+    /// The snapshot `record`, served read-only from any of its copies
+    /// (this host's first): the NBD export `volume@snapshot` and the
+    /// snapshot's iSCSI target both read it through this.
+    pub fn open_snapshot(
+        &self,
+        record: tessera_directory::keys::SnapshotRecord,
+    ) -> Arc<crate::snapshot_export::SnapshotDevice> {
+        let io = Arc::new(crate::components::ClusterComponents::new(
+            self.host.clone(),
+            record.volume.clone(),
+            Arc::clone(&self.replica),
+            Arc::clone(&self.transport),
+            Arc::clone(&self.peers),
+        ));
+        Arc::new(crate::snapshot_export::SnapshotDevice::new(
+            record,
+            io,
+            self.host.clone(),
+        ))
+    }
+
     /// Counts one iSCSI session of `volume` while the guard lives.
     pub fn attach(&self, volume: &VolumeId) -> AttachGuard {
         self.attachments.attach(volume)
@@ -137,18 +159,7 @@ impl ExportCatalog for HostCatalog {
 
     fn open(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
         if let Some(record) = self.snapshot(name) {
-            let io = Arc::new(crate::components::ClusterComponents::new(
-                self.host.clone(),
-                record.volume.clone(),
-                Arc::clone(&self.replica),
-                Arc::clone(&self.transport),
-                Arc::clone(&self.peers),
-            ));
-            return Some(Arc::new(crate::snapshot_export::SnapshotDevice::new(
-                record,
-                io,
-                self.host.clone(),
-            )));
+            return Some(self.open_snapshot(record));
         }
         self.open_handle(name, true)
             .map(|h| h as Arc<dyn BlockDevice>)

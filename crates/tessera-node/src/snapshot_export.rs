@@ -3,7 +3,8 @@
 //!
 //! Owns: [`SnapshotDevice`], a `BlockDevice` over a snapshot's components
 //! (its record's layout) that reads each piece from a copy of its column,
-//! trying the others when one fails; and the export name of a snapshot.
+//! trying the others when one fails; and the names a snapshot is served
+//! under: its NBD export name and its iSCSI target name.
 //! Must not touch: the volume's owner or coordinator: a snapshot never
 //! changes, so any host reads it from any copy, with no ordering to keep.
 //! Invariant: nothing is ever written through it (`BlockError::ReadOnly`).
@@ -26,6 +27,13 @@ pub const SNAPSHOT_SEPARATOR: char = '@';
 /// The export name of a snapshot.
 pub fn export_name(record: &SnapshotRecord) -> String {
     format!("{}{SNAPSHOT_SEPARATOR}{}", record.volume, record.name)
+}
+
+/// The iSCSI target name of snapshot `snapshot` of `volume`: the volume's
+/// target name, `:` and the snapshot's name with upper case letters and
+/// `_` escaped (see `tessera_iscsi::target_name_for_snapshot`).
+pub fn iscsi_target_name(volume: &str, snapshot: &str) -> String {
+    tessera_iscsi::target_name_for_snapshot(volume, snapshot)
 }
 
 /// Bytes read from one copy per request.

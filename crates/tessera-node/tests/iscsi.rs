@@ -1,14 +1,18 @@
 //! iSCSI on a four-host cluster in one process, driven by real initiators:
 //! libiscsi's conformance suite against a mirrored volume, its multipath
 //! suite across the owner's host and another host, qemu-img through
-//! `iscsi://`, and the identity every host reports for the same volume.
+//! `iscsi://`, the identity every host reports for the same volume, and
+//! snapshots served as read-only targets open to whom their volume admits.
 
 mod fixture;
 
-use fixture::{have, owner_and_other, run, wait_for_target, Cluster};
+use fixture::{have, libiscsi_client, owner_and_other, run, wait_for_target, Cluster};
 use std::path::Path;
 use std::process::Command;
-use tessera_node::control::{ChapCredential, ClusterControl, ControlError, IscsiAccess};
+use std::time::{Duration, Instant};
+use tessera_node::control::{
+    ChapCredential, ClusterControl, ControlError, CreateSnapshot, IscsiAccess,
+};
 
 /// Runs `iscsi-test-cu` (verbose, so every test's outcome is printed) and
 /// returns its log, also kept at `log`.
@@ -418,5 +422,288 @@ async fn a_4kn_volume_presents_4096_byte_blocks_through_every_host_and_frontend(
         "{refused}"
     );
     assert_eq!(cluster.control.volumes().await.unwrap().len(), 1);
+    cluster.stop().await;
+}
+
+/// Runs `tool args` as it is, bounded in time: whether it succeeded, and
+/// its output.
+fn outcome(tool: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "60", tool])
+        .args(args)
+        .output()
+        .expect("timeout starts");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The target names SendTargets gives `initiator` at `host`'s portal.
+fn discovered(cluster: &Cluster, host: &str, initiator: &str) -> Vec<String> {
+    let portal = format!(
+        "iscsi://{}:{}",
+        cluster.host_ip(host),
+        cluster.config.iscsi_port
+    );
+    let text = run("iscsi-ls", &["-i", initiator, &portal]);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("Target:"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits (up to 15 s: hosts apply directory changes on their next look)
+/// until `done` holds.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A raw image of `size` bytes whose every 4-byte word depends on `seed`.
+fn pattern(dir: &Path, seed: u32, size: u64) -> String {
+    let path = dir.join(format!("pattern-{seed:x}.raw"));
+    let data: Vec<u8> = (0..(size as u32) / 4)
+        .flat_map(|i| (i ^ seed).wrapping_mul(2_654_435_761).to_le_bytes())
+        .collect();
+    std::fs::write(&path, data).unwrap();
+    path.display().to_string()
+}
+
+/// A volume is written with pattern A, snapshotted, then written with B.
+/// The snapshot's target (`<volume's target>:<escaped name>`) is found by
+/// discovery on every host, reads A while the volume reads B, reports
+/// write protect and refuses writes with DATA PROTECT / WRITE PROTECTED
+/// (libiscsi's read-only suite, EXTENDED COPY into it, qemu-img), admits
+/// exactly whom its volume admits, and is gone once the snapshot is
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_is_a_read_only_target_that_admits_whom_its_volume_admits() {
+    for tool in [
+        "qemu-img",
+        "iscsi-ls",
+        "iscsi-inq",
+        "iscsi-readcapacity16",
+        "iscsi-test-cu",
+    ] {
+        if !have(tool) {
+            return;
+        }
+    }
+    const SIZE: u64 = 32 << 20;
+    let cluster = Cluster::start(3600).await;
+    let (owner, other) = owner_and_other(&cluster.create("vm", SIZE).await);
+    let dir = tempfile::tempdir().unwrap();
+    let a = pattern(dir.path(), 0xa, SIZE);
+    let b = pattern(dir.path(), 0xb, SIZE);
+    let volume = |host: &str| cluster.iscsi_url(host, "vm");
+    wait_for_target(&volume(&other)).await;
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &a,
+            &volume(&other),
+        ],
+    );
+
+    // Upper case letters and '_' are escaped: `:` and the letter in lower
+    // case, `:-`.
+    let taken = cluster
+        .control
+        .create_snapshot(
+            "vm",
+            CreateSnapshot {
+                name: "Before_B".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let iqn = "iqn.2026-11.io.tessera:vm::before:-:b";
+    assert_eq!(taken.iscsi_target, iqn);
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &b,
+            &volume(&owner),
+        ],
+    );
+    let snapshot = |host: &str| {
+        format!(
+            "iscsi://{}:{}/{iqn}/0",
+            cluster.host_ip(host),
+            cluster.config.iscsi_port
+        )
+    };
+    wait_for_target(&snapshot(&other)).await;
+
+    // (1) Discovery on any host lists the volume and its snapshot, each
+    // with every host's portal; the snapshot presents itself as one.
+    let anyone = "iqn.2026-11.test:backup";
+    for host in [&owner, &other] {
+        let names = discovered(&cluster, host, anyone);
+        assert!(
+            names.contains(&"iqn.2026-11.io.tessera:vm".to_string()) && names.contains(&iqn.into()),
+            "{host}: {names:?}"
+        );
+    }
+    let inquiry = run("iscsi-inq", &[&snapshot(&other)]);
+    assert!(inquiry.contains("SNAPSHOT"), "{inquiry}");
+    let capacity = run("iscsi-readcapacity16", &[&snapshot(&owner)]);
+    assert!(
+        capacity.contains(&format!("Total size:{SIZE}")),
+        "{capacity}"
+    );
+
+    // (2) The snapshot reads A through the owner's host and another; the
+    // volume reads B.
+    for host in [&owner, &other] {
+        let same = run(
+            "qemu-img",
+            &["compare", "-f", "raw", "-F", "raw", &a, &snapshot(host)],
+        );
+        assert!(same.contains("Images are identical"), "{host}: {same}");
+    }
+    let same = run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", &b, &volume(&other)],
+    );
+    assert!(same.contains("Images are identical"), "{same}");
+
+    // (3) Writes are refused. libiscsi's read-only suite runs only on a
+    // unit whose MODE SENSE reports write protect (a skip would count
+    // against it) and checks WRITE(10/12/16), WRITE SAME(10/16) with and
+    // without UNMAP, and UNMAP for DATA PROTECT.
+    let log = conformance(
+        "SCSI.ReadOnly",
+        &[snapshot(&other)],
+        &dir.path().join("readonly.log"),
+    )
+    .await;
+    assert_eq!(suite_counts(&log, "ReadOnly"), (1, 0, 0), "{log}");
+    // EXTENDED COPY into the snapshot, sent to it: DATA PROTECT, WRITE
+    // PROTECTED (0x27/0x00), exactly.
+    if let Some(xcopy) = libiscsi_client(dir.path(), "xcopy_range") {
+        let (ok, text) = outcome(
+            xcopy.to_str().unwrap(),
+            &[&snapshot(&owner), "0", &volume(&owner), "0", "8"],
+        );
+        assert!(!ok, "EXTENDED COPY into a snapshot succeeded: {text}");
+        assert!(
+            text.contains("DATA PROTECTION(7)") && text.contains("WRITE_PROTECTED(0x2700)"),
+            "{text}"
+        );
+    }
+    // qemu-img sees write protect and does not open it for writing.
+    let (ok, text) = outcome(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &b,
+            &snapshot(&other),
+        ],
+    );
+    assert!(!ok, "qemu-img wrote into a snapshot: {text}");
+    assert!(text.contains("write protected"), "{text}");
+    let same = run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", &a, &snapshot(&owner)],
+    );
+    assert!(same.contains("Images are identical"), "{same}");
+
+    // (4) The volume's access settings hold for its snapshot.
+    let allowed = "iqn.2026-11.test:allowed";
+    let stranger = "iqn.2026-11.test:stranger";
+    cluster
+        .control
+        .set_iscsi_access(
+            "vm",
+            IscsiAccess {
+                allowed_initiators: vec![allowed.into()],
+                initiator_chap: Some(ChapCredential {
+                    user: "backup".into(),
+                    secret: "backup-secret-12".into(),
+                }),
+                target_chap: None,
+            },
+        )
+        .await
+        .unwrap();
+    for host in [&owner, &other] {
+        let with = |auth: &str| snapshot(host).replacen("iscsi://", &format!("iscsi://{auth}@"), 1);
+        eventually(&format!("{host} hides the snapshot from strangers"), || {
+            !discovered(&cluster, host, stranger).contains(&iqn.into())
+        })
+        .await;
+        assert!(
+            discovered(&cluster, host, stranger).is_empty(),
+            "{host} shows a stranger targets"
+        );
+        assert!(discovered(&cluster, host, allowed).contains(&iqn.into()));
+        let right = with("backup%backup-secret-12");
+        assert!(
+            !inquiry_succeeds(allowed, &snapshot(host), &[]),
+            "{host}: the snapshot admits without CHAP"
+        );
+        assert!(
+            !inquiry_succeeds(allowed, &with("backup%wrong-secret-00"), &[]),
+            "{host}: the snapshot admits a wrong secret"
+        );
+        assert!(
+            !inquiry_succeeds(stranger, &right, &[]),
+            "{host}: the snapshot admits an initiator not on the list"
+        );
+        assert!(
+            inquiry_succeeds(allowed, &right, &[]),
+            "{host}: the snapshot refuses its volume's initiator"
+        );
+    }
+
+    // (5) Deleted, the snapshot leaves discovery and a login to it is
+    // refused: the target is not found. The volume stays.
+    cluster
+        .control
+        .delete_snapshot("vm", "Before_B")
+        .await
+        .unwrap();
+    let right = snapshot(&other).replacen("iscsi://", "iscsi://backup%backup-secret-12@", 1);
+    for host in [&owner, &other] {
+        eventually(&format!("{host} forgets the snapshot"), || {
+            !discovered(&cluster, host, allowed).contains(&iqn.into())
+        })
+        .await;
+        assert!(
+            discovered(&cluster, host, allowed).contains(&"iqn.2026-11.io.tessera:vm".into()),
+            "{host} lost the volume"
+        );
+    }
+    let (ok, text) = outcome("iscsi-inq", &["-i", allowed, &right]);
+    assert!(!ok, "a login to a deleted snapshot succeeded: {text}");
+    assert!(text.to_ascii_lowercase().contains("not found"), "{text}");
     cluster.stop().await;
 }

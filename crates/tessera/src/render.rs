@@ -437,6 +437,7 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
         "COPIES",
         "EXPORT",
         "GROUP",
+        "ISCSI TARGET",
     ]);
     for s in snapshots {
         t.row(vec![
@@ -451,6 +452,7 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
             } else {
                 s.group.join(",")
             },
+            s.iscsi_target.clone(),
         ]);
     }
     t.render()
@@ -459,14 +461,15 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
 /// The line printed after `snapshot create`.
 pub fn snapshot_taken(s: &SnapshotView) -> String {
     format!(
-        "took snapshot {} of volume {} ({}, {} copies, epoch {}) at {} UTC; read it at NBD export {}\n",
+        "took snapshot {} of volume {} ({}, {} copies, epoch {}) at {} UTC; read it at NBD export {} or iSCSI target {}, LUN 0\n",
         s.name,
         s.volume,
         format_size(s.size_bytes),
         s.components.len(),
         s.epoch,
         utc(s.created_ms),
-        s.export
+        s.export,
+        s.iscsi_target
     ) + &if s.group.is_empty() {
         String::new()
     } else {

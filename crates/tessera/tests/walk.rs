@@ -276,11 +276,14 @@ fn snapshots_are_taken_listed_cloned_and_deleted_through_the_cli() {
     let taken = cluster.json(&["snapshot", "create", "db", "nightly-1"]);
     assert_eq!(taken["name"], "nightly-1");
     assert_eq!(taken["export"], "db@nightly-1");
+    assert_eq!(taken["iscsi_target"], "iqn.2026-11.io.tessera:db:nightly-1");
     assert_eq!(taken["size_bytes"], 64 << 20);
     assert_eq!(taken["components"].as_array().unwrap().len(), 2);
     let text = cluster.ok(&["snapshot", "create", "db", "nightly-2"]);
     assert!(
-        text.contains("took snapshot nightly-2 of volume db") && text.contains("db@nightly-2"),
+        text.contains("took snapshot nightly-2 of volume db")
+            && text.contains("db@nightly-2")
+            && text.contains("iSCSI target iqn.2026-11.io.tessera:db:nightly-2, LUN 0"),
         "{text}"
     );
     // Listed oldest first, in a table and in JSON.
@@ -294,7 +297,9 @@ fn snapshots_are_taken_listed_cloned_and_deleted_through_the_cli() {
     assert_eq!(names, ["nightly-1", "nightly-2"]);
     let table = cluster.ok(&["snapshot", "list", "db"]);
     assert!(
-        table.contains("nightly-1") && table.contains("db@nightly-2"),
+        table.contains("nightly-1")
+            && table.contains("db@nightly-2")
+            && table.contains("iqn.2026-11.io.tessera:db:nightly-2"),
         "{table}"
     );
     // Bad requests get a clear error and change nothing.

@@ -12,7 +12,11 @@
 //! - WRITE SAME of zeros and UNMAP never write zeros: they become
 //!   `write_zeroes(MayUnmap)` or `unmap`;
 //! - a reservation conflict, a unit attention or a bad CDB is reported
-//!   before any data moves.
+//!   before any data moves;
+//! - a write-protected unit (a read-only device, or software write protect)
+//!   says so in MODE SENSE (WP) and refuses every command that would change
+//!   its medium, EXTENDED COPY into it included, with DATA PROTECT before
+//!   touching the device.
 
 use super::cdb::{self, Cdb, Transfer};
 use super::copy::{self, CopyLimits, CopyRecord, CopyRequest};
@@ -969,10 +973,10 @@ impl LogicalUnit {
     }
 
     async fn compare_and_write(&self, lba: u64, blocks: u32, data: &Bytes) -> Outcome {
+        self.check_writable()?;
         if blocks > self.settings.max_compare_and_write_blocks as u32 {
             return Err(Sense::invalid_cdb_field(13, None).into());
         }
-        self.check_writable()?;
         self.check_range(lba, blocks as u64)?;
         let half = blocks as usize * self.block_bytes as usize;
         if data.len() != 2 * half {
@@ -1011,6 +1015,10 @@ impl LogicalUnit {
         data: &Bytes,
         opcode: u8,
     ) -> Outcome {
+        // Write protect is reported before anything else of the command is
+        // looked at (LIO does the same): an UNMAP variant without data is
+        // refused as a write, not as a short data-out.
+        self.check_writable()?;
         let total = self.blocks();
         if lba > total {
             return Err(Sense::lba_out_of_range().into());
@@ -1041,7 +1049,6 @@ impl LogicalUnit {
             }
             data.clone()
         };
-        self.check_writable()?;
         if blocks == 0 {
             return Ok(Bytes::new());
         }
@@ -1090,6 +1097,7 @@ impl LogicalUnit {
     }
 
     async fn unmap(&self, length: u32, data: &Bytes) -> Outcome {
+        self.check_writable()?;
         let ranges = parse_unmap(
             length,
             data,
@@ -1097,7 +1105,6 @@ impl LogicalUnit {
             self.settings.max_unmap_blocks,
             self.settings.max_unmap_descriptors,
         )?;
-        self.check_writable()?;
         for (lba, blocks) in ranges {
             self.device
                 .unmap(lba * self.block_bytes, blocks * self.block_bytes)
@@ -1120,6 +1127,20 @@ impl LogicalUnit {
         else {
             return Ok(Bytes::new());
         };
+        // A copy into this unit is a write to it: while the unit is write
+        // protected it is refused as one (DATA PROTECT), before any segment
+        // moves data. A write-protected destination elsewhere fails its own
+        // segment (COPY ABORTED), as the copy manager reports it.
+        let own = self.designator();
+        let into_self = request.segments.iter().any(|segment| {
+            request
+                .targets
+                .get(segment.destination as usize)
+                .is_some_and(|t| t.designator == own)
+        });
+        if into_self {
+            self.check_writable()?;
+        }
         bump(&self.counters.clone_commands, 1);
         let mut record = CopyRecord {
             segments_processed: 0,

@@ -30,6 +30,7 @@ pub(super) fn snapshot_view(r: &SnapshotRecord) -> SnapshotView {
         volume: r.volume.to_string(),
         name: r.name.to_string(),
         export: crate::snapshot_export::export_name(r),
+        iscsi_target: crate::snapshot_export::iscsi_target_name(r.volume.as_str(), r.name.as_str()),
         created_ms: r.created_ms,
         size_bytes: r.size_bytes,
         epoch: r.epoch.0,

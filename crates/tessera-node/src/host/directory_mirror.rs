@@ -147,7 +147,10 @@ impl Host {
             return;
         }
         route(&self.keys, event, &mut LiveView(self));
-        if event.kv.key.starts_with(self.keys.volumes().as_str()) {
+        // iSCSI units of volumes and snapshots that went away go at once.
+        if event.kv.key.starts_with(self.keys.volumes().as_str())
+            || event.kv.key.starts_with(self.keys.snapshots().as_str())
+        {
             self.targets.prune();
         }
     }

@@ -475,10 +475,12 @@ impl ClusterControl for MemoryControl {
             volume: volume.to_string(),
             name: request.name.clone(),
             export: format!("{volume}@{}", request.name),
+            iscsi_target: tessera_node::snapshot_export::iscsi_target_name(volume, &request.name),
             created_ms: r.snapshots.len() as u64,
             size_bytes,
             epoch: 1,
             components: Vec::new(),
+            group: request.group.clone(),
         };
         r.snapshots.push(view.clone());
         Ok(view)
