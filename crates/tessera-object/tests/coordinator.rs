@@ -218,6 +218,35 @@ impl ComponentIo for Components {
         }
         Ok(())
     }
+    /// Exactly the blocks whose contents differ, as the store's index
+    /// comparison finds them.
+    async fn changed(
+        &self,
+        c: &ComponentPlacement,
+        base: ComponentId,
+        from: Lba,
+        blocks: u64,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError> {
+        self.check(c)?;
+        let all = self.replicas.lock();
+        let empty = BTreeMap::new();
+        let of = |id: ComponentId| all.get(&id).map_or(&empty, |r| &r.blocks);
+        let (a, b) = (of(c.id), of(base));
+        let mut runs: Vec<(Lba, u64)> = Vec::new();
+        let lbas: std::collections::BTreeSet<u64> = a
+            .range(from.0..from.0 + blocks)
+            .chain(b.range(from.0..from.0 + blocks))
+            .map(|(l, _)| *l)
+            .collect();
+        for l in lbas.into_iter().filter(|l| a.get(l) != b.get(l)) {
+            match runs.last_mut() {
+                Some((s, n)) if s.0 + *n == l => *n += 1,
+                _ => runs.push((Lba(l), 1)),
+            }
+        }
+        Ok(runs)
+    }
+
     async fn allocated(
         &self,
         c: &ComponentPlacement,
@@ -1636,4 +1665,111 @@ async fn a_snapshot_is_refused_while_a_copy_is_behind_and_leaves_nothing() {
     assert!(err.to_string().contains("in sync"), "{err}");
     assert!(rec.3.lock().is_empty());
     assert!(comps.contents(ComponentId(1).snapshot(5)).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_keeps_every_write_out_until_released_or_expired() {
+    let (comps, _rec, coord) = setup(ftt1_layout()).await;
+    coord
+        .write(0, pattern(1, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    coord
+        .hold_writes(9, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let write = |seed: u8| {
+        let coord = Arc::clone(&coord);
+        tokio::spawn(async move {
+            coord
+                .write(0, pattern(seed, 4096), WriteFlags::default())
+                .await
+        })
+    };
+    let held = write(2);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!held.is_finished(), "a write went on under the hold");
+    // A snapshot under the hold holds what was written before it.
+    coord.snapshot_held(9, "g", 5, 0).await.unwrap();
+    let snapshot = ComponentId(1).snapshot(5);
+    assert_eq!(comps.contents(snapshot)[&0][..], pattern(1, 4096)[..]);
+    assert!(coord.release_writes(9));
+    assert!(!coord.release_writes(9), "released once");
+    held.await.unwrap().unwrap();
+    assert_eq!(comps.contents(ComponentId(1))[&0][..], pattern(2, 4096)[..]);
+    // A hold nobody releases ends by itself, and no snapshot is taken
+    // under it any more.
+    coord
+        .hold_writes(10, std::time::Duration::from_millis(300))
+        .await
+        .unwrap();
+    let late = write(3);
+    tokio::time::timeout(std::time::Duration::from_secs(10), late)
+        .await
+        .expect("the hold expired")
+        .unwrap()
+        .unwrap();
+    let err = coord.snapshot_held(10, "h", 6, 0).await.unwrap_err();
+    assert!(err.to_string().contains("no longer held"), "{err}");
+}
+
+#[tokio::test]
+async fn a_rebuilt_copy_is_given_every_snapshot_before_it_joins() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    let mut chain = Vec::new();
+    for (n, seed) in [(1u64, 10u8), (2, 20)] {
+        coord
+            .write(n * 8192, pattern(seed, 8192), WriteFlags::default())
+            .await
+            .unwrap();
+        let layout = coord.snapshot(&format!("s{n}"), n, 0).await.unwrap();
+        chain.push(tessera_object::SnapshotChainLink { id: n, layout });
+    }
+    coord
+        .write(0, pattern(30, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    comps.down.lock().insert(HostId("h2".into()));
+    let new = component(9, ComponentRole::Data, "h4", SIZE);
+    let carried = coord
+        .add_copy_with_snapshots(
+            tessera_object::NewCopyPlace::Replacing(ComponentId(2)),
+            new,
+            0,
+            &chain,
+            &ResyncProgress::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(carried.source, ComponentId(1));
+    assert_eq!(carried.made.len(), 2);
+    // Each snapshot of the new copy holds what the survivor's holds.
+    for n in [1u64, 2] {
+        assert_eq!(
+            comps.contents(ComponentId(9).snapshot(n)),
+            comps.contents(ComponentId(1).snapshot(n)),
+            "snapshot {n}"
+        );
+    }
+    // It joined as Resyncing with only the write after the last snapshot
+    // left to copy; the snapshots' records name it.
+    assert_eq!(carried.dirty_blocks, 1);
+    let joined = coord.layout().component(ComponentId(9)).cloned().unwrap();
+    assert_eq!(joined.state, ComponentState::Resyncing);
+    let report = coord
+        .resync(ComponentId(9), &ResyncProgress::default())
+        .await
+        .unwrap();
+    assert_eq!(report.copied_bytes, 4096);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(9))
+    );
+    for s in rec.3.lock().iter() {
+        let ids: Vec<ComponentId> = s.layout.components().map(|c| c.id).collect();
+        assert_eq!(
+            ids,
+            [ComponentId(1).snapshot(s.id), ComponentId(9).snapshot(s.id)]
+        );
+    }
 }

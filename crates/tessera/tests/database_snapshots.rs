@@ -15,121 +15,13 @@
 mod common;
 
 use common::mount::{can_mount, run_ok, Attached};
+use common::postgres::{as_postgres, postgres_bin, postgres_dir, Server};
 use common::up::{tessera, UpCluster};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// pgbench's scale: 100,000 account rows each.
 const SCALE: u64 = 4;
-
-/// The directory of PostgreSQL's server binaries, if installed.
-fn postgres_bin() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| bin.join("initdb").exists() && bin.join("pg_amcheck").exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-/// Runs `program args` as the `postgres` user; fails the test unless it
-/// succeeded.
-fn as_postgres(program: &Path, args: &[&str]) -> String {
-    let out = Command::new("runuser")
-        .args(["-u", "postgres", "--"])
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("runuser starts");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {text}",
-        program.display()
-    );
-    text
-}
-
-/// A PostgreSQL server on a data directory, stopped when dropped.
-struct Server {
-    bin: PathBuf,
-    data: String,
-    socket: String,
-    port: String,
-}
-
-impl Server {
-    fn start(bin: &Path, data: &Path, socket: &Path, port: u16, log: &Path) -> Server {
-        let server = Server {
-            bin: bin.to_path_buf(),
-            data: data.to_string_lossy().into_owned(),
-            socket: socket.to_string_lossy().into_owned(),
-            port: port.to_string(),
-        };
-        let options = format!("-p {port} -k {} -c listen_addresses=''", server.socket);
-        let started = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(bin.join("pg_ctl"))
-            .args([
-                "-D",
-                &server.data,
-                "-o",
-                &options,
-                "-l",
-                &log.to_string_lossy(),
-                "-w",
-                "-t",
-                "120",
-                "start",
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .expect("runuser starts");
-        assert!(
-            started.status.success(),
-            "PostgreSQL did not start on {}: {}{}\nits log:\n{}",
-            server.data,
-            String::from_utf8_lossy(&started.stdout),
-            String::from_utf8_lossy(&started.stderr),
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        server
-    }
-
-    /// Connection arguments for the client tools.
-    fn connect(&self) -> [&str; 6] {
-        ["-h", &self.socket, "-p", &self.port, "-U", "postgres"]
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(self.bin.join("pg_ctl"))
-            .args(["-D", &self.data, "-m", "fast", "-w", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// A directory the `postgres` user owns.
-fn postgres_dir(path: &Path) {
-    std::fs::create_dir_all(path).unwrap();
-    run_ok(
-        30,
-        "chown",
-        &["-R", "postgres:postgres", &path.to_string_lossy()],
-    );
-}
 
 #[test]
 fn postgres_under_pgbench_snapshotted_and_cloned_recovers_cleanly() {

@@ -1,6 +1,7 @@
 //! Helpers the tests that run real processes share.
 
 pub mod mount;
+pub mod postgres;
 pub mod up;
 
 use std::process::{Command, Stdio};
