@@ -81,6 +81,35 @@ impl ClusterComponents {
             .map_err(|e| unreachable(e.to_string()))
     }
 
+    /// The bytes component `c` holds alone and shares with others (what a
+    /// snapshot costs), from its host: (alone, shared).
+    pub async fn held_space(&self, c: &ComponentPlacement) -> Result<(u64, u64), ComponentError> {
+        if self.is_local(c) {
+            return self
+                .replica
+                .held_space(&self.reference(c))
+                .await
+                .map(|h| (h.alone_bytes, h.shared_bytes))
+                .map_err(|e| local_error(c, e));
+        }
+        match self
+            .send(
+                c,
+                IoClass::Resync,
+                Request::HeldSpace {
+                    component: self.reference(c),
+                },
+            )
+            .await?
+        {
+            Response::Held {
+                alone_bytes,
+                shared_bytes,
+            } => Ok((alone_bytes, shared_bytes)),
+            other => Err(unexpected(c, other)),
+        }
+    }
+
     async fn expect_ok(
         &self,
         c: &ComponentPlacement,

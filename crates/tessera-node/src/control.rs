@@ -476,6 +476,15 @@ pub struct SnapshotView {
     /// same name hold the same point in time).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub group: Vec<String>,
+    /// Bytes of data only this snapshot holds, per copy: what deleting it
+    /// gives back. Shown by `snapshot list` (counted from one copy's index;
+    /// absent when no copy could be reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_alone_bytes: Option<u64>,
+    /// Bytes of data it shares with the volume, other snapshots or clones,
+    /// per copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_shared_bytes: Option<u64>,
 }
 
 /// One component of a snapshot.

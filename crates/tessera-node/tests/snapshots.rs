@@ -11,6 +11,7 @@ mod fixture;
 
 use fixture::{have, Cluster};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use tessera_node::control::{
     CloneVolume, ClusterControl, ControlError, CreateSnapshot, RevertVolume,
 };
@@ -457,6 +458,32 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
         want.push(read_export(&cluster, &owner, export).await);
     }
     assert!(want[0] != want[1] && want[1] != want[2] && want[2] != want[3]);
+    // Each snapshot holds alone what was overwritten or discarded after it
+    // and no later snapshot keeps: s1 the 8 MiB s2 rewrote and the 4 MiB
+    // it discarded; s2 and s3 nothing (what came after them rewrote only
+    // blocks older snapshots share).
+    let held = |cluster: &Cluster| {
+        let control = Arc::clone(&cluster.control);
+        async move {
+            control
+                .snapshots("vm")
+                .await
+                .unwrap()
+                .iter()
+                .map(|s| (s.held_alone_bytes, s.held_shared_bytes))
+                .collect::<Vec<_>>()
+        }
+    };
+    const MIB: u64 = 1 << 20;
+    let before = held(&cluster).await;
+    assert_eq!(
+        before,
+        [
+            (Some(12 * MIB), Some(52 * MIB)),
+            (Some(0), Some(60 * MIB)),
+            (Some(0), Some(61 * MIB)),
+        ]
+    );
 
     // The copy that is not on the owner goes away for good.
     let lost = view
@@ -557,5 +584,10 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
         let got = read_export(&cluster, &reader, export).await;
         assert!(got == *want, "{export} read from the new copy differs");
     }
+    assert_eq!(
+        held(&cluster).await,
+        before,
+        "the new copy's snapshots hold as much"
+    );
     cluster.stop().await;
 }

@@ -295,6 +295,18 @@ impl ReplicaService {
         .await
     }
 
+    /// The bytes `component` holds alone and shares with others.
+    pub async fn held_space(
+        &self,
+        component: &ComponentRef,
+    ) -> Result<tessera_store::HeldSpace, ReplicaError> {
+        self.on_group(
+            component,
+            |g| async move { g.held_space(component.id).await },
+        )
+        .await
+    }
+
     /// Epoch and space of a component.
     pub fn status(&self, component: &ComponentRef) -> Result<ReplicaStatus, ReplicaError> {
         let group = self.group_for(component)?;
@@ -374,6 +386,13 @@ impl ReplicaService {
                 blocks,
             } => match self.changed(&component, base, from, blocks).await {
                 Ok(ranges) => Response::Ranges(ranges),
+                Err(e) => answer_error(e),
+            },
+            Request::HeldSpace { component } => match self.held_space(&component).await {
+                Ok(h) => Response::Held {
+                    alone_bytes: h.alone_bytes,
+                    shared_bytes: h.shared_bytes,
+                },
                 Err(e) => answer_error(e),
             },
             Request::ComponentStatus { component } => match self.status(&component) {

@@ -317,7 +317,8 @@ fn encode_request(request: &Request, w: &mut PayloadWriter) -> Result<(), WireEr
         }
         Request::DeleteComponent { component }
         | Request::Flush { component }
-        | Request::ComponentStatus { component } => w.component(component),
+        | Request::ComponentStatus { component }
+        | Request::HeldSpace { component } => w.component(component),
         Request::ResizeComponent {
             component,
             size_bytes,
@@ -562,6 +563,13 @@ fn encode_response(response: &Response, w: &mut PayloadWriter) -> Result<(), Wir
             w.u64(*allocated_bytes);
             w.u64(*physical_bytes);
         }
+        Response::Held {
+            alone_bytes,
+            shared_bytes,
+        } => {
+            w.u64(*alone_bytes);
+            w.u64(*shared_bytes);
+        }
         Response::Error { kind, message } => {
             encode_error_kind(kind, w);
             w.text(message);
@@ -745,6 +753,9 @@ fn decode_request(kind: MessageKind, r: &mut PayloadReader) -> Result<Request, W
         MessageKind::ComponentStatus => Request::ComponentStatus {
             component: r.component()?,
         },
+        MessageKind::HeldSpace => Request::HeldSpace {
+            component: r.component()?,
+        },
         MessageKind::CloneBlocks => Request::CloneBlocks {
             source: r.component()?,
             source_lba: r.lba("source_lba")?,
@@ -873,6 +884,10 @@ fn decode_response(kind: MessageKind, r: &mut PayloadReader) -> Result<Response,
             epoch: r.epoch("epoch")?,
             allocated_bytes: r.u64("allocated_bytes")?,
             physical_bytes: r.u64("physical_bytes")?,
+        },
+        MessageKind::Held => Response::Held {
+            alone_bytes: r.u64("alone_bytes")?,
+            shared_bytes: r.u64("shared_bytes")?,
         },
         MessageKind::Error => Response::Error {
             kind: decode_error_kind(r)?,

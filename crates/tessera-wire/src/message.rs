@@ -222,6 +222,13 @@ pub enum Request {
         /// The component.
         component: ComponentRef,
     },
+    /// The bytes a component holds alone and shares with others (a
+    /// snapshot's cost), answered by [`Response::Held`]; counted from its
+    /// index pages. Since wire v5.
+    HeldSpace {
+        /// The component.
+        component: ComponentRef,
+    },
     /// Make `blocks` blocks of `target` from `target_lba` hold what `blocks`
     /// blocks of `source` from `source_lba` hold, by sharing the stored
     /// blocks (no data moves; holes stay holes), on behalf of the target's
@@ -435,6 +442,14 @@ pub enum Response {
         /// Bytes the component occupies on its devices.
         physical_bytes: u64,
     },
+    /// Answer to [`Request::HeldSpace`].
+    Held {
+        /// Bytes of blocks only the component references: what deleting
+        /// it gives back.
+        alone_bytes: u64,
+        /// Bytes of blocks it references with other components.
+        shared_bytes: u64,
+    },
     /// The request failed.
     Error {
         /// What kind of failure, for the caller's decisions.
@@ -561,6 +576,7 @@ pub enum MessageKind {
     SnapshotComponent = 0x1c,
     CloneSnapshot = 0x1d,
     Changed = 0x1e,
+    HeldSpace = 0x1f,
     VolumeRead = 0x30,
     VolumeWrite = 0x31,
     VolumeFlush = 0x32,
@@ -580,11 +596,12 @@ pub enum MessageKind {
     Ranges = 0x92,
     Extents = 0x93,
     Status = 0x94,
+    Held = 0x95,
     Error = 0xff,
 }
 
 impl MessageKind {
-    const ALL: [MessageKind; 37] = [
+    const ALL: [MessageKind; 39] = [
         MessageKind::Hello,
         MessageKind::Ping,
         MessageKind::CreateComponent,
@@ -602,6 +619,7 @@ impl MessageKind {
         MessageKind::SnapshotComponent,
         MessageKind::CloneSnapshot,
         MessageKind::Changed,
+        MessageKind::HeldSpace,
         MessageKind::VolumeRead,
         MessageKind::VolumeWrite,
         MessageKind::VolumeFlush,
@@ -621,6 +639,7 @@ impl MessageKind {
         MessageKind::Ranges,
         MessageKind::Extents,
         MessageKind::Status,
+        MessageKind::Held,
         MessageKind::Error,
     ];
 
@@ -663,6 +682,8 @@ impl MessageKind {
             | MessageKind::CloneSnapshot
             | MessageKind::VolumeSnapshot => WireVersion::V4,
             MessageKind::Changed
+            | MessageKind::HeldSpace
+            | MessageKind::Held
             | MessageKind::VolumeHoldWrites
             | MessageKind::VolumeReleaseWrites
             | MessageKind::VolumeSnapshotHeld => WireVersion::V5,
@@ -690,6 +711,7 @@ impl MessageKind {
             MessageKind::SnapshotComponent => "SnapshotComponent",
             MessageKind::CloneSnapshot => "CloneSnapshot",
             MessageKind::Changed => "Changed",
+            MessageKind::HeldSpace => "HeldSpace",
             MessageKind::VolumeRead => "VolumeRead",
             MessageKind::VolumeWrite => "VolumeWrite",
             MessageKind::VolumeFlush => "VolumeFlush",
@@ -709,6 +731,7 @@ impl MessageKind {
             MessageKind::Ranges => "Ranges",
             MessageKind::Extents => "Extents",
             MessageKind::Status => "Status",
+            MessageKind::Held => "Held",
             MessageKind::Error => "Error",
         }
     }
@@ -741,6 +764,7 @@ impl Request {
             Request::SnapshotComponent { .. } => MessageKind::SnapshotComponent,
             Request::CloneSnapshot { .. } => MessageKind::CloneSnapshot,
             Request::Changed { .. } => MessageKind::Changed,
+            Request::HeldSpace { .. } => MessageKind::HeldSpace,
             Request::VolumeRead { .. } => MessageKind::VolumeRead,
             Request::VolumeWrite { .. } => MessageKind::VolumeWrite,
             Request::VolumeFlush { .. } => MessageKind::VolumeFlush,
@@ -776,6 +800,7 @@ impl Request {
             | Request::Fence { component, .. }
             | Request::Allocated { component, .. }
             | Request::Changed { component, .. }
+            | Request::HeldSpace { component }
             | Request::ComponentStatus { component }
             | Request::CloneBlocks {
                 target: component, ..
@@ -829,6 +854,7 @@ impl Response {
             Response::Ranges(_) => MessageKind::Ranges,
             Response::Extents(_) => MessageKind::Extents,
             Response::Status { .. } => MessageKind::Status,
+            Response::Held { .. } => MessageKind::Held,
             Response::Error { .. } => MessageKind::Error,
         }
     }

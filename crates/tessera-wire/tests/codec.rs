@@ -102,6 +102,7 @@ fn request() -> impl Strategy<Value = Request> {
             }
         }),
         component().prop_map(|component| Request::ComponentStatus { component }),
+        component().prop_map(|component| Request::HeldSpace { component }),
         (
             component(),
             any::<u64>(),
@@ -282,6 +283,10 @@ fn response() -> impl Strategy<Value = Response> {
                 allocated_bytes: a,
                 physical_bytes: p,
             }
+        }),
+        (any::<u64>(), any::<u64>()).prop_map(|(a, s)| Response::Held {
+            alone_bytes: a,
+            shared_bytes: s,
         }),
         (error_kind(), ".{0,200}").prop_map(|(kind, message)| Response::Error { kind, message }),
     ]

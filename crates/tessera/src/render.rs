@@ -435,6 +435,8 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
         "SIZE",
         "EPOCH",
         "COPIES",
+        "HELD ALONE",
+        "SHARED",
         "EXPORT",
         "GROUP",
         "ISCSI TARGET",
@@ -446,6 +448,8 @@ pub fn snapshots(snapshots: &[SnapshotView]) -> String {
             format_size(s.size_bytes),
             s.epoch.to_string(),
             s.components.len().to_string(),
+            s.held_alone_bytes.map_or("?".to_string(), format_size),
+            s.held_shared_bytes.map_or("?".to_string(), format_size),
             s.export.clone(),
             if s.group.is_empty() {
                 "-".to_string()

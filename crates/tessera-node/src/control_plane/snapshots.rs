@@ -44,6 +44,8 @@ pub(super) fn snapshot_view(r: &SnapshotRecord) -> SnapshotView {
             })
             .collect(),
         group: r.group.iter().map(ToString::to_string).collect(),
+        held_alone_bytes: None,
+        held_shared_bytes: None,
     }
 }
 
@@ -243,7 +245,22 @@ impl ControlPlane {
         let (record, _) = self.volume_record(volume).await?;
         let mut records = self.snapshot_records(&record.name).await?;
         records.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
-        Ok(records.iter().map(snapshot_view).collect())
+        let host = self.via().await?;
+        let components = host.components(&record.name);
+        let mut views = Vec::with_capacity(records.len());
+        for r in &records {
+            let mut view = snapshot_view(r);
+            // Every copy holds the same: the first that answers counts.
+            for c in r.layout.components() {
+                if let Ok((alone, shared)) = components.held_space(c).await {
+                    view.held_alone_bytes = Some(alone);
+                    view.held_shared_bytes = Some(shared);
+                    break;
+                }
+            }
+            views.push(view);
+        }
+        Ok(views)
     }
 
     pub(super) async fn snapshot_records(

@@ -481,6 +481,8 @@ impl ClusterControl for MemoryControl {
             epoch: 1,
             components: Vec::new(),
             group: request.group.clone(),
+            held_alone_bytes: None,
+            held_shared_bytes: None,
         };
         r.snapshots.push(view.clone());
         Ok(view)
