@@ -209,6 +209,9 @@ impl Shared {
                     if current == Some(loc) && !st.cache.contains(&key) {
                         st.cache.insert(key, page, false);
                     }
+                    st.cache
+                        .read
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(PageReadError::Io(e)) => {
                     st.fail_capacity_device(loc.device, &e.to_string());

@@ -1383,6 +1383,21 @@ impl DiskGroup {
         self.shared.content.stats()
     }
 
+    /// Counters of the index cache (the metadata cache: index pages) since
+    /// the disk group opened, with its size and budget now.
+    pub fn index_cache_stats(&self) -> crate::IndexCacheStats {
+        self.shared.state.lock().cache.stats()
+    }
+
+    /// Changes the index cache's budget and how many pages it reads ahead
+    /// after a miss, live. Pages beyond a smaller budget are dropped at once
+    /// (clean ones; changed ones wait for the next checkpoint).
+    pub fn set_index_cache(&self, budget_bytes: u64, prefetch_pages: u64) {
+        let mut st = self.shared.state.lock();
+        st.cache.set_budget(budget_bytes);
+        st.cache.prefetch_pages = prefetch_pages;
+    }
+
     /// Changes the content cache's budget in bytes (per-block overhead
     /// included), dropping entries beyond it; 0 disables the cache and frees
     /// what it held.

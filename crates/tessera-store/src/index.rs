@@ -55,24 +55,97 @@ pub(crate) struct CachedPage {
 /// Key of a page: (component, page number).
 pub(crate) type PageKey = (u64, u64);
 
+/// Pages read ahead after the one a lookup missed, by default: 4 MiB of
+/// address space beyond it (vsanSparse's speculative prefetch is 4 MiB).
+pub const INDEX_PREFETCH_PAGES_DEFAULT: u64 = 4;
+
+/// Address space one index page maps, in bytes.
+pub const INDEX_PAGE_SPAN_BYTES: u64 = LBAS_PER_PAGE * tessera_types::BLOCK_BYTES;
+
+/// What the index cache did, for operators (counts since the disk group
+/// was opened).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexCacheStats {
+    /// Memory the cache may use (its budget).
+    pub budget_bytes: u64,
+    /// Pages cached now, and the memory they take.
+    pub resident_pages: u64,
+    /// Memory the cached pages take.
+    pub resident_bytes: u64,
+    /// Cached pages changed since the last checkpoint (never evicted).
+    pub dirty_pages: u64,
+    /// Pages operations found in memory.
+    pub hits: u64,
+    /// Pages operations had to wait for while they were read from disk.
+    pub misses: u64,
+    /// Pages read ahead of a miss (the pages after it, within the
+    /// prefetch window).
+    pub prefetched: u64,
+    /// Clean pages dropped to stay within the budget.
+    pub evicted: u64,
+    /// Pages read ahead after a miss.
+    pub prefetch_pages: u64,
+}
+
 /// The cache.
 pub(crate) struct IndexCache {
     pages: HashMap<PageKey, CachedPage>,
     capacity: usize,
     clock: u64,
+    /// Pages read ahead after a miss.
+    pub(crate) prefetch_pages: u64,
+    /// Pages the operations that completed used (found cached or read).
+    pub(crate) used: std::sync::atomic::AtomicU64,
+    /// Pages read from disk, on demand or ahead.
+    pub(crate) read: std::sync::atomic::AtomicU64,
+    /// Of those, read ahead.
+    pub(crate) prefetched: std::sync::atomic::AtomicU64,
+    evicted: u64,
 }
 
 impl IndexCache {
     pub(crate) fn new(bytes: u64) -> IndexCache {
         IndexCache {
             pages: HashMap::new(),
-            capacity: ((bytes / PAGE_MEMORY_BYTES) as usize).max(CACHE_PAGES_MIN),
+            capacity: capacity_for(bytes),
             clock: 0,
+            prefetch_pages: INDEX_PREFETCH_PAGES_DEFAULT,
+            used: Default::default(),
+            read: Default::default(),
+            prefetched: Default::default(),
+            evicted: 0,
         }
     }
 
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Changes the budget; pages beyond it are dropped at once (clean ones:
+    /// dirty and pinned pages wait for the next checkpoint).
+    pub(crate) fn set_budget(&mut self, bytes: u64) {
+        self.capacity = capacity_for(bytes);
+        self.evict();
+    }
+
+    pub(crate) fn stats(&self) -> IndexCacheStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let read = self.read.load(Relaxed);
+        let prefetched = self.prefetched.load(Relaxed);
+        let misses = read.saturating_sub(prefetched);
+        IndexCacheStats {
+            budget_bytes: self.capacity as u64 * PAGE_MEMORY_BYTES,
+            resident_pages: self.pages.len() as u64,
+            resident_bytes: self.pages.len() as u64 * PAGE_MEMORY_BYTES,
+            dirty_pages: self.dirty_count() as u64,
+            // A page read on demand is then used by the operation that
+            // waited for it: what it used beyond those it found cached.
+            hits: self.used.load(Relaxed).saturating_sub(misses),
+            misses,
+            prefetched,
+            evicted: self.evicted,
+            prefetch_pages: self.prefetch_pages,
+        }
     }
 
     pub(crate) fn contains(&self, key: &PageKey) -> bool {
@@ -145,6 +218,12 @@ impl IndexCache {
         let excess = self.pages.len().saturating_sub(target);
         for (_, k) in clean.into_iter().take(excess) {
             self.pages.remove(&k);
+            self.evicted += 1;
         }
     }
+}
+
+/// Pages a budget of `bytes` holds (never fewer than [`CACHE_PAGES_MIN`]).
+fn capacity_for(bytes: u64) -> usize {
+    ((bytes / PAGE_MEMORY_BYTES) as usize).max(CACHE_PAGES_MIN)
 }

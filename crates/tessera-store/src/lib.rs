@@ -56,6 +56,7 @@ pub use group::{
     ComponentSpace, ComponentSummary, DeviceSpec, DirectIo, DiskGroup, DiskGroupConfig,
     DiskGroupHealth, DiskGroupSpace, GroupDevices, LogStats,
 };
+pub use index::{IndexCacheStats, INDEX_PAGE_SPAN_BYTES, INDEX_PREFETCH_PAGES_DEFAULT};
 pub use recovery::COMPONENTS_MAX;
 pub use scrub::{BadBlock, ScrubCursor, ScrubProgress, ScrubReport};
 pub use snapshot::HeldSpace;

@@ -588,12 +588,35 @@ impl State {
             return need;
         }
         let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        let mut used = 0;
         for (&page_no, root) in comp.roots.range(first..=last) {
             if let Some(loc) = root.current() {
+                used += 1;
                 if !self.cache.contains(&(c, page_no)) {
                     need.0.push(((c, page_no), loc));
                 }
             }
+        }
+        if need.0.is_empty() {
+            self.cache
+                .used
+                .fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+        } else if self.cache.prefetch_pages > 0 {
+            // A miss: the pages after it come along in the same read
+            // burst, as the next operations of a scan will want them.
+            let ahead = (last + 1)..=(last + self.cache.prefetch_pages);
+            let before = need.0.len();
+            for (&page_no, root) in comp.roots.range(ahead) {
+                if let Some(loc) = root.current() {
+                    if !self.cache.contains(&(c, page_no)) {
+                        need.0.push(((c, page_no), loc));
+                    }
+                }
+            }
+            self.cache.prefetched.fetch_add(
+                (need.0.len() - before) as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         need
     }
