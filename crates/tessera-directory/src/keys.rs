@@ -734,7 +734,28 @@ pub struct ClusterSettings {
     /// has whatever the multiplier.
     #[serde(default = "default_resync_delay_multiplier")]
     pub resync_delay_multiplier: u32,
+    /// Bytes of RAM each host gives its index caches (the metadata cache:
+    /// the index pages of its disk groups, which map every volume's,
+    /// snapshot's and clone's blocks; shared out evenly among its disk
+    /// groups). None: each host's configured `index_cache_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_cache_bytes: Option<u64>,
+    /// Address space whose index pages are read ahead after an index cache
+    /// miss (vsanSparse's speculative prefetch); 0 turns read-ahead off.
+    #[serde(default = "default_index_prefetch_bytes")]
+    pub index_prefetch_bytes: u64,
 }
+
+/// Default [`ClusterSettings::index_prefetch_bytes`]: 4 MiB.
+pub fn default_index_prefetch_bytes() -> u64 {
+    4 << 20
+}
+
+/// The largest [`ClusterSettings::index_prefetch_bytes`].
+pub const INDEX_PREFETCH_MAX_BYTES: u64 = 256 << 20;
+
+/// The smallest [`ClusterSettings::index_cache_bytes`].
+pub const INDEX_CACHE_MIN_BYTES: u64 = 1 << 20;
 
 /// Default [`ClusterSettings::resync_delay_multiplier`]: resync counts as
 /// much as one busy volume.
@@ -797,6 +818,8 @@ impl Default for ClusterSettings {
             nearly_full_pct: default_nearly_full_pct(),
             full_pct: default_full_pct(),
             read_cache_bytes: None,
+            index_cache_bytes: None,
+            index_prefetch_bytes: default_index_prefetch_bytes(),
             scrub_period_h: default_scrub_period_h(),
             resync_delay_multiplier: default_resync_delay_multiplier(),
         }

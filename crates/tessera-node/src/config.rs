@@ -94,7 +94,9 @@ pub struct HostConfig {
     /// (vSAN's 60 minutes by default).
     #[serde(default = "default_repair_delay_s")]
     pub repair_delay_s: u64,
-    /// Index cache per disk group.
+    /// Memory for the index caches of the host's disk groups (shared out
+    /// evenly among them), unless the cluster setting `index_cache_bytes`
+    /// says otherwise.
     #[serde(default = "default_index_cache_bytes")]
     pub index_cache_bytes: u64,
     /// Open every device with O_DIRECT. Off (the default), only the write

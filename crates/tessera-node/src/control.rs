@@ -156,6 +156,34 @@ pub struct DiskGroupView {
     /// of its own). Known for the hosts this control plane runs.
     #[serde(default)]
     pub physical_bytes: Option<u64>,
+    /// Its index cache (the metadata cache: index pages). Known for the
+    /// hosts this control plane runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_cache: Option<IndexCacheView>,
+}
+
+/// A disk group's index cache: its budget, what it holds and its counters
+/// since the disk group was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexCacheView {
+    /// Memory it may use.
+    pub budget_bytes: u64,
+    /// Memory its pages use now.
+    pub resident_bytes: u64,
+    /// Index pages cached now.
+    pub resident_pages: u64,
+    /// Pages changed since the last checkpoint.
+    pub dirty_pages: u64,
+    /// Pages found in memory.
+    pub hits: u64,
+    /// Pages waited for while read from disk.
+    pub misses: u64,
+    /// Pages read ahead of a miss.
+    pub prefetched: u64,
+    /// Pages dropped to stay within the budget.
+    pub evicted: u64,
+    /// Pages read ahead after a miss.
+    pub prefetch_pages: u64,
 }
 
 /// A request to evacuate a host: every disk group, or the one named.
@@ -372,6 +400,17 @@ pub struct UpdateSettings {
     /// See [`tessera_directory::keys::ClusterSettings::resync_delay_multiplier`].
     #[serde(default)]
     pub resync_delay_multiplier: Option<u32>,
+    /// See [`tessera_directory::keys::ClusterSettings::index_cache_bytes`]:
+    /// a number of bytes, or `null` for each host's configured budget.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub index_cache_bytes: Option<Option<u64>>,
+    /// See [`tessera_directory::keys::ClusterSettings::index_prefetch_bytes`].
+    #[serde(default)]
+    pub index_prefetch_bytes: Option<u64>,
 }
 
 /// A field that may be `null`: present (`Some`, holding `None` for `null`)
@@ -1138,6 +1177,29 @@ impl UpdateSettings {
                 }
             }
             next.read_cache_bytes = bytes;
+        }
+        if let Some(bytes) = self.index_cache_bytes {
+            if let Some(b) = bytes {
+                let min = tessera_directory::keys::INDEX_CACHE_MIN_BYTES;
+                if b < min || b > memory_bytes / 2 {
+                    return Err(ControlError::Invalid(format!(
+                        "index_cache_bytes must be between {} and half of a host's memory ({}), not {b} bytes",
+                        format_size(min),
+                        format_size(memory_bytes / 2),
+                    )));
+                }
+            }
+            next.index_cache_bytes = bytes;
+        }
+        if let Some(b) = self.index_prefetch_bytes {
+            let max = tessera_directory::keys::INDEX_PREFETCH_MAX_BYTES;
+            if b > max {
+                return Err(ControlError::Invalid(format!(
+                    "index_prefetch_bytes must be between 0 (off) and {}, not {b} bytes",
+                    format_size(max)
+                )));
+            }
+            next.index_prefetch_bytes = b;
         }
         if let Some(r) = self.max_overcommit_ratio {
             if !r.is_finite() || !(0.1..=100.0).contains(&r) {

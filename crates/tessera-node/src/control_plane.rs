@@ -531,14 +531,14 @@ impl ControlPlane {
                             .disk_groups()
                             .iter()
                             .find(|d| d.id() == &g.id)
-                            .map(|d| (d.space(), d.health()))
+                            .map(|d| (d.space(), d.health(), d.index_cache_stats()))
                     });
                     let (components, provisioned) = placed
                         .get(&(h.id.clone(), g.id.clone()))
                         .copied()
                         .unwrap_or_default();
                     let (total, used, reserved, failed) = match &live {
-                        Some((space, health)) => (
+                        Some((space, health, _)) => (
                             space.capacity_bytes,
                             space.used_bytes,
                             space.reserved_bytes,
@@ -554,7 +554,10 @@ impl ControlPlane {
                     let view = DiskGroupView {
                         id: g.id.to_string(),
                         health: match (&live, failed) {
-                            (Some((_, tessera_store::DiskGroupHealth::Failed { reason })), _) => {
+                            (
+                                Some((_, tessera_store::DiskGroupHealth::Failed { reason }, _)),
+                                _,
+                            ) => {
                                 format!("failed: {reason}")
                             }
                             (_, true) => "failed".into(),
@@ -565,6 +568,7 @@ impl ControlPlane {
                                         failed_devices,
                                         failed_components,
                                     },
+                                    _,
                                 )),
                                 _,
                             ) => format!(
@@ -590,7 +594,18 @@ impl ControlPlane {
                             overcommit_ratio: overcommit_ratio(provisioned, total),
                         },
                         components,
-                        physical_bytes: live.as_ref().map(|(space, _)| space.physical_bytes),
+                        physical_bytes: live.as_ref().map(|(space, _, _)| space.physical_bytes),
+                        index_cache: live.as_ref().map(|(_, _, i)| IndexCacheView {
+                            budget_bytes: i.budget_bytes,
+                            resident_bytes: i.resident_bytes,
+                            resident_pages: i.resident_pages,
+                            dirty_pages: i.dirty_pages,
+                            hits: i.hits,
+                            misses: i.misses,
+                            prefetched: i.prefetched,
+                            evicted: i.evicted,
+                            prefetch_pages: i.prefetch_pages,
+                        }),
                     };
                     capacity.add(&view.capacity);
                     view

@@ -335,6 +335,7 @@ mod tests {
                 capacity: CapacityView::default(),
                 components: 0,
                 physical_bytes: None,
+                index_cache: None,
             }],
             owned_volumes: Vec::new(),
             capacity: CapacityView::default(),

@@ -217,7 +217,8 @@ impl Host {
                         size_bytes: d.size_bytes,
                     })
                     .collect(),
-                index_cache_bytes: config.index_cache_bytes,
+                index_cache_bytes: config.index_cache_bytes
+                    / config.disk_groups.len().max(1) as u64,
                 content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
                 direct_io: if config.direct_io {
                     tessera_store::DirectIo::All

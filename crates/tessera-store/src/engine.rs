@@ -1345,6 +1345,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
             p.pins = p.pins.saturating_sub(1);
         }
     }
+    // The pages just written are clean: the cache comes back within its
+    // budget (it may have been lowered while they were dirty).
+    st.cache.trim();
     st.alloc.free_all(&frees);
     st.freeing = st.freeing.saturating_sub(frees.len() as u64);
     st.vtail = vtail;

@@ -1396,6 +1396,11 @@ impl DiskGroup {
         let mut st = self.shared.state.lock();
         st.cache.set_budget(budget_bytes);
         st.cache.prefetch_pages = prefetch_pages;
+        if st.cache.dirty_count() * 2 > st.cache.capacity() {
+            // Changed pages cannot be dropped: a checkpoint cleans them.
+            st.checkpoint_wanted = true;
+            self.shared.destage_work.notify_all();
+        }
     }
 
     /// Changes the content cache's budget in bytes (per-block overhead

@@ -201,6 +201,11 @@ impl IndexCache {
         self.pages.values().filter(|p| p.dirty).count()
     }
 
+    /// Drops clean pages beyond the budget.
+    pub(crate) fn trim(&mut self) {
+        self.evict();
+    }
+
     /// Drops least recently used clean, unpinned pages down to 7/8 of the
     /// budget, so evictions come in batches rather than on every insert.
     fn evict(&mut self) {

@@ -588,10 +588,12 @@ impl State {
             return need;
         }
         let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        // Every page of the range that exists is used: a page not yet
+        // checkpointed is always in memory.
         let mut used = 0;
         for (&page_no, root) in comp.roots.range(first..=last) {
+            used += 1;
             if let Some(loc) = root.current() {
-                used += 1;
                 if !self.cache.contains(&(c, page_no)) {
                     need.0.push(((c, page_no), loc));
                 }

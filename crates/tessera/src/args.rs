@@ -460,6 +460,8 @@ pub enum SettingsCommand {
     Show,
     /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
     /// read_cache_bytes (a size, 0 to disable, or `default`),
+    /// index_cache_bytes (a size, or `default`: each host's configured
+    /// budget), index_prefetch_bytes (a size, 0 turns read-ahead off),
     /// scrub_period_h (hours, 0 to turn the scheduled scrub off),
     /// resync_delay_multiplier (1-256: how much resync yields to guests).
     Set {

@@ -162,6 +162,24 @@ pub fn settings(s: &ClusterSettings) -> String {
         "RAM each host gives the blocks of the volumes it owns; 0 disables".into(),
     ]);
     t.row(vec![
+        "index_cache_bytes".into(),
+        match s.index_cache_bytes {
+            None => "default".to_string(),
+            Some(b) => format_size(b),
+        },
+        "each host's configured budget".into(),
+        "RAM each host gives the index pages of its disk groups (the metadata cache)".into(),
+    ]);
+    t.row(vec![
+        "index_prefetch_bytes".into(),
+        match s.index_prefetch_bytes {
+            0 => "0 (off)".to_string(),
+            b => format_size(b),
+        },
+        format_size(d.index_prefetch_bytes),
+        "address space whose index pages are read ahead after a miss; 0 turns it off".into(),
+    ]);
+    t.row(vec![
         "resync_delay_multiplier".into(),
         s.resync_delay_multiplier.to_string(),
         d.resync_delay_multiplier.to_string(),
@@ -295,7 +313,56 @@ pub fn hosts(hosts: &[HostView]) -> String {
         out.push('\n');
         out.push_str(&read_caches(hosts));
     }
+    if hosts
+        .iter()
+        .any(|h| h.disk_groups.iter().any(|d| d.index_cache.is_some()))
+    {
+        out.push('\n');
+        out.push_str(&index_caches(hosts));
+    }
     out
+}
+
+/// The index cache (metadata cache) of every disk group this control
+/// plane runs.
+fn index_caches(hosts: &[HostView]) -> String {
+    let mut t = Table::new(&[
+        "HOST",
+        "DISK GROUP",
+        "INDEX CACHE",
+        "BUDGET",
+        "PAGES",
+        "HITS",
+        "MISSES",
+        "READ AHEAD",
+        "EVICTED",
+        "HIT RATE",
+    ]);
+    for h in hosts {
+        for d in &h.disk_groups {
+            let Some(c) = &d.index_cache else {
+                continue;
+            };
+            let looked = c.hits + c.misses;
+            t.row(vec![
+                h.id.clone(),
+                d.id.clone(),
+                format_size(c.resident_bytes),
+                format_size(c.budget_bytes),
+                c.resident_pages.to_string(),
+                c.hits.to_string(),
+                c.misses.to_string(),
+                format!("{} ({} pages)", c.prefetched, c.prefetch_pages),
+                c.evicted.to_string(),
+                if looked == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}%", c.hits as f64 * 100.0 / looked as f64)
+                },
+            ]);
+        }
+    }
+    t.render()
 }
 
 /// The read cache of every host this control plane runs.
@@ -1048,6 +1115,7 @@ mod tests {
                 },
                 components: 4,
                 physical_bytes: Some(512 << 20),
+                index_cache: None,
             }],
             owned_volumes: vec!["vol1".to_string()],
             capacity: CapacityView::default(),

@@ -505,6 +505,19 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a size (e.g. 512M, 1G, 0 to disable) or default"))?;
             Ok(json!({ "read_cache_bytes": bytes }))
         }
+        "index_cache_bytes" => {
+            if value.eq_ignore_ascii_case("default") {
+                return Ok(json!({ "index_cache_bytes": null }));
+            }
+            let bytes = tessera_types::parse_size(value)
+                .map_err(|_| bad("a size (e.g. 64M, 1G) or default"))?;
+            Ok(json!({ "index_cache_bytes": bytes }))
+        }
+        "index_prefetch_bytes" => {
+            let bytes = tessera_types::parse_size(value)
+                .map_err(|_| bad("a size (e.g. 4M, 0 turns read-ahead off)"))?;
+            Ok(json!({ "index_prefetch_bytes": bytes }))
+        }
         "scrub_period_h" => {
             let hours: u32 = value
                 .trim_end_matches('h')
@@ -519,7 +532,7 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
             Ok(json!({ "resync_delay_multiplier": m }))
         }
         other => Err(CliError::Usage(format!(
-            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, scrub_period_h, resync_delay_multiplier"
+            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, index_cache_bytes, index_prefetch_bytes, scrub_period_h, resync_delay_multiplier"
         ))),
     }
 }

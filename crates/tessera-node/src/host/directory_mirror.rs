@@ -214,6 +214,22 @@ impl Host {
             tracing::info!(host = %self.id, budget_bytes = budget, "read cache resized");
             self.read_cache.set_budget(budget);
         }
+        // The index caches: the host's budget shared out among its disk
+        // groups, and the read-ahead in whole index pages.
+        let groups = self.replica.disk_groups();
+        let index_bytes = settings
+            .index_cache_bytes
+            .unwrap_or(self.config.index_cache_bytes)
+            / groups.len().max(1) as u64;
+        // Whole pages whose address space fits in the window (at least one
+        // when read-ahead is on): 4 MiB is 4 pages of 1008 KiB.
+        let prefetch_pages = match settings.index_prefetch_bytes {
+            0 => 0,
+            b => (b / tessera_store::INDEX_PAGE_SPAN_BYTES).max(1),
+        };
+        for g in groups {
+            g.set_index_cache(index_bytes, prefetch_pages);
+        }
     }
 }
 

@@ -173,6 +173,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 },
                 components: 0,
                 physical_bytes: Some(0),
+                index_cache: None,
             }],
             owned_volumes: if i == usize::from(r.stopped[0]) {
                 r.volumes.keys().cloned().collect()
