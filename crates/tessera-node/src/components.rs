@@ -110,6 +110,23 @@ impl ClusterComponents {
         }
     }
 
+    /// A query answered by block ranges: `local` (the replica service's
+    /// typed call) when `c` is on this host, else `request` to its host.
+    async fn ranges(
+        &self,
+        c: &ComponentPlacement,
+        local: impl std::future::Future<Output = Result<Vec<(Lba, u64)>, tessera_replica::ReplicaError>>,
+        request: Request,
+    ) -> Result<Vec<(Lba, u64)>, ComponentError> {
+        if self.is_local(c) {
+            return local.await.map_err(|e| local_error(c, e));
+        }
+        match self.send(c, IoClass::Resync, request).await? {
+            Response::Ranges(ranges) => Ok(ranges),
+            other => Err(unexpected(c, other)),
+        }
+    }
+
     async fn expect_ok(
         &self,
         c: &ComponentPlacement,
@@ -328,28 +345,13 @@ impl ComponentIo for ClusterComponents {
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ComponentError> {
         let component = self.reference(c);
-        if self.is_local(c) {
-            return self
-                .replica
-                .allocated(&component, from, blocks)
-                .await
-                .map_err(|e| local_error(c, e));
-        }
-        match self
-            .send(
-                c,
-                IoClass::Resync,
-                Request::Allocated {
-                    component,
-                    from,
-                    blocks,
-                },
-            )
-            .await?
-        {
-            Response::Ranges(ranges) => Ok(ranges),
-            other => Err(unexpected(c, other)),
-        }
+        let request = Request::Allocated {
+            component: component.clone(),
+            from,
+            blocks,
+        };
+        self.ranges(c, self.replica.allocated(&component, from, blocks), request)
+            .await
     }
 
     async fn changed(
@@ -360,29 +362,18 @@ impl ComponentIo for ClusterComponents {
         blocks: u64,
     ) -> Result<Vec<(Lba, u64)>, ComponentError> {
         let component = self.reference(c);
-        if self.is_local(c) {
-            return self
-                .replica
-                .changed(&component, base, from, blocks)
-                .await
-                .map_err(|e| local_error(c, e));
-        }
-        match self
-            .send(
-                c,
-                IoClass::Resync,
-                Request::Changed {
-                    component,
-                    base,
-                    from,
-                    blocks,
-                },
-            )
-            .await?
-        {
-            Response::Ranges(ranges) => Ok(ranges),
-            other => Err(unexpected(c, other)),
-        }
+        let request = Request::Changed {
+            component: component.clone(),
+            base,
+            from,
+            blocks,
+        };
+        self.ranges(
+            c,
+            self.replica.changed(&component, base, from, blocks),
+            request,
+        )
+        .await
     }
 
     async fn clone_blocks(&self, clone: &BlockClone) -> Result<(), ComponentError> {

@@ -334,6 +334,27 @@ pub enum SnapshotCopyEdit {
 }
 
 impl SnapshotCopyChange {
+    /// Applies each of `changes` to the layout of its snapshot among
+    /// `snapshots` (number, layout); answers the snapshots of `changes`
+    /// none of them is (or that lack the copy).
+    pub fn apply_all<'a>(
+        changes: &[SnapshotCopyChange],
+        snapshots: impl IntoIterator<Item = (u64, &'a mut Layout)>,
+    ) -> Vec<u64> {
+        let mut layouts: Vec<(u64, &'a mut Layout)> = snapshots.into_iter().collect();
+        let mut gone = Vec::new();
+        for c in changes {
+            let applied = layouts
+                .iter_mut()
+                .find(|(id, _)| *id == c.snapshot)
+                .is_some_and(|(_, layout)| c.apply(layout));
+            if !applied {
+                gone.push(c.snapshot);
+            }
+        }
+        gone
+    }
+
     /// Applies the change to `layout` (the snapshot's); false if the copy's
     /// snapshot component is not in it.
     pub fn apply(&self, layout: &mut Layout) -> bool {

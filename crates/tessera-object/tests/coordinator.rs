@@ -430,17 +430,11 @@ impl LayoutRecorder for Recorded {
         dirty: &DirtyRecord,
         changes: &[tessera_object::SnapshotCopyChange],
     ) -> Result<Vec<u64>, String> {
-        let mut gone = Vec::new();
         let mut taken = self.3.lock();
-        for c in changes {
-            let applied = taken
-                .iter_mut()
-                .find(|s| s.id == c.snapshot)
-                .is_some_and(|s| c.apply(&mut s.layout));
-            if !applied {
-                gone.push(c.snapshot);
-            }
-        }
+        let gone = tessera_object::SnapshotCopyChange::apply_all(
+            changes,
+            taken.iter_mut().map(|s| (s.id, &mut s.layout)),
+        );
         self.0.lock().push(layout.clone());
         *self.1.lock() = Some(dirty.clone());
         Ok(gone)

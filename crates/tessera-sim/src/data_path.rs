@@ -657,17 +657,10 @@ impl LayoutRecorder for SimRecorder {
         if d.owner_epoch != self.epoch {
             return Err(format!("owned at {} now", d.owner_epoch));
         }
-        let mut gone = Vec::new();
-        for c in changes {
-            let applied = d
-                .snapshots
-                .values_mut()
-                .find(|s| s.id == c.snapshot)
-                .is_some_and(|s| c.apply(&mut s.layout));
-            if !applied {
-                gone.push(c.snapshot);
-            }
-        }
+        let gone = tessera_object::SnapshotCopyChange::apply_all(
+            changes,
+            d.snapshots.values_mut().map(|s| (s.id, &mut s.layout)),
+        );
         d.layout = layout.clone();
         Self::store_dirty(&mut d, dirty);
         Ok(gone)

@@ -188,7 +188,7 @@ pub struct DiskGroup {
 /// Attempts at loading index pages for one operation before giving up (the
 /// cache is at least [`crate::index::CACHE_PAGES_MIN`] pages, so a second
 /// attempt only happens under heavy concurrent eviction).
-pub(crate) const LOAD_ATTEMPTS_MAX: usize = 8;
+const LOAD_ATTEMPTS_MAX: usize = 8;
 
 fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, StoreError> {
     let open = |spec: &DeviceSpec, cache: bool| -> Result<Arc<dyn Disk>, StoreError> {
@@ -373,7 +373,7 @@ impl DiskGroup {
         Ok(st.component(id)?.lock.clone())
     }
 
-    pub(crate) async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
+    async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || shared.load_pages_blocking(&need.0))
             .await
@@ -1219,33 +1219,59 @@ impl DiskGroup {
             from.0.saturating_add(blocks).min(c.blocks())
         };
         let mut runs: Vec<(Lba, u64)> = Vec::new();
+        self.per_cached_chunk(
+            from.0,
+            end,
+            "list allocation",
+            |st, s, e| {
+                st.component(id)?;
+                Ok(st.missing_pages(id.0, s, e))
+            },
+            |st, s, e| st.allocated_runs(id.0, s, e, &mut runs),
+        )
+        .await?;
+        Ok(runs)
+    }
+
+    /// Runs `run` on `[from, end)` a chunk of index pages at a time, each
+    /// once the pages `need` names for it are cached (read as needed; they
+    /// may be dropped again after the chunk, so memory stays within the
+    /// cache's budget however long the range). `what` names the work in
+    /// the error of a cache too small for one chunk.
+    pub(crate) async fn per_cached_chunk(
+        &self,
+        from: u64,
+        end: u64,
+        what: &str,
+        need: impl Fn(&State, u64, u64) -> Result<crate::state::Need, StoreError>,
+        mut run: impl FnMut(&State, u64, u64),
+    ) -> Result<(), StoreError> {
         let chunk = crate::recovery::UNMAP_CHUNK_PAGES * LBAS_PER_PAGE;
-        let mut s = from.0;
+        let mut s = from;
         while s < end {
             let e = end.min((s / chunk + 1) * chunk);
             let mut done = false;
             for _ in 0..LOAD_ATTEMPTS_MAX {
-                let need = {
+                let missing = {
                     let st = self.shared.state.lock();
-                    st.component(id)?;
-                    let need = st.missing_pages(id.0, s, e);
-                    if need.0.is_empty() {
-                        st.allocated_runs(id.0, s, e, &mut runs);
+                    let missing = need(&st, s, e)?;
+                    if missing.0.is_empty() {
+                        run(&st, s, e);
                         done = true;
                         break;
                     }
-                    need
+                    missing
                 };
-                self.load(need).await?;
+                self.load(missing).await?;
             }
             if !done {
                 return Err(StoreError::DiskGroupFailed {
-                    reason: "index cache too small to list allocation".into(),
+                    reason: format!("index cache too small to {what}"),
                 });
             }
             s = e;
         }
-        Ok(runs)
+        Ok(())
     }
 
     /// Space of one component.

@@ -26,7 +26,6 @@
 //!   component shares them.
 
 use crate::engine::Shared;
-use crate::index::LBAS_PER_PAGE;
 use crate::state::Request;
 use crate::{DiskGroup, StoreError};
 use std::sync::Arc;
@@ -457,33 +456,18 @@ impl DiskGroup {
                 .min(c.blocks().max(b.blocks()))
         };
         let mut runs: Vec<(Lba, u64)> = Vec::new();
-        let chunk = crate::recovery::UNMAP_CHUNK_PAGES * LBAS_PER_PAGE;
-        let mut s = from.0;
-        while s < end {
-            let e = end.min((s / chunk + 1) * chunk);
-            let mut done = false;
-            for _ in 0..crate::group::LOAD_ATTEMPTS_MAX {
-                let need = {
-                    let st = self.shared().state.lock();
-                    st.component(base)?;
-                    st.component(id)?;
-                    let need = st.missing_changed_pages(base.0, id.0, s, e);
-                    if need.0.is_empty() {
-                        st.changed_runs(base.0, id.0, s, e, &mut runs);
-                        done = true;
-                        break;
-                    }
-                    need
-                };
-                self.load(need).await?;
-            }
-            if !done {
-                return Err(StoreError::DiskGroupFailed {
-                    reason: "index cache too small to compare components".into(),
-                });
-            }
-            s = e;
-        }
+        self.per_cached_chunk(
+            from.0,
+            end,
+            "compare components",
+            |st, s, e| {
+                st.component(base)?;
+                st.component(id)?;
+                Ok(st.missing_changed_pages(base.0, id.0, s, e))
+            },
+            |st, s, e| st.changed_runs(base.0, id.0, s, e, &mut runs),
+        )
+        .await?;
         Ok(runs)
     }
 

@@ -15,7 +15,7 @@
 mod common;
 
 use common::mount::{can_mount, run_ok, Attached};
-use common::postgres::{as_postgres, postgres_bin, postgres_dir, Server};
+use common::postgres::{as_postgres, postgres_bin, postgres_dir, recover_and_check, Server};
 use common::up::{tessera, UpCluster};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
@@ -183,31 +183,12 @@ fn postgres_with_its_wal_on_another_volume_recovers_from_a_group_snapshot() {
         "chown",
         &["-h", "postgres:postgres", &link.to_string_lossy()],
     );
-    std::fs::remove_file(clone_pgdata.join("postmaster.pid")).unwrap();
-    let clone_socket = work.path().join("clone-sock");
-    postgres_dir(&clone_socket);
-    let recovered = Server::start(
+    let recovered = recover_and_check(
         &bin,
         &clone_pgdata,
-        &clone_socket,
-        common::free_port(),
+        &work.path().join("clone-sock"),
         &logs.join("clone.log"),
-    );
-    let mut check = recovered.connect().to_vec();
-    check.extend(["--install-missing", "--heapallindexed", "-d", "postgres"]);
-    as_postgres(&bin.join("pg_amcheck"), &check);
-    let mut count = recovered.connect().to_vec();
-    count.extend([
-        "-d",
-        "postgres",
-        "-Atc",
-        "select count(*) from pgbench_accounts",
-    ]);
-    let rows = as_postgres(&bin.join("psql"), &count);
-    assert_eq!(
-        rows.trim(),
-        (SCALE * 100_000).to_string(),
-        "account rows in the clone"
+        SCALE * 100_000,
     );
     drop(recovered);
     drop(server);

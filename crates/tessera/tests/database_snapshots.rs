@@ -15,7 +15,7 @@
 mod common;
 
 use common::mount::{can_mount, run_ok, Attached};
-use common::postgres::{as_postgres, postgres_bin, postgres_dir, Server};
+use common::postgres::{as_postgres, postgres_bin, postgres_dir, recover_and_check, Server};
 use common::up::{tessera, UpCluster};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
@@ -134,34 +134,15 @@ fn postgres_under_pgbench_snapshotted_and_cloned_recovers_cleanly() {
     );
     let clone_mnt = work.path().join("clone-mnt");
     clone.mount(&clone_mnt, "rw");
-    let clone_socket = work.path().join("clone-sock");
-    postgres_dir(&clone_socket);
     // The clone's data directory holds the running original's lock file,
     // whose process is alive on this machine: it goes, as when a database
     // is started from a copy of a running one; the rest is as after a crash.
-    std::fs::remove_file(clone_mnt.join("pgdata/postmaster.pid")).unwrap();
-    let recovered = Server::start(
+    let recovered = recover_and_check(
         &bin,
         &clone_mnt.join("pgdata"),
-        &clone_socket,
-        common::free_port(),
+        &work.path().join("clone-sock"),
         &logs.join("clone.log"),
-    );
-    let mut check = recovered.connect().to_vec();
-    check.extend(["--install-missing", "--heapallindexed", "-d", "postgres"]);
-    as_postgres(&bin.join("pg_amcheck"), &check);
-    let mut count = recovered.connect().to_vec();
-    count.extend([
-        "-d",
-        "postgres",
-        "-Atc",
-        "select count(*) from pgbench_accounts",
-    ]);
-    let rows = as_postgres(&bin.join("psql"), &count);
-    assert_eq!(
-        rows.trim(),
-        (SCALE * 100_000).to_string(),
-        "account rows in the clone"
+        SCALE * 100_000,
     );
     drop(recovered);
     drop(server);

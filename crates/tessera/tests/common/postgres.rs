@@ -114,3 +114,33 @@ pub fn postgres_dir(path: &Path) {
         &["-R", "postgres:postgres", &path.to_string_lossy()],
     );
 }
+
+/// Starts PostgreSQL on `pgdata`, a copy of a running database's data
+/// directory taken as a crash would leave it (its lock file, whose process
+/// is alive on this machine, goes first), so it recovers from its WAL; then
+/// `pg_amcheck` must find nothing wrong and pgbench's account table must
+/// hold `rows` rows. Returns the server, still running.
+pub fn recover_and_check(
+    bin: &Path,
+    pgdata: &Path,
+    socket: &Path,
+    log: &Path,
+    rows: u64,
+) -> Server {
+    std::fs::remove_file(pgdata.join("postmaster.pid")).unwrap();
+    postgres_dir(socket);
+    let recovered = Server::start(bin, pgdata, socket, super::free_port(), log);
+    let mut check = recovered.connect().to_vec();
+    check.extend(["--install-missing", "--heapallindexed", "-d", "postgres"]);
+    as_postgres(&bin.join("pg_amcheck"), &check);
+    let mut count = recovered.connect().to_vec();
+    count.extend([
+        "-d",
+        "postgres",
+        "-Atc",
+        "select count(*) from pgbench_accounts",
+    ]);
+    let counted = as_postgres(&bin.join("psql"), &count);
+    assert_eq!(counted.trim(), rows.to_string(), "account rows in the copy");
+    recovered
+}
