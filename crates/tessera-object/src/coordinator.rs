@@ -42,7 +42,7 @@ mod carry;
 mod share;
 mod snapshot;
 
-pub use carry::{CarriedSnapshots, NewCopyPlace, SnapshotChainLink};
+pub use carry::{CarriedSnapshots, NewCopyPlace, SnapshotChainLink, SnapshotsHeld};
 pub use share::{CopyReport, SHARE_STEP_BYTES};
 pub use snapshot::snapshot_layout;
 
@@ -607,6 +607,9 @@ pub struct Coordinator {
     /// Holds of every write to the volume, by name (a consistency group's
     /// snapshot holds each of its volumes while it is taken).
     write_holds: Mutex<HashMap<u64, snapshot::WriteHold>>,
+    /// New copies being given the volume's snapshots: no snapshot is taken
+    /// meanwhile (the new copy would miss it).
+    copies_joining: AtomicU64,
     /// This coordinator's part of the host read cache.
     cache: VolumeCache,
     /// The host's I/O scheduler: guest operations and resync steps wait
@@ -712,6 +715,7 @@ impl Coordinator {
             columns,
             record_turn: tokio::sync::Mutex::new(()),
             write_holds: Mutex::new(HashMap::new()),
+            copies_joining: AtomicU64::new(0),
             cache: host.read_cache.volume(),
             scheduler: Arc::clone(&host.scheduler),
             client: IoClient::Volume(layout_volume),

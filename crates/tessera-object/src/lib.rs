@@ -24,7 +24,7 @@ pub use component_io::{
 };
 pub use coordinator::{
     snapshot_layout, CarriedSnapshots, Coordinator, CopyReport, HostShared, NewCopyPlace,
-    ObjectCounters, ResyncError, ResyncProgress, ResyncReport, SnapshotChainLink,
+    ObjectCounters, ResyncError, ResyncProgress, ResyncReport, SnapshotChainLink, SnapshotsHeld,
     RESYNC_STEP_BLOCKS, SHARE_STEP_BYTES,
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};

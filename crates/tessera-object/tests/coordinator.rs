@@ -1767,3 +1767,19 @@ async fn a_rebuilt_copy_is_given_every_snapshot_before_it_joins() {
         );
     }
 }
+
+#[tokio::test]
+async fn no_snapshot_is_taken_while_a_new_copy_is_given_the_snapshots() {
+    let (_comps, rec, coord) = setup(ftt1_layout()).await;
+    let held = coord.hold_snapshots().await;
+    let err = coord.snapshot("s", 3, 0).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("take the snapshot once it has joined"),
+        "{err}"
+    );
+    assert!(rec.3.lock().is_empty());
+    drop(held);
+    coord.snapshot("s", 3, 0).await.unwrap();
+    assert_eq!(rec.3.lock().len(), 1);
+}

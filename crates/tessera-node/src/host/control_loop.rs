@@ -544,10 +544,9 @@ impl Host {
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
         let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
-        let chain = self.snapshot_chain(volume);
-        if role == ComponentRole::Data && !chain.is_empty() {
+        if role == ComponentRole::Data && self.has_snapshots(volume) {
             let place = NewCopyPlace::Replacing(lost);
-            self.spawn_carrying(volume, coordinator, place, target, reserve, chain);
+            self.spawn_carrying(volume, coordinator, place, target, reserve);
             return None;
         }
         tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
@@ -564,34 +563,39 @@ impl Host {
 }
 
 impl Host {
-    /// The snapshots of `volume` this host knows, oldest first, as a
-    /// rebuild gives them to a new copy.
-    fn snapshot_chain(&self, volume: &VolumeId) -> Vec<SnapshotChainLink> {
-        let mut records: Vec<keys::SnapshotRecord> = self
-            .view
-            .snapshots
-            .read()
-            .iter()
-            .filter(|((v, _), _)| v == volume)
-            .map(|(_, r)| r.clone())
-            .collect();
+    /// Whether `volume` has snapshots, as this host's view knows.
+    fn has_snapshots(&self, volume: &VolumeId) -> bool {
+        self.view.snapshots.read().keys().any(|(v, _)| v == volume)
+    }
+
+    /// The snapshots of `volume` as the directory holds them now, oldest
+    /// first, as a new copy is given them.
+    async fn snapshot_chain(&self, volume: &VolumeId) -> Result<Vec<SnapshotChainLink>, String> {
+        let mut records: Vec<keys::SnapshotRecord> =
+            keys::list(self.directory.as_ref(), &self.keys.snapshots_of(volume))
+                .await
+                .map_err(|e| format!("reading the snapshots of volume {volume}: {e}"))?
+                .records
+                .into_iter()
+                .map(|r| r.value)
+                .collect();
         records.sort_by_key(|r| (r.created_ms, r.id));
-        records
+        Ok(records
             .into_iter()
             .map(|r| SnapshotChainLink {
                 id: r.id,
                 layout: r.layout,
             })
-            .collect()
+            .collect())
     }
 
     /// Puts new copy `target` of `volume` at `place` (a rebuild's or an
-    /// evacuation's) with the volume's snapshots `chain`, as a task with a
-    /// row on the resync board (the snapshots are copied before the copy
-    /// enters the layout); once it is in the layout the core hears
-    /// [`Event::Rebuilt`] or [`Event::Evacuated`] and resyncs what changed
-    /// since the last snapshot. A new copy for the same place already under
-    /// way is left alone.
+    /// evacuation's) with the volume's snapshots, as a task with a row on
+    /// the resync board (no snapshot is taken meanwhile, and the snapshots
+    /// are copied before the copy enters the layout); once it is in the
+    /// layout the core hears [`Event::Rebuilt`] or [`Event::Evacuated`] and
+    /// resyncs what changed since the last snapshot. A new copy for the
+    /// same place already under way is left alone.
     fn spawn_carrying(
         self: &Arc<Self>,
         volume: &VolumeId,
@@ -599,7 +603,6 @@ impl Host {
         place: NewCopyPlace,
         target: ComponentPlacement,
         reserve: u64,
-        chain: Vec<SnapshotChainLink>,
     ) {
         let (at, kind) = match place {
             NewCopyPlace::Replacing(lost) => (lost, ResyncKind::Rebuild),
@@ -608,7 +611,7 @@ impl Host {
         if !self.carrying.lock().insert((volume.clone(), at)) {
             return;
         }
-        tracing::warn!(%volume, copy = %at, new = %target.id, host = %target.host, snapshots = chain.len(), "{}: a new copy with the volume's snapshots", kind.as_str());
+        tracing::warn!(%volume, copy = %at, new = %target.id, host = %target.host, "{}: a new copy with the volume's snapshots", kind.as_str());
         let attempt = self
             .board
             .start(volume, target.id, &target.host, kind.as_str());
@@ -617,9 +620,22 @@ impl Host {
         let weak = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             let (new_id, new_host) = (target.id, target.host.clone());
-            let result = coordinator
-                .add_copy_with_snapshots(place, target, reserve, &chain, attempt.progress())
-                .await;
+            // No snapshot is taken from here on, so the list read next is
+            // every snapshot the new copy must hold.
+            let held = coordinator.hold_snapshots().await;
+            let chain = match weak.upgrade() {
+                Some(host) => host.snapshot_chain(&volume).await,
+                None => return,
+            };
+            let result = match chain {
+                Ok(chain) => {
+                    coordinator
+                        .add_copy_with_snapshots(place, target, reserve, &chain, attempt.progress())
+                        .await
+                }
+                Err(reason) => Err(tessera_blockdev::BlockError::Unavailable { reason }),
+            };
+            drop(held);
             let report = match &result {
                 Ok(carried) => {
                     tracing::info!(%volume, copy = %at, new = %new_id, copied_bytes = carried.copied_bytes, dirty_blocks = carried.dirty_blocks, "snapshots carried to the new copy");
@@ -713,7 +729,13 @@ impl Host {
                 .count();
             if full >= policy.copies() {
                 // Its snapshots leave with it: the new copy has its own.
-                let chain = self.snapshot_chain(volume);
+                let chain = match self.snapshot_chain(volume).await {
+                    Ok(chain) => chain,
+                    Err(e) => {
+                        tracing::warn!(%volume, %component, error = %e, "evacuated copy not dropped yet");
+                        return None;
+                    }
+                };
                 let snapshots = match coordinator
                     .drop_copy_with_snapshots(component, &chain)
                     .await
@@ -766,10 +788,9 @@ impl Host {
         }
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
-        let chain = self.snapshot_chain(volume);
-        if !chain.is_empty() {
+        if self.has_snapshots(volume) {
             let place = NewCopyPlace::Beside(component);
-            self.spawn_carrying(volume, coordinator, place, target, reserve, chain);
+            self.spawn_carrying(volume, coordinator, place, target, reserve);
             return None;
         }
         if let Err(e) = coordinator.add_copy(component, target, reserve).await {

@@ -22,8 +22,10 @@
 //!   the layout under the whole volume's range locks, at the moment its
 //!   dirty map is read from the surviving copy: every write after that
 //!   reaches it, every write before it is in the map;
-//! - on any failure the new copy and the snapshots made of it are deleted
-//!   and the layout is unchanged.
+//! - no snapshot is taken while a new copy is given the volume's snapshots
+//!   (`hold_snapshots`), so it never misses one;
+//! - on any failure before it enters the layout, the new copy and the
+//!   snapshots made of it are deleted and the layout is unchanged.
 
 use tessera_blockdev::BlockError;
 use tessera_types::dirty::RecordedDirty;
@@ -43,6 +45,20 @@ pub struct SnapshotChainLink {
     pub id: u64,
     /// Its components.
     pub layout: Layout,
+}
+
+/// Keeps snapshots of a volume from being taken while a new copy is given
+/// the ones it has; see [`Coordinator::hold_snapshots`].
+pub struct SnapshotsHeld {
+    coordinator: std::sync::Arc<Coordinator>,
+}
+
+impl Drop for SnapshotsHeld {
+    fn drop(&mut self) {
+        self.coordinator
+            .copies_joining
+            .fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Where a new copy goes in the layout.
@@ -74,8 +90,8 @@ impl NewCopyPlace {
 /// What [`Coordinator::add_copy_with_snapshots`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CarriedSnapshots {
-    /// The new copy's snapshots, one per link, in the order given: the
-    /// caller puts each in its snapshot's record in place of `lost`'s.
+    /// The new copy's snapshots, one per link, in the order given (in
+    /// their snapshots' records once it returns).
     pub made: Vec<(u64, ComponentPlacement)>,
     /// The component they were read from, which stays.
     pub source: ComponentId,
@@ -86,13 +102,29 @@ pub struct CarriedSnapshots {
 }
 
 impl Coordinator {
+    /// Refuses every snapshot of the volume until the answer is dropped,
+    /// once a snapshot under way has been taken and recorded: the list of
+    /// snapshots read after this returns is the one a new copy must be
+    /// given ([`Coordinator::add_copy_with_snapshots`]).
+    pub async fn hold_snapshots(self: &std::sync::Arc<Self>) -> SnapshotsHeld {
+        // A snapshot holds the whole volume's range locks until it is
+        // recorded: once they are had, none is under way.
+        let _settled = self.lock_span(0, self.info.size_bytes).await;
+        self.copies_joining.fetch_add(1, Ordering::SeqCst);
+        SnapshotsHeld {
+            coordinator: std::sync::Arc::clone(self),
+        }
+    }
+
     /// Puts `new` (chosen by placement; created here with `reserve_bytes`)
     /// in the layout at `place`, giving it first the volume's snapshots
     /// `chain` (oldest first) as another Active copy of its column holds
     /// them: see the module's invariants. On success `new` is in the layout
     /// as Resyncing with only what changed since the last snapshot dirty;
     /// run [`Coordinator::resync`] on it next. `progress` counts the
-    /// snapshots' blocks as they are sent.
+    /// snapshots' blocks as they are sent. Hold the volume's snapshots
+    /// ([`Coordinator::hold_snapshots`]) before reading `chain` and until
+    /// this returns.
     pub async fn add_copy_with_snapshots(
         &self,
         place: NewCopyPlace,

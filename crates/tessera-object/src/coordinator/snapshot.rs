@@ -155,6 +155,16 @@ impl Coordinator {
     ) -> Result<Layout, BlockError> {
         let snapshot_of = |c: ComponentId| c.snapshot(id);
         self.check_usable()?;
+        if self
+            .copies_joining
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+        {
+            return Err(bad(format!(
+                "volume {}: a new copy is being given its snapshots (a rebuild or an evacuation); take the snapshot once it has joined",
+                self.info.name
+            )));
+        }
         let (layout, epoch) = {
             let state = self.state.lock();
             (state.layout.clone(), self.epoch())
