@@ -186,9 +186,11 @@ impl Shared {
     /// Loads pages into the cache; a page is inserted only if the root still
     /// points where it was read from (a checkpoint may have moved it).
     /// Failures fail the component (damaged page) or the device (I/O error).
+    /// `ahead`: the pages are read ahead of need (counted as such).
     pub(crate) fn load_pages_blocking(
         &self,
         need: &[((u64, u64), BlockLoc)],
+        ahead: bool,
     ) -> Result<(), StoreError> {
         for &(key, loc) in need {
             let family = self
@@ -212,6 +214,11 @@ impl Shared {
                     st.cache
                         .read
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if ahead {
+                        st.cache
+                            .prefetched
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
                 Err(PageReadError::Io(e)) => {
                     st.fail_capacity_device(loc.device, &e.to_string());
@@ -942,7 +949,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
         };
         attempts += 1;
         // A failed page load fails its component; the apply skips it.
-        let _ = shared.load_pages_blocking(&need);
+        let _ = shared.load_pages_blocking(&need, false);
     }
 }
 

@@ -374,8 +374,14 @@ impl DiskGroup {
     }
 
     async fn load(&self, need: crate::state::Need) -> Result<(), StoreError> {
+        let crate::state::Need(now, ahead) = need;
+        if !ahead.is_empty() {
+            // Read beside the pages waited for; nothing waits for these.
+            let shared = self.shared.clone();
+            tokio::task::spawn_blocking(move || shared.load_pages_blocking(&ahead, true));
+        }
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || shared.load_pages_blocking(&need.0))
+        tokio::task::spawn_blocking(move || shared.load_pages_blocking(&now, false))
             .await
             .map_err(|e| StoreError::DiskGroupFailed {
                 reason: format!("page load task failed: {e}"),

@@ -839,7 +839,7 @@ pub(crate) fn with_pages<T>(
                 Err(need) => need,
             }
         };
-        shared.load_pages_blocking(&need.0)?;
+        shared.load_pages_blocking(&need.0, false)?;
     }
     Err(StoreError::DiskGroupFailed {
         reason: "index cache too small to hold the pages of one operation".into(),

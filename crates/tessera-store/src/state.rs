@@ -38,7 +38,11 @@ use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 /// Index pages to load before an operation can go on: (page key, block of
 /// the committed copy).
 #[derive(Debug, Default)]
-pub(crate) struct Need(pub(crate) Vec<(PageKey, BlockLoc)>);
+pub(crate) struct Need(
+    pub(crate) Vec<(PageKey, BlockLoc)>,
+    /// Pages worth reading ahead, which no one waits for.
+    pub(crate) Vec<(PageKey, BlockLoc)>,
+);
 
 /// A component as the running store holds it.
 pub(crate) struct Component {
@@ -604,21 +608,16 @@ impl State {
                 .used
                 .fetch_add(used, std::sync::atomic::Ordering::Relaxed);
         } else if self.cache.prefetch_pages > 0 {
-            // A miss: the pages after it come along in the same read
-            // burst, as the next operations of a scan will want them.
+            // A miss: the pages after it are read too, beside it (no one
+            // waits for them), as the next operations of a scan want them.
             let ahead = (last + 1)..=(last + self.cache.prefetch_pages);
-            let before = need.0.len();
             for (&page_no, root) in comp.roots.range(ahead) {
                 if let Some(loc) = root.current() {
                     if !self.cache.contains(&(c, page_no)) {
-                        need.0.push(((c, page_no), loc));
+                        need.1.push(((c, page_no), loc));
                     }
                 }
             }
-            self.cache.prefetched.fetch_add(
-                (need.0.len() - before) as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
         }
         need
     }
