@@ -23,7 +23,7 @@ use tessera_control::{Action, Event, HostControl, ResyncKind};
 use tessera_directory::keys::{self, DiskGroupState, VolumeState};
 use tessera_object::{
     ComponentIo, Coordinator, HostShared, NewCopyPlace, ResyncError, ResyncReport,
-    SnapshotChainLink,
+    SnapshotChainLink, SnapshotsHeld,
 };
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, HostId, VolumeId, BLOCK_BYTES};
@@ -544,13 +544,19 @@ impl Host {
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
         let (new_id, new_host, role) = (target.id, target.host.clone(), target.role);
-        if role == ComponentRole::Data && self.has_snapshots(volume) {
+        // Decided with snapshots held: none can be taken between the look
+        // and the new copy joining.
+        let (held, chain) = self.snapshots_now(volume, coordinator).await?;
+        if role == ComponentRole::Data && !chain.is_empty() {
+            drop(held);
             let place = NewCopyPlace::Replacing(lost);
             self.spawn_carrying(volume, coordinator, place, target, reserve);
             return None;
         }
         tracing::warn!(%volume, lost = %lost, replacement = %new_id, host = %new_host, "rebuilding a component elsewhere");
-        if let Err(e) = coordinator.replace_component(lost, target, reserve).await {
+        let replaced = coordinator.replace_component(lost, target, reserve).await;
+        drop(held);
+        if let Err(e) = replaced {
             tracing::warn!(%volume, error = %e, "rebuild could not start");
             return None;
         }
@@ -563,9 +569,23 @@ impl Host {
 }
 
 impl Host {
-    /// Whether `volume` has snapshots, as this host's view knows.
-    fn has_snapshots(&self, volume: &VolumeId) -> bool {
-        self.view.snapshots.read().keys().any(|(v, _)| v == volume)
+    /// The snapshots of `volume` as the directory holds them, read once
+    /// no snapshot of it can be under way, with the hold that keeps new
+    /// ones from being taken until it is dropped; None (after a warning)
+    /// when the directory cannot be read.
+    async fn snapshots_now(
+        &self,
+        volume: &VolumeId,
+        coordinator: &Arc<Coordinator>,
+    ) -> Option<(SnapshotsHeld, Vec<SnapshotChainLink>)> {
+        let held = coordinator.hold_snapshots().await;
+        match self.snapshot_chain(volume).await {
+            Ok(chain) => Some((held, chain)),
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot move copies now");
+                None
+            }
+        }
     }
 
     /// The snapshots of `volume` as the directory holds them now, oldest
@@ -729,13 +749,7 @@ impl Host {
                 .count();
             if full >= policy.copies() {
                 // Its snapshots leave with it: the new copy has its own.
-                let chain = match self.snapshot_chain(volume).await {
-                    Ok(chain) => chain,
-                    Err(e) => {
-                        tracing::warn!(%volume, %component, error = %e, "evacuated copy not dropped yet");
-                        return None;
-                    }
-                };
+                let (_held, chain) = self.snapshots_now(volume, coordinator).await?;
                 let snapshots = match coordinator
                     .drop_copy_with_snapshots(component, &chain)
                     .await
@@ -788,12 +802,16 @@ impl Host {
         }
         let reserve =
             tessera_placement::reservation_bytes(target.size_bytes, policy.space_reservation_pct);
-        if self.has_snapshots(volume) {
+        let (held, chain) = self.snapshots_now(volume, coordinator).await?;
+        if !chain.is_empty() {
+            drop(held);
             let place = NewCopyPlace::Beside(component);
             self.spawn_carrying(volume, coordinator, place, target, reserve);
             return None;
         }
-        if let Err(e) = coordinator.add_copy(component, target, reserve).await {
+        let added = coordinator.add_copy(component, target, reserve).await;
+        drop(held);
+        if let Err(e) = added {
             tracing::warn!(%volume, %component, error = %e, "no copy added for an evacuation");
             return None;
         }
