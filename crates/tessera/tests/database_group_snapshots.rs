@@ -14,11 +14,10 @@
 
 mod common;
 
-use common::mount::{can_mount, run_ok, Attached};
-use common::postgres::{as_postgres, postgres_bin, postgres_dir, recover_and_check, Server};
+use common::mount::{run_ok, Attached};
+use common::postgres::{as_postgres, database_test_setup, postgres_dir, recover_and_check, Server};
 use common::up::{tessera, UpCluster};
 use serde_json::Value;
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 /// pgbench's scale: 100,000 account rows each.
@@ -26,19 +25,9 @@ const SCALE: u64 = 2;
 
 #[test]
 fn postgres_with_its_wal_on_another_volume_recovers_from_a_group_snapshot() {
-    let Some(bin) = postgres_bin() else {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "PostgreSQL's server binaries are required (TESSERA_REQUIRE_TOOLS=1)"
-        );
-        eprintln!("skipping: PostgreSQL is not installed");
+    let Some((bin, work)) = database_test_setup() else {
         return;
     };
-    if !can_mount() || !common::have("runuser") {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let cluster = UpCluster::start(69, &[]);
     let (view, data_uri) = cluster.create_volume("pg-data", "384M", None);
     let (_, wal_uri) = cluster.create_volume("pg-wal", "256M", None);

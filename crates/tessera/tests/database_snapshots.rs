@@ -14,10 +14,9 @@
 
 mod common;
 
-use common::mount::{can_mount, run_ok, Attached};
-use common::postgres::{as_postgres, postgres_bin, postgres_dir, recover_and_check, Server};
+use common::mount::{run_ok, Attached};
+use common::postgres::{as_postgres, database_test_setup, postgres_dir, recover_and_check, Server};
 use common::up::{tessera, UpCluster};
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 /// pgbench's scale: 100,000 account rows each.
@@ -25,20 +24,9 @@ const SCALE: u64 = 4;
 
 #[test]
 fn postgres_under_pgbench_snapshotted_and_cloned_recovers_cleanly() {
-    let Some(bin) = postgres_bin() else {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "PostgreSQL's server binaries are required (TESSERA_REQUIRE_TOOLS=1)"
-        );
-        eprintln!("skipping: PostgreSQL is not installed");
+    let Some((bin, work)) = database_test_setup() else {
         return;
     };
-    if !can_mount() || !common::have("runuser") {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    // The server runs as `postgres`: it must reach its directories.
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let cluster = UpCluster::start(63, &[]);
     let (view, uri) = cluster.create_volume("pg", "512M", None);
     let owner = view["owner"].as_str().unwrap().to_string();

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use super::mount::run_ok;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -143,4 +144,27 @@ pub fn recover_and_check(
     let counted = as_postgres(&bin.join("psql"), &count);
     assert_eq!(counted.trim(), rows.to_string(), "account rows in the copy");
     recovered
+}
+
+/// What a database test needs before it starts: PostgreSQL's server
+/// binaries (their directory), a machine that can mount, `runuser`, and a
+/// working directory the `postgres` user reaches. None, after saying why,
+/// when something is missing (a failure instead with
+/// TESSERA_REQUIRE_TOOLS=1).
+pub fn database_test_setup() -> Option<(PathBuf, tempfile::TempDir)> {
+    let Some(bin) = postgres_bin() else {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "PostgreSQL's server binaries are required (TESSERA_REQUIRE_TOOLS=1)"
+        );
+        eprintln!("skipping: PostgreSQL is not installed");
+        return None;
+    };
+    if !super::mount::can_mount() || !super::have("runuser") {
+        return None;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // The server runs as `postgres`: it must reach its directories.
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    Some((bin, work))
 }
