@@ -62,8 +62,8 @@ use tessera_iscsi::catalog::{
     parse_target_name, target_name_for_snapshot, target_name_for_volume, NamedTarget,
 };
 use tessera_iscsi::scsi::environment::{
-    AluaState, DatastoreSpace, EnvironmentError, TargetPortGroup, UnitEnvironment,
-    VersionedReservations,
+    AluaState, DatastoreSpace, EnvironmentError, LocalReservations, TargetPortGroup,
+    UnitEnvironment, VersionedReservations,
 };
 use tessera_iscsi::scsi::inquiry::naa_designator;
 use tessera_iscsi::scsi::reservations::{
@@ -367,26 +367,7 @@ impl UnitEnvironment for VolumeEnvironment {
             .read()
             .get(&self.volume)
             .map(|o| o.host.clone());
-        self.peers
-            .records()
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let port = port_number(i);
-                let state = if owner.as_ref() == Some(&h.id) {
-                    AluaState::ActiveOptimized
-                } else if self.peers.is_live(&h.id) || h.id == self.host {
-                    AluaState::ActiveNonOptimized
-                } else {
-                    AluaState::Unavailable
-                };
-                TargetPortGroup {
-                    id: port,
-                    state,
-                    ports: vec![port],
-                }
-            })
-            .collect()
+        port_groups(&self.peers, &self.host, |h| owner.as_ref() == Some(h))
     }
 
     fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
@@ -434,13 +415,13 @@ struct SnapshotEnvironment {
     peers: Arc<Peers>,
     exports: Arc<HostCatalog>,
     /// Kept here, not in the directory: see the module's invariants.
-    reservations: Mutex<VersionedReservations>,
+    reservations: LocalReservations,
 }
 
 #[async_trait]
 impl UnitEnvironment for SnapshotEnvironment {
     async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
-        Ok(self.reservations.lock().clone())
+        Ok(self.reservations.current())
     }
 
     async fn store_reservations(
@@ -448,38 +429,14 @@ impl UnitEnvironment for SnapshotEnvironment {
         version: u64,
         state: ReservationState,
     ) -> Result<bool, EnvironmentError> {
-        let mut current = self.reservations.lock();
-        if current.version != version {
-            return Ok(false);
-        }
-        *current = VersionedReservations {
-            version: version + 1,
-            state: Arc::new(state),
-        };
-        Ok(true)
+        Ok(self.reservations.store(version, state))
     }
 
     fn port_groups(&self) -> Vec<TargetPortGroup> {
-        self.peers
-            .records()
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let port = port_number(i);
-                // Any host reads a snapshot from any copy, its own first:
-                // no host is better placed than another.
-                let state = if self.peers.is_live(&h.id) || h.id == self.host {
-                    AluaState::ActiveOptimized
-                } else {
-                    AluaState::Unavailable
-                };
-                TargetPortGroup {
-                    id: port,
-                    state,
-                    ports: vec![port],
-                }
-            })
-            .collect()
+        // Any host reads a snapshot from any copy, its own first: no host
+        // is better placed than another.
+        let peers = &self.peers;
+        port_groups(peers, &self.host, |h| peers.is_live(h) || *h == self.host)
     }
 
     fn resolve_designator(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
@@ -490,6 +447,37 @@ impl UnitEnvironment for SnapshotEnvironment {
         // Nothing is ever allocated through a snapshot's unit.
         None
     }
+}
+
+/// One port group per registered host, as `host` sees them: those
+/// `optimized` names are active/optimized, other live hosts (and `host`
+/// itself) active/non-optimized, absent ones unavailable.
+fn port_groups(
+    peers: &Peers,
+    host: &HostId,
+    optimized: impl Fn(&HostId) -> bool,
+) -> Vec<TargetPortGroup> {
+    peers
+        .records()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = port_number(i);
+            let live = peers.is_live(&h.id) || h.id == *host;
+            let state = if optimized(&h.id) {
+                AluaState::ActiveOptimized
+            } else if live {
+                AluaState::ActiveNonOptimized
+            } else {
+                AluaState::Unavailable
+            };
+            TargetPortGroup {
+                id: port,
+                state,
+                ports: vec![port],
+            }
+        })
+        .collect()
 }
 
 /// Relative target port / portal group tag of the host at `index` in the
@@ -647,10 +635,7 @@ impl HostTargets {
             view: Arc::clone(&self.view),
             peers: Arc::clone(&self.peers),
             exports: Arc::clone(&self.exports),
-            reservations: Mutex::new(VersionedReservations {
-                version: 0,
-                state: Arc::new(ReservationState::default()),
-            }),
+            reservations: LocalReservations::default(),
         });
         let settings = UnitSettings {
             product: SNAPSHOT_PRODUCT.into(),

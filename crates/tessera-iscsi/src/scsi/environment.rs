@@ -166,9 +166,43 @@ impl MemoryDatastore {
     }
 }
 
+/// Reservations kept in one process's memory, changed by compare-and-swap
+/// on their version: for a unit whose reservations no other process shares.
+pub struct LocalReservations(Mutex<VersionedReservations>);
+
+impl Default for LocalReservations {
+    fn default() -> Self {
+        LocalReservations(Mutex::new(VersionedReservations {
+            version: 0,
+            state: Arc::new(ReservationState::default()),
+        }))
+    }
+}
+
+impl LocalReservations {
+    /// The reservations now, with their version.
+    pub fn current(&self) -> VersionedReservations {
+        self.0.lock().clone()
+    }
+
+    /// Replaces them with `state` if they are still at `version`; false
+    /// (nothing changed) otherwise.
+    pub fn store(&self, version: u64, state: ReservationState) -> bool {
+        let mut current = self.0.lock();
+        if current.version != version {
+            return false;
+        }
+        *current = VersionedReservations {
+            version: version + 1,
+            state: Arc::new(state),
+        };
+        true
+    }
+}
+
 /// Reservations, port groups and datastore of a unit served by one process.
 pub struct MemoryEnvironment {
-    reservations: Mutex<VersionedReservations>,
+    reservations: LocalReservations,
     port_groups: Mutex<Vec<TargetPortGroup>>,
     datastore: Arc<MemoryDatastore>,
 }
@@ -178,10 +212,7 @@ impl MemoryEnvironment {
     /// `datastore`.
     pub fn new(datastore: Arc<MemoryDatastore>) -> Self {
         MemoryEnvironment {
-            reservations: Mutex::new(VersionedReservations {
-                version: 0,
-                state: Arc::new(ReservationState::default()),
-            }),
+            reservations: LocalReservations::default(),
             port_groups: Mutex::new(vec![TargetPortGroup {
                 id: 1,
                 state: AluaState::ActiveOptimized,
@@ -200,7 +231,7 @@ impl MemoryEnvironment {
 #[async_trait]
 impl UnitEnvironment for MemoryEnvironment {
     async fn reservations(&self) -> Result<VersionedReservations, EnvironmentError> {
-        Ok(self.reservations.lock().clone())
+        Ok(self.reservations.current())
     }
 
     async fn store_reservations(
@@ -208,15 +239,7 @@ impl UnitEnvironment for MemoryEnvironment {
         version: u64,
         state: ReservationState,
     ) -> Result<bool, EnvironmentError> {
-        let mut current = self.reservations.lock();
-        if current.version != version {
-            return Ok(false);
-        }
-        *current = VersionedReservations {
-            version: version + 1,
-            state: Arc::new(state),
-        };
-        Ok(true)
+        Ok(self.reservations.store(version, state))
     }
 
     fn port_groups(&self) -> Vec<TargetPortGroup> {

@@ -29,8 +29,8 @@ pub mod target;
 pub mod unit;
 
 pub use environment::{
-    AluaState, DatastoreSpace, EnvironmentError, MemoryDatastore, MemoryEnvironment,
-    TargetPortGroup, UnitEnvironment, VersionedReservations,
+    AluaState, DatastoreSpace, EnvironmentError, LocalReservations, MemoryDatastore,
+    MemoryEnvironment, TargetPortGroup, UnitEnvironment, VersionedReservations,
 };
 pub use reservations::ReservationState;
 pub use sense::Sense;
