@@ -21,8 +21,8 @@
 //! `ack_before_durable` switch is on, which exists to prove the crash tests
 //! can fail); a checkpoint's log tail never passes the durable head.
 
-use crate::index::{RootEntry, LBAS_PER_PAGE};
-use crate::state::{LoggedRecord, Request, State, WrittenBatch};
+use crate::index::{CachedRoots, RootEntry, LBAS_PER_PAGE};
+use crate::state::{Fetch, LoggedRecord, Request, State, WrittenBatch};
 use crate::StoreError;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -183,56 +183,73 @@ impl Shared {
         Ok(page)
     }
 
-    /// Loads pages into the cache; a page is inserted only if the root still
-    /// points where it was read from (a checkpoint may have moved it).
-    /// Failures fail the component (damaged page) or the device (I/O error).
-    /// `ahead`: the pages are read ahead of need (counted as such).
+    /// Loads pages and root table blocks into the cache; a page is inserted
+    /// only if its root still points where it was read from (a checkpoint
+    /// may have moved it), a root table block only if its snapshot still
+    /// has it there. Failures fail the component (damaged page or table)
+    /// or the device (I/O error). `ahead`: the pages are read ahead of need
+    /// (counted as such).
     pub(crate) fn load_pages_blocking(
         &self,
-        need: &[((u64, u64), BlockLoc)],
+        need: &[Fetch],
         ahead: bool,
     ) -> Result<(), StoreError> {
-        for &(key, loc) in need {
-            let family = self
-                .state
-                .lock()
-                .components
-                .get(&key.0)
-                .map_or(key.0, |c| c.family);
-            let result = self.read_page(key, loc, family);
-            let mut st = self.state.lock();
-            match result {
-                Ok(page) => {
-                    let current = st
+        for fetch in need {
+            let (c, loc, result) = match *fetch {
+                Fetch::Page(key, loc) => {
+                    let family = self
+                        .state
+                        .lock()
                         .components
                         .get(&key.0)
-                        .and_then(|c| c.roots.get(&key.1))
-                        .and_then(|r| r.current());
-                    if current == Some(loc) && !st.cache.contains(&key) {
-                        st.cache.insert(key, page, false);
-                    }
-                    st.cache
-                        .read
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if ahead {
-                        st.cache
-                            .prefetched
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
+                        .map_or(key.0, |c| c.family);
+                    let result = self.read_page(key, loc, family);
+                    let mut st = self.state.lock();
+                    let result = result.map(|page| {
+                        if st.cached_root(key.0, key.1).and_then(|r| r.current()) == Some(loc)
+                            && !st.cache.contains(&key)
+                        {
+                            st.cache.insert(key, page, false);
+                        }
+                        st.cache.read.fetch_add(1, Ordering::Relaxed);
+                        if ahead {
+                            st.cache.prefetched.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    (key.0, loc, result)
                 }
+                Fetch::Roots(key, loc) => {
+                    let result = crate::snapshot::read_root_block(self, key, loc);
+                    let mut st = self.state.lock();
+                    let result = result.map(|roots| {
+                        let current = st
+                            .components
+                            .get(&key.0)
+                            .and_then(|c| c.snapshot.as_ref())
+                            .and_then(|t| t.blocks.get(key.1 as usize));
+                        if current == Some(&loc) {
+                            st.cache.insert_roots(key, CachedRoots::new(&roots));
+                        }
+                    });
+                    (key.0, loc, result)
+                }
+            };
+            let mut st = self.state.lock();
+            match result {
+                Ok(()) => {}
                 Err(PageReadError::Io(e)) => {
                     st.fail_capacity_device(loc.device, &e.to_string());
                     return Err(StoreError::ComponentFailed {
-                        component: tessera_types::ComponentId(key.0),
+                        component: tessera_types::ComponentId(c),
                         reason: e.to_string(),
                     });
                 }
                 Err(PageReadError::Damaged(reason)) => {
-                    if let Some(c) = st.components.get_mut(&key.0) {
-                        c.failed.get_or_insert(reason.clone());
+                    if let Some(comp) = st.components.get_mut(&c) {
+                        comp.failed.get_or_insert(reason.clone());
                     }
                     return Err(StoreError::ComponentFailed {
-                        component: tessera_types::ComponentId(key.0),
+                        component: tessera_types::ComponentId(c),
                         reason,
                     });
                 }
@@ -1286,7 +1303,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                 reserve_bytes: c.reserve_bytes,
                 highest_epoch: c.highest_epoch,
                 family: c.family,
-                root_table: c.snapshot.as_ref().map(|(t, _)| *t),
+                root_table: c.snapshot.as_ref().map(|t| t.table),
                 pages: c
                     .roots
                     .iter()

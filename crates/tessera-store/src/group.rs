@@ -488,10 +488,17 @@ impl DiskGroup {
             }
         };
         let _guard = lock.write().await;
+        // A snapshot's roots are in its table (and stay as they are).
+        let shared = self.shared.clone();
+        let table_roots = tokio::task::spawn_blocking(move || shared.snapshot_roots(id.0))
+            .await
+            .map_err(|e| StoreError::DiskGroupFailed {
+                reason: format!("root table task failed: {e}"),
+            })??;
         let (rx, token, taken) = {
             let mut st = self.shared.state.lock();
             st.check_group()?;
-            let Some(taken) = st.take_component(id.0) else {
+            let Some(taken) = st.take_component(id.0, table_roots) else {
                 return Err(StoreError::NoSuchComponent { component: id });
             };
             let token = st.next_token;

@@ -1,17 +1,22 @@
 //! The bounded cache of index pages and the in-memory root of each component.
 //!
 //! Owns: which index pages are in memory, which are dirty (changed since the
-//! last checkpoint) and which are pinned (being written by a checkpoint).
+//! last checkpoint) and which are pinned (being written by a checkpoint); and
+//! which blocks of snapshots' root tables are in memory (a snapshot keeps no
+//! page roots of its own in memory: they are read from its table when a
+//! read of it needs them, see `crate::snapshot`).
 //! Memory is set by configuration: at most `index_cache_bytes / 4 KiB` clean
-//! pages stay cached; dirty and pinned pages cannot be dropped, and the
-//! destager checkpoints as soon as they pass half of the budget, which bounds
-//! them too.
+//! pages and root table blocks stay cached; dirty and pinned pages cannot be
+//! dropped, and the destager checkpoints as soon as they pass half of the
+//! budget, which bounds them too.
 //! Invariant: a dirty page is never evicted (its changes would be lost before
 //! reaching a checkpoint); a page is looked up on disk only through the root
-//! entry the last checkpoint committed.
+//! entry the last checkpoint committed (or, for a snapshot, its root table,
+//! which never changes).
 
 use std::collections::HashMap;
-use tessera_format::{BlockLoc, IndexPage, INDEX_ENTRIES};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use tessera_format::{BlockLoc, IndexPage, PageRoot, INDEX_ENTRIES};
 
 /// LBAs per index page, as a u64.
 pub(crate) const LBAS_PER_PAGE: u64 = INDEX_ENTRIES as u64;
@@ -35,6 +40,14 @@ pub(crate) struct RootEntry {
 }
 
 impl RootEntry {
+    /// The root a checkpoint or root table lists.
+    pub(crate) fn listed(r: &PageRoot) -> RootEntry {
+        RootEntry {
+            loc: Some(r.loc),
+            slot: r.slot,
+        }
+    }
+
     /// Block of the committed copy.
     pub(crate) fn current(&self) -> Option<BlockLoc> {
         self.loc.map(|l| BlockLoc {
@@ -43,6 +56,52 @@ impl RootEntry {
         })
     }
 }
+
+/// One block of a snapshot's root table as cached: its roots in page
+/// order, each as (page number, packed location of its slot pair with the
+/// committed slot as the flags), 16 bytes a root, so a block of roots takes
+/// less memory than a page of entries and counts as one page in the budget.
+pub(crate) struct CachedRoots {
+    roots: Vec<(u64, u64)>,
+    last_use: AtomicU64,
+}
+
+impl CachedRoots {
+    pub(crate) fn new(roots: &[PageRoot]) -> CachedRoots {
+        CachedRoots {
+            roots: roots
+                .iter()
+                .map(|r| (r.page_no, r.loc.pack(r.slot)))
+                .collect(),
+            last_use: AtomicU64::new(0),
+        }
+    }
+
+    /// The roots of pages `first..=last` this block holds, in order.
+    pub(crate) fn range(
+        &self,
+        first: u64,
+        last: u64,
+    ) -> impl Iterator<Item = (u64, RootEntry)> + '_ {
+        let from = self.roots.partition_point(|(p, _)| *p < first);
+        self.roots[from..]
+            .iter()
+            .take_while(move |(p, _)| *p <= last)
+            .map(|&(p, packed)| {
+                let (loc, slot) = BlockLoc::unpack(packed);
+                (
+                    p,
+                    RootEntry {
+                        loc: Some(loc),
+                        slot,
+                    },
+                )
+            })
+    }
+}
+
+/// Key of a cached root table block: (snapshot, its place in the table).
+pub(crate) type RootBlockKey = (u64, u64);
 
 /// A cached page.
 pub(crate) struct CachedPage {
@@ -68,10 +127,13 @@ pub const INDEX_PAGE_SPAN_BYTES: u64 = LBAS_PER_PAGE * tessera_types::BLOCK_BYTE
 pub struct IndexCacheStats {
     /// Memory the cache may use (its budget).
     pub budget_bytes: u64,
-    /// Pages cached now, and the memory they take.
+    /// Pages cached now.
     pub resident_pages: u64,
-    /// Memory the cached pages take.
+    /// Memory the cached pages and root table blocks take.
     pub resident_bytes: u64,
+    /// Blocks of snapshots' root tables cached now (each counts as a page
+    /// in the budget).
+    pub resident_root_blocks: u64,
     /// Cached pages changed since the last checkpoint (never evicted).
     pub dirty_pages: u64,
     /// Pages operations found in memory.
@@ -90,8 +152,12 @@ pub struct IndexCacheStats {
 /// The cache.
 pub(crate) struct IndexCache {
     pages: HashMap<PageKey, CachedPage>,
+    /// Blocks of snapshots' root tables, sharing the budget with pages.
+    roots: HashMap<RootBlockKey, CachedRoots>,
     capacity: usize,
-    clock: u64,
+    /// Use order of pages and root blocks together (root blocks are looked
+    /// up under a shared borrow, hence atomic).
+    clock: AtomicU64,
     /// Pages read ahead after a miss.
     pub(crate) prefetch_pages: u64,
     /// Pages the operations that completed used (found cached or read).
@@ -107,8 +173,9 @@ impl IndexCache {
     pub(crate) fn new(bytes: u64) -> IndexCache {
         IndexCache {
             pages: HashMap::new(),
+            roots: HashMap::new(),
             capacity: capacity_for(bytes),
-            clock: 0,
+            clock: AtomicU64::new(0),
             prefetch_pages: INDEX_PREFETCH_PAGES_DEFAULT,
             used: Default::default(),
             read: Default::default(),
@@ -136,7 +203,8 @@ impl IndexCache {
         IndexCacheStats {
             budget_bytes: self.capacity as u64 * PAGE_MEMORY_BYTES,
             resident_pages: self.pages.len() as u64,
-            resident_bytes: self.pages.len() as u64 * PAGE_MEMORY_BYTES,
+            resident_bytes: self.len() as u64 * PAGE_MEMORY_BYTES,
+            resident_root_blocks: self.roots.len() as u64,
             dirty_pages: self.dirty_count() as u64,
             // A page read on demand is then used by the operation that
             // waited for it: what it used beyond those it found cached.
@@ -152,12 +220,34 @@ impl IndexCache {
         self.pages.contains_key(key)
     }
 
+    /// Pages and root table blocks cached.
+    fn len(&self) -> usize {
+        self.pages.len() + self.roots.len()
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Relaxed) + 1
+    }
+
     pub(crate) fn get(&mut self, key: &PageKey) -> Option<&mut CachedPage> {
-        self.clock += 1;
-        let now = self.clock;
+        let now = self.tick();
         let page = self.pages.get_mut(key)?;
         page.last_use = now;
         Some(page)
+    }
+
+    /// A cached root table block, marked as used.
+    pub(crate) fn roots(&self, key: &RootBlockKey) -> Option<&CachedRoots> {
+        let block = self.roots.get(key)?;
+        block.last_use.store(self.tick(), Relaxed);
+        Some(block)
+    }
+
+    /// Caches a root table block read from disk.
+    pub(crate) fn insert_roots(&mut self, key: RootBlockKey, block: CachedRoots) {
+        block.last_use.store(self.tick(), Relaxed);
+        self.roots.entry(key).or_insert(block);
+        self.evict();
     }
 
     pub(crate) fn peek(&self, key: &PageKey) -> Option<&CachedPage> {
@@ -167,8 +257,7 @@ impl IndexCache {
     /// Inserts a page read from disk (kept if one is already cached: the
     /// cached copy may be newer) or a new empty page (`dirty`).
     pub(crate) fn insert(&mut self, key: PageKey, page: IndexPage, dirty: bool) {
-        self.clock += 1;
-        let now = self.clock;
+        let now = self.tick();
         self.pages.entry(key).or_insert(CachedPage {
             page,
             dirty,
@@ -182,8 +271,10 @@ impl IndexCache {
         self.pages.remove(key)
     }
 
+    /// Drops a component's pages and root table blocks.
     pub(crate) fn remove_component(&mut self, component: u64) {
         self.pages.retain(|k, _| k.0 != component);
+        self.roots.retain(|k, _| k.0 != component);
     }
 
     pub(crate) fn dirty_keys(&self) -> Vec<PageKey> {
@@ -206,23 +297,34 @@ impl IndexCache {
         self.evict();
     }
 
-    /// Drops least recently used clean, unpinned pages down to 7/8 of the
-    /// budget, so evictions come in batches rather than on every insert.
+    /// Drops least recently used clean, unpinned pages and root table
+    /// blocks down to 7/8 of the budget, so evictions come in batches
+    /// rather than on every insert.
     fn evict(&mut self) {
-        if self.pages.len() <= self.capacity {
+        if self.len() <= self.capacity {
             return;
         }
         let target = self.capacity * 7 / 8;
-        let mut clean: Vec<(u64, PageKey)> = self
+        // (last use, is a root block, key)
+        let mut clean: Vec<(u64, bool, (u64, u64))> = self
             .pages
             .iter()
             .filter(|(_, p)| !p.dirty && p.pins == 0)
-            .map(|(k, p)| (p.last_use, *k))
+            .map(|(k, p)| (p.last_use, false, *k))
+            .chain(
+                self.roots
+                    .iter()
+                    .map(|(k, r)| (r.last_use.load(Relaxed), true, *k)),
+            )
             .collect();
         clean.sort_unstable();
-        let excess = self.pages.len().saturating_sub(target);
-        for (_, k) in clean.into_iter().take(excess) {
-            self.pages.remove(&k);
+        let excess = self.len().saturating_sub(target);
+        for (_, root_block, k) in clean.into_iter().take(excess) {
+            if root_block {
+                self.roots.remove(&k);
+            } else {
+                self.pages.remove(&k);
+            }
             self.evicted += 1;
         }
     }

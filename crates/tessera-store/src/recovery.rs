@@ -16,8 +16,8 @@
 use crate::alloc::{Allocator, Reference, ReferenceCount};
 use crate::content::ContentCache;
 use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
-use crate::index::{IndexCache, LBAS_PER_PAGE};
-use crate::state::{Component, LoggedRecord, State, HEADROOM_BLOCKS_MIN};
+use crate::index::{IndexCache, RootEntry, LBAS_PER_PAGE};
+use crate::state::{Component, LoggedRecord, SnapshotTable, State, HEADROOM_BLOCKS_MIN};
 use crate::StoreError;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tessera_env::{AlignedBuf, Disk};
 use tessera_format::{
     block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogEntry, LogOp,
-    LogRecordHeader, PageRoot, RootTableRef, Superblock, BLOCK,
+    LogRecordHeader, RootTableRef, Superblock, BLOCK,
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
@@ -305,28 +305,15 @@ pub(crate) fn load_state(
     for rec in &ck.components {
         let mut comp = Component::new(rec.id, rec.size_bytes, rec.reserve_bytes, rec.highest_epoch);
         comp.family = rec.family;
-        let mut pages = rec.pages.clone();
-        if let Some(table) = rec.root_table {
-            // A snapshot's pages are in its root table.
-            match crate::snapshot::read_root_table(devices, table, rec.id) {
-                Ok(t) => {
-                    pages = t.roots;
-                    comp.snapshot = Some((table, t.blocks));
-                }
-                Err(reason) => {
-                    comp.snapshot = Some((table, Vec::new()));
-                    comp.failed = Some(reason);
+        match rec.root_table {
+            // A snapshot's pages are in its root table, read below when its
+            // references are counted; it keeps none in memory.
+            Some(table) => comp.snapshot = Some(SnapshotTable::unreadable(table)),
+            None => {
+                for p in &rec.pages {
+                    comp.roots.insert(p.page_no, RootEntry::listed(p));
                 }
             }
-        }
-        for p in &pages {
-            comp.roots.insert(
-                p.page_no,
-                crate::index::RootEntry {
-                    loc: Some(p.loc),
-                    slot: p.slot,
-                },
-            );
         }
         components.insert(rec.id, comp);
     }
@@ -385,7 +372,7 @@ pub(crate) fn load_state(
     let mut refs = ReferenceCount::default();
     let mut pairs: HashMap<u64, (u8, u64)> = HashMap::new();
     for c in ids {
-        let roots: Vec<(u64, crate::index::RootEntry)> = st.components[&c]
+        let mut roots: Vec<(u64, RootEntry)> = st.components[&c]
             .roots
             .iter()
             .map(|(p, r)| (*p, *r))
@@ -393,11 +380,28 @@ pub(crate) fn load_state(
         let family = st.components[&c].family;
         let mut failure: Option<String> = st.components[&c].failed.clone();
         let (mut allocated, mut held): (u64, Vec<(BlockLoc, u64)>) = (0, Vec::new());
-        let table_blocks: Vec<BlockLoc> = st.components[&c]
-            .snapshot
-            .as_ref()
-            .map(|(_, blocks)| blocks.clone())
-            .unwrap_or_default();
+        let mut table_blocks: Vec<BlockLoc> = Vec::new();
+        let table = st.components[&c].snapshot.as_ref().map(|t| t.table);
+        if let Some(table) = table {
+            let snapshot = match crate::snapshot::read_root_table(devices, table, c) {
+                Ok(t) => {
+                    roots = t
+                        .roots
+                        .iter()
+                        .map(|r| (r.page_no, RootEntry::listed(r)))
+                        .collect();
+                    table_blocks = t.blocks.clone();
+                    SnapshotTable::new(table, t.blocks, &t.roots)
+                }
+                Err(reason) => {
+                    failure.get_or_insert(reason);
+                    SnapshotTable::unreadable(table)
+                }
+            };
+            if let Some(comp) = st.components.get_mut(&c) {
+                comp.snapshot = Some(snapshot);
+            }
+        }
         for loc in table_blocks {
             if !refs.page_slot(&mut st.alloc, loc) {
                 failure.get_or_insert(format!("root table block {loc} overlaps other data"));
@@ -925,8 +929,8 @@ pub(crate) fn free_component_blocking(
         }
     }
     // A snapshot's root table goes with it.
-    if let Some((_, blocks)) = &comp.snapshot {
-        freed.extend(blocks.iter().copied());
+    if let Some(table) = &comp.snapshot {
+        freed.extend(table.blocks.iter().copied());
     }
     let mut st = shared.state.lock();
     for loc in freed {
@@ -1049,27 +1053,23 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
             }
             LogOp::Snapshot if !exists => replay_snapshot(shared, e),
             LogOp::Clone if !exists => {
+                let read = shared.snapshot_roots(e.arg2);
                 let mut st = shared.state.lock();
                 match st.components.get(&e.arg2).filter(|s| s.snapshot.is_some()) {
                     Some(snapshot) => {
-                        let roots: Vec<PageRoot> = snapshot
-                            .roots
-                            .iter()
-                            .filter_map(|(page_no, r)| {
-                                r.loc.map(|loc| PageRoot {
-                                    page_no: *page_no,
-                                    loc,
-                                    slot: r.slot,
-                                })
-                            })
-                            .collect();
                         let (family, size, allocated, epoch) = (
                             snapshot.family,
                             snapshot.size_bytes,
                             snapshot.allocated,
                             e.epoch,
                         );
+                        let roots = read.as_ref().cloned().unwrap_or_default();
                         st.add_copy(c, family, size, allocated, &roots, None, epoch);
+                        if let (Err(err), Some(clone)) = (read, st.components.get_mut(&c)) {
+                            // Its pages are unknown: shown as failed, for
+                            // its copies elsewhere to replace.
+                            clone.failed = Some(format!("snapshot root table unreadable: {err}"));
+                        }
                     }
                     None => tracing::warn!(
                         component = %ComponentId(c),
@@ -1080,7 +1080,13 @@ fn apply_record(shared: &Shared, rec: &ReadRecord) -> Result<(), StoreError> {
             }
             LogOp::Snapshot | LogOp::Clone => {}
             LogOp::Delete => {
-                let taken = shared.state.lock().take_component(c);
+                // Unreadable, its pages stay in use until the next mount
+                // counts them again.
+                let roots = shared.snapshot_roots(c).unwrap_or_else(|err| {
+                    tracing::warn!(component = %ComponentId(c), %err, "replay: deleted snapshot's root table unreadable");
+                    Vec::new()
+                });
+                let taken = shared.state.lock().take_component(c, roots);
                 if let Some((comp, cached)) = taken {
                     free_component_blocking(shared, c, comp, cached);
                 }
@@ -1128,13 +1134,14 @@ fn replay_snapshot(shared: &Shared, e: &LogEntry) {
                 st.take_replayed_ref(*b);
             }
             let epoch = e.epoch;
+            let snapshot = SnapshotTable::new(table, t.blocks.clone(), &t.roots);
             st.add_copy(
                 c,
                 t.family,
                 t.size_bytes,
                 t.allocated,
                 &t.roots,
-                Some((table, t.blocks)),
+                Some(snapshot),
                 epoch,
             );
             let src = e.arg2;
@@ -1160,7 +1167,7 @@ fn replay_snapshot(shared: &Shared, e: &LogEntry) {
             // damage, shown as a failed component.
             tracing::warn!(component = %ComponentId(c), %reason, "replay: snapshot root table unreadable");
             let mut comp = Component::new(c, 0, 0, e.epoch);
-            comp.snapshot = Some((table, Vec::new()));
+            comp.snapshot = Some(SnapshotTable::unreadable(table));
             comp.failed = Some(format!("snapshot root table unreadable: {reason}"));
             st.components.insert(c, comp);
         }

@@ -25,8 +25,9 @@
 //!   that a checkpoint made durable, and that no one overwrites while a
 //!   component shares them.
 
-use crate::engine::Shared;
-use crate::state::Request;
+use crate::engine::{PageReadError, Shared};
+use crate::index::{RootBlockKey, RootEntry};
+use crate::state::{Request, SnapshotTable};
 use crate::{DiskGroup, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,20 +74,16 @@ pub(crate) fn read_root_table(
                 table.blocks
             ));
         };
-        let disk = match loc.device {
-            0 => None,
-            d => devices.get(d as usize),
-        }
-        .ok_or_else(|| format!("root table block {loc} is on no capacity device"))?;
-        let mut buf = AlignedBuf::zeroed(BLOCK);
-        disk.read_at(buf.as_mut_slice(), loc.block * BLOCK_BYTES)
-            .map_err(|e| format!("root table block {loc}: {e}"))?;
-        let block = RootTableBlock::decode(buf.as_slice())
-            .map_err(|e| format!("root table block {loc}: {e}"))?;
-        if block.component != component || block.index != index {
+        let block = read_table_block(devices, (component, index), loc).map_err(|e| match e {
+            PageReadError::Io(e) => format!("root table block {loc}: {e}"),
+            PageReadError::Damaged(reason) => reason,
+        })?;
+        // Blocks are filled in order (see `encode_root_table`), which is
+        // what finding a page's block without reading the others relies on.
+        if index + 1 < table.blocks && block.roots.len() != ROOTS_PER_BLOCK {
             return Err(format!(
-                "root table block {loc} is block {} of component {}, not block {index} of {component}",
-                block.index, block.component
+                "root table block {loc} of component {component} holds {} roots, not {ROOTS_PER_BLOCK}",
+                block.roots.len()
             ));
         }
         out.family = block.family;
@@ -97,6 +94,71 @@ pub(crate) fn read_root_table(
         next = block.next;
     }
     Ok(out)
+}
+
+/// Reads block `key.1` of the root table of snapshot `key.0` from `loc`:
+/// it must decode and be that block of that snapshot's table.
+fn read_table_block(
+    devices: &[Arc<dyn Disk>],
+    key: RootBlockKey,
+    loc: BlockLoc,
+) -> Result<RootTableBlock, PageReadError> {
+    let (component, index) = key;
+    let disk = match loc.device {
+        0 => None,
+        d => devices.get(d as usize),
+    }
+    .ok_or_else(|| {
+        PageReadError::Damaged(format!("root table block {loc} is on no capacity device"))
+    })?;
+    let mut buf = AlignedBuf::zeroed(BLOCK);
+    disk.read_at(buf.as_mut_slice(), loc.block * BLOCK_BYTES)
+        .map_err(PageReadError::Io)?;
+    let block = RootTableBlock::decode(buf.as_slice())
+        .map_err(|e| PageReadError::Damaged(format!("root table block {loc}: {e}")))?;
+    if block.component != component || block.index != index {
+        return Err(PageReadError::Damaged(format!(
+            "root table block {loc} is block {} of component {}, not block {index} of {component}",
+            block.index, block.component
+        )));
+    }
+    Ok(block)
+}
+
+/// The roots one block of a snapshot's root table lists, for the index
+/// cache.
+pub(crate) fn read_root_block(
+    shared: &Shared,
+    key: RootBlockKey,
+    loc: BlockLoc,
+) -> Result<Vec<PageRoot>, PageReadError> {
+    read_table_block(&shared.devices, key, loc).map(|b| b.roots)
+}
+
+impl Shared {
+    /// The page roots the root table of snapshot `c` lists, read from its
+    /// blocks (none for a component that is no snapshot, or a snapshot
+    /// whose table could not be read when it was opened). A snapshot's
+    /// roots never change, so they may be read without the state lock.
+    pub(crate) fn snapshot_roots(&self, c: u64) -> Result<Vec<PageRoot>, StoreError> {
+        let table = {
+            let st = self.state.lock();
+            match st
+                .components
+                .get(&c)
+                .and_then(|comp| comp.snapshot.as_ref())
+            {
+                Some(t) if !t.blocks.is_empty() => t.table,
+                _ => return Ok(Vec::new()),
+            }
+        };
+        read_root_table(&self.devices, table, c)
+            .map(|t| t.roots)
+            .map_err(|reason| StoreError::ComponentFailed {
+                component: ComponentId(c),
+                reason,
+            })
+    }
 }
 
 /// The encoded blocks of a root table at `blocks`.
@@ -295,13 +357,14 @@ impl DiskGroup {
                 st.alloc.free_all(&blocks);
                 return Err(e);
             }
+            let snapshot = SnapshotTable::new(table, blocks, &source.roots);
             st.add_copy(
                 dst.0,
                 source.family,
                 source.size_bytes,
                 source.allocated,
                 &source.roots,
-                Some((table, blocks)),
+                Some(snapshot),
                 source.highest_epoch.max(epoch.0),
             );
             self.log_copy(&mut st, LogOp::Snapshot, dst, table, epoch, src)
@@ -345,17 +408,33 @@ impl DiskGroup {
         if let Some(done) = self.copy_exists(snapshot, dst, false)? {
             return done;
         }
+        let not_a_snapshot = || {
+            StoreError::Config(format!(
+                "component {snapshot} is not a snapshot: only a snapshot can be cloned"
+            ))
+        };
+        // The snapshot's roots, from its table (held read-locked, so it is
+        // not deleted meanwhile).
+        let lock = self.component_lock(snapshot)?;
+        let _guard = lock.read().await;
+        if !self.is_snapshot(snapshot)? {
+            return Err(not_a_snapshot());
+        }
+        let shared = self.shared().clone();
+        let roots = tokio::task::spawn_blocking(move || shared.snapshot_roots(snapshot.0))
+            .await
+            .map_err(|e| StoreError::DiskGroupFailed {
+                reason: format!("root table task failed: {e}"),
+            })??;
         let rx = {
             let mut st = self.shared().state.lock();
             st.check_group()?;
             let comp = st.component(snapshot)?;
-            let Some((table, _)) = comp.snapshot.clone() else {
-                return Err(StoreError::Config(format!(
-                    "component {snapshot} is not a snapshot: only a snapshot can be cloned"
-                )));
+            let Some(table) = comp.snapshot.as_ref().map(|t| t.table) else {
+                return Err(not_a_snapshot());
             };
             if st.components.len() as u64 >= crate::COMPONENTS_MAX
-                || st.roots_total() + comp.roots.len() as u64 > st.roots_max
+                || st.roots_total() + roots.len() as u64 > st.roots_max
             {
                 return Err(StoreError::NoSpace {
                     component: dst,
@@ -368,14 +447,9 @@ impl DiskGroup {
                     size_bytes: st.components[&dst.0].size_bytes,
                 });
             }
-            let source = copy_of(comp);
+            let (family, size_bytes, allocated) = (comp.family, comp.size_bytes, comp.allocated);
             st.add_copy(
-                dst.0,
-                source.family,
-                source.size_bytes,
-                source.allocated,
-                &source.roots,
-                None,
+                dst.0, family, size_bytes, allocated, &roots, None,
                 // A clone is a new object: its owners count epochs from `epoch`.
                 epoch.0,
             );
@@ -507,27 +581,6 @@ impl DiskGroup {
     }
 }
 
-/// What a clone copies of a snapshot (whose pages are all committed).
-fn copy_of(comp: &crate::state::Component) -> Settled {
-    Settled {
-        family: comp.family,
-        size_bytes: comp.size_bytes,
-        allocated: comp.allocated,
-        highest_epoch: comp.highest_epoch,
-        roots: comp
-            .roots
-            .iter()
-            .filter_map(|(page_no, r)| {
-                r.loc.map(|loc| PageRoot {
-                    page_no: *page_no,
-                    loc,
-                    slot: r.slot,
-                })
-            })
-            .collect(),
-    }
-}
-
 impl DiskGroup {
     /// Checks, with the disk group paused, that every block's reference
     /// count matches what references it: each index page instance (a slot
@@ -547,6 +600,29 @@ impl DiskGroup {
 
 fn audit(shared: &Shared) -> Result<(), String> {
     use std::collections::HashMap;
+    // Snapshots' roots, from their tables (the disk group is paused: none
+    // is taken or deleted meanwhile).
+    let snapshots: Vec<u64> = {
+        let st = shared.state.lock();
+        st.components
+            .iter()
+            .filter(|(_, c)| c.snapshot.is_some() && c.failed.is_none())
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let mut table_roots = HashMap::new();
+    for c in snapshots {
+        let roots = shared
+            .snapshot_roots(c)
+            .map_err(|e| format!("snapshot {c}: {e}"))?;
+        table_roots.insert(
+            c,
+            roots
+                .into_iter()
+                .map(|r| (r.page_no, RootEntry::listed(&r)))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        );
+    }
     let st = shared.state.lock();
     let mut refs: HashMap<u64, u32> = HashMap::new();
     let mut pair_users: HashMap<u64, u32> = HashMap::new();
@@ -556,7 +632,8 @@ fn audit(shared: &Shared) -> Result<(), String> {
         if comp.failed.is_some() {
             continue;
         }
-        for (&page_no, root) in &comp.roots {
+        let roots = table_roots.get(&c).unwrap_or(&comp.roots);
+        for (&page_no, root) in roots {
             if let Some(loc) = root.loc {
                 *pair_users.entry(loc.pack(0)).or_insert(0) += 1;
                 for b in [
@@ -589,8 +666,8 @@ fn audit(shared: &Shared) -> Result<(), String> {
                 }
             }
         }
-        if let Some((_, blocks)) = &comp.snapshot {
-            for b in blocks {
+        if let Some(table) = &comp.snapshot {
+            for b in &table.blocks {
                 *refs.entry(b.pack(0)).or_insert(0) += 1;
             }
         }
@@ -668,14 +745,22 @@ impl DiskGroup {
 }
 
 fn held_space(shared: &Shared, id: ComponentId) -> Result<HeldSpace, StoreError> {
-    let (roots, family) = {
+    let (mut roots, family, snapshot) = {
         let st = shared.state.lock();
         let comp = st.component(id)?;
         (
             comp.roots.iter().map(|(p, r)| (*p, *r)).collect::<Vec<_>>(),
             comp.family,
+            comp.snapshot.is_some(),
         )
     };
+    if snapshot {
+        roots = shared
+            .snapshot_roots(id.0)?
+            .into_iter()
+            .map(|r| (r.page_no, RootEntry::listed(&r)))
+            .collect();
+    }
     let mut held = HeldSpace::default();
     for (page_no, root) in roots {
         // A page the component changed in memory is read from the cache;

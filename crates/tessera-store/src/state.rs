@@ -25,24 +25,80 @@
 //!   either hands that reference to the index or drops it (`placed`).
 
 use crate::alloc::Allocator;
-use crate::index::{IndexCache, PageKey, RootEntry, LBAS_PER_PAGE};
+use crate::index::{IndexCache, PageKey, RootBlockKey, RootEntry, LBAS_PER_PAGE};
 use crate::StoreError;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use tessera_format::{
     BlockLoc, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp, PageRoot, RootTableRef,
+    ROOTS_PER_BLOCK,
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
-/// Index pages to load before an operation can go on: (page key, block of
-/// the committed copy).
+/// Index pages (and snapshots' root table blocks) to load before an
+/// operation can go on.
 #[derive(Debug, Default)]
 pub(crate) struct Need(
-    pub(crate) Vec<(PageKey, BlockLoc)>,
+    pub(crate) Vec<Fetch>,
     /// Pages worth reading ahead, which no one waits for.
-    pub(crate) Vec<(PageKey, BlockLoc)>,
+    pub(crate) Vec<Fetch>,
 );
+
+/// Something an operation waits to have read into the index cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Fetch {
+    /// An index page, from the block of its committed copy.
+    Page(PageKey, BlockLoc),
+    /// A block of a snapshot's root table (which names where the
+    /// snapshot's pages are), from where it is stored.
+    Roots(RootBlockKey, BlockLoc),
+}
+
+/// Where a snapshot's page roots are: its root table, written once when it
+/// was taken and never changed. They are read into the index cache a block
+/// at a time when an operation needs them, so a snapshot keeps only this in
+/// memory, whatever its size.
+pub(crate) struct SnapshotTable {
+    pub(crate) table: RootTableRef,
+    /// The table's blocks, in order (the snapshot owns them).
+    pub(crate) blocks: Vec<BlockLoc>,
+    /// The first page each block of the table holds a root for (a table
+    /// lists roots in page order); empty when it lists none.
+    pub(crate) first_pages: Vec<u64>,
+}
+
+impl SnapshotTable {
+    /// The table at `table`, stored in `blocks`, listing `roots` in page
+    /// order, [`ROOTS_PER_BLOCK`] to a block (as it is written).
+    pub(crate) fn new(table: RootTableRef, blocks: Vec<BlockLoc>, roots: &[PageRoot]) -> Self {
+        SnapshotTable {
+            table,
+            blocks,
+            first_pages: roots
+                .chunks(ROOTS_PER_BLOCK)
+                .map(|chunk| chunk[0].page_no)
+                .collect(),
+        }
+    }
+
+    /// A table that could not be read: it names no pages.
+    pub(crate) fn unreadable(table: RootTableRef) -> Self {
+        SnapshotTable {
+            table,
+            blocks: Vec::new(),
+            first_pages: Vec::new(),
+        }
+    }
+
+    /// The blocks of the table that may hold roots of pages
+    /// `first..=last`, by their place in the table.
+    fn blocks_for(&self, first: u64, last: u64) -> std::ops::Range<u64> {
+        let from = self.first_pages.partition_point(|p| *p <= first).max(1) - 1;
+        let to = self.first_pages.partition_point(|p| *p <= last);
+        (from as u64)..(to.max(from) as u64)
+    }
+}
 
 /// A component as the running store holds it.
 pub(crate) struct Component {
@@ -52,15 +108,17 @@ pub(crate) struct Component {
     /// The component whose index pages this one may share (its own id when
     /// it is no snapshot or clone): what its index pages are stamped with.
     pub(crate) family: u64,
-    /// A snapshot (read-only): its root table and the table's blocks, which
-    /// it owns. Its roots never change, so the table stays true.
-    pub(crate) snapshot: Option<(RootTableRef, Vec<BlockLoc>)>,
+    /// A snapshot (read-only): its root table, which it owns. Its roots
+    /// never change, so the table stays true, and they are not in `roots`.
+    pub(crate) snapshot: Option<SnapshotTable>,
     /// LBAs whose latest state is a stored (or lost) block.
     pub(crate) allocated: u64,
-    /// Capacity blocks held: data blocks and index page slots.
+    /// Capacity blocks held: data blocks and index page slots (a
+    /// snapshot's root table too).
     pub(crate) physical: u64,
     /// Capacity blocks held per device.
     pub(crate) per_device: BTreeMap<u8, u64>,
+    /// Where each index page is (empty for a snapshot: see `snapshot`).
     pub(crate) roots: BTreeMap<u64, RootEntry>,
     /// Serialises unmap, resize and delete against reads and writes of the
     /// component (shared by reads and writes, exclusive for the others).
@@ -556,25 +614,28 @@ impl State {
         size_bytes: u64,
         allocated: u64,
         roots: &[PageRoot],
-        snapshot: Option<(RootTableRef, Vec<BlockLoc>)>,
+        snapshot: Option<SnapshotTable>,
         epoch: u64,
     ) {
         let mut comp = Component::new(dst, size_bytes, 0, epoch);
         comp.family = family;
         comp.allocated = allocated;
         for r in roots {
-            comp.roots.insert(
-                r.page_no,
-                RootEntry {
-                    loc: Some(r.loc),
-                    slot: r.slot,
-                },
-            );
+            // A snapshot's roots stay in its table, read when needed.
+            if snapshot.is_none() {
+                comp.roots.insert(
+                    r.page_no,
+                    RootEntry {
+                        loc: Some(r.loc),
+                        slot: r.slot,
+                    },
+                );
+            }
             comp.hold(r.loc, 2);
             *self.page_shares.entry(r.loc.pack(0)).or_insert(0) += 1;
         }
-        if let Some((_, blocks)) = &snapshot {
-            for b in blocks {
+        if let Some(table) = &snapshot {
+            for b in &table.blocks {
                 comp.hold(*b, 1);
             }
         }
@@ -582,26 +643,94 @@ impl State {
         self.components.insert(dst, comp);
     }
 
+    /// Calls `f` with the root of every page of `first..=last` of component
+    /// `c` that has one, in page order. A snapshot's roots are read from the
+    /// cached blocks of its root table: when some are not cached, nothing is
+    /// called and the error names the blocks to load.
+    pub(crate) fn for_each_root(
+        &self,
+        c: u64,
+        first: u64,
+        last: u64,
+        mut f: impl FnMut(u64, RootEntry),
+    ) -> Result<(), Vec<Fetch>> {
+        let Some(comp) = self.components.get(&c) else {
+            return Ok(());
+        };
+        let Some(table) = &comp.snapshot else {
+            for (&page_no, root) in comp.roots.range(first..=last) {
+                f(page_no, *root);
+            }
+            return Ok(());
+        };
+        let blocks = table.blocks_for(first, last);
+        let missing: Vec<Fetch> = blocks
+            .clone()
+            .filter(|i| self.cache.roots(&(c, *i)).is_none())
+            .filter_map(|i| {
+                let at = *table.blocks.get(i as usize)?;
+                Some(Fetch::Roots((c, i), at))
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(missing);
+        }
+        for i in blocks {
+            if let Some(cached) = self.cache.roots(&(c, i)) {
+                for (page_no, root) in cached.range(first, last) {
+                    f(page_no, root);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The root of page `page_no` of `c` if it is known without reading
+    /// anything (a snapshot's from a cached block of its root table).
+    pub(crate) fn cached_root(&self, c: u64, page_no: u64) -> Option<RootEntry> {
+        let mut found = None;
+        self.for_each_root(c, page_no, page_no, |_, r| found = Some(r))
+            .ok()?;
+        found
+    }
+
+    /// The roots of pages `first..=last` of `c` by page, or the root table
+    /// blocks to load first (see [`State::for_each_root`]).
+    pub(crate) fn roots_of(
+        &self,
+        c: u64,
+        first: u64,
+        last: u64,
+    ) -> Result<BTreeMap<u64, RootEntry>, Vec<Fetch>> {
+        let mut roots = BTreeMap::new();
+        self.for_each_root(c, first, last, |p, r| {
+            roots.insert(p, r);
+        })?;
+        Ok(roots)
+    }
+
     /// Pages of `[start, end)` of component `c` that must be loaded first.
     pub(crate) fn missing_pages(&self, c: u64, start: u64, end: u64) -> Need {
         let mut need = Need::default();
-        let Some(comp) = self.components.get(&c) else {
-            return need;
-        };
-        if end <= start {
+        if !self.components.contains_key(&c) || end <= start {
             return need;
         }
         let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
         // Every page of the range that exists is used: a page not yet
         // checkpointed is always in memory.
         let mut used = 0;
-        for (&page_no, root) in comp.roots.range(first..=last) {
+        let roots = self.for_each_root(c, first, last, |page_no, root| {
             used += 1;
             if let Some(loc) = root.current() {
                 if !self.cache.contains(&(c, page_no)) {
-                    need.0.push(((c, page_no), loc));
+                    need.0.push(Fetch::Page((c, page_no), loc));
                 }
             }
+        });
+        if let Err(tables) = roots {
+            // A snapshot: where its pages are comes first.
+            need.0 = tables;
+            return need;
         }
         if need.0.is_empty() {
             self.cache
@@ -610,14 +739,19 @@ impl State {
         } else if self.cache.prefetch_pages > 0 {
             // A miss: the pages after it are read too, beside it (no one
             // waits for them), as the next operations of a scan want them.
-            let ahead = (last + 1)..=(last + self.cache.prefetch_pages);
-            for (&page_no, root) in comp.roots.range(ahead) {
-                if let Some(loc) = root.current() {
-                    if !self.cache.contains(&(c, page_no)) {
-                        need.1.push(((c, page_no), loc));
+            // (A snapshot's whose roots are not cached are left for later.)
+            let _ = self.for_each_root(
+                c,
+                last + 1,
+                last + self.cache.prefetch_pages,
+                |page_no, root| {
+                    if let Some(loc) = root.current() {
+                        if !self.cache.contains(&(c, page_no)) {
+                            need.1.push(Fetch::Page((c, page_no), loc));
+                        }
                     }
-                }
-            }
+                },
+            );
         }
         need
     }
@@ -729,19 +863,20 @@ impl State {
         {
             return Ok(None);
         }
-        let comp = self.component(src)?;
+        self.component(src)?;
         let (first, last) = (
             src_lba.0 / LBAS_PER_PAGE,
             (src_lba.0 + blocks - 1) / LBAS_PER_PAGE,
         );
-        for &page_no in comp.roots.range(first..=last).map(|(p, _)| p) {
-            if self
+        let mut settled = true;
+        let roots = self.for_each_root(s, first, last, |page_no, _| {
+            settled &= self
                 .cache
                 .peek(&(s, page_no))
-                .is_none_or(|p| p.dirty || p.pins > 0)
-            {
-                return Ok(None);
-            }
+                .is_some_and(|p| !p.dirty && p.pins == 0);
+        });
+        if roots.is_err() || !settled {
+            return Ok(None);
         }
         self.component(dst)?;
         let mut entries = Vec::new();
@@ -1063,14 +1198,20 @@ impl State {
     /// Appends the runs of allocated blocks of `[start, end)` of `c` to `runs`
     /// (merging with the last run). Pages must be cached.
     pub(crate) fn allocated_runs(&self, c: u64, start: u64, end: u64, runs: &mut Vec<(Lba, u64)>) {
-        let Some(comp) = self.components.get(&c) else {
-            return;
-        };
-        if end <= start {
+        if !self.components.contains_key(&c) || end <= start {
             return;
         }
         let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
-        for &page_no in comp.roots.range(first..=last).map(|(p, _)| p) {
+        // With the pages cached, a page exists exactly when it is cached
+        // (see `missing_pages`), which is what a snapshot whose roots were
+        // dropped meanwhile falls back on.
+        let pages: Vec<u64> = match self.roots_of(c, first, last) {
+            Ok(roots) => roots.into_keys().collect(),
+            Err(_) => (first..=last)
+                .filter(|p| self.cache.contains(&(c, *p)))
+                .collect(),
+        };
+        for page_no in pages {
             let base = page_no * LBAS_PER_PAGE;
             for l in start.max(base)..end.min(base + LBAS_PER_PAGE) {
                 if self.is_mapped(c, l) {
@@ -1092,23 +1233,34 @@ impl State {
             return need;
         }
         let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
-        let roots = |id: u64| self.components.get(&id).map(|comp| &comp.roots);
-        let (Some(base_roots), Some(roots)) = (roots(base), roots(c)) else {
+        if !self.components.contains_key(&base) || !self.components.contains_key(&c) {
             return need;
+        }
+        let (base_roots, roots) = match (
+            self.roots_of(base, first, last),
+            self.roots_of(c, first, last),
+        ) {
+            (Ok(b), Ok(r)) => (b, r),
+            (b, r) => {
+                need.0 = b.err().into_iter().chain(r.err()).flatten().collect();
+                return need;
+            }
         };
-        for page_no in first..=last {
-            let (b, r) = (base_roots.get(&page_no), roots.get(&page_no));
+        for page_no in base_roots.keys().chain(roots.keys()) {
+            let (b, r) = (base_roots.get(page_no), roots.get(page_no));
             if same_pair(b, r) {
                 continue;
             }
             for (id, root) in [(base, b), (c, r)] {
                 if let Some(loc) = root.and_then(RootEntry::current) {
-                    if !self.cache.contains(&(id, page_no)) {
-                        need.0.push(((id, page_no), loc));
+                    if !self.cache.contains(&(id, *page_no)) {
+                        need.0.push(Fetch::Page((id, *page_no), loc));
                     }
                 }
             }
         }
+        need.0.sort();
+        need.0.dedup();
         need
     }
 
@@ -1131,8 +1283,20 @@ impl State {
         if end <= start {
             return;
         }
-        let roots = |id: u64| self.components.get(&id).map(|comp| &comp.roots);
-        let (Some(base_roots), Some(roots)) = (roots(base), roots(c)) else {
+        if !self.components.contains_key(&base) || !self.components.contains_key(&c) {
+            return;
+        }
+        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
+        let (Ok(base_roots), Ok(roots)) = (
+            self.roots_of(base, first, last),
+            self.roots_of(c, first, last),
+        ) else {
+            // The caller had the roots cached: should a snapshot's have been
+            // dropped meanwhile, the whole range is named (never too little).
+            match runs.last_mut() {
+                Some((s, n)) if s.0 + *n == start => *n += end - start,
+                _ => runs.push((Lba(start), end - start)),
+            }
             return;
         };
         let staged: BTreeSet<u64> = self
@@ -1145,7 +1309,6 @@ impl State {
             Some((s, n)) if s.0 + *n == l => *n += 1,
             _ => runs.push((Lba(l), 1)),
         };
-        let (first, last) = (start / LBAS_PER_PAGE, (end - 1) / LBAS_PER_PAGE);
         for page_no in first..=last {
             let base_lba = page_no * LBAS_PER_PAGE;
             let (from, to) = (start.max(base_lba), end.min(base_lba + LBAS_PER_PAGE));
@@ -1172,8 +1335,21 @@ impl State {
     /// they are left out of the returned roots and pages, so the caller
     /// frees only what the component alone held (its root table too, for a
     /// snapshot).
-    pub(crate) fn take_component(&mut self, c: u64) -> Option<(Component, Vec<IndexPage>)> {
+    ///
+    /// A snapshot's roots are not in memory: `table_roots` are those its
+    /// root table lists, read by the caller (a snapshot's never change).
+    pub(crate) fn take_component(
+        &mut self,
+        c: u64,
+        table_roots: Vec<PageRoot>,
+    ) -> Option<(Component, Vec<IndexPage>)> {
         let mut comp = self.components.remove(&c)?;
+        if comp.snapshot.is_some() {
+            comp.roots = table_roots
+                .into_iter()
+                .map(|r| (r.page_no, RootEntry::listed(&r)))
+                .collect();
+        }
         let mut kept_shared = Vec::new();
         for (page_no, root) in &comp.roots {
             match root.loc {

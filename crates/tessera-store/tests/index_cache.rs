@@ -93,3 +93,120 @@ fn a_scan_misses_once_per_prefetch_window_and_the_budget_holds_live() {
             assert!(again.resident_pages >= PAGES, "{again:?}");
         })
 }
+
+/// Snapshots keep their page roots in their root tables, not in memory:
+/// reads of many snapshots through the smallest budget bring the tables'
+/// blocks and the pages in and out of the cache together, read what each
+/// snapshot held, and stay within the budget; after a restart, and after
+/// deletes in any order, the same holds and every reference is accounted.
+#[test]
+fn snapshots_read_their_roots_through_the_cache_and_stay_within_its_budget() {
+    const SNAPSHOTS: u64 = 24;
+    /// Pages overwritten between two snapshots (each one's copy is then
+    /// the snapshot's alone).
+    const CHANGED: u64 = 3;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let rig = Rig::new(1);
+    let volume = ComponentId(1);
+    let snapshot = |s: u64| ComponentId(100 + s);
+    // The version of page `p`'s first block that snapshot `s` holds: page p
+    // is rewritten as version s + 1 in the interval after snapshot s when
+    // p % SNAPSHOTS is among that interval's CHANGED pages.
+    let changed_in = |s: u64, p: u64| (0..CHANGED).any(|k| p == (s * 7 + k * 131) % PAGES);
+    let version_in = move |s: u64, p: u64| {
+        (0..s)
+            .filter(|&i| changed_in(i, p))
+            .max()
+            .map_or(1, |i| i + 2)
+    };
+    let check_all = |dg: std::sync::Arc<tessera_store::DiskGroup>, snapshots: Vec<u64>| async move {
+        for &s in &snapshots {
+            for p in (0..PAGES).step_by(7) {
+                let lba = p * PAGE_LBAS;
+                let got = dg.read(snapshot(s), Lba(lba), 1).await.unwrap();
+                assert_eq!(
+                    &got[..],
+                    &payload(1, lba, version_in(s, p))[..],
+                    "snapshot {s} page {p}"
+                );
+            }
+            let stats = dg.index_cache_stats();
+            assert!(
+                stats.resident_pages + stats.resident_root_blocks <= 256,
+                "{stats:?}"
+            );
+        }
+    };
+    let rig = rt.block_on(async {
+        let dg = rig.create().await;
+        dg.create_component(volume, PAGES * PAGE_LBAS * 4096, 0)
+            .await
+            .unwrap();
+        let write = |dg: std::sync::Arc<tessera_store::DiskGroup>, p: u64, version: u64| async move {
+            let lba = p * PAGE_LBAS;
+            dg.write(volume, Lba(lba), bytes_of(&[payload(1, lba, version)]), Epoch(1))
+                .await
+                .unwrap();
+        };
+        for p in 0..PAGES {
+            write(dg.clone(), p, 1).await;
+        }
+        // The smallest budget (256 pages): less than one snapshot's pages,
+        // and its root table takes three blocks.
+        dg.set_index_cache(0, 0);
+        for s in 0..SNAPSHOTS {
+            dg.snapshot_component(volume, snapshot(s), Epoch(1))
+                .await
+                .unwrap();
+            for p in (0..PAGES).filter(|&p| changed_in(s, p)) {
+                write(dg.clone(), p, s + 2).await;
+            }
+        }
+        dg.settle().await.unwrap();
+        let before = dg.index_cache_stats();
+        check_all(dg.clone(), (0..SNAPSHOTS).collect()).await;
+        let after = dg.index_cache_stats();
+        assert!(after.misses > before.misses, "{after:?}");
+        dg.audit_references().await.unwrap();
+        // A linked clone of a snapshot whose roots are not cached.
+        dg.set_index_cache(0, 0);
+        dg.clone_component(snapshot(5), ComponentId(50), Epoch(1))
+            .await
+            .unwrap();
+        let lba = 7 * PAGE_LBAS;
+        let got = dg.read(ComponentId(50), Lba(lba), 1).await.unwrap();
+        assert_eq!(&got[..], &payload(1, lba, version_in(5, 7))[..]);
+        dg.settle().await.unwrap();
+        let next = rig.process_crash();
+        drop(dg);
+        next
+    });
+    rt.block_on(async {
+        // Opened again: the roots are found from the tables the checkpoint
+        // names.
+        let dg = rig.open().await;
+        dg.set_index_cache(0, 0);
+        check_all(dg.clone(), (0..SNAPSHOTS).collect()).await;
+        // Delete every other snapshot, oldest last; the rest read the same.
+        let mut deleted = Vec::new();
+        for s in (0..SNAPSHOTS).rev().step_by(2) {
+            dg.delete_component(snapshot(s)).await.unwrap();
+            deleted.push(s);
+        }
+        dg.audit_references().await.unwrap();
+        let kept: Vec<u64> = (0..SNAPSHOTS).filter(|s| !deleted.contains(s)).collect();
+        check_all(dg.clone(), kept.clone()).await;
+        for s in kept {
+            dg.delete_component(snapshot(s)).await.unwrap();
+        }
+        dg.delete_component(ComponentId(50)).await.unwrap();
+        dg.settle().await.unwrap();
+        dg.audit_references().await.unwrap();
+        // Only the volume is left: its pages and blocks alone.
+        assert_eq!(dg.space().used_bytes, (PAGES + 2 * PAGES) * 4096);
+    });
+}
