@@ -42,10 +42,11 @@ fn rss_kib() -> u64 {
 fn report(dg: &DiskGroup, what: &str, snapshots: u64) {
     let index = dg.index_cache_stats();
     println!(
-        "{what} snapshots={snapshots} rss_mib={:.1} index_resident_mib={:.1} index_budget_mib={:.1} used_mib={}",
+        "{what} snapshots={snapshots} rss_mib={:.1} index_resident_mib={:.1} index_budget_mib={:.1} reference_counts_mib={:.1} used_mib={}",
         rss_kib() as f64 / 1024.0,
         index.resident_bytes as f64 / MIB as f64,
         index.budget_bytes as f64 / MIB as f64,
+        dg.reference_count_bytes() as f64 / MIB as f64,
         dg.space().used_bytes >> 20,
     );
 }

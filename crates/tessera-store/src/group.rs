@@ -1428,6 +1428,12 @@ impl DiskGroup {
         self.shared.state.lock().cache.stats()
     }
 
+    /// Memory the reference counts of shared blocks take (at most one byte
+    /// per capacity block: see `crate::shares`).
+    pub fn reference_count_bytes(&self) -> u64 {
+        self.shared.state.lock().shares.memory_bytes()
+    }
+
     /// Changes the index cache's budget and how many pages it reads ahead
     /// after a miss, live. Pages beyond a smaller budget are dropped at once
     /// (clean ones; changed ones wait for the next checkpoint).

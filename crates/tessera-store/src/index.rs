@@ -297,29 +297,30 @@ impl IndexCache {
         self.evict();
     }
 
-    /// Drops least recently used clean, unpinned pages and root table
-    /// blocks down to 7/8 of the budget, so evictions come in batches
-    /// rather than on every insert.
+    /// Drops least recently used clean, unpinned pages down to 7/8 of the
+    /// budget, so evictions come in batches rather than on every insert;
+    /// root table blocks go only when no such page is left, as each one
+    /// finds up to 251 pages.
     fn evict(&mut self) {
         if self.len() <= self.capacity {
             return;
         }
         let target = self.capacity * 7 / 8;
-        // (last use, is a root block, key)
-        let mut clean: Vec<(u64, bool, (u64, u64))> = self
+        // (is a root block, last use, key)
+        let mut clean: Vec<(bool, u64, (u64, u64))> = self
             .pages
             .iter()
             .filter(|(_, p)| !p.dirty && p.pins == 0)
-            .map(|(k, p)| (p.last_use, false, *k))
+            .map(|(k, p)| (false, p.last_use, *k))
             .chain(
                 self.roots
                     .iter()
-                    .map(|(k, r)| (r.last_use.load(Relaxed), true, *k)),
+                    .map(|(k, r)| (true, r.last_use.load(Relaxed), *k)),
             )
             .collect();
         clean.sort_unstable();
         let excess = self.len().saturating_sub(target);
-        for (_, root_block, k) in clean.into_iter().take(excess) {
+        for (root_block, _, k) in clean.into_iter().take(excess) {
             if root_block {
                 self.roots.remove(&k);
             } else {

@@ -46,6 +46,7 @@ mod group;
 mod index;
 mod recovery;
 mod scrub;
+mod shares;
 mod snapshot;
 mod state;
 

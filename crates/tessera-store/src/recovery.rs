@@ -323,7 +323,7 @@ pub(crate) fn load_state(
         cache: IndexCache::new(index_cache_bytes),
         alloc,
         pending_free: Vec::new(),
-        shares: std::collections::HashMap::new(),
+        shares: Default::default(),
         page_shares: std::collections::HashMap::new(),
         overlay_new: 0,
         new_roots: 0,
@@ -474,7 +474,7 @@ pub(crate) fn load_state(
                         let reference =
                             refs.data(&mut st.alloc, e.loc, e.kind == EntryKind::Shared);
                         if reference == Reference::Extra {
-                            *st.shares.entry(e.loc.pack(0)).or_insert(0) += 1;
+                            st.shares.add(e.loc);
                         }
                         if reference == Reference::Bad {
                             failure.get_or_insert(format!(

@@ -679,7 +679,7 @@ fn audit(shared: &Shared) -> Result<(), String> {
         st.pending_free.iter().map(|l| l.pack(0)).collect();
     for (&key, &n) in &refs {
         let loc = BlockLoc::unpack(key).0;
-        let counted = 1 + st.shares.get(&key).copied().unwrap_or(0);
+        let counted = 1 + st.shares.extra(loc);
         if counted != n {
             problems.push(format!("block {loc}: {n} references, counted {counted}"));
         }
@@ -687,12 +687,10 @@ fn audit(shared: &Shared) -> Result<(), String> {
             problems.push(format!("block {loc}: referenced but free or being freed"));
         }
     }
-    for (&key, &extra) in &st.shares {
-        if !refs.contains_key(&key) {
+    for (loc, extra) in st.shares.iter() {
+        if !refs.contains_key(&loc.pack(0)) {
             problems.push(format!(
-                "block {}: counted {} extra references, has none",
-                BlockLoc::unpack(key).0,
-                extra
+                "block {loc}: counted {extra} extra references, has none"
             ));
         }
     }
@@ -785,7 +783,7 @@ fn held_space(shared: &Shared, id: ComponentId) -> Result<HeldSpace, StoreError>
             .is_some_and(|l| st.page_shares.contains_key(&l.pack(0)));
         for e in &page.entries {
             if let Some(b) = e.block() {
-                if pair_shared || st.shares.contains_key(&b.pack(0)) {
+                if pair_shared || st.shares.is_shared(b) {
                     held.shared_bytes += BLOCK_BYTES;
                 } else {
                     held.alone_bytes += BLOCK_BYTES;

@@ -277,7 +277,7 @@ pub(crate) struct State {
     /// location). A block absent here has one reference (or none, if free).
     /// A reference is held by an index page instance (a page's slot pair),
     /// not by each component that shares the page.
-    pub(crate) shares: HashMap<u64, u32>,
+    pub(crate) shares: crate::shares::ShareCounts,
     /// Components beyond the first whose roots point to each index page
     /// slot pair (packed location of its first block): snapshots and clones
     /// share their source's pages until one of them changes a page, which
@@ -445,23 +445,19 @@ impl State {
     /// share again).
     pub(crate) fn add_ref(&mut self, loc: BlockLoc) {
         if !self.alloc.mark_used(loc) {
-            *self.shares.entry(loc.pack(0)).or_insert(0) += 1;
+            self.shares.add(loc);
         }
     }
 
     /// Lets go of one reference to `loc`; the last one frees the block after
     /// the next checkpoint.
     pub(crate) fn drop_ref(&mut self, loc: BlockLoc) {
-        let key = loc.pack(0);
-        match self.shares.get_mut(&key) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => {
-                self.shares.remove(&key);
-            }
-            None => match self.replay_holds.get_mut(&key) {
-                Some(hold) if hold.remaining > 0 => hold.owned = true,
-                _ => self.pending_free.push(loc),
-            },
+        if self.shares.release(loc) {
+            return;
+        }
+        match self.replay_holds.get_mut(&loc.pack(0)) {
+            Some(hold) if hold.remaining > 0 => hold.owned = true,
+            _ => self.pending_free.push(loc),
         }
     }
 
@@ -804,9 +800,7 @@ impl State {
         }
         match self.index_entry(c, lba).block() {
             None => true,
-            Some(loc) => {
-                self.shares.contains_key(&loc.pack(0)) || self.page_shared(c, lba / LBAS_PER_PAGE)
-            }
+            Some(loc) => self.shares.is_shared(loc) || self.page_shared(c, lba / LBAS_PER_PAGE),
         }
     }
 
