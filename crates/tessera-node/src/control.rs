@@ -172,6 +172,10 @@ pub struct IndexCacheView {
     pub resident_bytes: u64,
     /// Index pages cached now.
     pub resident_pages: u64,
+    /// Blocks of snapshots' root tables cached now (each counts as a page
+    /// in the budget): where the snapshots' index pages are.
+    #[serde(default)]
+    pub resident_root_blocks: u64,
     /// Pages changed since the last checkpoint.
     pub dirty_pages: u64,
     /// Pages found in memory.

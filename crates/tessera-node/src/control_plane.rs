@@ -599,6 +599,7 @@ impl ControlPlane {
                             budget_bytes: i.budget_bytes,
                             resident_bytes: i.resident_bytes,
                             resident_pages: i.resident_pages,
+                            resident_root_blocks: i.resident_root_blocks,
                             dirty_pages: i.dirty_pages,
                             hits: i.hits,
                             misses: i.misses,

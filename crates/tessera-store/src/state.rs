@@ -619,13 +619,7 @@ impl State {
         for r in roots {
             // A snapshot's roots stay in its table, read when needed.
             if snapshot.is_none() {
-                comp.roots.insert(
-                    r.page_no,
-                    RootEntry {
-                        loc: Some(r.loc),
-                        slot: r.slot,
-                    },
-                );
+                comp.roots.insert(r.page_no, RootEntry::listed(r));
             }
             comp.hold(r.loc, 2);
             *self.page_shares.entry(r.loc.pack(0)).or_insert(0) += 1;
