@@ -387,6 +387,7 @@ impl ClusterControl for MemoryControl {
             f.done_bytes = (f.done_bytes + size / 2).min(size);
             f.left_bytes = size - f.done_bytes;
             f.copied_bytes = f.done_bytes;
+            v.used_bytes = f.copied_bytes;
             f.rate_bytes_per_s = size / 2;
             f.eta_s = Some(1);
             f.runs = 1;
