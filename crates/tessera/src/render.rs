@@ -1151,7 +1151,7 @@ mod tests {
             fill: Some(fill.clone()),
         };
         assert_eq!(
-            volumes(&[v.clone()]),
+            volumes(std::slice::from_ref(&v)),
             "NAME  SIZE      POLICY   BLOCK  STATE        USED      OWNER   EPOCH  CLIENTS  QOS\n\
              copy  64.0 MiB  default  512e   filling 75%  20.0 MiB  host-2  3      0        -\n\
              \n\
@@ -1195,7 +1195,7 @@ mod tests {
             fill: None,
         };
         assert_eq!(
-            volumes(&[v.clone()]),
+            volumes(std::slice::from_ref(&v)),
             "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH  CLIENTS  QOS\n\
              vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -      1        max 2000 IOPS, min 500 IOPS\n"
         );
