@@ -2,13 +2,18 @@
 //! the hosts of this process.
 //!
 //! Owns: policy and volume life cycles (validation, placement, component
-//! creation, records), the views `status` and `object show` print, copy
-//! verification, and stopping/starting hosts in `tessera up`.
+//! creation, records), the views `status` and `object show` print (a full
+//! clone's fill progress among them), copy verification, and
+//! stopping/starting hosts in `tessera up`.
 //! Must not touch: I/O paths. Volume I/O belongs to the owners'
-//! coordinators; this module only reads components to compare them.
-//! Invariant: a refused request changes nothing: every check happens before
-//! the first write, and a volume whose components could not all be created
-//! has the created ones deleted again.
+//! coordinators (a full clone's fill too: `host/fill.rs`); this module only
+//! reads components to compare them.
+//! Invariants: a refused request changes nothing: every check happens
+//! before the first write, and a volume whose components could not all be
+//! created has the created ones deleted again. While a full clone is
+//! filled, the snapshot it copies and that snapshot's volume are neither
+//! deleted nor renamed, and the clone is neither snapshotted, resized nor
+//! renamed (each refusal names the fill).
 
 use crate::control::*;
 use crate::health::{volume_health, worse, HealthInputs, MissingComponent, VolumeHealthInput};
