@@ -25,7 +25,7 @@
 //! | `fault-domains/<fd>` | [`FaultDomainRecord`] | none |
 //! | `disk-groups/<host>/<dg>` | [`DiskGroupRecord`] | none |
 //! | `policies/<name>` | [`Policy`] | none |
-//! | `volumes/<volume>` | [`VolumeRecord`] | none |
+//! | `volumes/<volume>` | [`VolumeRecord`] (with [`VolumeFill`] while a full clone is filled) | none |
 //! | `layouts/<volume>` | [`Layout`] | none |
 //! | `dirty-regions/<volume>` | [`DirtyRecord`] | none: a later owner resyncs by it |
 //! | `components/<volume>/<component>` | [`ComponentStateRecord`] | none |
@@ -1067,6 +1067,62 @@ pub struct VolumeRecord {
     /// existed are 512e.
     #[serde(default = "default_block_bytes")]
     pub block_bytes: u32,
+    /// Set while the volume is a full clone being filled from a snapshot:
+    /// its owner copies the snapshot into it, and no client is served
+    /// until the fill ends and this is cleared (in the same write that
+    /// records the fill's last position). Absent for every other volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fill: Option<VolumeFill>,
+}
+
+impl VolumeRecord {
+    /// Whether clients may open the volume: it is ready and not being
+    /// filled.
+    pub fn serves_clients(&self) -> bool {
+        self.state == VolumeState::Ready && self.fill.is_none()
+    }
+}
+
+/// Where the fill of a full clone stands: which snapshot it copies, and
+/// how far its owner got. Written by the control plane when the clone is
+/// made (position 0), then only by the volume's owner under its epoch as
+/// the copy goes (about once a second), and cleared by it once the whole
+/// address space is copied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeFill {
+    /// The volume whose snapshot is copied.
+    pub source: VolumeId,
+    /// The snapshot copied.
+    pub snapshot: SnapshotName,
+    /// The snapshot's id: one deleted and taken again under the same name
+    /// is another snapshot, and is not read.
+    pub snapshot_id: u64,
+    /// The position: every byte of the address space below it is on every
+    /// copy of the volume. A new owner continues from here.
+    pub done_bytes: u64,
+    /// Bytes of data copied below the position (unmapped ranges of the
+    /// snapshot, and ranges reading as zeros, are skipped).
+    #[serde(default)]
+    pub copied_bytes: u64,
+    /// The current run's pace: address space per second since it began.
+    #[serde(default)]
+    pub rate_bytes_per_s: u64,
+    /// When the clone was made (ms since the Unix epoch).
+    pub started_ms: u64,
+    /// When the position was last recorded (ms since the Unix epoch).
+    #[serde(default)]
+    pub updated_ms: u64,
+    /// Runs of the fill so far, the current one included: one per owner
+    /// (or retry after a failure) that took it up.
+    #[serde(default)]
+    pub runs: u32,
+    /// The position the current run began at (0 for the first).
+    #[serde(default)]
+    pub resumed_from_bytes: u64,
+    /// Why the last attempt stopped, while a retry waits; cleared once the
+    /// fill moves on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Logical block size of a volume that does not name one (512e).
@@ -1221,8 +1277,10 @@ mod tests {
             created_ms: 5,
             reserved_bytes: 0,
             block_bytes: 512,
+            fill: None,
         };
         let text = String::from_utf8(encode("k", &record).unwrap()).unwrap();
+        assert!(!text.contains("fill"), "no fill, no field: {text}");
         assert!(text.contains(r#""state":"ready""#), "{text}");
         assert!(text.contains(r#""name":"db""#), "{text}");
         let back: VolumeRecord = decode("k", text.as_bytes()).unwrap();

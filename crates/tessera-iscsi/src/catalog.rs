@@ -223,6 +223,13 @@ pub trait TargetCatalog: Send + Sync + 'static {
     fn discovery_chap(&self) -> ChapCredentials {
         ChapCredentials::default()
     }
+    /// Why `name`, a target the catalog knows but does not serve now, is
+    /// refused: a login to it is answered "service unavailable" (the
+    /// initiator may retry later) rather than "target not found", and the
+    /// reason is logged. None for a name it does not know.
+    fn refusal(&self, _name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// A catalog held in memory; targets can be added and removed while the

@@ -52,6 +52,8 @@ pub mod status {
     pub const INVALID_DURING_LOGIN: u16 = 0x020b;
     /// The target could not serve.
     pub const TARGET_ERROR: u16 = 0x0300;
+    /// The target is not available now; the initiator may retry later.
+    pub const SERVICE_UNAVAILABLE: u16 = 0x0301;
 }
 
 /// Where CHAP stands.
@@ -376,6 +378,9 @@ impl Login {
                     return Some(self.refuse(status::MISSING_PARAMETER, "no TargetName"));
                 };
                 let Some(target) = catalog.target(name) else {
+                    if let Some(why) = catalog.refusal(name) {
+                        return Some(self.refuse(status::SERVICE_UNAVAILABLE, &why));
+                    }
                     return Some(self.refuse(status::TARGET_NOT_FOUND, "no such target"));
                 };
                 if !target.admits(initiator) {

@@ -86,6 +86,40 @@ fn login_refusals_carry_the_standard_status() {
     assert_eq!(status(&r), 0x0207, "normal session without TargetName");
 }
 
+/// A catalog that knows one target it does not serve now.
+struct Refusing;
+
+impl tessera_iscsi::TargetCatalog for Refusing {
+    fn target_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn target(&self, _name: &str) -> Option<tessera_iscsi::TargetEntry> {
+        None
+    }
+    fn refusal(&self, name: &str) -> Option<String> {
+        (name == TARGET).then(|| "volume vol is being filled".to_string())
+    }
+}
+
+#[test]
+fn a_login_to_a_target_not_served_for_now_is_service_unavailable_not_not_found() {
+    let server = TestServer::start(Arc::new(Refusing));
+    for (target, want) in [(TARGET, 0x0301), ("iqn.2026-11.io.tessera:missing", 0x0203)] {
+        let mut c = RawInitiator::connect(server.addr);
+        let r = c.login_request(
+            1,
+            3,
+            true,
+            &[
+                ("InitiatorName", "iqn.2026-11.test:raw"),
+                ("TargetName", target),
+            ],
+        );
+        assert_eq!(status(&r), want, "{target}");
+        assert!(c.closed());
+    }
+}
+
 #[test]
 fn operational_keys_are_negotiated_and_our_limit_declared() {
     let (server, _) = server();

@@ -24,6 +24,12 @@ pub trait ExportCatalog: Send + Sync + 'static {
     fn description(&self, _name: &str) -> Option<String> {
         None
     }
+    /// Why `name`, an export the catalog knows but cannot open now, is
+    /// refused (sent to the client in the error reply instead of "no
+    /// export named ..."); None for a name it does not know.
+    fn refusal(&self, _name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Resolves a client's export name to the canonical name and its device; the

@@ -251,12 +251,7 @@ impl Negotiation {
         out: &mut BytesMut,
     ) -> Option<(String, Arc<dyn BlockDevice>, DeviceInfo)> {
         let Some((name, device)) = resolve(catalog, &req.name) else {
-            error_reply(
-                out,
-                option,
-                rep::ERR_UNKNOWN,
-                &format!("no export named {:?}", req.name),
-            );
+            error_reply(out, option, rep::ERR_UNKNOWN, &unknown(catalog, &req.name));
             return None;
         };
         let info = device.info();
@@ -316,7 +311,7 @@ impl Negotiation {
                 out,
                 option,
                 rep::ERR_UNKNOWN,
-                &format!("no export named {:?}", req.export),
+                &unknown(catalog, &req.export),
             );
             return;
         };
@@ -347,6 +342,14 @@ fn error_reply(out: &mut BytesMut, option: u32, kind: u32, message: &str) {
     encode_option_reply(out, option, kind, message.as_bytes());
 }
 
+/// The message of the error reply to an export that cannot be opened: the
+/// catalog's reason when it knows the name, else that there is none.
+fn unknown(catalog: &dyn ExportCatalog, name: &str) -> String {
+    catalog
+        .refusal(name)
+        .unwrap_or_else(|| format!("no export named {name:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,12 +361,34 @@ mod tests {
         StaticCatalog::single("vol", Arc::new(MemoryDevice::new("vol", 1 << 20)))
     }
 
-    fn run(n: &mut Negotiation, c: &StaticCatalog, option: u32, data: &[u8]) -> (Step, Vec<u32>) {
+    fn run(
+        n: &mut Negotiation,
+        c: &dyn ExportCatalog,
+        option: u32,
+        data: &[u8],
+    ) -> (Step, Vec<u32>) {
+        run_with_replies(n, c, option, data).0
+    }
+
+    /// [`run`], with the payload of every reply too.
+    fn run_with_replies(
+        n: &mut Negotiation,
+        c: &dyn ExportCatalog,
+        option: u32,
+        data: &[u8],
+    ) -> ((Step, Vec<u32>), Vec<Vec<u8>>) {
         let mut wire = BytesMut::new();
         encode_option(&mut wire, option, data);
         let header = decode_option_header(wire[..16].try_into().unwrap()).unwrap();
         let mut out = BytesMut::new();
         let step = n.handle(c, header, &wire[16..], &mut out);
+        let mut payloads = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let len = u32::from_be_bytes(out[at + 16..at + 20].try_into().unwrap()) as usize;
+            payloads.push(out[at + 20..at + 20 + len].to_vec());
+            at += 20 + len;
+        }
         // Collect the reply types.
         let mut kinds = Vec::new();
         let mut at = 0;
@@ -373,7 +398,7 @@ mod tests {
             kinds.push(kind);
             at += 20 + len;
         }
-        (step, kinds)
+        ((step, kinds), payloads)
     }
 
     fn flags() -> ClientFlags {
@@ -449,6 +474,39 @@ mod tests {
         assert_eq!(kinds, vec![rep::ERR_UNKNOWN]);
         let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"nope");
         assert!(matches!(step, Step::Close));
+    }
+
+    /// A catalog with one export that exists but cannot be opened now.
+    struct Refusing;
+
+    impl ExportCatalog for Refusing {
+        fn list(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn open(&self, _name: &str) -> Option<Arc<dyn BlockDevice>> {
+            None
+        }
+        fn refusal(&self, name: &str) -> Option<String> {
+            (name == "busy").then(|| "busy is being filled (40% done)".to_string())
+        }
+    }
+
+    #[test]
+    fn an_export_refused_for_now_says_why_and_an_unknown_one_says_it_is_unknown() {
+        let mut n = Negotiation::new(flags());
+        for (name, said) in [
+            ("busy", "busy is being filled (40% done)"),
+            ("nope", "no export named \"nope\""),
+        ] {
+            let mut go = BytesMut::new();
+            go.put_u32(name.len() as u32);
+            go.put_slice(name.as_bytes());
+            go.put_u16(0);
+            let ((step, kinds), payloads) = run_with_replies(&mut n, &Refusing, opt::GO, &go);
+            assert!(matches!(step, Step::Continue));
+            assert_eq!(kinds, vec![rep::ERR_UNKNOWN]);
+            assert_eq!(String::from_utf8_lossy(&payloads[0]), said);
+        }
     }
 
     #[test]

@@ -37,8 +37,8 @@
 //! | PUT | `/volumes/{name}/iscsi-access` (`IscsiAccess`) | 200 `IscsiAccessView` |
 //! | GET | `/volumes/{name}/snapshots` | 200 `[SnapshotView]` (oldest first) |
 //! | POST | `/volumes/{name}/snapshots` (`CreateSnapshot`) | 201 `SnapshotView` |
-//! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 |
-//! | POST | `/volumes/{name}/snapshots/{snapshot}/clones` (`CloneVolume`) | 201 `VolumeView` (a linked clone) |
+//! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 (409 while a full clone is filled from it) |
+//! | POST | `/volumes/{name}/snapshots/{snapshot}/clones` (`CloneVolume`) | 201 `VolumeView` (a linked clone; with `full`, a full clone being filled) |
 //! | POST | `/volumes/{name}/revert` (`RevertVolume`) | 200 `VolumeView` |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |

@@ -478,11 +478,23 @@ pub struct CreateSnapshot {
 }
 
 /// Body of `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloneVolume {
     /// The new volume's name.
     pub name: String,
+    /// A full clone: an independent volume, placed wherever its policy's
+    /// placement puts it, that its owner fills with a copy of the
+    /// snapshot in the background (it serves no client until the fill
+    /// ends) and that shares no stored block with it. Without it, a
+    /// linked clone: made at once on the snapshot's disk groups, sharing
+    /// its blocks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
+    /// The policy of a full clone (the source volume's when absent). A
+    /// linked clone keeps its source's policy: naming another is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// Body of `POST /v1/volumes/{name}/revert`.
@@ -587,6 +599,68 @@ pub struct VolumeView {
     /// think about (e.g. the datastore is now overcommitted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Set while the volume is a full clone being filled from a snapshot
+    /// (it serves no client meanwhile); absent for an ordinary volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fill: Option<FillView>,
+}
+
+/// Where the fill of a full clone stands, as its owner last recorded it
+/// (about once a second).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FillView {
+    /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+    pub from: String,
+    /// Bytes of the address space done: everything below is on every copy.
+    pub done_bytes: u64,
+    /// Bytes of the address space left.
+    pub left_bytes: u64,
+    /// Bytes of data copied so far (unmapped ranges are skipped).
+    pub copied_bytes: u64,
+    /// Address space per second of the current run, since it began.
+    pub rate_bytes_per_s: u64,
+    /// Seconds left at that rate; null when unknown.
+    #[serde(default)]
+    pub eta_s: Option<u64>,
+    /// When the clone was made (ms since the Unix epoch).
+    pub started_ms: u64,
+    /// Runs so far, the current one included: a new owner (or a retry
+    /// after a failure) continues from the recorded position.
+    pub runs: u32,
+    /// The position the current run began at (0 for the first).
+    pub resumed_from_bytes: u64,
+    /// Why the last attempt stopped, while a retry waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl FillView {
+    /// The view of `fill`, a volume of `size_bytes` being filled.
+    pub fn new(fill: &tessera_directory::keys::VolumeFill, size_bytes: u64) -> FillView {
+        let left = size_bytes.saturating_sub(fill.done_bytes);
+        FillView {
+            from: format!("{}@{}", fill.source, fill.snapshot),
+            done_bytes: fill.done_bytes,
+            left_bytes: left,
+            copied_bytes: fill.copied_bytes,
+            rate_bytes_per_s: fill.rate_bytes_per_s,
+            eta_s: (fill.rate_bytes_per_s > 0).then(|| left.div_ceil(fill.rate_bytes_per_s)),
+            started_ms: fill.started_ms,
+            runs: fill.runs,
+            resumed_from_bytes: fill.resumed_from_bytes,
+            error: fill.error.clone(),
+        }
+    }
+
+    /// Percent of the address space done, 0-100 (rounded down, so 100
+    /// only once all of it is).
+    pub fn percent(&self) -> u64 {
+        let total = self.done_bytes + self.left_bytes;
+        if total == 0 {
+            return 100;
+        }
+        (u128::from(self.done_bytes) * 100 / u128::from(total)) as u64
+    }
 }
 
 /// One component as `object show` prints it (like RVC's object info).
@@ -996,9 +1070,14 @@ pub trait ClusterControl: Send + Sync + 'static {
         volume: &str,
         request: RevertVolume,
     ) -> Result<VolumeView, ControlError>;
-    /// Makes a new volume from a snapshot at once (a linked clone): it
-    /// holds what the snapshot holds and shares its stored blocks until it
-    /// is written; deleting the snapshot or its volume leaves it whole.
+    /// Makes a new volume from a snapshot. A linked clone is made at once:
+    /// it holds what the snapshot holds and shares its stored blocks until
+    /// it is written. A full clone (`full`) is an independent volume placed
+    /// by its policy, answered at once while its owner fills it with a copy
+    /// of the snapshot in the background (`fill` in its view; no client is
+    /// served until the fill ends). Deleting the snapshot or its volume
+    /// leaves either clone whole (refused while a full clone is filled from
+    /// it).
     async fn clone_volume(
         &self,
         volume: &str,

@@ -2,13 +2,18 @@
 //! the hosts of this process.
 //!
 //! Owns: policy and volume life cycles (validation, placement, component
-//! creation, records), the views `status` and `object show` print, copy
-//! verification, and stopping/starting hosts in `tessera up`.
+//! creation, records), the views `status` and `object show` print (a full
+//! clone's fill progress among them), copy verification, and
+//! stopping/starting hosts in `tessera up`.
 //! Must not touch: I/O paths. Volume I/O belongs to the owners'
-//! coordinators; this module only reads components to compare them.
-//! Invariant: a refused request changes nothing: every check happens before
-//! the first write, and a volume whose components could not all be created
-//! has the created ones deleted again.
+//! coordinators (a full clone's fill too: `host/fill.rs`); this module only
+//! reads components to compare them.
+//! Invariants: a refused request changes nothing: every check happens
+//! before the first write, and a volume whose components could not all be
+//! created has the created ones deleted again. While a full clone is
+//! filled, the snapshot it copies and that snapshot's volume are neither
+//! deleted nor renamed, and the clone is neither snapshotted, resized nor
+//! renamed (each refusal names the fill).
 
 use crate::control::*;
 use crate::health::{volume_health, worse, HealthInputs, MissingComponent, VolumeHealthInput};
@@ -126,6 +131,7 @@ pub struct ControlPlane {
     changes: tokio::sync::Mutex<()>,
 }
 
+mod full_clone;
 mod snapshots;
 
 /// Compares every Active copy of each column of `layout` (the volume's, or
@@ -204,6 +210,52 @@ async fn compare_copies(
         }
     }
     Ok(())
+}
+
+/// Creates every component of `layout` (a new volume `name` under
+/// `policy`, data copies with the policy's reservation) on its host; when
+/// one cannot be made, deletes those made before it and says why.
+async fn create_components(
+    components: &dyn ComponentIo,
+    name: &VolumeId,
+    layout: &Layout,
+    policy: &Policy,
+) -> Result<Vec<ComponentPlacement>, ControlError> {
+    let mut created = Vec::new();
+    for c in layout.components() {
+        let reserve = if c.role == ComponentRole::Data {
+            tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct)
+        } else {
+            0
+        };
+        if let Err(e) = components.create(c, reserve).await {
+            for done in &created {
+                let _ = components.delete(done).await;
+            }
+            return Err(match e {
+                tessera_object::ComponentError::NoSpace { .. } => {
+                    ControlError::Unsatisfiable(format!(
+                        "volume {name}: host {} has no space for a component of {}",
+                        c.host,
+                        format_size(c.size_bytes)
+                    ))
+                }
+                other => ControlError::Unavailable(format!("volume {name}: {other}")),
+            });
+        }
+        created.push(c.clone());
+    }
+    Ok(created)
+}
+
+/// Bytes `layout`'s data copies reserve up front under `policy`.
+fn reserved_bytes(layout: &Layout, policy: &Policy) -> u64 {
+    layout
+        .columns
+        .iter()
+        .flat_map(|m| m.copies.iter())
+        .map(|c| tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct))
+        .sum()
 }
 
 fn internal(e: impl std::fmt::Display) -> ControlError {
@@ -306,9 +358,20 @@ impl ControlPlane {
         record: &VolumeRecord,
         layout: &Layout,
     ) -> Result<bool, ControlError> {
+        self.record_new_volume_when(record, layout, Vec::new())
+            .await
+    }
+
+    /// [`ControlPlane::record_new_volume`], if `compares` hold too.
+    async fn record_new_volume_when(
+        &self,
+        record: &VolumeRecord,
+        layout: &Layout,
+        compares: Vec<tessera_directory::Compare>,
+    ) -> Result<bool, ControlError> {
         let name = &record.name;
         let txn = tessera_directory::Txn::new()
-            .when([self.keys.volume(name).absent()])
+            .when(std::iter::once(self.keys.volume(name).absent()).chain(compares))
             .and_then([
                 self.keys
                     .volume(name)
@@ -474,6 +537,10 @@ impl ControlPlane {
                 .map(|p| p.qos)
                 .unwrap_or_default(),
             warnings: Vec::new(),
+            fill: record
+                .fill
+                .as_ref()
+                .map(|f| FillView::new(f, record.size_bytes)),
         }
     }
 
@@ -764,6 +831,63 @@ impl ControlPlane {
     }
 }
 
+/// Refuses a change of `record`'s volume (`what`: "resize it") while it
+/// is a full clone being filled.
+fn refuse_while_filling(record: &VolumeRecord, what: &str) -> Result<(), ControlError> {
+    match &record.fill {
+        Some(fill) => {
+            let view = FillView::new(fill, record.size_bytes);
+            Err(ControlError::Conflict(format!(
+                "volume {} is being filled from snapshot {} ({}% done): {what} once the fill ends",
+                record.name,
+                view.from,
+                view.percent()
+            )))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The refusal to let snapshot `snapshot` of `volume` (any of its
+/// snapshots when None) be `what` ("deleted") while a full clone is filled
+/// from it, naming the clone; None when no fill reads from it.
+fn fills_from(
+    state: &ClusterState,
+    volume: &VolumeId,
+    snapshot: Option<&keys::SnapshotName>,
+    what: &str,
+) -> Option<ControlError> {
+    let mut clones: Vec<String> = state
+        .volumes
+        .iter()
+        .filter_map(|r| {
+            let fill = r.fill.as_ref()?;
+            let reads = &fill.source == volume && snapshot.is_none_or(|s| &fill.snapshot == s);
+            reads.then(|| {
+                let view = FillView::new(fill, r.size_bytes);
+                format!(
+                    "{} (from {}, {}% filled)",
+                    r.name,
+                    view.from,
+                    view.percent()
+                )
+            })
+        })
+        .collect();
+    if clones.is_empty() {
+        return None;
+    }
+    clones.sort();
+    let subject = match snapshot {
+        Some(s) => format!("snapshot {s} of volume {volume}"),
+        None => format!("volume {volume}"),
+    };
+    Some(ControlError::Conflict(format!(
+        "{subject} cannot be {what} while a full clone is being filled from it: {}; wait for the fill to end (`tessera volume show`), or delete the clone",
+        clones.join(", ")
+    )))
+}
+
 /// What the control plane read of the cluster for one answer.
 struct ClusterState {
     hosts: Vec<keys::HostRecord>,
@@ -1044,38 +1168,8 @@ impl ClusterControl for ControlPlane {
             provisioned,
         )?;
         let components = host.components(&name);
-        let mut created = Vec::new();
-        for c in layout.components() {
-            let reserve = if c.role == ComponentRole::Data {
-                tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct)
-            } else {
-                0
-            };
-            if let Err(e) = components.create(c, reserve).await {
-                for done in &created {
-                    let _ = components.delete(done).await;
-                }
-                return Err(match e {
-                    tessera_object::ComponentError::NoSpace { .. } => {
-                        ControlError::Unsatisfiable(format!(
-                            "volume {name}: host {} has no space for a component of {}",
-                            c.host,
-                            format_size(c.size_bytes)
-                        ))
-                    }
-                    other => ControlError::Unavailable(format!("volume {name}: {other}")),
-                });
-            }
-            created.push(c.clone());
-        }
-        let reserved: u64 = layout
-            .columns
-            .iter()
-            .flat_map(|m| m.copies.iter())
-            .map(|c| {
-                tessera_placement::reservation_bytes(c.size_bytes, policy.space_reservation_pct)
-            })
-            .sum();
+        let created = create_components(components.as_ref(), &name, &layout, &policy).await?;
+        let reserved = reserved_bytes(&layout, &policy);
         let record = VolumeRecord {
             name: name.clone(),
             size_bytes: request.size_bytes,
@@ -1084,6 +1178,7 @@ impl ClusterControl for ControlPlane {
             created_ms: self.clock.wall_ms(),
             reserved_bytes: reserved,
             block_bytes,
+            fill: None,
         };
         if !self.record_new_volume(&record, &layout).await? {
             for c in &created {
@@ -1126,6 +1221,7 @@ impl ClusterControl for ControlPlane {
     ) -> Result<VolumeView, ControlError> {
         let _guard = self.changes.lock().await;
         let (mut record, layout) = self.volume_record(name).await?;
+        refuse_while_filling(&record, "resize it")?;
         if request.size_bytes < record.size_bytes {
             return Err(ControlError::Invalid(format!(
                 "volume {name}: shrinking from {} to {} is not supported (data would be lost)",
@@ -1228,7 +1324,12 @@ impl ClusterControl for ControlPlane {
         if new_name == old {
             return self.fresh_volume_view(&old).await;
         }
+        refuse_while_filling(&record, "rename it")?;
         let state = self.read_state().await?;
+        // A fill names its source volume: it would lose its snapshot.
+        if let Some(refusal) = fills_from(&state, &old, None, "renamed") {
+            return Err(refusal);
+        }
         let (open, on) = self.open_by(&state, &old);
         if open > 0 {
             return Err(ControlError::Conflict(format!(
@@ -1331,6 +1432,11 @@ impl ClusterControl for ControlPlane {
         let _guard = self.changes.lock().await;
         let (mut record, layout) = self.volume_record(name).await?;
         let state = self.read_state().await?;
+        // A full clone being filled from one of its snapshots needs it
+        // until the fill ends (forced or not: it is no client's).
+        if let Some(refusal) = fills_from(&state, &record.name, None, "deleted") {
+            return Err(refusal);
+        }
         let (open, on) = self.open_by(&state, &record.name);
         if open > 0 && !force {
             return Err(ControlError::Conflict(format!(

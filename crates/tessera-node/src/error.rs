@@ -1,7 +1,9 @@
 //! Errors of a host's life: starting, serving, stopping.
 //!
 //! Owns: [`NodeError`], which names the host and the part that failed so
-//! that a user reading `tessera up`'s output knows what to fix.
+//! that a user reading `tessera up`'s output knows what to fix; the
+//! refusals of fault injection ([`FaultError`]); and why a full clone's
+//! fill stopped ([`FillError`]), naming the volume and its snapshot.
 
 use tessera_types::{DiskGroupId, HostId, VolumeId};
 
@@ -84,6 +86,66 @@ pub enum FaultError {
         /// The host.
         host: HostId,
         /// What the store said.
+        reason: String,
+    },
+}
+
+/// Why the fill of a full clone stopped (see `host/fill.rs`). Each names
+/// the volume being filled and the snapshot it copies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FillError {
+    /// The fill is no longer this host's to run: another host owns the
+    /// volume now, or the volume was deleted or its fill ended.
+    #[error("volume {volume}: the fill from {from} is no longer run here: {reason}")]
+    NotHere {
+        /// The volume being filled.
+        volume: VolumeId,
+        /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+        from: String,
+        /// What changed.
+        reason: String,
+    },
+    /// The snapshot the volume is filled from is not in this host's view
+    /// (deleted, or taken again under its name).
+    #[error("volume {volume}: snapshot {from} it is filled from is gone")]
+    SnapshotGone {
+        /// The volume being filled.
+        volume: VolumeId,
+        /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+        from: String,
+    },
+    /// The snapshot could not be read.
+    #[error("volume {volume}: reading snapshot {from} at byte {offset}: {reason}")]
+    Read {
+        /// The volume being filled.
+        volume: VolumeId,
+        /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+        from: String,
+        /// Where.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The volume refused a write of the fill.
+    #[error("volume {volume}: writing the copy of {from} at byte {offset}: {reason}")]
+    Write {
+        /// The volume being filled.
+        volume: VolumeId,
+        /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+        from: String,
+        /// Where.
+        offset: u64,
+        /// What failed.
+        reason: String,
+    },
+    /// The fill's position could not be recorded in the directory.
+    #[error("volume {volume}: recording the position of the fill from {from}: {reason}")]
+    Record {
+        /// The volume being filled.
+        volume: VolumeId,
+        /// The snapshot copied, as `VOLUME@SNAPSHOT`.
+        from: String,
+        /// What failed.
         reason: String,
     },
 }

@@ -6,7 +6,8 @@
 //! directory (kept by one watch: `directory_mirror`); its control loop,
 //! which every [`TICK`] tells the host's control core
 //! (`tessera_control::HostControl`) what changed and carries out what it
-//! decides (`control_loop`); the requests other hosts send (`rpc`); and the
+//! decides (`control_loop`); the requests other hosts send (`rpc`); the
+//! fills of the full clones it coordinates (`fill`); and the
 //! host read cache every coordinator it runs shares, sized by the cluster
 //! setting `read_cache_bytes` (applied as soon as the setting changes).
 //! Must not touch: I/O logic (the coordinator's) or on-disk formats.
@@ -17,10 +18,12 @@
 
 mod control_loop;
 mod directory_mirror;
+mod fill;
 mod layout_record;
 mod rpc;
 mod scrub;
 
+pub use fill::{fill_refusal, FILL_PIECE_BYTES};
 pub use scrub::{ScrubView, SCRUB_MIN_RATE, SCRUB_NOW_RATE};
 
 use crate::attachments::Attachments;
@@ -146,6 +149,10 @@ pub struct Host {
     halted: Arc<std::sync::atomic::AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The volumes whose fill (a full clone being filled from a snapshot)
+    /// a task of this host runs, with the epoch of the coordinator it runs
+    /// on (`host/fill.rs`).
+    fills: Mutex<HashMap<VolumeId, tessera_types::Epoch>>,
     /// Lost copies whose replacements are being given the volume's
     /// snapshots (a rebuild that carries snapshots runs as a task; the
     /// core asks again every tick meanwhile).
@@ -384,6 +391,7 @@ impl Host {
             halted: Arc::default(),
             stop,
             tasks: Mutex::new(Vec::new()),
+            fills: Mutex::new(HashMap::new()),
             carrying: Mutex::new(HashSet::new()),
             targets: Arc::clone(&targets),
             attachments,

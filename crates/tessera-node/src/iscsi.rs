@@ -27,6 +27,9 @@
 //!   a snapshot's target takes its volume's, and a snapshot whose volume is
 //!   not ready has no target, so a snapshot is never more open than its
 //!   volume;
+//! - a full clone being filled has no target yet: discovery leaves it out
+//!   and a login to it is refused as service unavailable (the initiator
+//!   may retry), the host's log saying why, with the fill's progress;
 //! - a snapshot's unit is read-only: its device says so, and the SCSI layer
 //!   reports write protect and refuses every write with DATA PROTECT;
 //! - a host's relative target port and portal group tag are its position
@@ -392,7 +395,7 @@ fn resolve_designator(
         .volumes
         .read()
         .values()
-        .find(|v| v.state == VolumeState::Ready && naa_designator(serial_of(v))[..] == *designator)
+        .find(|v| v.serves_clients() && naa_designator(serial_of(v))[..] == *designator)
         .map(|v| v.name.to_string());
     if let Some(volume) = volume {
         return exports
@@ -585,7 +588,7 @@ impl HostTargets {
 
     fn served(&self, volume: &VolumeId) -> Option<Arc<BlockTarget>> {
         let record = self.view.volumes.read().get(volume).cloned()?;
-        if record.state != VolumeState::Ready {
+        if !record.serves_clients() {
             return None;
         }
         let serial = serial_of(&record);
@@ -663,9 +666,7 @@ impl HostTargets {
             .volumes
             .read()
             .values()
-            .find(|v| {
-                v.state == VolumeState::Ready && v.name.as_str().eq_ignore_ascii_case(spelled)
-            })
+            .find(|v| v.serves_clients() && v.name.as_str().eq_ignore_ascii_case(spelled))
             .map(|v| v.name.clone())
     }
 
@@ -722,11 +723,7 @@ impl HostTargets {
 impl TargetCatalog for HostTargets {
     fn target_names(&self) -> Vec<String> {
         let volumes = self.view.volumes.read();
-        let ready = |name: &VolumeId| {
-            volumes
-                .get(name)
-                .is_some_and(|v| v.state == VolumeState::Ready)
-        };
+        let ready = |name: &VolumeId| volumes.get(name).is_some_and(|v| v.serves_clients());
         let mut names: Vec<String> = volumes
             .values()
             .filter(|v| ready(&v.name))
@@ -785,6 +782,17 @@ impl TargetCatalog for HostTargets {
                 ))
             }
         }
+    }
+
+    fn refusal(&self, name: &str) -> Option<String> {
+        let NamedTarget::Volume(spelled) = parse_target_name(name)? else {
+            return None;
+        };
+        let volumes = self.view.volumes.read();
+        let record = volumes
+            .values()
+            .find(|v| v.name.as_str().eq_ignore_ascii_case(&spelled))?;
+        crate::host::fill_refusal(record)
     }
 }
 

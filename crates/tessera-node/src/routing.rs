@@ -1,8 +1,9 @@
 //! Serving a volume from any host: the NBD catalog and the volume handle
 //! that sends each request to the volume's owner.
 //!
-//! Owns: [`HostCatalog`] (the exports a host offers: every ready volume, and
-//! every snapshot read-only) and [`VolumeHandle`] (a `BlockDevice` that runs
+//! Owns: [`HostCatalog`] (the exports a host offers: every ready volume not
+//! being filled, and every snapshot read-only; a full clone being filled
+//! is refused with the fill's progress) and [`VolumeHandle`] (a `BlockDevice` that runs
 //! I/O on the local coordinator when this host owns the volume, and forwards
 //! it over the transport to the owner otherwise; an EXTENDED COPY between
 //! two volumes this host owns shares stored blocks on the owner's
@@ -71,13 +72,14 @@ impl HostCatalog {
         }
     }
 
-    /// A handle on a ready volume. `attached` counts it as one client's
+    /// A handle on a ready volume (not one being filled: it serves no
+    /// client until the fill ends). `attached` counts it as one client's
     /// open volume for as long as the handle lives (an NBD connection);
     /// the iSCSI target's shared handle counts sessions instead.
     pub fn open_handle(&self, name: &str, attached: bool) -> Option<Arc<VolumeHandle>> {
         let volume = VolumeId::new(name).ok()?;
         let record = self.view.volumes.read().get(&volume).cloned()?;
-        if record.state != tessera_directory::keys::VolumeState::Ready {
+        if !record.serves_clients() {
             return None;
         }
         Some(Arc::new(VolumeHandle {
@@ -143,7 +145,7 @@ impl ExportCatalog for HostCatalog {
             .volumes
             .read()
             .values()
-            .filter(|v| v.state == tessera_directory::keys::VolumeState::Ready)
+            .filter(|v| v.serves_clients())
             .map(|v| v.name.to_string())
             .collect();
         names.extend(
@@ -175,6 +177,12 @@ impl ExportCatalog for HostCatalog {
         let volume = VolumeId::new(name).ok()?;
         let record = self.view.volumes.read().get(&volume).cloned()?;
         Some(format!("Tessera volume {name} (policy {})", record.policy))
+    }
+
+    fn refusal(&self, name: &str) -> Option<String> {
+        let volume = VolumeId::new(name).ok()?;
+        let record = self.view.volumes.read().get(&volume).cloned()?;
+        crate::host::fill_refusal(&record)
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! Owns: [`SnapshotDevice`], a `BlockDevice` over a snapshot's components
 //! (its record's layout) that reads each piece from a copy of its column,
-//! trying the others when one fails; and the names a snapshot is served
+//! trying the others when one fails, and answers block status from the
+//! same copies' allocation (unmapped ranges are holes, so a backup or a
+//! full clone's fill skips them); and the names a snapshot is served
 //! under: its NBD export name and its iSCSI target name.
 //! Must not touch: the volume's owner or coordinator: a snapshot never
 //! changes, so any host reads it from any copy, with no ordering to keep.
@@ -14,8 +16,8 @@ use bytes::{Bytes, BytesMut};
 use std::any::Any;
 use std::sync::Arc;
 use tessera_blockdev::{
-    check_range, BlockDevice, BlockError, DeviceInfo, Extent, ExtentKind, SpaceUsage, WriteFlags,
-    ZeroMode,
+    check_range, push_extent, BlockDevice, BlockError, DeviceInfo, Extent, ExtentKind, SpaceUsage,
+    WriteFlags, ZeroMode,
 };
 use tessera_directory::keys::SnapshotRecord;
 use tessera_object::{ComponentIo, IoClass};
@@ -46,6 +48,9 @@ pub struct SnapshotDevice {
     io: Arc<dyn ComponentIo>,
     /// The host serving it: its own copy is read first.
     host: HostId,
+    /// The queue its reads travel on: a client's, or the resync queue for
+    /// a copy made in the background (a full clone's fill).
+    class: IoClass,
 }
 
 impl SnapshotDevice {
@@ -63,7 +68,52 @@ impl SnapshotDevice {
             record,
             io,
             host,
+            class: IoClass::Guest,
         }
+    }
+
+    /// The same device reading on the resync queue, so a copy made in the
+    /// background never delays clients' I/O on the transport.
+    pub fn for_background_copy(mut self) -> SnapshotDevice {
+        self.class = IoClass::Resync;
+        self
+    }
+
+    /// The snapshot's record.
+    pub fn record(&self) -> &SnapshotRecord {
+        &self.record
+    }
+
+    /// The copies of `column`, this host's first.
+    fn copies(&self, column: usize) -> Vec<&tessera_types::layout::ComponentPlacement> {
+        let mut copies: Vec<_> = self.record.layout.columns[column].copies.iter().collect();
+        copies.sort_by_key(|c| c.host != self.host);
+        copies
+    }
+
+    /// Runs of allocated blocks of `column` within `[first, first+count)`,
+    /// from the first copy that answers (every copy of a snapshot holds the
+    /// same).
+    async fn allocated_in_column(
+        &self,
+        column: usize,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<(Lba, u64)>, BlockError> {
+        let mut failures = Vec::new();
+        for copy in self.copies(column) {
+            match self.io.allocated(copy, Lba(first), count).await {
+                Ok(runs) => return Ok(runs),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(BlockError::Unavailable {
+            reason: format!(
+                "snapshot {}: the allocation of column {column} could not be read from any copy: {}",
+                self.info.name,
+                failures.join("; ")
+            ),
+        })
     }
 
     /// Reads whole blocks `[start, end)` of the snapshot.
@@ -86,17 +136,15 @@ impl SnapshotDevice {
     /// `len` bytes at `offset` of column `column`, from the first copy that
     /// answers (this host's first).
     async fn read_column(&self, column: usize, offset: u64, len: u64) -> Result<Bytes, BlockError> {
-        let mut copies: Vec<_> = self.record.layout.columns[column].copies.iter().collect();
-        copies.sort_by_key(|c| c.host != self.host);
         let mut failures = Vec::new();
-        for copy in copies {
+        for copy in self.copies(column) {
             match self
                 .io
                 .read(
                     copy,
                     Lba(offset / BLOCK_BYTES),
                     (len / BLOCK_BYTES) as u32,
-                    IoClass::Guest,
+                    self.class,
                 )
                 .await
             {
@@ -172,13 +220,60 @@ impl BlockDevice for SnapshotDevice {
         if len == 0 {
             return Ok(Vec::new());
         }
-        // Every block is reported as data: a backup reads all of it (the
-        // allocation map of a snapshot is a later refinement).
-        Ok(vec![Extent {
-            offset,
-            len,
-            kind: ExtentKind::Data,
-        }])
+        // Whole blocks, as the copies' allocation is kept; each piece of
+        // the range from a copy of its column.
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let mut extents: Vec<Extent> = Vec::new();
+        for piece in self.record.layout.map_range(start, end - start) {
+            let first = piece.component_offset / BLOCK_BYTES;
+            let count = piece.len / BLOCK_BYTES;
+            let runs = self.allocated_in_column(piece.column, first, count).await?;
+            let piece_start = start + piece.buffer_offset;
+            let mut pos = first;
+            for (lba, run) in runs {
+                let (rs, re) = (lba.0.max(first), (lba.0 + run).min(first + count));
+                if rs >= re {
+                    continue;
+                }
+                if rs > pos {
+                    push_extent(
+                        &mut extents,
+                        piece_start + (pos - first) * BLOCK_BYTES,
+                        (rs - pos) * BLOCK_BYTES,
+                        ExtentKind::Hole,
+                    );
+                }
+                push_extent(
+                    &mut extents,
+                    piece_start + (rs - first) * BLOCK_BYTES,
+                    (re - rs) * BLOCK_BYTES,
+                    ExtentKind::Data,
+                );
+                pos = re;
+            }
+            if pos < first + count {
+                push_extent(
+                    &mut extents,
+                    piece_start + (pos - first) * BLOCK_BYTES,
+                    (first + count - pos) * BLOCK_BYTES,
+                    ExtentKind::Hole,
+                );
+            }
+        }
+        // Clipped to the bytes asked for.
+        let stop = offset + len;
+        Ok(extents
+            .into_iter()
+            .filter_map(|e| {
+                let (s, t) = (e.offset.max(offset), (e.offset + e.len).min(stop));
+                (s < t).then_some(Extent {
+                    offset: s,
+                    len: t - s,
+                    kind: e.kind,
+                })
+            })
+            .collect())
     }
 
     fn space(&self) -> SpaceUsage {

@@ -225,6 +225,12 @@ async fn unknown_fields_are_refused_by_name_and_change_nothing() {
         (Method::PATCH, "/v1/policies/default", r#"{"ftt":2}"#, "ftt"),
         (
             Method::POST,
+            "/v1/volumes/vm/snapshots/s1/clones",
+            r#"{"name":"copy","full":true,"ful":true}"#,
+            "ful",
+        ),
+        (
+            Method::POST,
             "/v1/hosts/host-2/faults",
             r#"{"kind":"fail-device","disk_group":"dg0","device":0,"now":true}"#,
             "now",

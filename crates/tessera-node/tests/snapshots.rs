@@ -178,6 +178,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "before-b",
             CloneVolume {
                 name: "vm-clone".into(),
+                ..Default::default()
             },
         )
         .await
@@ -201,6 +202,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "before-b",
             CloneVolume {
                 name: "vm-clone".into(),
+                ..Default::default()
             },
         )
         .await
@@ -213,6 +215,7 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
             "nope",
             CloneVolume {
                 name: "other".into(),
+                ..Default::default()
             },
         )
         .await

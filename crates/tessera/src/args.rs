@@ -352,15 +352,30 @@ pub enum VolumeCommand {
         #[arg(long)]
         to: String,
     },
-    /// A new volume made at once from a snapshot (a linked clone): it
-    /// holds what the snapshot holds and shares its blocks until written,
-    /// and stays whole when the snapshot or its volume is deleted.
+    /// A new volume from a snapshot. A linked clone is made at once: it
+    /// holds what the snapshot holds and shares its blocks until written.
+    /// With --full, an independent copy placed by its policy, filled in the
+    /// background (the command waits and shows the progress unless
+    /// --no-wait). Either stays whole when the snapshot or its volume is
+    /// deleted.
     Clone {
         /// The new volume's name.
         name: String,
         /// The snapshot, as VOLUME@SNAPSHOT.
         #[arg(long)]
         from: String,
+        /// A full clone: a copy of the snapshot that shares no stored block
+        /// with it, on any hosts and disk groups its policy's placement
+        /// picks; it serves clients once it is filled.
+        #[arg(long)]
+        full: bool,
+        /// The full clone's policy (the source volume's by default).
+        #[arg(long, requires = "full")]
+        policy: Option<String>,
+        /// Return once the full clone is made, without waiting for its
+        /// fill (`tessera volume show NAME` shows the progress).
+        #[arg(long, requires = "full")]
+        no_wait: bool,
     },
     /// Create a volume: its name is its NBD export name and the suffix of
     /// its iSCSI target, iqn.2026-11.io.tessera:NAME.

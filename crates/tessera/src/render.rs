@@ -10,9 +10,9 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ClusterSettings, ComponentView, EvacuationView, Health, HealthCheck, HealthCode,
-    HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView,
-    Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
+    CapacityView, ClusterSettings, ComponentView, EvacuationView, FillView, Health, HealthCheck,
+    HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView,
+    ScrubView, Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -468,7 +468,8 @@ pub fn policy_created(p: &Policy) -> String {
     )
 }
 
-/// `tessera volume list`.
+/// `tessera volume list`: a row per volume, then a line per full clone
+/// being filled with its progress.
 pub fn volumes(volumes: &[VolumeView]) -> String {
     let mut t = Table::new(&[
         "NAME", "SIZE", "POLICY", "BLOCK", "STATE", "USED", "OWNER", "EPOCH", "CLIENTS", "QOS",
@@ -480,7 +481,10 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
             format_size(v.size_bytes),
             v.policy.clone(),
             block_format(v.block_bytes).to_string(),
-            health(v.state).to_string(),
+            match &v.fill {
+                Some(f) => format!("filling {}%", f.percent()),
+                None => health(v.state).to_string(),
+            },
             format_size(v.used_bytes),
             owner,
             epoch,
@@ -488,7 +492,74 @@ pub fn volumes(volumes: &[VolumeView]) -> String {
             qos(&v.qos),
         ]);
     }
-    t.render()
+    let mut out = t.render();
+    let filling: Vec<&VolumeView> = volumes.iter().filter(|v| v.fill.is_some()).collect();
+    if !filling.is_empty() {
+        out.push('\n');
+        for v in filling {
+            if let Some(f) = &v.fill {
+                out.push_str(&fill_progress(&v.name, f));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// One line saying where the fill of full clone `name` stands.
+pub fn fill_progress(name: &str, f: &FillView) -> String {
+    let mut line = format!(
+        "{name} is being filled from {}: {}%, {} of {} done, {} copied",
+        f.from,
+        f.percent(),
+        format_size(f.done_bytes),
+        format_size(f.done_bytes + f.left_bytes),
+        format_size(f.copied_bytes),
+    );
+    if f.rate_bytes_per_s > 0 {
+        line.push_str(&format!(", {}/s", format_size(f.rate_bytes_per_s)));
+    }
+    if let Some(eta) = f.eta_s {
+        line.push_str(&format!(", about {} left", eta_text(eta)));
+    }
+    if f.runs > 1 {
+        line.push_str(&format!(
+            " (run {}, taken up at {})",
+            f.runs,
+            format_size(f.resumed_from_bytes)
+        ));
+    }
+    if let Some(e) = &f.error {
+        line.push_str(&format!("; retrying after: {e}"));
+    }
+    line
+}
+
+/// What `volume clone --full` prints once the clone is made: the volume,
+/// and that it is being filled.
+pub fn fill_started(v: &VolumeView) -> String {
+    let mut out = volume_changed("cloned", v);
+    if let Some(f) = &v.fill {
+        out.push_str(&format!(
+            "full clone of {}: it is being filled in the background and serves clients once filled; `tessera volume show {}` shows the progress\n",
+            f.from, v.name
+        ));
+    }
+    out
+}
+
+/// What `volume clone --full` prints once the fill of `v` ended (`from`:
+/// the snapshot it copied, as the last progress it saw said). The data a
+/// just-filled clone holds is what was copied.
+pub fn fill_done(v: &VolumeView, from: Option<&str>) -> String {
+    match from {
+        Some(from) => format!(
+            "volume {} is filled: a full copy of {from}, {} of data; it serves clients now\n",
+            v.name,
+            format_size(v.used_bytes),
+        ),
+        None => format!("volume {} is filled; it serves clients now\n", v.name),
+    }
 }
 
 /// `tessera snapshot list`.
@@ -1052,6 +1123,58 @@ mod tests {
     }
 
     #[test]
+    fn a_full_clone_being_filled_shows_its_progress_in_the_list_and_when_made() {
+        let fill = FillView {
+            from: "vm@s1".to_string(),
+            done_bytes: 48 << 20,
+            left_bytes: 16 << 20,
+            copied_bytes: 20 << 20,
+            rate_bytes_per_s: 8 << 20,
+            eta_s: Some(2),
+            started_ms: 0,
+            runs: 2,
+            resumed_from_bytes: 16 << 20,
+            error: None,
+        };
+        let v = VolumeView {
+            name: "copy".to_string(),
+            size_bytes: 64 << 20,
+            policy: "default".to_string(),
+            block_bytes: 512,
+            state: Health::Healthy,
+            used_bytes: 20 << 20,
+            owner: Some("host-2".to_string()),
+            epoch: Some(Epoch(3)),
+            open_by: 0,
+            qos: VolumeQos::default(),
+            warnings: Vec::new(),
+            fill: Some(fill.clone()),
+        };
+        assert_eq!(
+            volumes(std::slice::from_ref(&v)),
+            "NAME  SIZE      POLICY   BLOCK  STATE        USED      OWNER   EPOCH  CLIENTS  QOS\n\
+             copy  64.0 MiB  default  512e   filling 75%  20.0 MiB  host-2  3      0        -\n\
+             \n\
+             copy is being filled from vm@s1: 75%, 48.0 MiB of 64.0 MiB done, 20.0 MiB copied, 8.0 MiB/s, about 2s left (run 2, taken up at 16.0 MiB)\n"
+        );
+        let started = fill_started(&v);
+        assert!(
+            started.starts_with("cloned volume copy: 64.0 MiB, policy default, 512e, healthy, owner host-2 (epoch 3)\nfull clone of vm@s1: it is being filled in the background"),
+            "{started}"
+        );
+        let failing = FillView {
+            error: Some("volume copy: reading snapshot vm@s1 at byte 0: no copy".to_string()),
+            ..fill.clone()
+        };
+        assert!(fill_progress("copy", &failing)
+            .ends_with("; retrying after: volume copy: reading snapshot vm@s1 at byte 0: no copy"));
+        assert_eq!(
+            fill_done(&v, Some("vm@s1")),
+            "volume copy is filled: a full copy of vm@s1, 20.0 MiB of data; it serves clients now\n"
+        );
+    }
+
+    #[test]
     fn volume_list_shows_size_policy_state_used_and_owner() {
         let v = VolumeView {
             name: "vol1".to_string(),
@@ -1069,9 +1192,10 @@ mod tests {
                 iops_minimum: 500,
             },
             warnings: Vec::new(),
+            fill: None,
         };
         assert_eq!(
-            volumes(&[v]),
+            volumes(std::slice::from_ref(&v)),
             "NAME  SIZE      POLICY   BLOCK  STATE    USED     OWNER  EPOCH  CLIENTS  QOS\n\
              vol1  10.0 GiB  default  512e   healthy  3.0 MiB  -      -      1        max 2000 IOPS, min 500 IOPS\n"
         );

@@ -18,8 +18,9 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    ClusterSettings, EvacuationView, HealthReport, HostView, IscsiAccessView, ObjectView,
-    ResyncView, ScrubView, Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
+    ClusterSettings, ControlError, EvacuationView, HealthReport, HostView, IscsiAccessView,
+    ObjectView, ResyncView, ScrubView, Severity, SnapshotView, StatusView, VerifyReport,
+    VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -398,7 +399,13 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             let v = client.post_json(&path, &json!({ "to": to }))?;
             output.view::<VolumeView>(&path, v, |v| render::volume_changed("reverted", v))?;
         }
-        Command::Volume(VolumeCommand::Clone { name, from }) => {
+        Command::Volume(VolumeCommand::Clone {
+            name,
+            from,
+            full,
+            policy,
+            no_wait,
+        }) => {
             let Some((volume, snapshot)) = from.split_once('@') else {
                 return Err(CliError::Usage(format!(
                     "{from}: name the snapshot as VOLUME@SNAPSHOT"
@@ -409,8 +416,25 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                 segment(volume),
                 segment(snapshot)
             );
-            let v = client.post_json(&path, &json!({ "name": name }))?;
-            output.view::<VolumeView>(&path, v, |v| render::volume_changed("cloned", v))?;
+            let mut body = json!({ "name": name });
+            if *full {
+                body["full"] = json!(true);
+            }
+            if let Some(p) = policy {
+                body["policy"] = json!(p);
+            }
+            let v = client.post_json(&path, &body)?;
+            if !*full {
+                output.view::<VolumeView>(&path, v, |v| render::volume_changed("cloned", v))?;
+            } else if *no_wait {
+                output.view::<VolumeView>(&path, v, render::fill_started)?;
+            } else {
+                let filled = wait_for_fill(&client, name, v, output)?;
+                if !output.json {
+                    let hint = nbd_hint(&client, &filled);
+                    output.text(&hint)?;
+                }
+            }
         }
         Command::Snapshot(SnapshotCommand::List { volume }) => {
             let path = format!("/v1/volumes/{}/snapshots", segment(volume));
@@ -599,6 +623,72 @@ fn resync_list(
         };
         Ok(listed.iter().any(unfinished))
     })
+}
+
+/// How often `volume clone --full` looks at the fill's progress.
+const FILL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Waits until full clone `name` (its view as made: `made`) is filled,
+/// printing its progress: on a terminal one line rewritten in place, else a
+/// line whenever it changed. With `--json`, prints the volume's view once
+/// filled. Ctrl-C stops the waiting, not the fill. Answers the filled
+/// volume's view.
+fn wait_for_fill(
+    client: &ApiClient,
+    name: &str,
+    made: Value,
+    output: &mut Output<'_>,
+) -> Result<VolumeView, CliError> {
+    let path = format!("/v1/volumes/{}", segment(name));
+    let mut value = made;
+    let mut view: VolumeView = decode(&path, value.clone())?;
+    let terminal = !output.json && std::io::stdout().is_terminal();
+    if !output.json {
+        output.text(&render::fill_started(&view))?;
+    }
+    let mut last_fill = view.fill.clone();
+    let mut last_line = String::new();
+    while view.fill.is_some() {
+        let _ = output.out.flush();
+        std::thread::sleep(FILL_POLL);
+        value = match client.get(&path) {
+            Ok(v) => v,
+            Err(CliError::Refused(ControlError::NotFound(_))) => {
+                if terminal {
+                    output.text("\n")?;
+                }
+                return Err(CliError::Refused(ControlError::NotFound(format!(
+                    "volume {name} was deleted while it was being filled"
+                ))));
+            }
+            Err(e) => return Err(e),
+        };
+        view = decode(&path, value.clone())?;
+        let Some(fill) = &view.fill else { break };
+        last_fill = Some(fill.clone());
+        if output.json {
+            continue;
+        }
+        let line = render::fill_progress(&view.name, fill);
+        if terminal {
+            output.text(&format!("\r\x1b[K{line}"))?;
+        } else if line != last_line {
+            output.text(&format!("{line}\n"))?;
+        }
+        last_line = line;
+    }
+    if output.json {
+        output.json(&value)?;
+    } else {
+        if terminal && !last_line.is_empty() {
+            output.text("\r\x1b[K")?;
+        }
+        output.text(&render::fill_done(
+            &view,
+            last_fill.as_ref().map(|f| f.from.as_str()),
+        ))?;
+    }
+    Ok(view)
 }
 
 /// Where a client attaches the new volume: the owner's NBD address (every

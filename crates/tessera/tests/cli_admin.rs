@@ -447,6 +447,98 @@ fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
 }
 
 #[test]
+fn a_full_clone_waits_for_its_fill_printing_the_progress_unless_told_not_to() {
+    let api = ApiServer::start();
+    for args in [
+        &["volume", "create", "vm", "--size", "64M"][..],
+        &["snapshot", "create", "vm", "s1"],
+    ] {
+        let out = tessera(&api, args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    // Waits by default: the made volume, one line per look at the fill
+    // (the in-memory API moves it half the volume per look), then the end.
+    let out = tessera(
+        &api,
+        &["volume", "clone", "copy", "--from", "vm@s1", "--full"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("cloned volume copy: 64.0 MiB, policy default, 512e, healthy"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("full clone of vm@s1: it is being filled in the background"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[2],
+        "copy is being filled from vm@s1: 50%, 32.0 MiB of 64.0 MiB done, 32.0 MiB copied, 32.0 MiB/s, about 1s left",
+        "{text}"
+    );
+    assert_eq!(
+        lines[3],
+        "volume copy is filled: a full copy of vm@s1, 64.0 MiB of data; it serves clients now",
+        "{text}"
+    );
+    assert!(lines[4].starts_with("attach with: nbd://"), "{text}");
+
+    // --no-wait answers at once; list and show say it is filling.
+    let out = tessera(
+        &api,
+        &[
+            "volume",
+            "clone",
+            "copy2",
+            "--from",
+            "vm@s1",
+            "--full",
+            "--no-wait",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("full clone of vm@s1"),
+        "{}",
+        stdout(&out)
+    );
+    let list = stdout(&tessera(&api, &["volume", "list"]));
+    assert!(list.contains("filling 0%"), "{list}");
+    assert!(
+        list.contains("copy2 is being filled from vm@s1: 0%"),
+        "{list}"
+    );
+    let shown = json(&tessera(&api, &["--json", "volume", "show", "copy2"]));
+    assert_eq!(shown["fill"]["from"], "vm@s1", "{shown:#}");
+    assert_eq!(shown["fill"]["done_bytes"], 32 << 20, "{shown:#}");
+
+    // With --json it prints the filled volume's view, once.
+    let out = tessera(
+        &api,
+        &[
+            "--json", "volume", "clone", "copy3", "--from", "vm@s1", "--full",
+        ],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let filled = json(&out);
+    assert_eq!(filled["name"], "copy3");
+    assert!(filled.get("fill").is_none(), "{filled:#}");
+
+    // --no-wait and --policy are for full clones only.
+    for args in [
+        &["volume", "clone", "x", "--from", "vm@s1", "--no-wait"][..],
+        &[
+            "volume", "clone", "x", "--from", "vm@s1", "--policy", "default",
+        ],
+    ] {
+        let out = tessera(&api, args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn resync_list_shows_progress() {
     let api = ApiServer::start();
     let none = tessera(&api, &["resync", "list"]);

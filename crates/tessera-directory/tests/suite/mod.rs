@@ -579,6 +579,7 @@ pub async fn typed_records(env: Env) -> Result<()> {
         created_ms: 1_700_000_000_000,
         reserved_bytes: 0,
         block_bytes: 512,
+        fill: None,
     };
     let outcome = keys::cas(d, &ks.volume(&volume), None, &record, None).await?;
     ensure!(outcome.succeeded);
@@ -841,6 +842,7 @@ pub async fn typed_watch(env: Env) -> Result<()> {
         created_ms: 7,
         reserved_bytes: 0,
         block_bytes: 512,
+        fill: None,
     };
     let put = keys::put(d, &ks.volume(&volume), &record, None).await?;
     let broken = ks.volume(&VolumeId::new("broken")?);

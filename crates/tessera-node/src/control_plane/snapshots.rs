@@ -5,7 +5,9 @@
 //! snapshot to the owner (through a volume handle: locally or over the
 //! transport), the views, deleting a snapshot's components and record, and
 //! making a new volume from a snapshot (a linked clone: each copy's
-//! snapshot cloned on its own disk group, a witness beside the source's).
+//! snapshot cloned on its own disk group, a witness beside the source's; a
+//! full clone is made in `full_clone.rs`), and refusing to delete a
+//! snapshot a full clone is being filled from.
 //! Must not touch: ordering a snapshot against writes (the owner's
 //! coordinator does it, and records the snapshot under its epoch).
 //! Invariant: a snapshot's record goes only after every one of its
@@ -105,6 +107,7 @@ impl ControlPlane {
         name: &SnapshotName,
     ) -> Result<keys::Key<SnapshotRecord>, ControlError> {
         let volume = &record.name;
+        super::refuse_while_filling(record, "take a snapshot of it")?;
         if record.state != VolumeState::Ready {
             return Err(ControlError::Conflict(format!(
                 "volume {volume} is {:?}: a snapshot is taken of a ready volume",
@@ -294,6 +297,11 @@ impl ControlPlane {
                 ControlError::NotFound(format!("volume {volume} has no snapshot named {name}"))
             })?
             .value;
+        // A full clone being filled from it reads it until the fill ends.
+        let state = self.read_state().await?;
+        if let Some(refusal) = super::fills_from(&state, &volume, Some(&name), "deleted") {
+            return Err(refusal);
+        }
         self.delete_snapshot_components(&record).await?;
         keys::delete(self.directory.as_ref(), &key)
             .await
@@ -337,6 +345,9 @@ impl ControlPlane {
         snapshot: &str,
         request: CloneVolume,
     ) -> Result<VolumeView, ControlError> {
+        if request.full {
+            return self.full_clone(volume, snapshot, request).await;
+        }
         let name =
             VolumeId::new(&request.name).map_err(|e| ControlError::Invalid(e.to_string()))?;
         let snapshot_name = snapshot_name(snapshot)?;
@@ -355,6 +366,18 @@ impl ControlPlane {
         })?
         .value;
         let (source_record, source_layout) = self.volume_record(volume).await?;
+        // A linked clone's copies sit beside the snapshot's: its policy is
+        // the source's.
+        if let Some(policy) = request
+            .policy
+            .as_deref()
+            .filter(|p| *p != source_record.policy.as_str())
+        {
+            return Err(ControlError::Invalid(format!(
+                "volume {name}: a linked clone keeps the policy of volume {volume} ({}), not {policy}: its copies share the snapshot's blocks on their disk groups; make a full clone to choose the policy",
+                source_record.policy
+            )));
+        }
         if keys::get(self.directory.as_ref(), &self.keys.volume(&name))
             .await
             .map_err(internal)?
@@ -423,6 +446,7 @@ impl ControlPlane {
             created_ms: self.clock.wall_ms(),
             reserved_bytes: 0,
             block_bytes: taken.block_bytes,
+            fill: None,
         };
         let recorded = match failure {
             Some(reason) => Err(ControlError::Unavailable(format!(

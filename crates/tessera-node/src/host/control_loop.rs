@@ -7,7 +7,9 @@
 //! per change; the inbox of events from the tasks the loop starts (resyncs
 //! ending); and the I/O of every action: owner election and take-over,
 //! absence and witness records, resync tasks with their rows on the resync
-//! board, rebuilds through placement, rejoining after a lost lease.
+//! board, rebuilds through placement, rejoining after a lost lease; and,
+//! after each turn, starting the fill of every full clone it coordinates
+//! that no task of its coordinator runs yet (`host/fill.rs`).
 //! Must not touch: the decisions (when to take a volume, to resync, to
 //! rebuild): they are the core's, so a simulator can run them without
 //! this I/O.
@@ -160,6 +162,9 @@ impl Host {
                 actions.extend(state.core.handle(event));
             }
         }
+        // Full clones this host coordinates are filled by a task of their
+        // own (`host/fill.rs`), which a new owner starts here.
+        self.start_fills();
     }
 
     /// What changed since the core was last told, as events: the lease,

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::control::{
     CapacityView, CloneVolume, ClusterControl, ClusterSettings, ComponentView, ControlError,
-    CreatePolicy, CreateSnapshot, CreateVolume, DiskGroupView, Divergence, Health, HostView,
-    IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
+    CreatePolicy, CreateSnapshot, CreateVolume, DiskGroupView, Divergence, FillView, Health,
+    HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
     ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, UpdatePolicy, UpdateSettings,
     VerifyReport, VolumeView,
 };
@@ -35,6 +35,9 @@ struct VolumeRecord {
     used_bytes: u64,
     divergent: bool,
     first_component: u64,
+    /// Set while a full clone is being filled: each look at the volume
+    /// moves it half the volume on, so the CLI sees it progress and end.
+    fill: Option<FillView>,
 }
 
 struct Records {
@@ -149,6 +152,7 @@ fn volume_view(name: &str, v: &VolumeRecord, stopped: &[bool]) -> VolumeView {
         open_by: 0,
         qos: Default::default(),
         warnings: Vec::new(),
+        fill: v.fill.clone(),
     }
 }
 
@@ -364,10 +368,34 @@ impl ClusterControl for MemoryControl {
             used_bytes: 0,
             divergent: false,
             first_component,
+            fill: None,
         };
         let view = volume_view(&request.name, &record, &r.stopped);
         r.volumes.insert(request.name, record);
         Ok(view)
+    }
+
+    async fn volume(&self, name: &str) -> Result<VolumeView, ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let stopped = r.stopped.clone();
+        let v = r
+            .volumes
+            .get_mut(name)
+            .ok_or_else(|| ControlError::NotFound(format!("no volume named {name}")))?;
+        let size = v.size_bytes;
+        if let Some(f) = v.fill.as_mut() {
+            f.done_bytes = (f.done_bytes + size / 2).min(size);
+            f.left_bytes = size - f.done_bytes;
+            f.copied_bytes = f.done_bytes;
+            v.used_bytes = f.copied_bytes;
+            f.rate_bytes_per_s = size / 2;
+            f.eta_s = Some(1);
+            f.runs = 1;
+        }
+        if v.fill.as_ref().is_some_and(|f| f.left_bytes == 0) {
+            v.fill = None;
+        }
+        Ok(volume_view(name, v, &stopped))
     }
 
     async fn volumes(&self) -> Result<Vec<VolumeView>, ControlError> {
@@ -555,13 +583,35 @@ impl ClusterControl for MemoryControl {
                 })?
                 .size_bytes
         };
-        self.create_volume(CreateVolume {
-            name: request.name,
-            size_bytes,
-            policy: None,
-            block_bytes: None,
-        })
-        .await
+        let name = request.name.clone();
+        let mut view = self
+            .create_volume(CreateVolume {
+                name: request.name,
+                size_bytes,
+                policy: request.policy,
+                block_bytes: None,
+            })
+            .await?;
+        if request.full {
+            let fill = FillView {
+                from: format!("{volume}@{snapshot}"),
+                done_bytes: 0,
+                left_bytes: size_bytes,
+                copied_bytes: 0,
+                rate_bytes_per_s: 0,
+                eta_s: None,
+                started_ms: 0,
+                runs: 0,
+                resumed_from_bytes: 0,
+                error: None,
+            };
+            let mut r = self.records.lock().expect("records lock");
+            if let Some(v) = r.volumes.get_mut(&name) {
+                v.fill = Some(fill.clone());
+            }
+            view.fill = Some(fill);
+        }
+        Ok(view)
     }
 
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError> {
