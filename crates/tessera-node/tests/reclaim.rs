@@ -81,14 +81,16 @@ async fn until_reclaimed(cluster: &Cluster, host: &str, ids: &[ComponentId]) {
     }
 }
 
-/// Reads `range` of `export` through `host` and checks every byte is
-/// `pattern`.
+/// Reads `range` of `export` through `host` (read-only: a snapshot's
+/// export refuses writers) and checks every byte is `pattern`.
 async fn reads_pattern(cluster: &Cluster, host: &str, export: &str, pattern: &str, range: &str) {
-    let out = fixture::qemu_io(
-        &cluster.nbd_uri(host, export),
-        &[&format!("read -P {pattern} {range}")],
-    )
-    .await;
+    let uri = cluster.nbd_uri(host, export);
+    let read = format!("read -P {pattern} {range}");
+    let out = tokio::task::spawn_blocking(move || {
+        fixture::run("qemu-io", &["-r", "-f", "raw", "-c", &read, &uri])
+    })
+    .await
+    .unwrap();
     assert!(
         !out.to_lowercase().contains("fail"),
         "{export} {range} is not {pattern}: {out}"
