@@ -33,6 +33,7 @@
 //! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
 //! | `reservations/<volume>` | [`ReservationRecord`] | none: reservations persist through power loss |
 //! | `iscsi-access/<volume>` | [`IscsiAccessRecord`] | none |
+//! | `reclaims/<host>/<component>` | [`ReclaimRecord`] | none: the host deletes it once the component is gone |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -44,7 +45,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use tessera_types::dirty::DirtyRecord;
-use tessera_types::layout::{ComponentState, Layout};
+use tessera_types::layout::{ComponentPlacement, ComponentState, Layout};
 use tessera_types::policy::Policy;
 use tessera_types::{ComponentId, DiskGroupId, Epoch, FaultDomainId, HostId, PolicyName, VolumeId};
 
@@ -571,6 +572,104 @@ impl Keyspace {
     /// Every volume's snapshots.
     pub fn snapshots(&self) -> Prefix<SnapshotRecord> {
         self.prefix(&["snapshots"])
+    }
+
+    /// A component that no record names any more, to be deleted by its
+    /// host.
+    pub fn reclaim(&self, host: &HostId, component: ComponentId) -> Key<ReclaimRecord> {
+        self.key(&["reclaims", host.as_str(), &component.to_string()])
+    }
+
+    /// The components one host is to delete.
+    pub fn reclaims_of(&self, host: &HostId) -> Prefix<ReclaimRecord> {
+        self.prefix(&["reclaims", host.as_str()])
+    }
+
+    /// Every host's components to delete.
+    pub fn reclaims(&self) -> Prefix<ReclaimRecord> {
+        self.prefix(&["reclaims"])
+    }
+
+    /// A transaction write scheduling the deletion of `placement` (a
+    /// component of `volume`) on its host.
+    pub fn reclaim_op(
+        &self,
+        volume: &VolumeId,
+        placement: &ComponentPlacement,
+        reason: ReclaimReason,
+        scheduled_ms: u64,
+    ) -> Result<TxnOp> {
+        let record = ReclaimRecord::of(volume, placement, reason, scheduled_ms);
+        self.reclaim(&placement.host, placement.id)
+            .put_op(&record, None)
+    }
+}
+
+/// Why a component is to be reclaimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReclaimReason {
+    /// Its snapshot was deleted while its host was out of reach.
+    SnapshotDeleted,
+    /// Its volume was deleted while its host was out of reach.
+    VolumeDeleted,
+    /// It left its volume's layout (or a snapshot's): a rebuild or an
+    /// evacuation put another copy in its place, or a revert replaced it.
+    Replaced,
+}
+
+impl fmt::Display for ReclaimReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReclaimReason::SnapshotDeleted => "snapshot deleted",
+            ReclaimReason::VolumeDeleted => "volume deleted",
+            ReclaimReason::Replaced => "replaced",
+        })
+    }
+}
+
+/// A component that no layout or snapshot record names any more, waiting
+/// for its host to delete it and free its space. Written in the same
+/// transaction that takes the component out of the last record naming it;
+/// deleted by the component's host once the component is gone from its
+/// store. Component ids are never reused, so deleting by id is safe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimRecord {
+    /// The host holding the component.
+    pub host: HostId,
+    /// Its disk group there.
+    pub disk_group: DiskGroupId,
+    /// The volume it belonged to.
+    pub volume: VolumeId,
+    /// The component.
+    pub component: ComponentId,
+    /// Bytes of address space it had (0 for a witness).
+    pub size_bytes: u64,
+    /// Why it is no longer needed.
+    pub reason: ReclaimReason,
+    /// When its deletion was scheduled (ms since the Unix epoch).
+    pub scheduled_ms: u64,
+}
+
+impl ReclaimRecord {
+    /// The record scheduling the deletion of `placement`, a component of
+    /// `volume`.
+    pub fn of(
+        volume: &VolumeId,
+        placement: &ComponentPlacement,
+        reason: ReclaimReason,
+        scheduled_ms: u64,
+    ) -> ReclaimRecord {
+        ReclaimRecord {
+            host: placement.host.clone(),
+            disk_group: placement.disk_group.clone(),
+            volume: volume.clone(),
+            component: placement.id,
+            size_bytes: placement.size_bytes,
+            reason,
+            scheduled_ms,
+        }
     }
 }
 
@@ -1213,6 +1312,14 @@ mod tests {
                 .as_str(),
             "/tessera/lab/disk-groups/h1/dg0"
         );
+        assert_eq!(
+            ks().reclaim(&h, ComponentId(7)).as_str(),
+            "/tessera/lab/reclaims/h1/c0000000000000007"
+        );
+        assert!(ks()
+            .reclaim(&h, ComponentId(7))
+            .as_str()
+            .starts_with(ks().reclaims_of(&h).as_str()));
         assert!(Keyspace::new("a/b").is_err());
         assert!(Keyspace::new("").is_err());
     }
@@ -1265,6 +1372,27 @@ mod tests {
         };
         assert_eq!(off.read_cache_budget(64 * gib), 0);
         assert!(serde_json::from_str::<ClusterSettings>(r#"{"read_cache":1}"#).is_err());
+    }
+
+    #[test]
+    fn reclaim_records_round_trip_and_refuse_unknown_fields() {
+        let record = ReclaimRecord {
+            host: HostId::new("h2").unwrap(),
+            disk_group: DiskGroupId::new("dg0").unwrap(),
+            volume: VolumeId::new("db").unwrap(),
+            component: ComponentId(9),
+            size_bytes: 1 << 20,
+            reason: ReclaimReason::SnapshotDeleted,
+            scheduled_ms: 5,
+        };
+        let text = String::from_utf8(encode("k", &record).unwrap()).unwrap();
+        assert!(text.contains(r#""reason":"snapshot-deleted""#), "{text}");
+        assert_eq!(
+            decode::<ReclaimRecord>("k", text.as_bytes()).unwrap(),
+            record
+        );
+        let extra = text.replacen('{', r#"{"why":"x","#, 1);
+        assert!(decode::<ReclaimRecord>("k", extra.as_bytes()).is_err());
     }
 
     #[test]

@@ -261,7 +261,10 @@ async fn delete_snapshot(
     State(control): State<Control>,
     Path((name, snapshot)): Path<(String, String)>,
 ) -> Response {
-    respond_empty(control.delete_snapshot(&name, &snapshot).await)
+    respond(
+        StatusCode::OK,
+        control.delete_snapshot(&name, &snapshot).await,
+    )
 }
 
 async fn iscsi_access(State(control): State<Control>, Path(name): Path<String>) -> Response {

@@ -238,6 +238,13 @@ pub struct HostView {
     /// Its read cache. Known for the hosts this control plane runs.
     #[serde(default)]
     pub read_cache: Option<ReadCacheView>,
+    /// Components no record names any more that wait for this host to
+    /// delete them (it does once it is up: its reclaim records).
+    #[serde(default)]
+    pub reclaim_components: u64,
+    /// Their address space together (what they held at most).
+    #[serde(default)]
+    pub reclaim_bytes: u64,
 }
 
 /// A host's read cache: the blocks of the volumes it owns, in its memory.
@@ -503,6 +510,30 @@ pub struct CloneVolume {
 pub struct RevertVolume {
     /// The snapshot the volume goes back to.
     pub to: String,
+}
+
+/// What deleting a snapshot did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDeleted {
+    /// The volume.
+    pub volume: String,
+    /// The snapshot deleted.
+    pub name: String,
+    /// Its components deleted now.
+    pub deleted_components: u32,
+    /// Its components on hosts out of reach, by host: each host deletes
+    /// them once it is back.
+    #[serde(default)]
+    pub reclaim_pending: Vec<ReclaimPending>,
+}
+
+/// Components waiting for one host to delete them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimPending {
+    /// The host.
+    pub host: String,
+    /// How many of its components wait.
+    pub components: u32,
 }
 
 /// A snapshot of a volume, as shown.
@@ -1061,7 +1092,13 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotView>, ControlError>;
     /// Deletes a snapshot and frees what it alone holds; the volume and its
     /// other snapshots are untouched.
-    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError>;
+    /// Components whose hosts are out of reach are deleted by their hosts
+    /// once back (reclaim records); the answer says how many wait.
+    async fn delete_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotDeleted, ControlError>;
     /// Takes a volume back to one of its snapshots: what was written since
     /// is gone; the snapshot and the others stay. Refused while a client
     /// has the volume open.

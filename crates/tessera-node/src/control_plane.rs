@@ -425,6 +425,9 @@ impl ControlPlane {
         let evacuations = keys::list(d, &self.keys.evacuations())
             .await
             .map_err(internal)?;
+        let reclaims = keys::list(d, &self.keys.reclaims())
+            .await
+            .map_err(internal)?;
         let settings = keys::get(d, &self.keys.settings())
             .await
             .map_err(internal)?
@@ -465,6 +468,7 @@ impl ControlPlane {
                 .flat_map(|r| r.value.places())
                 .collect(),
             settings,
+            reclaims: reclaims.records.into_iter().map(|r| r.value).collect(),
         })
     }
 
@@ -689,7 +693,14 @@ impl ControlPlane {
             let read_cache = running
                 .as_ref()
                 .map(|host| ReadCacheView::new(&host.read_cache().stats(), host.memory_bytes()));
+            let (reclaim_components, reclaim_bytes) = state
+                .reclaims
+                .iter()
+                .filter(|r| r.host == h.id)
+                .fold((0, 0), |(n, b), r| (n + 1, b + r.size_bytes));
             out.push(HostView {
+                reclaim_components,
+                reclaim_bytes,
                 id: h.id.to_string(),
                 fault_domain: h.fault_domain.to_string(),
                 state: host_state.into(),
@@ -902,6 +913,8 @@ struct ClusterState {
     /// Disk groups being evacuated.
     evacuating: HashSet<(HostId, DiskGroupId)>,
     settings: ClusterSettings,
+    /// Components waiting for their hosts to delete them.
+    reclaims: Vec<keys::ReclaimRecord>,
 }
 
 impl ClusterState {
@@ -1456,21 +1469,27 @@ impl ClusterControl for ControlPlane {
         )
         .await
         .map_err(internal)?;
-        let host = self.via().await?;
-        let components = host.components(&record.name);
-        let mut missed = Vec::new();
-        for c in layout.components() {
-            if let Err(e) = components.delete(c).await {
-                missed.push(format!("{} on {}: {e}", c.id, c.host));
-            }
-        }
+        let (_, mut missed) = self
+            .delete_components(&record.name, layout.components())
+            .await?;
         // Its snapshots go with it (linked clones made of them stay).
         let mut ops = Vec::new();
         for snapshot in self.snapshot_records(&record.name).await? {
-            if let Err(e) = self.delete_snapshot_components(&snapshot).await {
-                missed.push(e.to_string());
-            }
+            let (_, left) = self
+                .delete_components(&record.name, snapshot.layout.components())
+                .await?;
+            missed.extend(left);
             ops.push(self.keys.snapshot(&record.name, &snapshot.name).delete_op());
+        }
+        // What could not be deleted now, its hosts delete once back: the
+        // records that named it go in the same transaction.
+        let now = self.clock.wall_ms();
+        for (c, _) in &missed {
+            ops.push(
+                self.keys
+                    .reclaim_op(&record.name, c, keys::ReclaimReason::VolumeDeleted, now)
+                    .map_err(internal)?,
+            );
         }
         ops.extend([
             self.keys.volume(&record.name).delete_op(),
@@ -1486,7 +1505,11 @@ impl ClusterControl for ControlPlane {
             .await
             .map_err(internal)?;
         if !missed.is_empty() {
-            tracing::warn!(volume = %name, "components left on absent hosts: {}", missed.join("; "));
+            let left: Vec<String> = missed
+                .iter()
+                .map(|(c, why)| format!("{} on {}: {why}", c.id, c.host))
+                .collect();
+            tracing::info!(volume = %name, "components left for their hosts to reclaim: {}", left.join("; "));
         }
         // Hosts of this process fail the volume's clients at once; others
         // at their next look at the directory.
@@ -1552,7 +1575,11 @@ impl ClusterControl for ControlPlane {
         self.list_snapshots(volume).await
     }
 
-    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError> {
+    async fn delete_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotDeleted, ControlError> {
         self.remove_snapshot(volume, name).await
     }
 

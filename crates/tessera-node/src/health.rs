@@ -340,6 +340,8 @@ mod tests {
             owned_volumes: Vec::new(),
             capacity: CapacityView::default(),
             read_cache: None,
+            reclaim_components: 0,
+            reclaim_bytes: 0,
         }
     }
 

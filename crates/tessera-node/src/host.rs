@@ -20,6 +20,7 @@ mod control_loop;
 mod directory_mirror;
 mod fill;
 mod layout_record;
+mod reclaim;
 mod rpc;
 mod scrub;
 
@@ -133,6 +134,8 @@ pub struct Host {
     control: Mutex<ControlState>,
     /// Where the view stands against the directory.
     mirror: directory_mirror::Mirror,
+    /// The components this host is to delete (its reclaim records).
+    reclaims: reclaim::Reclaims,
     /// Each disk group's health as last written to the directory.
     published_health: Mutex<Vec<(DiskGroupState, Vec<ComponentId>)>>,
     /// A probe of the devices is under way (see the control loop).
@@ -383,6 +386,7 @@ impl Host {
                 inbox: Vec::new(),
             }),
             mirror: Default::default(),
+            reclaims: Default::default(),
             published_health: Mutex::new(Vec::new()),
             probing: std::sync::atomic::AtomicBool::new(false),
             settling_intents: std::sync::atomic::AtomicBool::new(false),
@@ -442,6 +446,7 @@ impl Host {
                 }
                 let Some(host) = weak.upgrade() else { break };
                 host.control_tick(tick).await;
+                host.reclaim_due();
                 tick += 1;
             }
         });

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use tessera_node::control::{
     CapacityView, ClusterSettings, ComponentView, EvacuationView, FillView, Health, HealthCheck,
     HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView,
-    ScrubView, Severity, SnapshotView, StatusView, VerifyReport, VolumeView,
+    ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -309,6 +309,10 @@ pub fn hosts(hosts: &[HostView]) -> String {
         out.push('\n');
         out.push_str(&groups.render());
     }
+    if hosts.iter().any(|h| h.reclaim_components > 0) {
+        out.push('\n');
+        out.push_str(&reclaims(hosts));
+    }
     if hosts.iter().any(|h| h.read_cache.is_some()) {
         out.push('\n');
         out.push_str(&read_caches(hosts));
@@ -319,6 +323,37 @@ pub fn hosts(hosts: &[HostView]) -> String {
     {
         out.push('\n');
         out.push_str(&index_caches(hosts));
+    }
+    out
+}
+
+/// Components that no record names any more, waiting for their hosts to
+/// delete them.
+fn reclaims(hosts: &[HostView]) -> String {
+    let mut t = Table::new(&["HOST", "STATE", "TO RECLAIM", "SPACE"]);
+    for h in hosts.iter().filter(|h| h.reclaim_components > 0) {
+        t.row(vec![
+            h.id.clone(),
+            h.state.clone(),
+            format!("{} component(s)", h.reclaim_components),
+            format!("up to {}", format_size(h.reclaim_bytes)),
+        ]);
+    }
+    format!(
+        "components to reclaim (deleted by their hosts once up):\n{}",
+        t.render()
+    )
+}
+
+/// `tessera snapshot delete`: what was deleted, and what waits for hosts
+/// out of reach.
+pub fn snapshot_deleted(d: &SnapshotDeleted) -> String {
+    let mut out = format!("deleted snapshot {} of volume {}\n", d.name, d.volume);
+    for p in &d.reclaim_pending {
+        out.push_str(&format!(
+            "{} component(s) wait for host {} to be back, which then deletes them and frees their space\n",
+            p.components, p.host
+        ));
     }
     out
 }
@@ -1243,6 +1278,8 @@ mod tests {
             }],
             owned_volumes: vec!["vol1".to_string()],
             capacity: CapacityView::default(),
+            reclaim_components: 2,
+            reclaim_bytes: 128 << 20,
             read_cache: Some(ReadCacheView {
                 budget_bytes: 64 << 20,
                 cached_bytes: 3 << 20,
@@ -1254,6 +1291,10 @@ mod tests {
             }),
         };
         let text = hosts(&[h]);
+        assert!(
+            text.contains("host-1  present  2 component(s)  up to 128.0 MiB"),
+            "{text}"
+        );
         assert!(
             text.contains("host-1  on          64.0 MiB  3.0 MiB  1200  400     75.0%"),
             "{text}"

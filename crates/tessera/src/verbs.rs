@@ -19,8 +19,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
     ClusterSettings, ControlError, EvacuationView, HealthReport, HostView, IscsiAccessView,
-    ObjectView, ResyncView, ScrubView, Severity, SnapshotView, StatusView, VerifyReport,
-    VolumeView,
+    ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView,
+    VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -442,14 +442,13 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
             output.view::<Vec<SnapshotView>>(&path, v, |v| render::snapshots(v))?;
         }
         Command::Snapshot(SnapshotCommand::Delete { volume, name }) => {
-            client.delete(&format!(
+            let path = format!(
                 "/v1/volumes/{}/snapshots/{}",
                 segment(volume),
                 segment(name)
-            ))?;
-            if !output.json {
-                output.text(&format!("deleted snapshot {name} of volume {volume}\n"))?;
-            }
+            );
+            let v = client.delete(&path)?;
+            output.view::<SnapshotDeleted>(&path, v, render::snapshot_deleted)?;
         }
         Command::Object(ObjectCommand::Show { name }) => {
             let path = format!("/v1/objects/{}", segment(name));

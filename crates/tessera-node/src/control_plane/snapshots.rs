@@ -10,18 +10,19 @@
 //! snapshot a full clone is being filled from.
 //! Must not touch: ordering a snapshot against writes (the owner's
 //! coordinator does it, and records the snapshot under its epoch).
-//! Invariant: a snapshot's record goes only after every one of its
-//! components is gone (a host that is down keeps the record, and the
-//! delete can be asked again), so no component is ever left unnamed.
+//! Invariant: a snapshot's record goes in the same transaction that
+//! schedules the deletion (a reclaim record on its host) of every one of
+//! its components that could not be deleted at once, so no component is
+//! ever left unnamed: its host deletes it once back.
 
 use super::{internal, ControlPlane};
 use crate::control::{
-    CloneVolume, ControlError, CreateSnapshot, RevertVolume, SnapshotComponentView, SnapshotView,
-    VolumeView,
+    CloneVolume, ControlError, CreateSnapshot, ReclaimPending, RevertVolume, SnapshotComponentView,
+    SnapshotDeleted, SnapshotView, VolumeView,
 };
 use tessera_blockdev::BlockError;
 use tessera_directory::keys::VolumeRecord;
-use tessera_directory::keys::{self, SnapshotName, SnapshotRecord, VolumeState};
+use tessera_directory::keys::{self, ReclaimReason, SnapshotName, SnapshotRecord, VolumeState};
 use tessera_object::{ComponentError, ComponentIo};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::{ComponentId, Epoch, VolumeId};
@@ -194,8 +195,8 @@ impl ControlPlane {
             for v in &taken {
                 let key = self.keys.snapshot(v, &name);
                 if let Ok(Some(r)) = keys::get(self.directory.as_ref(), &key).await {
-                    if self.delete_snapshot_components(&r.value).await.is_ok() {
-                        let _ = keys::delete(self.directory.as_ref(), &key).await;
+                    if let Err(e) = self.retire_snapshot(&r).await {
+                        tracing::warn!(volume = %v, snapshot = %name, error = %e, "a group's snapshot not deleted again");
                     }
                 }
             }
@@ -285,58 +286,99 @@ impl ControlPlane {
         &self,
         volume: &str,
         name: &str,
-    ) -> Result<(), ControlError> {
+    ) -> Result<SnapshotDeleted, ControlError> {
         let name = snapshot_name(name)?;
         let volume = VolumeId::new(volume).map_err(|e| ControlError::Invalid(e.to_string()))?;
         let _guard = self.changes.lock().await;
         let key = self.keys.snapshot(&volume, &name);
-        let record = keys::get(self.directory.as_ref(), &key)
+        let entry = keys::get(self.directory.as_ref(), &key)
             .await
             .map_err(internal)?
             .ok_or_else(|| {
                 ControlError::NotFound(format!("volume {volume} has no snapshot named {name}"))
-            })?
-            .value;
+            })?;
         // A full clone being filled from it reads it until the fill ends.
         let state = self.read_state().await?;
         if let Some(refusal) = super::fills_from(&state, &volume, Some(&name), "deleted") {
             return Err(refusal);
         }
-        self.delete_snapshot_components(&record).await?;
-        keys::delete(self.directory.as_ref(), &key)
-            .await
-            .map_err(internal)?;
+        let deleted = self.retire_snapshot(&entry).await?;
         for h in self.hosts.running() {
             h.refresh_view().await;
         }
-        Ok(())
+        Ok(deleted)
     }
 
-    /// Deletes every component of a snapshot (one already gone counts as
-    /// deleted); fails, naming them, when some could not be reached.
-    pub(super) async fn delete_snapshot_components(
+    /// Deletes a snapshot: its components that can be deleted now, then its
+    /// record in one transaction with a reclaim record for each of the
+    /// others (their hosts delete them once back). Refused, changing no
+    /// record, when the snapshot's record changed since `entry` was read.
+    async fn retire_snapshot(
         &self,
-        record: &SnapshotRecord,
-    ) -> Result<(), ControlError> {
+        entry: &keys::Record<SnapshotRecord>,
+    ) -> Result<SnapshotDeleted, ControlError> {
+        let record = &entry.value;
+        let key = self.keys.snapshot(&record.volume, &record.name);
+        let (deleted, missed) = self
+            .delete_components(&record.volume, record.layout.components())
+            .await?;
+        let now = self.clock.wall_ms();
+        let mut ops = vec![key.delete_op()];
+        let mut pending: std::collections::BTreeMap<String, u32> = Default::default();
+        for (c, why) in &missed {
+            tracing::info!(volume = %record.volume, snapshot = %record.name, component = %c.id, host = %c.host, reason = %why, "snapshot component left for its host to reclaim");
+            ops.push(
+                self.keys
+                    .reclaim_op(&record.volume, c, ReclaimReason::SnapshotDeleted, now)
+                    .map_err(internal)?,
+            );
+            *pending.entry(c.host.to_string()).or_default() += 1;
+        }
+        let done = self
+            .directory
+            .txn(
+                tessera_directory::Txn::new()
+                    .when([key.at_revision(entry.mod_revision)])
+                    .and_then(ops),
+            )
+            .await
+            .map_err(internal)?;
+        if !done.succeeded {
+            return Err(ControlError::Conflict(format!(
+                "snapshot {} of volume {} changed while it was being deleted (a copy joined or left); delete it again",
+                record.name, record.volume
+            )));
+        }
+        Ok(SnapshotDeleted {
+            volume: record.volume.to_string(),
+            name: record.name.to_string(),
+            deleted_components: deleted,
+            reclaim_pending: pending
+                .into_iter()
+                .map(|(host, components)| ReclaimPending { host, components })
+                .collect(),
+        })
+    }
+
+    /// Deletes `placements`, components of `volume` (one already gone
+    /// counts as deleted): how many went, and those whose hosts could not
+    /// delete them now, with why.
+    pub(super) async fn delete_components<'a>(
+        &self,
+        volume: &VolumeId,
+        placements: impl IntoIterator<Item = &'a ComponentPlacement>,
+    ) -> Result<(u32, Vec<(ComponentPlacement, String)>), ControlError> {
         let host = self.via().await?;
-        let components = host.components(&record.volume);
+        let components = host.components(volume);
+        let mut deleted = 0;
         let mut missed = Vec::new();
-        for c in record.layout.components() {
+        for c in placements {
             match components.delete(c).await {
-                Ok(()) | Err(ComponentError::NotFound { .. }) => {}
-                Err(e) => missed.push(format!("{} on host {}: {e}", c.id, c.host)),
+                Ok(()) | Err(ComponentError::NotFound { .. }) => deleted += 1,
+                Err(e) => missed.push((c.clone(), e.to_string())),
             }
         }
-        if missed.is_empty() {
-            Ok(())
-        } else {
-            Err(ControlError::Unavailable(format!(
-                "snapshot {} of volume {}: components could not be deleted ({}); delete it again once their hosts are back",
-                record.name,
-                record.volume,
-                missed.join("; ")
-            )))
-        }
+        Ok((deleted, missed))
     }
 
     pub(super) async fn clone_snapshot(
@@ -572,6 +614,16 @@ impl ControlPlane {
                 ];
                 if owner.is_some() {
                     ops.push(self.keys.owner(&record.name).delete_op());
+                }
+                // The replaced copies go with the layout that named them:
+                // deleted below, or by their hosts once back.
+                let now = self.clock.wall_ms();
+                for c in layout.columns.iter().flat_map(|m| m.copies.iter()) {
+                    ops.push(
+                        self.keys
+                            .reclaim_op(&record.name, c, ReclaimReason::Replaced, now)
+                            .map_err(internal)?,
+                    );
                 }
                 self.directory
                     .txn(tessera_directory::Txn::new().and_then(ops))

@@ -438,6 +438,8 @@ impl Host {
             keys: self.keys.clone(),
             volume: volume.clone(),
             epoch: owner.epoch,
+            last: parking_lot::Mutex::new(layout.clone()),
+            clock: Arc::clone(&self.clock),
         });
         match Coordinator::take_over_cached(
             layout,

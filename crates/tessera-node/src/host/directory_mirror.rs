@@ -8,9 +8,10 @@
 //! access (to the host's `VolumeView`), the read cache budget and resync delay
 //! multiplier of the cluster settings, policies (the QoS of the volumes the
 //! host coordinates, set in its I/O scheduler), the disk groups being
-//! evacuated (for the control loop), and disk group records
+//! evacuated (for the control loop), disk group records
 //! (their health for the control loop, their space summed as the
-//! datastore's).
+//! datastore's), and this host's reclaim records (the components it is to
+//! delete, for `host/reclaim.rs`).
 //! Must not touch: decisions (the control core's) or writes to the directory.
 //! Invariants: a change older than the last full listing is never applied
 //! over it (each change carries its revision), and a listing never undoes
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tessera_directory::keys::{
     self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, IscsiAccessRecord,
-    OwnerRecord, Prefix, SnapshotName, SnapshotRecord, VolumeRecord,
+    OwnerRecord, Prefix, ReclaimRecord, SnapshotName, SnapshotRecord, VolumeRecord,
 };
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
@@ -124,6 +125,12 @@ impl Host {
         *self.mirror.disk_groups.lock() = loaded.disk_groups;
         *self.mirror.policies.lock() = loaded.policies;
         *self.mirror.evacuations.lock() = loaded.evacuations;
+        let mine = self.keys.reclaims_of(&self.id);
+        *self.reclaims.waiting.lock() = loaded
+            .reclaims
+            .into_iter()
+            .filter(|(key, _)| key.starts_with(mine.as_str()))
+            .collect();
         self.sum_datastore();
         self.apply_qos();
         self.apply_settings(loaded.settings.unwrap_or_default());
@@ -246,6 +253,7 @@ trait RecordSink {
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
     fn policy(&mut self, name: PolicyName, record: Option<Policy>);
     fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>);
+    fn reclaim(&mut self, key: &str, record: Option<ReclaimRecord>);
     fn settings(&mut self, settings: ClusterSettings);
 }
 
@@ -284,6 +292,8 @@ fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
             Ok(name) => sink.policy(name, decoded(&keys.policies(), event)),
             Err(e) => tracing::warn!(%key, error = %e, "a policy key with a bad name"),
         }
+    } else if under(&keys.reclaims(), key).is_some() {
+        sink.reclaim(key, decoded(&keys.reclaims(), event));
     } else if under(&keys.disk_groups(), key).is_some() {
         sink.disk_group(key, decoded(&keys.disk_groups(), event));
     } else if key == keys.settings().as_str() {
@@ -310,6 +320,7 @@ struct Loaded {
     disk_groups: HashMap<String, DiskGroupRecord>,
     policies: HashMap<PolicyName, Policy>,
     evacuations: HashMap<HostId, EvacuationRecord>,
+    reclaims: HashMap<String, ReclaimRecord>,
     settings: Option<ClusterSettings>,
 }
 
@@ -353,6 +364,9 @@ impl RecordSink for Loaded {
     }
     fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>) {
         set(&mut self.evacuations, host, record);
+    }
+    fn reclaim(&mut self, key: &str, record: Option<ReclaimRecord>) {
+        set(&mut self.reclaims, key.to_string(), record);
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.settings = Some(settings);
@@ -401,6 +415,12 @@ impl RecordSink for LiveView<'_> {
     }
     fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>) {
         set(&mut self.0.mirror.evacuations.lock(), host, record);
+    }
+    fn reclaim(&mut self, key: &str, record: Option<ReclaimRecord>) {
+        // Only this host's: the others are their hosts' business.
+        if key.starts_with(self.0.keys.reclaims_of(&self.0.id).as_str()) {
+            set(&mut self.0.reclaims.waiting.lock(), key.to_string(), record);
+        }
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.0.apply_settings(settings);

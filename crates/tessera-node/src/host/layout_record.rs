@@ -4,15 +4,19 @@
 //! Owns: [`DirectoryLayouts`], the `LayoutRecorder` each coordinator of
 //! this host is given.
 //! Must not touch: what a layout change means (the coordinator's).
-//! Invariant: a layout, dirty-region or snapshot record is written only
+//! Invariants: a layout, dirty-region or snapshot record is written only
 //! while the directory still names the recorder's epoch as the volume's
 //! highest, and never by a stopping host; a snapshot record never replaces
-//! another of the same name.
+//! another of the same name; a component that a change takes out of the
+//! layout (or out of a snapshot record) gets a reclaim record on its host
+//! in the same transaction, so its host deletes it even if it is out of
+//! reach now.
 
 use async_trait::async_trait;
 use std::sync::Arc;
-use tessera_directory::keys;
+use tessera_directory::keys::{self, ReclaimReason};
 use tessera_directory::{Directory, Keyspace};
+use tessera_env::Clock;
 use tessera_object::{LayoutRecorder, SnapshotCopyChange, TakenSnapshot};
 use tessera_types::dirty::DirtyRecord;
 use tessera_types::layout::Layout;
@@ -30,6 +34,11 @@ pub(super) struct DirectoryLayouts {
     pub(super) keys: Keyspace,
     pub(super) volume: VolumeId,
     pub(super) epoch: tessera_types::Epoch,
+    /// The layout as last recorded (at first, as read at take-over): a
+    /// component it has and the next one lacks is to be reclaimed.
+    pub(super) last: parking_lot::Mutex<Layout>,
+    /// Dates reclaim records.
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl DirectoryLayouts {
@@ -77,6 +86,25 @@ impl DirectoryLayouts {
         }
     }
 
+    /// Reclaim records for the components of `before` that `after` no
+    /// longer has.
+    fn reclaims_between(
+        &self,
+        before: &Layout,
+        after: &Layout,
+    ) -> Result<Vec<tessera_directory::TxnOp>, String> {
+        let now = self.clock.wall_ms();
+        before
+            .components()
+            .filter(|c| after.component(c.id).is_none())
+            .map(|c| {
+                self.keys
+                    .reclaim_op(&self.volume, c, ReclaimReason::Replaced, now)
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    }
+
     fn dirty_put(&self, dirty: &DirtyRecord) -> Result<tessera_directory::TxnOp, String> {
         self.keys
             .dirty_regions(&self.volume)
@@ -93,7 +121,12 @@ impl LayoutRecorder for DirectoryLayouts {
             .layout(&self.volume)
             .put_op(layout, None)
             .map_err(|e| e.to_string())?;
-        self.put_fenced(vec![put, self.dirty_put(dirty)?]).await
+        let before = self.last.lock().clone();
+        let mut puts = vec![put, self.dirty_put(dirty)?];
+        puts.extend(self.reclaims_between(&before, layout)?);
+        self.put_fenced(puts).await?;
+        *self.last.lock() = layout.clone();
+        Ok(())
     }
 
     async fn record_dirty(&self, dirty: &DirtyRecord) -> Result<(), String> {
@@ -152,6 +185,7 @@ impl LayoutRecorder for DirectoryLayouts {
         // changed meanwhile makes the transaction fail, and it is read
         // again.
         let mut last_error = String::new();
+        let before = self.last.lock().clone();
         for _ in 0..CARRY_ATTEMPTS {
             let listing = keys::list(
                 self.directory.as_ref(),
@@ -161,9 +195,11 @@ impl LayoutRecorder for DirectoryLayouts {
             .map_err(|e| e.to_string())?;
             let mut compares = Vec::new();
             let mut puts = vec![layout_put.clone(), self.dirty_put(dirty)?];
+            puts.extend(self.reclaims_between(&before, layout)?);
             let mut gone: Vec<u64> = changes.iter().map(|c| c.snapshot).collect();
             for entry in listing.records {
                 let mut record = entry.value;
+                let taken = record.layout.clone();
                 let mine: Vec<&SnapshotCopyChange> =
                     changes.iter().filter(|c| c.snapshot == record.id).collect();
                 if mine.is_empty() {
@@ -177,13 +213,19 @@ impl LayoutRecorder for DirectoryLayouts {
                     }
                 }
                 if changed {
+                    // A copy's snapshot that leaves the record with it is
+                    // reclaimed on its host.
+                    puts.extend(self.reclaims_between(&taken, &record.layout)?);
                     let key = self.keys.snapshot(&self.volume, &record.name);
                     compares.push(key.at_revision(entry.mod_revision));
                     puts.push(key.put_op(&record, None).map_err(|e| e.to_string())?);
                 }
             }
             match self.put_fenced_when(compares, puts).await {
-                Ok(()) => return Ok(gone),
+                Ok(()) => {
+                    *self.last.lock() = layout.clone();
+                    return Ok(gone);
+                }
                 Err(e) => last_error = e,
             }
         }

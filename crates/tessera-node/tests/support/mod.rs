@@ -189,6 +189,8 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 free_bytes: HOST_CAPACITY_BYTES,
                 ..CapacityView::default()
             },
+            reclaim_components: 0,
+            reclaim_bytes: 0,
             read_cache: (!r.stopped[i]).then_some(ReadCacheView {
                 budget_bytes: 64 << 20,
                 cached_bytes: 4 << 20,
@@ -531,7 +533,11 @@ impl ClusterControl for MemoryControl {
             .collect())
     }
 
-    async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<(), ControlError> {
+    async fn delete_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<tessera_node::control::SnapshotDeleted, ControlError> {
         let mut r = self.records.lock().expect("records lock");
         let before = r.snapshots.len();
         r.snapshots
@@ -541,7 +547,11 @@ impl ClusterControl for MemoryControl {
                 "volume {volume} has no snapshot named {name}"
             )));
         }
-        Ok(())
+        Ok(tessera_node::control::SnapshotDeleted {
+            volume: volume.to_string(),
+            name: name.to_string(),
+            ..Default::default()
+        })
     }
 
     async fn revert_volume(
