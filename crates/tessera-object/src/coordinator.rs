@@ -1162,6 +1162,18 @@ impl Coordinator {
         id: ComponentId,
         progress: &ResyncProgress,
     ) -> Result<ResyncReport, ResyncError> {
+        self.resync_releasing(id, progress, None).await
+    }
+
+    /// [`Coordinator::resync`], ending `held` once `id` receives writes
+    /// (its Resyncing state recorded): a snapshot taken from then on is
+    /// taken on it too.
+    pub(crate) async fn resync_releasing(
+        &self,
+        id: ComponentId,
+        progress: &ResyncProgress,
+        held: Option<carry::SnapshotsHeld>,
+    ) -> Result<ResyncReport, ResyncError> {
         let volume = self.info.name.clone();
         let (target, column) = {
             let mut state = self.state.lock();
@@ -1187,6 +1199,7 @@ impl Coordinator {
             volume: volume.clone(),
             reason: e.to_string(),
         })?;
+        drop(held);
         let fail = |source: ComponentError| ResyncError::Component {
             volume: volume.clone(),
             component: id,

@@ -56,6 +56,34 @@ pub(super) fn snapshot_view(r: &SnapshotRecord) -> SnapshotView {
 /// the control plane that asked is gone by then, the owner lets them go.
 const GROUP_HOLD_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Refuses to make copies of snapshot `taken` while it has fewer copies
+/// in a column than `volume` (its volume's layout) has: it was taken while
+/// a copy was away, and the copy gets it when it returns. What is made of
+/// it (a linked clone's or a reverted volume's copies) would have fewer
+/// copies than its policy asks.
+fn refuse_short_snapshot(
+    taken: &SnapshotRecord,
+    volume: &Layout,
+    what: &str,
+) -> Result<(), ControlError> {
+    let data = |m: &tessera_types::layout::Mirror| {
+        m.copies
+            .iter()
+            .filter(|c| c.role == ComponentRole::Data)
+            .count()
+    };
+    for (i, (held, wanted)) in taken.layout.columns.iter().zip(&volume.columns).enumerate() {
+        let (held, wanted) = (data(held), data(wanted));
+        if held < wanted {
+            return Err(ControlError::Conflict(format!(
+                "snapshot {} of volume {} has {held} of {wanted} copies in column {i}: it was taken while a copy was away, and gets its copy when that copy returns and catches up; it can be {what} then (a full clone can be made now)",
+                taken.name, taken.volume
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn snapshot_name(name: &str) -> Result<SnapshotName, ControlError> {
     SnapshotName::new(name).map_err(ControlError::Invalid)
 }
@@ -408,6 +436,7 @@ impl ControlPlane {
         })?
         .value;
         let (source_record, source_layout) = self.volume_record(volume).await?;
+        refuse_short_snapshot(&taken, &source_layout, "cloned")?;
         // A linked clone's copies sit beside the snapshot's: its policy is
         // the source's.
         if let Some(policy) = request
@@ -550,6 +579,7 @@ impl ControlPlane {
                 "volume {volume} was resized since snapshot {snapshot_name} was taken; clone the snapshot instead"
             )));
         }
+        refuse_short_snapshot(&taken, &layout, "reverted to")?;
         // New copies, each a clone of a snapshot copy on its disk group,
         // replace the volume's; its witnesses stay.
         let host = self.via().await?;

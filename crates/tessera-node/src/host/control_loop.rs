@@ -476,8 +476,9 @@ impl Host {
         }
     }
 
-    /// Copies to `component` what it misses, as a task with a row on the
-    /// resync board; the core hears when it ends.
+    /// Copies to `component` what it misses (the snapshots taken while it
+    /// was away first), as a task with a row on the resync board; the core
+    /// hears when it ends.
     fn spawn_resync(
         self: &Arc<Self>,
         volume: &VolumeId,
@@ -491,7 +492,24 @@ impl Host {
         let volume = volume.clone();
         let weak = Arc::downgrade(self);
         let task = tokio::spawn(async move {
-            let result = coordinator.resync(component, attempt.progress()).await;
+            // No snapshot is taken from here until the copy receives
+            // writes, so the list read next has every one it missed.
+            let held = coordinator.hold_snapshots().await;
+            let chain = match weak.upgrade() {
+                Some(host) => host.snapshot_chain(&volume).await,
+                None => return,
+            };
+            let result = match chain {
+                Ok(chain) => {
+                    coordinator
+                        .resync_with_snapshots(component, &chain, held, attempt.progress())
+                        .await
+                }
+                Err(reason) => Err(ResyncError::Unavailable {
+                    volume: volume.to_string(),
+                    reason,
+                }),
+            };
             let kind = kind.as_str();
             match &result {
                 Ok(report) => {

@@ -4,8 +4,10 @@
 //! (a rebuild's replacement or an evacuation's new copy) with each snapshot
 //! in the order they were taken, takes each snapshot of it as it goes, and
 //! only then puts it in the layout, with what changed since the last
-//! snapshot left for its resync; and
-//! [`Coordinator::drop_copy_with_snapshots`], the other half of a move.
+//! snapshot left for its resync;
+//! [`Coordinator::resync_with_snapshots`], which gives a copy that returns
+//! the snapshots taken while it was away before it receives writes again;
+//! and [`Coordinator::drop_copy_with_snapshots`], the other half of a move.
 //! Must not touch: what the snapshots' records hold beyond their
 //! components (changed through the recorder, in the same record as the
 //! layout), the choice of the new copy's place (placement's).
@@ -24,6 +26,11 @@
 //!   reaches it, every write before it is in the map;
 //! - no snapshot is taken while a new copy is given the volume's snapshots
 //!   (`hold_snapshots`), so it never misses one;
+//! - a copy that returns is brought to each snapshot it missed while it is
+//!   still out of the layout's writes: it differs from the first only where
+//!   its dirty map says (every write since it went away is there), and
+//!   from each next one only where the two snapshots differ; its snapshots
+//!   are recorded before it receives writes again;
 //! - on any failure before it enters the layout, the new copy and the
 //!   snapshots made of it are deleted and the layout is unchanged.
 
@@ -32,7 +39,7 @@ use tessera_types::dirty::RecordedDirty;
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout};
 use tessera_types::{ComponentId, Lba, BLOCK_BYTES};
 
-use super::{bad, Coordinator, ResyncProgress, RESYNC_STEP_BLOCKS};
+use super::{bad, Coordinator, ResyncError, ResyncProgress, ResyncReport, RESYNC_STEP_BLOCKS};
 use crate::component_io::{SnapshotCopyChange, SnapshotCopyEdit};
 use crate::dirty::DirtyRegions;
 use std::sync::atomic::Ordering;
@@ -116,6 +123,152 @@ impl Coordinator {
         }
     }
 
+    /// Brings copy `id` up to date when it returns: first the snapshots of
+    /// `chain` (oldest first, read while `held`) that were taken while it
+    /// was away, then what it missed as [`Coordinator::resync`] does.
+    /// While it is still out of the layout's writes it is brought to each
+    /// such snapshot in turn (the blocks its dirty map lists for the first,
+    /// what changed between two snapshots for the next) and its own
+    /// snapshot taken; they enter the snapshots' records beside the copy
+    /// they were read from. `held` ends once the copy receives writes
+    /// again, so no snapshot comes between. A copy that is catching up
+    /// already, or that misses no snapshot, is only resynced.
+    pub async fn resync_with_snapshots(
+        &self,
+        id: ComponentId,
+        chain: &[SnapshotChainLink],
+        held: SnapshotsHeld,
+        progress: &ResyncProgress,
+    ) -> Result<ResyncReport, ResyncError> {
+        let volume = self.info.name.clone();
+        let found = {
+            let state = self.state.lock();
+            state.layout.columns.iter().enumerate().find_map(|(i, m)| {
+                m.copies
+                    .iter()
+                    .find(|c| c.id == id && c.role == ComponentRole::Data)
+                    .map(|c| (c.clone(), i))
+            })
+        };
+        let Some((target, column)) = found else {
+            return Err(ResyncError::UnknownComponent {
+                volume,
+                component: id,
+            });
+        };
+        // Only the snapshots taken since it went away are carried: they
+        // are the newest ones (none is taken while a copy is Resyncing or
+        // being given them). An older one it lacks stays as it is.
+        let kept = chain
+            .iter()
+            .rposition(|link| snapshot_copy(link, column, id).is_some())
+            .map_or(0, |i| i + 1);
+        let missed = &chain[kept..];
+        for link in chain[..kept]
+            .iter()
+            .filter(|link| snapshot_copy(link, column, id).is_none())
+        {
+            tracing::warn!(%volume, component = %id, snapshot = link.id, "copy lacks an older snapshot; that snapshot keeps its other copies only");
+        }
+        if missed.is_empty() || target.state == ComponentState::Resyncing {
+            return self.resync_releasing(id, progress, Some(held)).await;
+        }
+        let source = {
+            let state = self.state.lock();
+            state.layout.columns[column]
+                .copies
+                .iter()
+                .filter(|c| c.id != id && c.state == ComponentState::Active)
+                .find(|c| {
+                    missed
+                        .iter()
+                        .all(|link| snapshot_copy(link, column, c.id).is_some())
+                })
+                .cloned()
+        };
+        let Some(source) = source else {
+            return Err(ResyncError::NoSource {
+                volume,
+                component: id,
+            });
+        };
+        let unavailable = |e: BlockError| ResyncError::Unavailable {
+            volume: volume.clone(),
+            reason: e.to_string(),
+        };
+        self.io
+            .fence(&target, self.epoch)
+            .await
+            .map_err(|source| ResyncError::Component {
+                volume: volume.clone(),
+                component: id,
+                source,
+            })?;
+        // What an earlier attempt made of them is made again.
+        for link in missed {
+            let stale = ComponentPlacement {
+                id: id.snapshot(link.id),
+                ..target.clone()
+            };
+            self.io.delete(&stale).await.map_err(|e| {
+                unavailable(bad(format!(
+                    "deleting {} left by an earlier attempt: {e}",
+                    stale.id
+                )))
+            })?;
+        }
+        // Where the copy may differ from the volume when the first missed
+        // snapshot was taken: every write since it went away is in its
+        // dirty map, and so is every write it may hold that the others do
+        // not.
+        let away: Vec<(Lba, u64)> = self
+            .state
+            .lock()
+            .dirty
+            .get(&id)
+            .map(|d| d.ranges().map(|(start, n)| (Lba(start), n)).collect())
+            .unwrap_or_default();
+        let mut made = Vec::new();
+        let filled = self
+            .fill_snapshots(
+                column,
+                &source,
+                &target,
+                missed,
+                Some(away),
+                progress,
+                &mut made,
+            )
+            .await;
+        let recorded = match filled {
+            Ok(_) => {
+                let changes: Vec<SnapshotCopyChange> = made
+                    .iter()
+                    .map(|(snapshot, m)| SnapshotCopyChange {
+                        snapshot: *snapshot,
+                        copy: source.id,
+                        edit: SnapshotCopyEdit::AddBeside(m.clone()),
+                    })
+                    .collect();
+                self.record_with_snapshots(&changes).await
+            }
+            Err(e) => Err(e),
+        };
+        match recorded {
+            Ok(gone) => self.delete_made_of_gone(&made, &gone).await,
+            Err(e) => {
+                for (_, m) in made.iter().rev() {
+                    if let Err(e) = self.io.delete(m).await {
+                        tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of a returning copy not deleted");
+                    }
+                }
+                return Err(unavailable(e));
+            }
+        }
+        tracing::info!(%volume, component = %id, snapshots = made.len(), "snapshots taken while the copy was away carried to it");
+        self.resync_releasing(id, progress, Some(held)).await
+    }
+
     /// Puts `new` (chosen by placement; created here with `reserve_bytes`)
     /// in the layout at `place`, giving it first the volume's snapshots
     /// `chain` (oldest first) as another Active copy of its column holds
@@ -176,11 +329,18 @@ impl Coordinator {
             .await?;
         let mut made = Vec::new();
         let filled = self
-            .fill_snapshots(column, &source, &new, chain, progress, &mut made)
+            .fill_snapshots(column, &source, &new, chain, None, progress, &mut made)
             .await;
         let result = match filled {
             Ok(copied_bytes) => self
-                .enter_behind_last_snapshot(place, &new, &source, chain.last(), &made)
+                .enter_behind_last_snapshot(
+                    place,
+                    &new,
+                    &source,
+                    chain.last(),
+                    &made,
+                    &carried_changes(place, column, &source, chain, &made),
+                )
                 .await
                 .map(|dirty_blocks| CarriedSnapshots {
                     made: made.clone(),
@@ -208,14 +368,17 @@ impl Coordinator {
     }
 
     /// Sends `new` each snapshot of `chain` in turn, as what changed since
-    /// the one before, and takes its own snapshot after each. Returns the
-    /// bytes sent.
+    /// the one before, and takes its own snapshot after each. The first
+    /// is sent whole, or as the blocks `first` lists where `new` may
+    /// differ from it. Returns the bytes sent.
+    #[allow(clippy::too_many_arguments)]
     async fn fill_snapshots(
         &self,
         column: usize,
         source: &ComponentPlacement,
         new: &ComponentPlacement,
         chain: &[SnapshotChainLink],
+        first: Option<Vec<(Lba, u64)>>,
         progress: &ResyncProgress,
         made: &mut Vec<(u64, ComponentPlacement)>,
     ) -> Result<u64, BlockError> {
@@ -228,9 +391,10 @@ impl Coordinator {
                 return Err(bad(format!("volume {volume}: {reason}")));
             }
             let from = snapshot_copy(link, column, source.id).expect("source checked to hold it");
-            let runs = match &base {
-                None => self.io.allocated(&from, Lba(0), blocks).await,
-                Some(b) => self.io.changed(&from, b.id, Lba(0), blocks).await,
+            let runs = match (&base, &first) {
+                (None, Some(runs)) => Ok(runs.clone()),
+                (None, None) => self.io.allocated(&from, Lba(0), blocks).await,
+                (Some(b), _) => self.io.changed(&from, b.id, Lba(0), blocks).await,
             }
             .map_err(|e| {
                 bad(format!(
@@ -238,39 +402,9 @@ impl Coordinator {
                     link.id, source.id
                 ))
             })?;
-            let total: u64 = runs.iter().map(|(_, n)| n).sum();
-            progress
-                .left_bytes
-                .fetch_add(total * BLOCK_BYTES, Ordering::Relaxed);
-            for (lba, n) in runs {
-                let mut at = lba.0;
-                while at < lba.0 + n {
-                    let step = (lba.0 + n - at).min(RESYNC_STEP_BLOCKS);
-                    let turn = self
-                        .scheduler
-                        .admit(crate::io_scheduler::IoClient::Resync, step * BLOCK_BYTES)
-                        .await;
-                    let bytes = self
-                        .copy_range(&from, new, at, step)
-                        .await
-                        .map_err(|(c, e)| {
-                            bad(format!(
-                                "volume {volume}: carrying snapshot {} (component {c}): {e}",
-                                link.id
-                            ))
-                        })?;
-                    drop(turn);
-                    copied += bytes;
-                    progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    progress
-                        .done_bytes
-                        .fetch_add(step * BLOCK_BYTES, Ordering::Relaxed);
-                    progress
-                        .left_bytes
-                        .fetch_sub(step * BLOCK_BYTES, Ordering::Relaxed);
-                    at += step;
-                }
-            }
+            copied += self
+                .copy_snapshot_runs(&from, new, &runs, link.id, progress)
+                .await?;
             let snapshot = ComponentPlacement {
                 id: new.id.snapshot(link.id),
                 state: ComponentState::Active,
@@ -291,6 +425,57 @@ impl Coordinator {
         Ok(copied)
     }
 
+    /// Copies `runs` (column blocks) of snapshot component `from` (of
+    /// snapshot `snapshot`) to `to`, in resync steps that wait their turn
+    /// behind guest I/O. Returns the bytes of data copied.
+    async fn copy_snapshot_runs(
+        &self,
+        from: &ComponentPlacement,
+        to: &ComponentPlacement,
+        runs: &[(Lba, u64)],
+        snapshot: u64,
+        progress: &ResyncProgress,
+    ) -> Result<u64, BlockError> {
+        let volume = &self.info.name;
+        let total: u64 = runs.iter().map(|(_, n)| n).sum();
+        progress
+            .left_bytes
+            .fetch_add(total * BLOCK_BYTES, Ordering::Relaxed);
+        let mut copied = 0;
+        for &(lba, n) in runs {
+            let mut at = lba.0;
+            while at < lba.0 + n {
+                if let Some(reason) = self.superseded() {
+                    return Err(bad(format!("volume {volume}: {reason}")));
+                }
+                let step = (lba.0 + n - at).min(RESYNC_STEP_BLOCKS);
+                let turn = self
+                    .scheduler
+                    .admit(crate::io_scheduler::IoClient::Resync, step * BLOCK_BYTES)
+                    .await;
+                let bytes = self
+                    .copy_range(from, to, at, step)
+                    .await
+                    .map_err(|(c, e)| {
+                        bad(format!(
+                            "volume {volume}: carrying snapshot {snapshot} (component {c}): {e}"
+                        ))
+                    })?;
+                drop(turn);
+                copied += bytes;
+                progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
+                progress
+                    .done_bytes
+                    .fetch_add(step * BLOCK_BYTES, Ordering::Relaxed);
+                progress
+                    .left_bytes
+                    .fetch_sub(step * BLOCK_BYTES, Ordering::Relaxed);
+                at += step;
+            }
+        }
+        Ok(copied)
+    }
+
     /// Puts `new` at `place`, under the whole volume's range locks, with
     /// the blocks where `source` differs from its `last` snapshot (all it
     /// holds when there is none) left dirty, and its snapshots `made` in
@@ -302,6 +487,7 @@ impl Coordinator {
         source: &ComponentPlacement,
         last: Option<&SnapshotChainLink>,
         made: &[(u64, ComponentPlacement)],
+        changes: &[SnapshotCopyChange],
     ) -> Result<u64, EnterError> {
         let volume = self.info.name.clone();
         let _guards = self.lock_span(0, self.info.size_bytes).await;
@@ -361,26 +547,20 @@ impl Coordinator {
             state.recorded.insert(new.id, recorded);
             state.fit_intent_maps();
         }
-        let changes: Vec<SnapshotCopyChange> = made
-            .iter()
-            .map(|(snapshot, m)| SnapshotCopyChange {
-                snapshot: *snapshot,
-                copy: place.copy(),
-                edit: place.edit(m.clone()),
-            })
-            .collect();
-        let gone = self
-            .record_with_snapshots(&changes)
-            .await
-            .map_err(Entered)?;
-        // Snapshots deleted while the copy was filled: nothing names what
-        // was made of them.
+        let gone = self.record_with_snapshots(changes).await.map_err(Entered)?;
+        self.delete_made_of_gone(made, &gone).await;
+        Ok(dirty_blocks)
+    }
+
+    /// Deletes what was made of the snapshots `gone` (deleted while a copy
+    /// was given them): nothing names it.
+    async fn delete_made_of_gone(&self, made: &[(u64, ComponentPlacement)], gone: &[u64]) {
+        let volume = &self.info.name;
         for (snapshot, m) in made.iter().filter(|(s, _)| gone.contains(s)) {
             if let Err(e) = self.io.delete(m).await {
                 tracing::warn!(%volume, %snapshot, component = %m.id, error = %e, "snapshot of a deleted snapshot not deleted");
             }
         }
-        Ok(dirty_blocks)
     }
 
     /// Drops data copy `id` from the layout as [`Coordinator::drop_copy`]
@@ -482,4 +662,38 @@ fn snapshot_copy(
         .iter()
         .find(|c| c.id == id)
         .cloned()
+}
+
+/// How the snapshots `made` of a new copy at `place` change their records:
+/// each takes the place of (or joins) the copy's own snapshot where the
+/// snapshot has one, and joins `source`'s where it was taken while the
+/// copy was away.
+fn carried_changes(
+    place: NewCopyPlace,
+    column: usize,
+    source: &ComponentPlacement,
+    chain: &[SnapshotChainLink],
+    made: &[(u64, ComponentPlacement)],
+) -> Vec<SnapshotCopyChange> {
+    made.iter()
+        .map(|(snapshot, m)| {
+            let has_copy = chain
+                .iter()
+                .find(|link| link.id == *snapshot)
+                .is_some_and(|link| snapshot_copy(link, column, place.copy()).is_some());
+            if has_copy {
+                SnapshotCopyChange {
+                    snapshot: *snapshot,
+                    copy: place.copy(),
+                    edit: place.edit(m.clone()),
+                }
+            } else {
+                SnapshotCopyChange {
+                    snapshot: *snapshot,
+                    copy: source.id,
+                    edit: SnapshotCopyEdit::AddBeside(m.clone()),
+                }
+            }
+        })
+        .collect()
 }

@@ -13,9 +13,13 @@
 //!   every copy has its snapshot, so all copies' snapshots hold the same
 //!   writes (crash-consistent: an acknowledged write is in it or came after
 //!   it, never half of one);
-//! - it is taken only when every data copy is Active: a copy that is behind
-//!   would give a snapshot missing writes, so the caller is told to wait
-//!   for the resync instead;
+//! - it is taken on the Active data copies only: a copy that is away
+//!   (Absent, or lost and waiting for its rebuild) is left out of the
+//!   snapshot's layout and given the snapshot when it returns, before it
+//!   receives writes again ([`Coordinator::resync_with_snapshots`]); a copy
+//!   that is catching up (Resyncing) receives writes but misses some, so a
+//!   snapshot then is refused until its resync ends; each column keeps at
+//!   least one Active copy in the snapshot;
 //! - it is taken at the owner's epoch, so a stale owner cannot take one;
 //!   a copy that fails leaves no snapshot on the others (they are deleted
 //!   again) and the caller gets the failure.
@@ -32,9 +36,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The layout of a snapshot of a volume laid out as `volume`: the same
-/// columns and stripe unit, each data copy replaced by its snapshot
-/// (`snapshot_of` names it), no witnesses. Reads of the snapshot go to any
-/// copy of each column: they are identical and never change.
+/// columns and stripe unit, each Active data copy replaced by its snapshot
+/// (`snapshot_of` names it), no witnesses, no copy that was away. Reads of
+/// the snapshot go to any copy of each column: they are identical and
+/// never change.
 pub fn snapshot_layout(
     volume: &Layout,
     snapshot_of: impl Fn(ComponentId) -> ComponentId,
@@ -42,10 +47,11 @@ pub fn snapshot_layout(
     let mut layout = volume.clone();
     layout.witnesses.clear();
     for column in &mut layout.columns {
-        column.copies.retain(|c| c.role == ComponentRole::Data);
+        column
+            .copies
+            .retain(|c| c.role == ComponentRole::Data && c.state == ComponentState::Active);
         for copy in &mut column.copies {
             copy.id = snapshot_of(copy.id);
-            copy.state = ComponentState::Active;
         }
     }
     layout
@@ -57,9 +63,10 @@ impl Coordinator {
     /// (its id made from the copy's and `id`: [`ComponentId::snapshot`]),
     /// then records it through the coordinator's recorder, under its epoch,
     /// before any write goes on. Writes to the volume wait meanwhile; it is
-    /// refused, and nothing is left behind, unless every data copy is
-    /// Active, every copy takes it and it is recorded. Returns the
-    /// snapshot's layout.
+    /// refused, and nothing is left behind, unless no copy is Resyncing,
+    /// every column has an Active copy, every Active copy takes it and it
+    /// is recorded (copies that are away get it when they return). Returns
+    /// the snapshot's layout.
     pub async fn snapshot(
         &self,
         name: &str,
@@ -161,7 +168,7 @@ impl Coordinator {
             > 0
         {
             return Err(bad(format!(
-                "volume {}: a new copy is being given its snapshots (a rebuild or an evacuation); take the snapshot once it has joined",
+                "volume {}: a copy is being given the volume's snapshots (a rebuild, an evacuation or a copy that returned); take the snapshot once it has them",
                 self.info.name
             )));
         }
@@ -169,17 +176,38 @@ impl Coordinator {
             let state = self.state.lock();
             (state.layout.clone(), self.epoch())
         };
-        let copies: Vec<&ComponentPlacement> = layout
-            .columns
-            .iter()
-            .flat_map(|m| m.copies.iter())
-            .filter(|c| c.role == ComponentRole::Data)
-            .collect();
-        if let Some(behind) = copies.iter().find(|c| c.state != ComponentState::Active) {
+        let data = || {
+            layout
+                .columns
+                .iter()
+                .flat_map(|m| m.copies.iter())
+                .filter(|c| c.role == ComponentRole::Data)
+        };
+        if let Some(behind) = data().find(|c| c.state == ComponentState::Resyncing) {
             return Err(bad(format!(
-                "volume {}: copy {} on host {} is {:?}; a snapshot is taken when every copy is in sync (wait for its resync to finish)",
-                self.info.name, behind.id, behind.host, behind.state
+                "volume {}: copy {} on host {} is catching up on what it missed (Resyncing); take the snapshot once its resync has finished",
+                self.info.name, behind.id, behind.host
             )));
+        }
+        if let Some(column) = layout.columns.iter().position(|m| {
+            !m.copies
+                .iter()
+                .any(|c| c.role == ComponentRole::Data && c.state == ComponentState::Active)
+        }) {
+            return Err(bad(format!(
+                "volume {}: column {column} has no Active copy to take the snapshot on",
+                self.info.name
+            )));
+        }
+        let copies: Vec<&ComponentPlacement> = data()
+            .filter(|c| c.state == ComponentState::Active)
+            .collect();
+        let away: Vec<String> = data()
+            .filter(|c| c.state != ComponentState::Active)
+            .map(|c| format!("{} on host {}", c.id, c.host))
+            .collect();
+        if !away.is_empty() {
+            tracing::info!(volume = %self.info.name, snapshot = %name, away = %away.join(", "), "snapshot taken without the copies that are away; they get it when they return");
         }
         let results = join_all(
             copies
