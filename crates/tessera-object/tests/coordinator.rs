@@ -1643,22 +1643,95 @@ async fn a_snapshot_is_one_point_in_time_on_every_copy_between_writes_in_flight(
 }
 
 #[tokio::test]
-async fn a_snapshot_is_refused_while_a_copy_is_behind_and_leaves_nothing() {
+async fn a_snapshot_taken_while_a_copy_is_away_reaches_it_before_it_takes_writes_again() {
+    let (comps, rec, coord) = setup(ftt1_layout()).await;
+    let (h2, copy) = (HostId("h2".into()), ComponentId(2));
+    for (block, seed) in [(0u64, 1u8), (1, 2), (2, 3)] {
+        coord
+            .write(block * 4096, pattern(seed, 4096), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    let mut chain = Vec::new();
+    let s1 = coord.snapshot("s1", 1, 0).await.unwrap();
+    chain.push(tessera_object::SnapshotChainLink { id: 1, layout: s1 });
+    comps.down.lock().insert(h2.clone());
+    coord.host_absent(&h2).await.unwrap();
+    // Away: snapshots go on, on the copy that stays.
+    coord
+        .write(0, pattern(4, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    coord.unmap(4096, 4096).await.unwrap();
+    let s2 = coord.snapshot("s2", 2, 0).await.unwrap();
+    let ids: Vec<ComponentId> = s2.components().map(|c| c.id).collect();
+    assert_eq!(ids, [ComponentId(1).snapshot(2)]);
+    chain.push(tessera_object::SnapshotChainLink { id: 2, layout: s2 });
+    coord
+        .write(8192, pattern(5, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    let s3 = coord.snapshot("s3", 3, 0).await.unwrap();
+    chain.push(tessera_object::SnapshotChainLink { id: 3, layout: s3 });
+    coord
+        .write(0, pattern(6, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    assert!(comps.contents(copy.snapshot(2)).is_empty());
+
+    // Back: it is given s2 and s3, then catches up.
+    comps.down.lock().remove(&h2);
+    let held = coord.hold_snapshots().await;
+    let progress = ResyncProgress::default();
+    coord
+        .resync_with_snapshots(copy, &chain, held, &progress)
+        .await
+        .unwrap();
+    for n in [1u64, 2, 3] {
+        assert_eq!(
+            comps.contents(copy.snapshot(n)),
+            comps.contents(ComponentId(1).snapshot(n)),
+            "snapshot {n}"
+        );
+    }
+    assert_eq!(comps.contents(copy), comps.contents(ComponentId(1)));
+    assert_eq!(
+        coord.layout().component(copy).unwrap().state,
+        ComponentState::Active
+    );
+    // The records of s2 and s3 name it now; s1's is as it was.
+    for s in rec.3.lock().iter() {
+        let ids: Vec<ComponentId> = s.layout.components().map(|c| c.id).collect();
+        assert_eq!(
+            ids,
+            [ComponentId(1).snapshot(s.id), copy.snapshot(s.id)],
+            "{}",
+            s.name
+        );
+    }
+    // Snapshots are taken on both copies again.
+    let s4 = coord.snapshot("s4", 4, 0).await.unwrap();
+    assert_eq!(s4.components().count(), 2);
+}
+
+#[tokio::test]
+async fn a_snapshot_is_refused_while_a_copy_catches_up_and_leaves_nothing() {
     let (comps, rec, coord) = setup(ftt1_layout()).await;
     coord
         .write(0, pattern(1, 4096), WriteFlags::default())
         .await
         .unwrap();
-    comps.down.lock().insert(HostId("h2".into()));
-    coord.host_absent(&HostId("h2".into())).await.unwrap();
+    // A new copy receives writes but misses what came before.
     coord
-        .write(0, pattern(2, 4096), WriteFlags::default())
+        .add_copy(ComponentId(2), component(9, ComponentRole::Data, "h4", SIZE), 0)
         .await
         .unwrap();
     let err = coord.snapshot("s", 5, 0).await.unwrap_err();
-    assert!(err.to_string().contains("in sync"), "{err}");
+    assert!(err.to_string().contains("Resyncing"), "{err}");
     assert!(rec.3.lock().is_empty());
-    assert!(comps.contents(ComponentId(1).snapshot(5)).is_empty());
+    for c in [1, 2, 9] {
+        assert!(comps.contents(ComponentId(c).snapshot(5)).is_empty());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1775,7 +1848,7 @@ async fn no_snapshot_is_taken_while_a_new_copy_is_given_the_snapshots() {
     let err = coord.snapshot("s", 3, 0).await.unwrap_err();
     assert!(
         err.to_string()
-            .contains("take the snapshot once it has joined"),
+            .contains("take the snapshot once it has them"),
         "{err}"
     );
     assert!(rec.3.lock().is_empty());
