@@ -1723,7 +1723,11 @@ async fn a_snapshot_is_refused_while_a_copy_catches_up_and_leaves_nothing() {
         .unwrap();
     // A new copy receives writes but misses what came before.
     coord
-        .add_copy(ComponentId(2), component(9, ComponentRole::Data, "h4", SIZE), 0)
+        .add_copy(
+            ComponentId(2),
+            component(9, ComponentRole::Data, "h4", SIZE),
+            0,
+        )
         .await
         .unwrap();
     let err = coord.snapshot("s", 5, 0).await.unwrap_err();

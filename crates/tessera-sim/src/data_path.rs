@@ -39,20 +39,29 @@
 //!
 //! The workload: a few client operations per step, writes of 1-4 blocks
 //! (each block tagged with its write) and reads, never two at once on the
-//! same block.
+//! same block; now and then a snapshot of the volume, taken while writes
+//! are under way and whichever copies are away (the owner's resyncs give
+//! a copy that returns the snapshots it missed, as the node's do), and
+//! the deletion of one (its record first, then its components; those on a
+//! host that is down are deleted when it returns, as reclaim records do).
 //!
 //! Checked (safety, every read): a block reads as the last acknowledged
 //! write to it, or a later write whose outcome is unknown (it failed).
 //! Then, with faults off, every host up and every copy resynced
 //! (liveness): every component is Active, both copies hold the same tag in
-//! every block, and every block reads as the oracle allows.
+//! every block, and every block reads as the oracle allows; every snapshot
+//! recorded has a copy on both hosts, they hold the same tag in every
+//! block, and each block holds what the volume could hold when the
+//! snapshot was taken (the last write acknowledged by then, one whose
+//! outcome was unknown, or one under way).
 //!
 //! Protections that can be switched off, each of which must make a seed
 //! fail (`tests/seeds.rs`): a copy acknowledging a write only once it is
 //! durable (write before acknowledge), the owner's dirty-region maps
 //! reaching the directory (dirty-region recording), the owner's write
-//! intents reaching it (write-intent recording), and copies refusing
-//! writes of an older epoch (epoch fencing).
+//! intents reaching it (write-intent recording), copies refusing writes
+//! of an older epoch (epoch fencing), and a returning copy given the
+//! snapshots it missed (snapshot carrying).
 
 use crate::Violation;
 use async_trait::async_trait;
@@ -64,7 +73,7 @@ use tessera_blockdev::{BlockDevice, WriteFlags};
 use tessera_env::{Rng, SeededRng};
 use tessera_object::{
     BlockClone, ComponentError, ComponentIo, ComponentStatus, Coordinator, HostShared, IoClass,
-    LayoutRecorder, ResyncProgress, TakenSnapshot,
+    LayoutRecorder, ResyncProgress, SnapshotChainLink, TakenSnapshot,
 };
 use tessera_types::dirty::{DirtyRecord, RecordedDirty};
 use tessera_types::layout::{ComponentPlacement, ComponentRole, ComponentState, Layout, Mirror};
@@ -92,6 +101,12 @@ pub struct DataPathConfig {
     pub record_write_intents: bool,
     /// Copies refuse writes of an epoch older than the highest they saw.
     pub epoch_fencing: bool,
+    /// Per step, the chance (in 1/1000) of a snapshot; one is deleted a
+    /// third as often.
+    pub snapshot_per_mille: u64,
+    /// A copy that returns is given the snapshots taken while it was away
+    /// before it receives writes again.
+    pub carry_snapshots: bool,
 }
 
 impl Default for DataPathConfig {
@@ -103,6 +118,8 @@ impl Default for DataPathConfig {
             record_dirty_regions: true,
             record_write_intents: true,
             epoch_fencing: true,
+            snapshot_per_mille: 40,
+            carry_snapshots: true,
         }
     }
 }
@@ -122,6 +139,12 @@ pub struct DataPathReport {
     pub takeovers: u64,
     /// Resyncs that completed.
     pub resyncs: u64,
+    /// Snapshots taken.
+    pub snapshots: u64,
+    /// Of those, taken while a copy was away (on one copy only).
+    pub snapshots_while_away: u64,
+    /// Snapshots deleted.
+    pub snapshots_deleted: u64,
     /// A digest of everything that happened, to show a replay is exact.
     pub digest: u64,
 }
@@ -676,6 +699,11 @@ struct Expected {
     unknown: BTreeSet<u64>,
 }
 
+/// What each block of a snapshot may hold: the last write acknowledged
+/// when it was taken, one whose outcome was unknown, or one under way
+/// (blocks not listed: never written).
+type SnapshotOracle = BTreeMap<u64, BTreeSet<u64>>;
+
 /// A client operation under way.
 struct InFlight {
     write: bool,
@@ -699,6 +727,11 @@ struct World {
     next_tag: u64,
     step: u64,
     report: DataPathReport,
+    /// Snapshots taken, by number, with what their blocks may hold.
+    snapshots: BTreeMap<u64, SnapshotOracle>,
+    next_snapshot: u64,
+    /// Components of deleted snapshots left on hosts that were down.
+    reclaims: Vec<ComponentPlacement>,
 }
 
 fn placement(id: u64, role: ComponentRole, host: usize) -> ComponentPlacement {
@@ -785,9 +818,24 @@ impl World {
                 continue;
             }
             let owner = Arc::clone(&self.owner);
+            let directory = Arc::clone(&self.directory);
             self.note(format!("resync of {} starts", c.id));
+            if !self.config.carry_snapshots {
+                self.resyncs.push(tokio::spawn(async move {
+                    owner.resync(c.id, &ResyncProgress::default()).await.is_ok()
+                }));
+                continue;
+            }
             self.resyncs.push(tokio::spawn(async move {
-                owner.resync(c.id, &ResyncProgress::default()).await.is_ok()
+                // As the node does: no snapshot is taken from here until
+                // the copy receives writes, so the chain read next has
+                // every one it missed.
+                let held = owner.hold_snapshots().await;
+                let chain = snapshot_chain(&directory.lock());
+                owner
+                    .resync_with_snapshots(c.id, &chain, held, &ResyncProgress::default())
+                    .await
+                    .is_ok()
             }));
         }
     }
@@ -815,7 +863,85 @@ impl World {
         if absent_witness {
             let _ = self.owner.witness_present(&host).await;
         }
+        let io = SimComponents {
+            hosts: Arc::clone(&self.hosts),
+        };
+        let (here, elsewhere): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reclaims)
+            .into_iter()
+            .partition(|c| c.host == host);
+        self.reclaims = elsewhere;
+        for c in here {
+            if io.delete(&c).await.is_err() {
+                self.reclaims.push(c);
+            }
+        }
         self.start_resyncs();
+    }
+
+    /// Takes a snapshot while the client operations under way go on.
+    async fn take_snapshot(&mut self) {
+        self.next_snapshot += 1;
+        let id = self.next_snapshot;
+        let mut oracle: SnapshotOracle = self
+            .expected
+            .iter()
+            .map(|(&b, e)| {
+                let mut may = e.unknown.clone();
+                may.insert(e.acknowledged);
+                (b, may)
+            })
+            .collect();
+        for f in self.in_flight.iter().filter(|f| f.write) {
+            for b in f.lba..f.lba + f.blocks {
+                oracle
+                    .entry(b)
+                    .or_insert_with(|| BTreeSet::from([0]))
+                    .insert(f.tag);
+            }
+        }
+        match self.owner.snapshot(&format!("s{id}"), id, self.step).await {
+            Ok(layout) => {
+                let copies = layout.components().count();
+                self.note(format!("snapshot {id} taken on {copies} copies"));
+                self.report.snapshots += 1;
+                if copies < 2 {
+                    self.report.snapshots_while_away += 1;
+                }
+                self.snapshots.insert(id, oracle);
+            }
+            Err(e) => self.note(format!("snapshot {id} not taken: {e}")),
+        }
+    }
+
+    /// Deletes a snapshot as the control plane does: its record, then its
+    /// components (those on a host that is down once it returns).
+    async fn delete_snapshot(&mut self) {
+        let taken: Vec<u64> = self.snapshots.keys().copied().collect();
+        if taken.is_empty() {
+            return;
+        }
+        let id = taken[self.below(taken.len() as u64) as usize];
+        let record = {
+            let mut d = self.directory.lock();
+            let name = d
+                .snapshots
+                .iter()
+                .find(|(_, s)| s.id == id)
+                .map(|(n, _)| n.clone());
+            name.and_then(|n| d.snapshots.remove(&n))
+        };
+        self.snapshots.remove(&id);
+        let Some(record) = record else { return };
+        self.report.snapshots_deleted += 1;
+        self.note(format!("snapshot {id} deleted"));
+        let io = SimComponents {
+            hosts: Arc::clone(&self.hosts),
+        };
+        for c in record.layout.components() {
+            if io.delete(c).await.is_err() || !self.hosts.lock().up[host_index(&c.host)] {
+                self.reclaims.push(c.clone());
+            }
+        }
     }
 
     async fn fault(&mut self) -> Result<(), Violation> {
@@ -1014,6 +1140,12 @@ impl World {
         if self.below(1000) < self.config.fault_per_mille {
             self.fault().await?;
         }
+        let chance = self.below(3000);
+        if chance < self.config.snapshot_per_mille {
+            self.delete_snapshot().await;
+        } else if chance < 4 * self.config.snapshot_per_mille {
+            self.take_snapshot().await;
+        }
         self.start_clients();
         for _ in 0..1 + self.below(12) {
             tokio::task::yield_now().await;
@@ -1079,9 +1211,70 @@ impl World {
         }
         let everything = self.owner.read(0, VOLUME_BLOCKS * BLOCK_BYTES).await;
         match everything {
-            Ok(data) => self.check_read(0, &data, "the read after healing"),
-            Err(e) => Err(self.violation(format!("the read after healing failed: {e}"))),
+            Ok(data) => self.check_read(0, &data, "the read after healing")?,
+            Err(e) => return Err(self.violation(format!("the read after healing failed: {e}"))),
         }
+        self.check_snapshots(&copies)
+    }
+
+    /// Every snapshot recorded has a copy of `copies` (the volume's), and
+    /// they hold the same, as its oracle allows.
+    fn check_snapshots(&self, copies: &[ComponentId]) -> Result<(), Violation> {
+        let chain = snapshot_chain(&self.directory.lock());
+        for link in &chain {
+            let mut named: Vec<ComponentId> = link.layout.components().map(|c| c.id).collect();
+            named.sort();
+            let mut want: Vec<ComponentId> = copies.iter().map(|c| c.snapshot(link.id)).collect();
+            want.sort();
+            if named != want {
+                return Err(self.violation(format!(
+                    "after healing, snapshot {} names {named:?}, not a snapshot of each copy ({want:?})",
+                    link.id
+                )));
+            }
+            let blocks: Vec<BTreeMap<u64, u64>> = {
+                let h = self.hosts.lock();
+                match want
+                    .iter()
+                    .map(|id| h.copies.get(id).map(|c| c.blocks.clone()))
+                    .collect::<Option<Vec<_>>>()
+                {
+                    Some(b) => b,
+                    None => {
+                        drop(h);
+                        return Err(self.violation(format!(
+                            "after healing, a component of snapshot {} is missing",
+                            link.id
+                        )));
+                    }
+                }
+            };
+            let oracle = self.snapshots.get(&link.id);
+            for b in 0..VOLUME_BLOCKS {
+                let (first, second) = (
+                    blocks[0].get(&b).copied().unwrap_or(0),
+                    blocks[1].get(&b).copied().unwrap_or(0),
+                );
+                if first != second {
+                    return Err(self.violation(format!(
+                        "after healing, the copies of snapshot {} differ at block {b}: {first} and {second}",
+                        link.id
+                    )));
+                }
+                let allowed = oracle
+                    .and_then(|o| o.get(&b))
+                    .is_some_and(|may| may.contains(&first))
+                    || (first == 0 && oracle.is_some_and(|o| !o.contains_key(&b)));
+                if !allowed {
+                    return Err(self.violation(format!(
+                        "snapshot {} holds write {first} at block {b}, which it may not: {:?}",
+                        link.id,
+                        oracle.and_then(|o| o.get(&b))
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1163,6 +1356,9 @@ pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathRepor
             next_tag: 0,
             step: 0,
             report: DataPathReport::default(),
+            snapshots: BTreeMap::new(),
+            next_snapshot: 0,
+            reclaims: Vec::new(),
         };
         for _ in 0..config.steps {
             world.step().await?;
@@ -1178,6 +1374,21 @@ pub fn run_data_path(seed: u64, config: &DataPathConfig) -> Result<DataPathRepor
         world.report.digest = digest;
         Ok(world.report)
     })
+}
+
+/// The snapshots the directory holds, oldest first, as a copy is given
+/// them.
+fn snapshot_chain(d: &Directory) -> Vec<SnapshotChainLink> {
+    let mut chain: Vec<SnapshotChainLink> = d
+        .snapshots
+        .values()
+        .map(|s| SnapshotChainLink {
+            id: s.id,
+            layout: s.layout.clone(),
+        })
+        .collect();
+    chain.sort_by_key(|l| l.id);
+    chain
 }
 
 #[cfg(test)]

@@ -122,20 +122,28 @@ fn no_seed_loses_an_acknowledged_write_or_leaves_the_copies_apart() {
                 total.crashes += r.crashes;
                 total.takeovers += r.takeovers;
                 total.resyncs += r.resyncs;
+                total.snapshots += r.snapshots;
+                total.snapshots_while_away += r.snapshots_while_away;
+                total.snapshots_deleted += r.snapshots_deleted;
             }
             Err(violation) => panic!("{violation}"),
         }
     }
     eprintln!(
-        "{seeds} data path seeds from {first}: {} writes acknowledged, {} failed, {} blocks read and checked, {} host crashes, {} owners took over, {} resyncs",
+        "{seeds} data path seeds from {first}: {} writes acknowledged, {} failed, {} blocks read and checked, {} host crashes, {} owners took over, {} resyncs, {} snapshots ({} while a copy was away), {} deleted",
         total.writes_acknowledged,
         total.writes_failed,
         total.blocks_checked,
         total.crashes,
         total.takeovers,
-        total.resyncs
+        total.resyncs,
+        total.snapshots,
+        total.snapshots_while_away,
+        total.snapshots_deleted
     );
     assert!(total.crashes > seeds && total.takeovers > seeds && total.resyncs > seeds);
+    assert!(total.snapshots > seeds && total.snapshots_while_away > seeds / 4);
+    assert!(total.snapshots_deleted > 0);
     assert!(total.writes_acknowledged > 100 * seeds && total.blocks_checked > 0);
 }
 
@@ -192,5 +200,14 @@ fn owners_whose_write_intents_never_reach_the_directory_are_caught() {
         record_write_intents: false,
         ..DataPathConfig::default()
     };
-    first_data_path_breach(&config, "copies differ");
+    first_data_path_breach(&config, "differ at block");
+}
+
+#[test]
+fn copies_that_return_without_the_snapshots_they_missed_are_caught() {
+    let config = DataPathConfig {
+        carry_snapshots: false,
+        ..DataPathConfig::default()
+    };
+    first_data_path_breach(&config, "not a snapshot of each copy");
 }
