@@ -1192,13 +1192,18 @@ impl Coordinator {
             progress
                 .left_bytes
                 .store(dirty_blocks * BLOCK_BYTES, Ordering::Relaxed);
-            set_state(&mut state.layout, id, ComponentState::Resyncing);
             (target, column)
         };
-        self.record().await.map_err(|e| ResyncError::Unavailable {
-            volume: volume.clone(),
-            reason: e.to_string(),
-        })?;
+        // It receives writes only once the directory says it does: until
+        // then a write that skips it records the region it misses, and a
+        // later owner that finds it Resyncing takes it as behind by every
+        // change under way.
+        self.record_entering(id, ComponentState::Resyncing)
+            .await
+            .map_err(|e| ResyncError::Unavailable {
+                volume: volume.clone(),
+                reason: e.to_string(),
+            })?;
         drop(held);
         let fail = |source: ComponentError| ResyncError::Component {
             volume: volume.clone(),
@@ -1485,6 +1490,29 @@ impl Coordinator {
             .await
             .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
         self.state.lock().recorded_as(dirty);
+        Ok(())
+    }
+
+    /// Records the layout with copy `id` in `state`, then puts it in that
+    /// state here, in one turn of the records: no record in between says
+    /// otherwise, and the copy's new state takes effect (for a copy that
+    /// starts to receive writes, that it receives them) only once recorded.
+    async fn record_entering(&self, id: ComponentId, to: ComponentState) -> Result<(), BlockError> {
+        let _turn = self.record_turn.lock().await;
+        let (layout, dirty) = {
+            let mut state = self.state.lock();
+            state.layout.generation += 1;
+            let mut layout = state.layout.clone();
+            set_state(&mut layout, id, to);
+            (layout, state.dirty_record())
+        };
+        self.recorder
+            .record(&layout, &dirty)
+            .await
+            .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
+        let mut state = self.state.lock();
+        state.recorded_as(dirty);
+        set_state(&mut state.layout, id, to);
         Ok(())
     }
 

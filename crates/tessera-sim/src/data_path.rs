@@ -494,13 +494,20 @@ impl ComponentIo for SimComponents {
         self.hop().await;
         let hosts = self.hosts.lock();
         hosts.reach(component)?;
+        // As the store: a component that is not there is an error, not
+        // one that holds nothing.
+        let copy = hosts
+            .copies
+            .get(&component.id)
+            .ok_or(ComponentError::NotFound {
+                component: component.id,
+                host: component.host.clone(),
+            })?;
         let mut runs: Vec<(Lba, u64)> = Vec::new();
-        if let Some(copy) = hosts.copies.get(&component.id) {
-            for (&b, _) in copy.blocks.range(from.0..from.0 + blocks) {
-                match runs.last_mut() {
-                    Some((start, n)) if start.0 + *n == b => *n += 1,
-                    _ => runs.push((Lba(b), 1)),
-                }
+        for (&b, _) in copy.blocks.range(from.0..from.0 + blocks) {
+            match runs.last_mut() {
+                Some((start, n)) if start.0 + *n == b => *n += 1,
+                _ => runs.push((Lba(b), 1)),
             }
         }
         Ok(runs)
@@ -758,7 +765,13 @@ impl World {
             seed: self.seed,
             tick: self.step,
             what,
-            trace: log[log.len().saturating_sub(60)..].to_vec(),
+            trace: log[log.len().saturating_sub(
+                std::env::var("SIM_TRACE")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(60),
+            )..]
+                .to_vec(),
             replay: "tessera_sim::data_path::run_data_path",
         }
     }
@@ -1152,7 +1165,51 @@ impl World {
         }
         self.collect(false).await?;
         self.take_in_resyncs(false).await;
-        Ok(())
+        self.check_active_copies_agree()
+    }
+
+    /// The copies the owner reads from (Active) hold the same in every
+    /// block no client write under way touches: reads of a block do not
+    /// depend on the copy they go to, and a snapshot taken now is the same
+    /// on both.
+    fn check_active_copies_agree(&self) -> Result<(), Violation> {
+        let layout = self.owner.layout();
+        let active: Vec<ComponentId> = layout.columns[0]
+            .copies
+            .iter()
+            .filter(|c| c.state == ComponentState::Active)
+            .map(|c| c.id)
+            .collect();
+        let [first, second] = active[..] else {
+            return Ok(());
+        };
+        let differs = {
+            let h = self.hosts.lock();
+            let (Some(a), Some(b)) = (h.copies.get(&first), h.copies.get(&second)) else {
+                return Ok(());
+            };
+            (0..VOLUME_BLOCKS)
+                .find(|block| {
+                    a.blocks.get(block) != b.blocks.get(block)
+                        && !self
+                            .in_flight
+                            .iter()
+                            .any(|f| f.write && f.lba <= *block && *block < f.lba + f.blocks)
+                })
+                .map(|block| {
+                    (
+                        block,
+                        a.blocks.get(&block).copied(),
+                        b.blocks.get(&block).copied(),
+                    )
+                })
+        };
+        match differs {
+            Some((block, a, b)) => Err(self.violation(format!(
+                "copies {first} and {second} are both Active but differ at block {block}: {a:?} and {b:?}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Faults off: every host up, every copy resynced; then the copies

@@ -257,11 +257,7 @@ impl Coordinator {
         match recorded {
             Ok(gone) => self.delete_made_of_gone(&made, &gone).await,
             Err(e) => {
-                for (_, m) in made.iter().rev() {
-                    if let Err(e) = self.io.delete(m).await {
-                        tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of a returning copy not deleted");
-                    }
-                }
+                self.delete_unrecorded(&made).await;
                 return Err(unavailable(e));
             }
         }
@@ -394,7 +390,15 @@ impl Coordinator {
             let runs = match (&base, &first) {
                 (None, Some(runs)) => Ok(runs.clone()),
                 (None, None) => self.io.allocated(&from, Lba(0), blocks).await,
-                (Some(b), _) => self.io.changed(&from, b.id, Lba(0), blocks).await,
+                // A copy that returns differs from each later snapshot only
+                // within `first` too: nothing outside it is touched, what
+                // the store answers notwithstanding.
+                (Some(b), Some(away)) => self
+                    .io
+                    .changed(&from, b.id, Lba(0), blocks)
+                    .await
+                    .map(|changed| intersect_runs(&changed, away)),
+                (Some(b), None) => self.io.changed(&from, b.id, Lba(0), blocks).await,
             }
             .map_err(|e| {
                 bad(format!(
@@ -552,6 +556,29 @@ impl Coordinator {
         Ok(dirty_blocks)
     }
 
+    /// Deletes the snapshots `made` of a returning copy that were not
+    /// recorded. Their ids are the same at every attempt, so one a later
+    /// owner made again (it fenced the copy first, so the snapshot has its
+    /// newer epoch) is left alone, and an owner that learned it was
+    /// superseded leaves them all to the next (which deletes what it does
+    /// not record before it makes its own).
+    async fn delete_unrecorded(&self, made: &[(u64, ComponentPlacement)]) {
+        let volume = &self.info.name;
+        for (_, m) in made.iter().rev() {
+            if self.superseded().is_some() {
+                return;
+            }
+            if let Ok(status) = self.io.status(m).await {
+                if status.epoch > self.epoch {
+                    continue;
+                }
+            }
+            if let Err(e) = self.io.delete(m).await {
+                tracing::warn!(%volume, component = %m.id, error = %e, "snapshot of a returning copy not deleted");
+            }
+        }
+    }
+
     /// Deletes what was made of the snapshots `gone` (deleted while a copy
     /// was given them): nothing names it.
     async fn delete_made_of_gone(&self, made: &[(u64, ComponentPlacement)], gone: &[u64]) {
@@ -664,6 +691,27 @@ fn snapshot_copy(
         .cloned()
 }
 
+/// The blocks both `a` and `b` list (each sorted runs of blocks that do
+/// not overlap), as sorted runs.
+fn intersect_runs(a: &[(Lba, u64)], b: &[(Lba, u64)]) -> Vec<(Lba, u64)> {
+    let (mut i, mut j) = (0, 0);
+    let mut out: Vec<(Lba, u64)> = Vec::new();
+    while i < a.len() && j < b.len() {
+        let (a_start, a_end) = (a[i].0 .0, a[i].0 .0 + a[i].1);
+        let (b_start, b_end) = (b[j].0 .0, b[j].0 .0 + b[j].1);
+        let (start, end) = (a_start.max(b_start), a_end.min(b_end));
+        if start < end {
+            out.push((Lba(start), end - start));
+        }
+        if a_end <= b_end {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
 /// How the snapshots `made` of a new copy at `place` change their records:
 /// each takes the place of (or joins) the copy's own snapshot where the
 /// snapshot has one, and joins `source`'s where it was taken while the
@@ -696,4 +744,32 @@ fn carried_changes(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(runs: &[(Lba, u64)]) -> std::collections::BTreeSet<u64> {
+        runs.iter().flat_map(|(l, n)| l.0..l.0 + n).collect()
+    }
+
+    #[test]
+    fn intersected_runs_list_exactly_the_blocks_both_list() {
+        let cases: [(&[(u64, u64)], &[(u64, u64)]); 4] = [
+            (&[(0, 10), (20, 5)], &[(5, 20)]),
+            (&[(0, 1)], &[(1, 1)]),
+            (&[(3, 4), (9, 1), (12, 30)], &[(0, 4), (6, 7), (40, 8)]),
+            (&[], &[(0, 100)]),
+        ];
+        for (a, b) in cases {
+            let a: Vec<(Lba, u64)> = a.iter().map(|&(l, n)| (Lba(l), n)).collect();
+            let b: Vec<(Lba, u64)> = b.iter().map(|&(l, n)| (Lba(l), n)).collect();
+            let got = intersect_runs(&a, &b);
+            let want: std::collections::BTreeSet<u64> =
+                blocks(&a).intersection(&blocks(&b)).copied().collect();
+            assert_eq!(blocks(&got), want, "{a:?} and {b:?}");
+            assert!(got.windows(2).all(|w| w[0].0 .0 + w[0].1 <= w[1].0 .0));
+        }
+    }
 }
