@@ -756,7 +756,8 @@ mod tests {
 
     #[test]
     fn intersected_runs_list_exactly_the_blocks_both_list() {
-        let cases: [(&[(u64, u64)], &[(u64, u64)]); 4] = [
+        type Runs<'a> = &'a [(u64, u64)];
+        let cases: [(Runs, Runs); 4] = [
             (&[(0, 10), (20, 5)], &[(5, 20)]),
             (&[(0, 1)], &[(1, 1)]),
             (&[(3, 4), (9, 1), (12, 30)], &[(0, 4), (6, 7), (40, 8)]),
