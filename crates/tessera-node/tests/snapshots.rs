@@ -357,6 +357,54 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
     cluster.stop().await;
 }
 
+/// Takes snapshot `name` of volume `vm`.
+async fn snapshot_vm(
+    cluster: &Cluster,
+    name: &str,
+) -> Result<tessera_node::control::SnapshotView, ControlError> {
+    cluster
+        .control
+        .create_snapshot(
+            "vm",
+            CreateSnapshot {
+                name: name.into(),
+                ..Default::default()
+            },
+        )
+        .await
+}
+
+/// The data copy of `view` on its owner's host, or the one elsewhere.
+fn data_copy(
+    view: &tessera_node::control::ObjectView,
+    on_owner: bool,
+) -> tessera_node::control::ComponentView {
+    view.components
+        .iter()
+        .find(|c| {
+            c.role == tessera_types::layout::ComponentRole::Data
+                && (Some(&c.host) == view.owner.as_ref()) == on_owner
+        })
+        .expect("a data copy")
+        .clone()
+}
+
+/// Every byte component `placement` holds, read through `io`.
+async fn component_bytes(
+    io: &dyn ComponentIo,
+    placement: &tessera_types::layout::ComponentPlacement,
+) -> Vec<u8> {
+    let mut got = Vec::new();
+    for step in 0..SIZE / (4 << 20) {
+        let data = io
+            .read(placement, Lba(step * 1024), 1024, IoClass::Guest)
+            .await
+            .unwrap();
+        got.extend_from_slice(&data);
+    }
+    got
+}
+
 /// The placements of a snapshot's components, from the directory's record.
 async fn placements_of(
     cluster: &Cluster,
@@ -433,29 +481,14 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
     let view = cluster.create("vm", SIZE).await;
     let owner = view.owner.clone().unwrap();
     let uri = cluster.nbd_uri(&owner, "vm");
-    let snapshot = |name: &'static str| {
-        let control = &cluster.control;
-        async move {
-            control
-                .create_snapshot(
-                    "vm",
-                    CreateSnapshot {
-                        name: name.into(),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .unwrap()
-        }
-    };
     // Each snapshot a few changes after the one before: new data, and a
     // range discarded (a snapshot must also carry holes).
     fixture::qemu_io(&uri, &["write -P 0x11 0 64M"]).await;
-    snapshot("s1").await;
+    snapshot_vm(&cluster, "s1").await.unwrap();
     fixture::qemu_io(&uri, &["write -P 0x22 8M 8M", "discard 40M 4M"]).await;
-    snapshot("s2").await;
+    snapshot_vm(&cluster, "s2").await.unwrap();
     fixture::qemu_io(&uri, &["write -P 0x33 20M 4M", "write -P 0x34 40M 1M"]).await;
-    snapshot("s3").await;
+    snapshot_vm(&cluster, "s3").await.unwrap();
     fixture::qemu_io(&uri, &["write -P 0x44 30M 2M", "discard 0 1M"]).await;
     let mut want = Vec::new();
     for export in ["vm@s1", "vm@s2", "vm@s3", "vm"] {
@@ -490,18 +523,8 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
     );
 
     // The copy that is not on the owner goes away for good.
-    let lost = view
-        .components
-        .iter()
-        .find(|c| c.role == tessera_types::layout::ComponentRole::Data && c.host != owner)
-        .unwrap()
-        .clone();
-    let source = view
-        .components
-        .iter()
-        .find(|c| c.role == tessera_types::layout::ComponentRole::Data && c.host == owner)
-        .unwrap()
-        .clone();
+    let lost = data_copy(&view, false);
+    let source = data_copy(&view, true);
     cluster.control.stop_host(&lost.host).await.unwrap();
     let rebuilt = cluster
         .wait_for("vm", "a rebuilt copy", |v| {
@@ -542,14 +565,7 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
             .into_iter()
             .find(|p| p.host.to_string() == new.host)
             .unwrap();
-        let mut got = Vec::new();
-        for step in 0..SIZE / (4 << 20) {
-            let data = io
-                .read(&placement, Lba(step * 1024), 1024, IoClass::Guest)
-                .await
-                .unwrap();
-            got.extend_from_slice(&data);
-        }
+        let got = component_bytes(io.as_ref(), &placement).await;
         assert!(got == *want, "the new copy of {name} differs");
     }
     let report = cluster.control.verify_object("vm").await.unwrap();
@@ -601,34 +617,15 @@ async fn snapshots_taken_while_a_copy_is_away_reach_it_when_it_returns() {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
-    use tessera_types::layout::{ComponentRole, ComponentState};
+    use tessera_types::layout::ComponentState;
     // The host is away for less than the repair delay: its copy returns.
     let cluster = Cluster::start(600).await;
     let view = cluster.create("vm", SIZE).await;
     let owner = view.owner.clone().unwrap();
     let uri = cluster.nbd_uri(&owner, "vm");
-    let snapshot = |name: &'static str| {
-        let control = &cluster.control;
-        async move {
-            control
-                .create_snapshot(
-                    "vm",
-                    CreateSnapshot {
-                        name: name.into(),
-                        ..Default::default()
-                    },
-                )
-                .await
-        }
-    };
     fixture::qemu_io(&uri, &["write -P 0x11 0 64M"]).await;
-    snapshot("s0").await.unwrap();
-    let away = view
-        .components
-        .iter()
-        .find(|c| c.role == ComponentRole::Data && c.host != owner)
-        .unwrap()
-        .clone();
+    snapshot_vm(&cluster, "s0").await.unwrap();
+    let away = data_copy(&view, false);
     cluster.control.stop_host(&away.host).await.unwrap();
     cluster
         .wait_for("vm", "the copy recorded away", |v| {
@@ -640,11 +637,11 @@ async fn snapshots_taken_while_a_copy_is_away_reach_it_when_it_returns() {
 
     // Snapshots go on while it is away, on the copy that stays.
     fixture::qemu_io(&uri, &["write -P 0x22 8M 8M", "discard 40M 4M"]).await;
-    let s1 = snapshot("s1").await.unwrap();
+    let s1 = snapshot_vm(&cluster, "s1").await.unwrap();
     assert_eq!(s1.components.len(), 1, "{s1:?}");
     assert_eq!(s1.components[0].host, owner);
     fixture::qemu_io(&uri, &["write -P 0x33 20M 4M", "write -P 0x34 40M 1M"]).await;
-    snapshot("s2").await.unwrap();
+    snapshot_vm(&cluster, "s2").await.unwrap();
     fixture::qemu_io(&uri, &["write -P 0x44 30M 2M", "discard 0 1M"]).await;
     // Made from a snapshot with one copy, a linked clone would have one:
     // refused, and nothing is made.
@@ -687,14 +684,7 @@ async fn snapshots_taken_while_a_copy_is_away_reach_it_when_it_returns() {
             .into_iter()
             .find(|p| p.host.to_string() == away.host)
             .unwrap_or_else(|| panic!("{name} names no copy on {}", away.host));
-        let mut got = Vec::new();
-        for step in 0..SIZE / (4 << 20) {
-            let data = io
-                .read(&placement, Lba(step * 1024), 1024, IoClass::Guest)
-                .await
-                .unwrap();
-            got.extend_from_slice(&data);
-        }
+        let got = component_bytes(io.as_ref(), &placement).await;
         assert!(got == *want, "the returned copy's {name} differs");
     }
     let report = cluster.control.verify_object("vm").await.unwrap();

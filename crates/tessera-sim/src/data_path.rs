@@ -207,6 +207,15 @@ impl Hosts {
         }
     }
 
+    /// Copy `c`, on a host that is up.
+    fn copy(&self, c: &ComponentPlacement) -> Result<&Copy, ComponentError> {
+        self.reach(c)?;
+        self.copies.get(&c.id).ok_or(ComponentError::NotFound {
+            component: c.id,
+            host: c.host.clone(),
+        })
+    }
+
     /// Stores `tags` at `lba` of `c` (0: a hole), as a copy does.
     fn apply(
         &mut self,
@@ -455,14 +464,7 @@ impl ComponentIo for SimComponents {
         self.hop().await;
         let data = {
             let hosts = self.hosts.lock();
-            hosts.reach(component)?;
-            let copy = hosts
-                .copies
-                .get(&component.id)
-                .ok_or(ComponentError::NotFound {
-                    component: component.id,
-                    host: component.host.clone(),
-                })?;
+            let copy = hosts.copy(component)?;
             let mut out = BytesMut::with_capacity(blocks as usize * BLOCK_BYTES as usize);
             for b in lba.0..lba.0 + u64::from(blocks) {
                 out.extend_from_slice(&block_of(copy.blocks.get(&b).copied().unwrap_or(0)));
@@ -493,16 +495,9 @@ impl ComponentIo for SimComponents {
     ) -> Result<Vec<(Lba, u64)>, ComponentError> {
         self.hop().await;
         let hosts = self.hosts.lock();
-        hosts.reach(component)?;
         // As the store: a component that is not there is an error, not
         // one that holds nothing.
-        let copy = hosts
-            .copies
-            .get(&component.id)
-            .ok_or(ComponentError::NotFound {
-                component: component.id,
-                host: component.host.clone(),
-            })?;
+        let copy = hosts.copy(component)?;
         let mut runs: Vec<(Lba, u64)> = Vec::new();
         for (&b, _) in copy.blocks.range(from.0..from.0 + blocks) {
             match runs.last_mut() {

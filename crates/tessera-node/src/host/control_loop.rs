@@ -494,10 +494,9 @@ impl Host {
         let task = tokio::spawn(async move {
             // No snapshot is taken from here until the copy receives
             // writes, so the list read next has every one it missed.
-            let held = coordinator.hold_snapshots().await;
-            let chain = match weak.upgrade() {
-                Some(host) => host.snapshot_chain(&volume).await,
-                None => return,
+            let Some((held, chain)) = hold_and_read_snapshots(&weak, &coordinator, &volume).await
+            else {
+                return;
             };
             let result = match chain {
                 Ok(chain) => {
@@ -667,10 +666,9 @@ impl Host {
             let (new_id, new_host) = (target.id, target.host.clone());
             // No snapshot is taken from here on, so the list read next is
             // every snapshot the new copy must hold.
-            let held = coordinator.hold_snapshots().await;
-            let chain = match weak.upgrade() {
-                Some(host) => host.snapshot_chain(&volume).await,
-                None => return,
+            let Some((held, chain)) = hold_and_read_snapshots(&weak, &coordinator, &volume).await
+            else {
+                return;
             };
             let result = match chain {
                 Ok(chain) => {
@@ -887,4 +885,18 @@ fn dirty_bytes_of(coordinator: &Coordinator, component: ComponentId) -> u64 {
         .into_iter()
         .find(|(id, _)| *id == component)
         .map_or(0, |(_, bytes)| bytes)
+}
+
+/// Holds off new snapshots of `volume` (see [`Coordinator::hold_snapshots`]),
+/// then reads the ones it has from the directory, oldest first; None once
+/// the host is gone.
+async fn hold_and_read_snapshots(
+    host: &std::sync::Weak<Host>,
+    coordinator: &Arc<Coordinator>,
+    volume: &VolumeId,
+) -> Option<(SnapshotsHeld, Result<Vec<SnapshotChainLink>, String>)> {
+    let held = coordinator.hold_snapshots().await;
+    let host = host.upgrade()?;
+    let chain = host.snapshot_chain(volume).await;
+    Some((held, chain))
 }
