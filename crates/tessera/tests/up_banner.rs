@@ -103,6 +103,10 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
     for expected in [
         "Tessera is up: 3 hosts, 1.0 GiB of capacity each".to_string(),
         format!("API:     {api}"),
+        format!(
+            "Token:   {} (an admin's; for the CLI: export TESSERA_TOKEN_FILE=",
+            data.path().join("admin.token").display()
+        ),
         format!("tessera --api {api} volume create vm1 --size 10G"),
         format!(
             "host-3:  NBD 127.{}.{}.3:{nbd_port}",
