@@ -137,16 +137,28 @@ pub fn router(control: Control) -> Router {
 /// Lets a request on only if it presents a token whose role may do what
 /// it asks; the handlers find who it is in the request's extensions.
 async fn admit(State(control): State<Control>, mut request: Request, next: Next) -> Response {
+    // The scheme's name is case-insensitive (RFC 7235).
     let presented = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .unwrap_or("");
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
     let identity = match control.authenticate(presented).await {
         Ok(identity) => identity,
-        Err(e) => return error_response(e),
+        Err(e) => {
+            let mut response = error_response(e);
+            // What a 401 asks for (RFC 6750).
+            if response.status() != StatusCode::UNAUTHORIZED {
+                return response;
+            }
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"tessera\""),
+            );
+            return response;
+        }
     };
     let needed = api_access::required_role(request.method(), request.uri().path());
     if !identity.role.allows(needed) {
