@@ -154,6 +154,8 @@ cpu_us() {
 octet=$(( (RANDOM % 200) + 20 ))
 bind="127.$octet.$(( RANDOM % 250 )).1"
 api_port=$(free_port); nbd_port=$(free_port); transport_port=$(free_port)
+# The CLI presents the admin token `tessera up` writes there.
+export TESSERA_TOKEN_FILE="$work/data/admin.token"
 "$tessera" up --data-dir "$work/data" --bind "$bind" --api-port "$api_port" \
   --nbd-port "$nbd_port" --transport-port "$transport_port" --host-capacity "$HOST_CAPACITY" \
   > "$work/up.log" 2>&1 &

@@ -116,8 +116,11 @@ capacity = [{{ path = "{d}/capacity-0.img", size_bytes = 2147483648 }}]
         last = ""
         for k in range(1, HOSTS + 1):
             if k in nodes and nodes[k].poll() is None:
+                # The first host to serve the API wrote the cluster's admin
+                # token beside the configuration files.
+                env = dict(os.environ, TESSERA_TOKEN_FILE=f"{work}/admin.token")
                 out = subprocess.run([tessera, "--api", f"http://{ip(k)}:{api}", *args],
-                                     capture_output=True, text=True)
+                                     capture_output=True, text=True, env=env)
                 if out.returncode == 0:
                     return out.stdout
                 last = out.stderr.strip()

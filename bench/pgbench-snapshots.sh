@@ -54,6 +54,8 @@ free_port() {
 }
 bind=127.0.$(( $$ % 200 + 20 )).1
 api_port=$(free_port); nbd_port=$(free_port)
+# The CLI presents the admin token `tessera up` writes there.
+export TESSERA_TOKEN_FILE="$work/data/admin.token"
 "$tessera" up --data-dir "$work/data" --bind "$bind" --host-capacity 8G \
   --api-port "$api_port" --nbd-port "$nbd_port" \
   --iscsi-port "$(free_port)" --transport-port "$(free_port)" >"$work/up.log" 2>&1 &

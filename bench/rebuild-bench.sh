@@ -219,6 +219,8 @@ start_cluster() { # name
   prefix="127.$octet.$third"
   api_port=$(free_port); nbd_port=$(free_port); transport_port=$(free_port); iscsi_port=$(free_port)
   data="$work/$1"
+  # The CLI presents the admin token `tessera up` writes there.
+  export TESSERA_TOKEN_FILE="$data/admin.token"
   "$tessera" up --data-dir "$data" --bind "$prefix.1" --api-port "$api_port" \
     --nbd-port "$nbd_port" --iscsi-port "$iscsi_port" --transport-port "$transport_port" \
     --host-capacity "$HOST_CAPACITY" --fault-injection > "$work/$1.log" 2>&1 &

@@ -62,6 +62,8 @@ for _ in range(4):
 print(*ps)')
 read -r api nbd transport iscsi <<<"$ports"
 bind=127.77.0.1
+# The CLI presents the admin token `tessera up` writes there.
+export TESSERA_TOKEN_FILE="$work/data/admin.token"
 "$TESSERA" up --data-dir "$work/data" --bind "$bind" --api-port "$api" --nbd-port "$nbd" \
   --transport-port "$transport" --iscsi-port "$iscsi" --host-capacity 8G \
   >"$work/up.log" 2>&1 &

@@ -279,7 +279,7 @@ fn fresh_machine() -> Result<()> {
         .spawn()
         .context("starting cargo run")?;
     let mut up = RunningUp(child);
-    let result = check_fresh_up(&mut up, bind, api_port, started);
+    let result = check_fresh_up(&mut up, bind, api_port, &data_dir, started);
     drop(up);
     drop(work);
     let total = started.elapsed().as_secs_f64();
@@ -351,6 +351,7 @@ fn check_fresh_up(
     up: &mut RunningUp,
     bind: Ipv4Addr,
     api_port: u16,
+    data_dir: &Path,
     started: Instant,
 ) -> Result<()> {
     let (lines, stdout_lines) = mpsc::channel::<String>();
@@ -431,8 +432,10 @@ fn check_fresh_up(
         .context("cargo metadata has no target_directory")?;
     let tessera = target.join("release").join("tessera");
     eprintln!("$ {} status --api {api}", tessera.display());
+    // `tessera up` wrote its admin token in its data directory.
     let status = Command::new(&tessera)
         .args(["status", "--api", &api])
+        .env("TESSERA_TOKEN_FILE", data_dir.join("admin.token"))
         .output()
         .with_context(|| format!("running {}", tessera.display()))?;
     let text = String::from_utf8_lossy(&status.stdout);

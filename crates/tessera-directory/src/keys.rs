@@ -34,6 +34,7 @@
 //! | `reservations/<volume>` | [`ReservationRecord`] | none: reservations persist through power loss |
 //! | `iscsi-access/<volume>` | [`IscsiAccessRecord`] | none |
 //! | `reclaims/<host>/<component>` | [`ReclaimRecord`] | none: the host deletes it once the component is gone |
+//! | `api-tokens/<id>` | [`ApiTokenRecord`] | none: deleting it revokes the token |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -574,6 +575,16 @@ impl Keyspace {
         self.prefix(&["snapshots"])
     }
 
+    /// An API token's record (its secret's hash, role and lifetime).
+    pub fn api_token(&self, id: &str) -> Key<ApiTokenRecord> {
+        self.key(&["api-tokens", id])
+    }
+
+    /// Every API token's record.
+    pub fn api_tokens(&self) -> Prefix<ApiTokenRecord> {
+        self.prefix(&["api-tokens"])
+    }
+
     /// A component that no record names any more, to be deleted by its
     /// host.
     pub fn reclaim(&self, host: &HostId, component: ComponentId) -> Key<ReclaimRecord> {
@@ -603,6 +614,83 @@ impl Keyspace {
         self.reclaim(&placement.host, placement.id)
             .put_op(&record, None)
     }
+}
+
+/// What a holder of an API token may do; each role may do what the ones
+/// before it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApiRole {
+    /// Reads every view (status, hosts, volumes, snapshots, resyncs).
+    Viewer,
+    /// Also manages volumes: creates, resizes, renames, deletes, snapshots,
+    /// clones and reverts them, sets their access, verifies their copies.
+    Operator,
+    /// Also manages the cluster: hosts, disk groups, policies, settings,
+    /// faults and API tokens.
+    Admin,
+}
+
+impl ApiRole {
+    /// The role's name, as the CLI and the API write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiRole::Viewer => "viewer",
+            ApiRole::Operator => "operator",
+            ApiRole::Admin => "admin",
+        }
+    }
+
+    /// Whether this role may do what `needed` may.
+    pub fn allows(self, needed: ApiRole) -> bool {
+        self >= needed
+    }
+}
+
+impl fmt::Display for ApiRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ApiRole {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<ApiRole, String> {
+        match s {
+            "viewer" => Ok(ApiRole::Viewer),
+            "operator" => Ok(ApiRole::Operator),
+            "admin" => Ok(ApiRole::Admin),
+            other => Err(format!(
+                "no role named {other:?}: the roles are viewer, operator and admin"
+            )),
+        }
+    }
+}
+
+/// An API token: who holds it (a name for people to read), what it may do
+/// and until when. Only a hash of its secret is kept, so the directory's
+/// contents let no one call the API; deleting the record revokes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenRecord {
+    /// Its id: the public part of the token, which finds this record.
+    pub id: String,
+    /// What it is for (`admin` for the one `tessera up` makes).
+    pub name: String,
+    /// What it may do.
+    pub role: ApiRole,
+    /// The BLAKE3 hash of its secret, in hex.
+    pub secret_hash: String,
+    /// When it was made (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// When it stops being accepted (ms since the Unix epoch); never if
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// The token that made it (its id), if a token did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
 }
 
 /// Why a component is to be reclaimed.

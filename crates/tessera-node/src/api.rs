@@ -4,6 +4,11 @@
 //! cluster logic; every handler is one call on [`ClusterControl`].
 //!
 //! Invariants:
+//! - Every request presents a token (`Authorization: Bearer tsn_...`)
+//!   whose role may do what it asks ([`crate::api_access::ROUTES`]) before
+//!   any handler runs: without one, or with one the cluster does not
+//!   accept, it gets 401; with a role that may not, 403; either way
+//!   nothing changes.
 //! - Every failure, including a malformed body, an unknown route and a
 //!   wrong method, answers with `{"kind": "...", "message": "..."}` (the
 //!   serde form of [`ControlError`]), so a client needs one error decoder.
@@ -45,15 +50,24 @@
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
+//! | GET | `/tokens` | 200 `[TokenView]` |
+//! | POST | `/tokens` (`CreateToken`) | 201 `CreatedToken` (the only answer that holds its secret) |
+//! | DELETE | `/tokens/{id}` | 204 |
+//!
+//! The role each route needs is in [`crate::api_access::ROUTES`]: reads a
+//! viewer's, changes to volumes an operator's, changes to the cluster and
+//! every token route an admin's.
 
+use crate::api_access;
 use crate::control::{
-    CloneVolume, ClusterControl, ControlError, CreatePolicy, CreateSnapshot, CreateVolume,
-    Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume, RevertVolume, UpdatePolicy,
-    UpdateSettings,
+    ApiIdentity, CloneVolume, ClusterControl, ControlError, CreatePolicy, CreateSnapshot,
+    CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume,
+    RevertVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -109,9 +123,79 @@ pub fn router(control: Control) -> Router {
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/resyncs", get(resyncs))
         .route("/v1/scrubs", get(scrubs))
+        .route("/v1/tokens", get(tokens).post(create_token))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&control),
+            admit,
+        ))
         .with_state(control)
+}
+
+/// Lets a request on only if it presents a token whose role may do what
+/// it asks; the handlers find who it is in the request's extensions.
+async fn admit(State(control): State<Control>, mut request: Request, next: Next) -> Response {
+    // The scheme's name is case-insensitive (RFC 7235).
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
+    let identity = match control.authenticate(presented).await {
+        Ok(identity) => identity,
+        Err(e) => {
+            let mut response = error_response(e);
+            // What a 401 asks for (RFC 6750).
+            if response.status() != StatusCode::UNAUTHORIZED {
+                return response;
+            }
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"tessera\""),
+            );
+            return response;
+        }
+    };
+    let needed = api_access::required_role(request.method(), request.uri().path());
+    if !identity.role.allows(needed) {
+        return error_response(ControlError::Forbidden(format!(
+            "token {} ({}) has the {} role: {} {} needs the {} role",
+            identity.token_id,
+            identity.name,
+            identity.role,
+            request.method(),
+            request.uri().path(),
+            needed,
+        )));
+    }
+    request.extensions_mut().insert(identity);
+    next.run(request).await
+}
+
+async fn tokens(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.tokens().await)
+}
+
+async fn create_token(
+    State(control): State<Control>,
+    Extension(by): Extension<ApiIdentity>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<CreateToken>(&body) {
+        Ok(request) => respond(
+            StatusCode::CREATED,
+            control.create_token(Some(&by), request).await,
+        ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn revoke_token(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond_empty(control.revoke_token(&id).await)
 }
 
 /// Serves the API on `listener` until `shutdown` completes; requests in
@@ -423,6 +507,8 @@ pub fn status_code(error: &ControlError) -> StatusCode {
         ControlError::Unsatisfiable(_) => StatusCode::UNPROCESSABLE_ENTITY,
         ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        ControlError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
     }
 }
 

@@ -12,6 +12,7 @@ pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
+pub use tessera_directory::keys::{ApiRole, ApiTokenRecord};
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
@@ -992,6 +993,12 @@ pub enum ControlError {
     /// A bug or an unexpected failure (HTTP 500).
     #[error("{0}")]
     Internal(String),
+    /// No credential, or one the cluster does not accept (HTTP 401).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A credential whose role may not do this (HTTP 403).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// Every management operation, as the REST API exposes it.
@@ -1166,6 +1173,88 @@ pub trait ClusterControl: Send + Sync + 'static {
             "host {host} does not accept fault injection here"
         )))
     }
+    /// Who presents `token` (`tsn_<id>_<secret>`), and what they may do;
+    /// `Unauthenticated` for anything the cluster does not accept.
+    async fn authenticate(&self, token: &str) -> Result<ApiIdentity, ControlError>;
+    /// Makes an API token; its secret is in the answer and nowhere else.
+    /// `by` is the token that asked, if one did.
+    async fn create_token(
+        &self,
+        by: Option<&ApiIdentity>,
+        request: CreateToken,
+    ) -> Result<CreatedToken, ControlError>;
+    /// Every API token, without secrets.
+    async fn tokens(&self) -> Result<Vec<TokenView>, ControlError>;
+    /// Revokes a token: it is refused from now on.
+    async fn revoke_token(&self, id: &str) -> Result<(), ControlError>;
+}
+
+/// Who called the API, as their token says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiIdentity {
+    /// The token's id.
+    pub token_id: String,
+    /// Its name.
+    pub name: String,
+    /// What it may do.
+    pub role: ApiRole,
+}
+
+/// Body of `POST /v1/tokens`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// What it is for, for people to read: 1 to 64 letters, digits, `.`,
+    /// `_`, `-` or `@`.
+    pub name: String,
+    /// What it may do.
+    pub role: ApiRole,
+    /// Seconds until it stops being accepted; never if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_s: Option<u64>,
+}
+
+/// An API token as listed: everything but its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenView {
+    /// Its id (the part of the token after `tsn_` and before the secret).
+    pub id: String,
+    /// What it is for.
+    pub name: String,
+    /// What it may do.
+    pub role: ApiRole,
+    /// When it was made (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// When it stops being accepted (ms since the Unix epoch), if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
+    /// The id of the token that made it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+}
+
+impl TokenView {
+    /// The view of a token's record.
+    pub fn of(record: &ApiTokenRecord) -> TokenView {
+        TokenView {
+            id: record.id.clone(),
+            name: record.name.clone(),
+            role: record.role,
+            created_ms: record.created_ms,
+            expires_ms: record.expires_ms,
+            created_by: record.created_by.clone(),
+        }
+    }
+}
+
+/// Answer of `POST /v1/tokens`: the token, shown this once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedToken {
+    /// What its holder presents (`Authorization: Bearer <token>`).
+    pub token: String,
+    /// The token as listed.
+    #[serde(flatten)]
+    pub view: TokenView,
 }
 
 /// A fault to inject into a host, for testing how the cluster copes.

@@ -133,6 +133,8 @@ pub struct ControlPlane {
 
 mod full_clone;
 mod snapshots;
+mod tokens;
+pub use tokens::AdminTokenFile;
 
 /// Compares every Active copy of each column of `layout` (the volume's, or
 /// its `snapshot`'s) where any copy holds data, into `report`.
@@ -1947,6 +1949,26 @@ impl ClusterControl for ControlPlane {
             }
             InjectFault::NetworkHeal => running.heal_network().map_err(fault_error),
         }
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<ApiIdentity, ControlError> {
+        self.authenticate_token(token).await
+    }
+
+    async fn create_token(
+        &self,
+        by: Option<&ApiIdentity>,
+        request: CreateToken,
+    ) -> Result<CreatedToken, ControlError> {
+        self.make_token(by, request).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenView>, ControlError> {
+        self.token_views().await
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<(), ControlError> {
+        self.remove_token(id).await
     }
 
     async fn stop_host(&self, host: &str) -> Result<(), ControlError> {

@@ -910,6 +910,21 @@ pub async fn run_config_file(
                 crate::control_plane::HostSet::single(Arc::clone(&host)),
                 board,
             ));
+            // The host that serves the API gives a new cluster its first
+            // admin token, beside its configuration file.
+            let token_file = crate::up::admin_token_path(
+                path.parent().unwrap_or_else(|| std::path::Path::new(".")),
+            );
+            match control
+                .write_first_admin_token(&token_file)
+                .await
+                .map_err(NodeError::Config)?
+            {
+                crate::control_plane::AdminTokenFile::Written(p) => {
+                    tracing::warn!(path = %p.display(), "the cluster's first admin token written")
+                }
+                other => tracing::info!(?other, "admin token"),
+            }
             Some(tokio::spawn(async move {
                 let _ = crate::api::serve(listener, control, std::future::pending()).await;
             }))

@@ -10,6 +10,7 @@
 //! ownership, when to resync, when to rebuild.
 
 pub mod api;
+pub mod api_access;
 pub mod attachments;
 pub mod components;
 pub mod config;

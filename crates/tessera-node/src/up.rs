@@ -90,6 +90,17 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
     let control = start(&config).await?;
+    match control
+        .write_first_admin_token(&admin_token_path(&config.data_dir))
+        .await
+        .map_err(NodeError::Config)?
+    {
+        crate::control_plane::AdminTokenFile::Absent(path) => tracing::warn!(
+            path = %path.display(),
+            "the cluster has API tokens but this file is gone: the CLI needs TESSERA_TOKEN (an admin makes one with `tessera token create`)"
+        ),
+        other => tracing::info!(?other, "admin token"),
+    }
     let api_addr = SocketAddr::new(config.bind.into(), config.api_port);
     let listener = tokio::net::TcpListener::bind(api_addr)
         .await
@@ -263,6 +274,16 @@ fn print_banner(config: &UpConfig) {
     let _ = out.flush();
 }
 
+/// Where `tessera up` keeps its data unless told otherwise (relative to
+/// the directory it runs in).
+pub const DEFAULT_DATA_DIR: &str = "./tessera-data";
+
+/// The file holding the admin token `tessera up` makes at a cluster's
+/// first start, in its data directory.
+pub fn admin_token_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("admin.token")
+}
+
 /// How to reach the cluster: the API, every host's NBD and iSCSI addresses,
 /// the names volumes go by, and the commands to try next.
 pub fn banner(config: &UpConfig) -> String {
@@ -282,6 +303,19 @@ pub fn banner(config: &UpConfig) -> String {
         config.data_dir.display()
     );
     text += &format!("  API:     {api}   (the CLI: {cli} status; or set TESSERA_API={api})\n");
+    let token = admin_token_path(&config.data_dir);
+    text += &if config.data_dir == std::path::Path::new(DEFAULT_DATA_DIR) {
+        format!(
+            "  Token:   {} (an admin's; the CLI reads it from there when run in this directory)\n",
+            token.display()
+        )
+    } else {
+        format!(
+            "  Token:   {} (an admin's; for the CLI: export TESSERA_TOKEN_FILE={})\n",
+            token.display(),
+            token.display()
+        )
+    };
     for k in 1..=config.hosts {
         let host_ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
         text += &format!(

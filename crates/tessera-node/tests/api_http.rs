@@ -24,17 +24,34 @@ struct Answer {
     raw: Vec<u8>,
 }
 
+/// Calls the API with the admin token.
 async fn call(
     control: &Arc<MemoryControl>,
     method: Method,
     path: &str,
     body: Option<&str>,
 ) -> Answer {
+    let token = control.admin_token().to_string();
+    call_with(control, Some(&token), method, path, body).await
+}
+
+/// Calls the API presenting `token` (none: no `Authorization` header).
+async fn call_with(
+    control: &Arc<MemoryControl>,
+    token: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<&str>,
+) -> Answer {
     let control: Arc<dyn ClusterControl> = control.clone();
-    let request = Request::builder()
+    let mut request = Request::builder()
         .method(method)
         .uri(path)
-        .header("content-type", "application/json")
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let request = request
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
         .expect("request");
     let response = api::router(control)
@@ -469,6 +486,8 @@ fn every_refusal_kind_has_its_status_code() {
         (E::Unsatisfiable(String::new()), 422),
         (E::Unavailable(String::new()), 503),
         (E::Internal(String::new()), 500),
+        (E::Unauthenticated(String::new()), 401),
+        (E::Forbidden(String::new()), 403),
     ];
     for (error, code) in cases {
         assert_eq!(api::status_code(&error).as_u16(), code, "{error:?}");
@@ -481,7 +500,9 @@ async fn serve_answers_over_tcp_and_stops_on_shutdown() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let control: Arc<dyn ClusterControl> = Arc::new(MemoryControl::new());
+    let memory = Arc::new(MemoryControl::new());
+    let token = memory.admin_token().to_string();
+    let control: Arc<dyn ClusterControl> = memory;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(api::serve(listener, control, async {
         let _ = stopped.await;
@@ -492,7 +513,10 @@ async fn serve_answers_over_tcp_and_stops_on_shutdown() {
         .expect("connect in time")
         .expect("connect");
     stream
-        .write_all(b"GET /v1/hosts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(
+            format!("GET /v1/hosts HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
         .await
         .expect("send");
     let mut answer = Vec::new();
@@ -514,4 +538,177 @@ async fn serve_answers_over_tcp_and_stops_on_shutdown() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the listener is closed after shutdown"
     );
+}
+
+/// Everything a caller could change, as one value to compare.
+async fn everything(control: &Arc<MemoryControl>) -> Value {
+    let mut all = serde_json::Map::new();
+    for path in [
+        "/v1/status",
+        "/v1/settings",
+        "/v1/policies",
+        "/v1/volumes",
+        "/v1/volumes/vol1/snapshots",
+        "/v1/volumes/vol1/iscsi-access",
+        "/v1/tokens",
+    ] {
+        all.insert(
+            path.into(),
+            call(control, Method::GET, path, None).await.body,
+        );
+    }
+    Value::Object(all)
+}
+
+/// A request for `route` of the route table: its `{x}` segments filled
+/// with names that exist, and a body its handler would accept.
+fn request_for(method: &str, pattern: &str) -> (Method, String, Option<&'static str>) {
+    let path = pattern
+        .replace("{id}", "host-2")
+        .replace("{name}", "vol1")
+        .replace("{snapshot}", "s1");
+    let body = match (method, pattern) {
+        ("POST", "/v1/volumes") => Some(r#"{"name":"vol2","size_bytes":1048576}"#),
+        ("POST", "/v1/policies") => Some(r#"{"name":"p2","failures_to_tolerate":1}"#),
+        ("POST", "/v1/tokens") => Some(r#"{"name":"more","role":"admin"}"#),
+        ("POST", "/v1/volumes/{name}/snapshots") => Some(r#"{"name":"s2"}"#),
+        ("PATCH", _) | ("PUT", _) | ("POST", _) => Some("{}"),
+        _ => None,
+    };
+    (method.parse().expect("a method"), path, body)
+}
+
+#[tokio::test]
+async fn every_route_refuses_a_caller_without_a_good_token_or_the_role_and_changes_nothing() {
+    use tessera_node::api_access::ROUTES;
+    use tessera_node::control::ApiRole;
+    let control = Arc::new(MemoryControl::new());
+    call(
+        &control,
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name":"vol1","size_bytes":1048576}"#),
+    )
+    .await;
+    call(
+        &control,
+        Method::POST,
+        "/v1/volumes/vol1/snapshots",
+        Some(r#"{"name":"s1"}"#),
+    )
+    .await;
+    let viewer = control.token(ApiRole::Viewer, None);
+    let operator = control.token(ApiRole::Operator, None);
+    let expiring = control.token(ApiRole::Admin, Some(60_000));
+    let revoked = control.token(ApiRole::Admin, None);
+    let revoked_id = revoked[4..20].to_string();
+    let gone = call(
+        &control,
+        Method::DELETE,
+        &format!("/v1/tokens/{revoked_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT, "{}", gone.body);
+    control.advance_ms(60_000);
+    let mut wrong = control.admin_token().to_string();
+    let last = wrong.pop().expect("a character");
+    wrong.push(if last == '0' { '1' } else { '0' });
+    let before = everything(&control).await;
+
+    for &(method, pattern, needed) in ROUTES {
+        let (m, path, body) = request_for(method, pattern);
+        for (who, token) in [
+            ("no token", None),
+            ("an empty token", Some("")),
+            ("a wrong secret", Some(wrong.as_str())),
+            ("an expired token", Some(expiring.as_str())),
+            ("a revoked token", Some(revoked.as_str())),
+            ("not a token", Some("letmein")),
+        ] {
+            let answer = call_with(&control, token, m.clone(), &path, body).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {who}: {}",
+                answer.body
+            );
+            assert_eq!(answer.body["kind"], "unauthenticated");
+        }
+        for (role, token) in [(ApiRole::Viewer, &viewer), (ApiRole::Operator, &operator)] {
+            if role.allows(needed) {
+                continue;
+            }
+            let answer = call_with(&control, Some(token), m.clone(), &path, body).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::FORBIDDEN,
+                "{method} {path} as {role}: {}",
+                answer.body
+            );
+            assert_eq!(answer.body["kind"], "forbidden");
+        }
+    }
+    assert_eq!(
+        everything(&control).await,
+        before,
+        "a refused call changed something"
+    );
+
+    // What a role may do, it is let do (the answer is the handler's own).
+    for &(method, pattern, needed) in ROUTES {
+        let (m, path, body) = request_for(method, pattern);
+        for (role, token) in [(ApiRole::Viewer, &viewer), (ApiRole::Operator, &operator)] {
+            if !role.allows(needed) {
+                continue;
+            }
+            let answer = call_with(&control, Some(token), m.clone(), &path, body).await;
+            assert!(
+                answer.status != StatusCode::FORBIDDEN && answer.status != StatusCode::UNAUTHORIZED,
+                "{method} {path} as {role}: {} {}",
+                answer.status,
+                answer.body
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_admin_makes_lists_and_revokes_tokens_and_the_secret_is_shown_once() {
+    let control = Arc::new(MemoryControl::new());
+    let made = call(
+        &control,
+        Method::POST,
+        "/v1/tokens",
+        Some(r#"{"name":"backup","role":"viewer","expires_in_s":3600}"#),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let token = made.body["token"].as_str().expect("the token").to_string();
+    let id = made.body["id"].as_str().expect("its id").to_string();
+    assert_eq!(made.body["role"], "viewer");
+    assert!(token.starts_with("tsn_") && token.contains(&id));
+    let list = call(&control, Method::GET, "/v1/tokens", None).await;
+    let text = list.body.to_string();
+    assert!(text.contains(&id) && text.contains("backup"), "{text}");
+    assert!(
+        !text.contains(&token[21..]),
+        "a list shows no secret: {text}"
+    );
+    let seen = call_with(&control, Some(&token), Method::GET, "/v1/volumes", None).await;
+    assert_eq!(seen.status, StatusCode::OK);
+    let bad = call(
+        &control,
+        Method::POST,
+        "/v1/tokens",
+        Some(r#"{"name":"x","role":"root"}"#),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let revoked = call(&control, Method::DELETE, &format!("/v1/tokens/{id}"), None).await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT);
+    let refused = call_with(&control, Some(&token), Method::GET, "/v1/volumes", None).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    let again = call(&control, Method::DELETE, &format!("/v1/tokens/{id}"), None).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
 }

@@ -29,6 +29,16 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// API token to present (else TESSERA_TOKEN, else the file of
+    /// --token-file, else ./tessera-data/admin.token if there).
+    #[arg(long, global = true, env = "TESSERA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// File holding the API token (`tessera up` writes its admin token to
+    /// DATA_DIR/admin.token).
+    #[arg(long, global = true, env = "TESSERA_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -81,6 +91,10 @@ pub enum Command {
     /// --fault-injection`; refused by any other cluster).
     #[command(subcommand)]
     Fault(FaultCommand),
+    /// API tokens: who may call the API, and as what (viewer, operator or
+    /// admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Offline tools for a host's devices.
     #[command(subcommand)]
     Store(StoreCommand),
@@ -88,6 +102,61 @@ pub enum Command {
     Up(crate::daemon::UpArgs),
     /// Run one host from its configuration file.
     Node(crate::daemon::NodeArgs),
+}
+
+/// `tessera token ...`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token; it is printed this once (keep it in TESSERA_TOKEN or
+    /// a 0600 file named by TESSERA_TOKEN_FILE).
+    Create {
+        /// What it is for (1 to 64 letters, digits, '.', '_', '-' or '@').
+        name: String,
+        /// viewer (reads), operator (also manages volumes and snapshots)
+        /// or admin (also manages hosts, policies, settings and tokens).
+        #[arg(long)]
+        role: String,
+        /// How long it is accepted, e.g. 90d, 12h, 30m or 3600s (default:
+        /// until revoked).
+        #[arg(long, value_parser = parse_duration_arg)]
+        expires_in: Option<u64>,
+    },
+    /// Every token: id, name, role, when made and until when (no secrets).
+    List,
+    /// Revoke a token: it is refused from the next request on.
+    Revoke {
+        /// The token's id (`token list`).
+        id: String,
+    },
+}
+
+/// Parses a duration such as `90d`, `12h`, `30m`, `45s` or `3600` into
+/// seconds.
+pub fn parse_duration_arg(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?}: a duration is a number and s, m, h or d, e.g. 90d"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: a duration is a number and s, m, h or d, e.g. 90d"))?;
+    if n == 0 {
+        return Err(format!("{text:?}: a token must last more than no time"));
+    }
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// `tessera snapshot ...`

@@ -90,10 +90,38 @@ impl fmt::Display for CliError {
     }
 }
 
-/// The API at one base URL.
+/// The API at one base URL, with the token it presents.
 pub struct ApiClient {
     base: String,
     agent: ureq::Agent,
+    token: Option<String>,
+}
+
+/// The token the CLI presents: `--token` (or `TESSERA_TOKEN`), else the
+/// file of `--token-file` (or `TESSERA_TOKEN_FILE`), else `tessera up`'s
+/// admin token in `./tessera-data/admin.token` if that file is there.
+/// None: the API will say what it needs.
+pub fn find_token(
+    token: Option<&str>,
+    token_file: Option<&std::path::Path>,
+) -> Result<Option<String>, CliError> {
+    if let Some(t) = token.map(str::trim).filter(|t| !t.is_empty()) {
+        return Ok(Some(t.to_string()));
+    }
+    let read =
+        |path: &std::path::Path| std::fs::read_to_string(path).map(|text| text.trim().to_string());
+    if let Some(path) = token_file {
+        return read(path).map(Some).map_err(|e| {
+            CliError::Usage(format!(
+                "cannot read the API token file {}: {e}",
+                path.display()
+            ))
+        });
+    }
+    let default = tessera_node::up::admin_token_path(std::path::Path::new(
+        tessera_node::up::DEFAULT_DATA_DIR,
+    ));
+    Ok(read(&default).ok().filter(|t| !t.is_empty()))
 }
 
 impl ApiClient {
@@ -115,13 +143,32 @@ impl ApiClient {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
             .build();
-        Ok(ApiClient { base, agent })
+        Ok(ApiClient {
+            base,
+            agent,
+            token: None,
+        })
+    }
+
+    /// The same client presenting `token` with every request.
+    pub fn with_token(mut self, token: Option<String>) -> ApiClient {
+        self.token = token;
+        self
+    }
+
+    /// A request of `method` for `url`, with the token and `timeout`.
+    fn request(&self, method: &str, url: &str, timeout: Duration) -> ureq::Request {
+        let request = self.agent.request(method, url).timeout(timeout);
+        match &self.token {
+            Some(t) => request.set("Authorization", &format!("Bearer {t}")),
+            None => request,
+        }
     }
 
     /// GET `path` (under the base URL).
     pub fn get(&self, path: &str) -> Result<Value, CliError> {
         let url = self.url(path);
-        self.finish(&url, self.agent.get(&url).timeout(REQUEST_TIMEOUT).call())
+        self.finish(&url, self.request("GET", &url, REQUEST_TIMEOUT).call())
     }
 
     /// POST `body` (or nothing) to `path`, waiting up to `timeout`.
@@ -132,7 +179,7 @@ impl ApiClient {
         timeout: Duration,
     ) -> Result<Value, CliError> {
         let url = self.url(path);
-        let request = self.agent.post(&url).timeout(timeout);
+        let request = self.request("POST", &url, timeout);
         let result = match body {
             Some(b) => request.send_json(b),
             None => request.call(),
@@ -150,10 +197,7 @@ impl ApiClient {
         let url = self.url(path);
         self.finish(
             &url,
-            self.agent
-                .put(&url)
-                .timeout(REQUEST_TIMEOUT)
-                .send_json(body),
+            self.request("PUT", &url, REQUEST_TIMEOUT).send_json(body),
         )
     }
 
@@ -162,20 +206,14 @@ impl ApiClient {
         let url = self.url(path);
         self.finish(
             &url,
-            self.agent
-                .request("PATCH", &url)
-                .timeout(REQUEST_TIMEOUT)
-                .send_json(body),
+            self.request("PATCH", &url, REQUEST_TIMEOUT).send_json(body),
         )
     }
 
     /// DELETE `path`.
     pub fn delete(&self, path: &str) -> Result<Value, CliError> {
         let url = self.url(path);
-        self.finish(
-            &url,
-            self.agent.delete(&url).timeout(REQUEST_TIMEOUT).call(),
-        )
+        self.finish(&url, self.request("DELETE", &url, REQUEST_TIMEOUT).call())
     }
 
     fn url(&self, path: &str) -> String {

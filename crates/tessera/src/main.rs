@@ -30,7 +30,8 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         args::Command::Up(up) => daemon::up(up),
         args::Command::Node(node) => daemon::node(node),
-        command => run_admin(command, &cli.api, cli.json),
+        command => client::find_token(cli.token.as_deref(), cli.token_file.as_deref())
+            .and_then(|token| run_admin(command, &cli.api, token, cli.json)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -42,14 +43,19 @@ fn main() -> ExitCode {
 }
 
 /// Runs an admin verb, printing to stdout.
-fn run_admin(command: &args::Command, api: &str, json: bool) -> Result<(), client::CliError> {
+fn run_admin(
+    command: &args::Command,
+    api: &str,
+    token: Option<String>,
+    json: bool,
+) -> Result<(), client::CliError> {
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     let mut output = verbs::Output {
         json,
         out: &mut lock,
     };
-    let result = verbs::run(command, api, &mut output);
+    let result = verbs::run(command, api, token, &mut output);
     let _ = lock.flush();
     result
 }

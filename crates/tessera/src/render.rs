@@ -10,9 +10,10 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ClusterSettings, ComponentView, EvacuationView, FillView, Health, HealthCheck,
-    HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView,
-    ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView, VerifyReport, VolumeView,
+    CapacityView, ClusterSettings, ComponentView, CreatedToken, EvacuationView, FillView, Health,
+    HealthCheck, HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState,
+    ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView,
+    VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -655,6 +656,47 @@ pub fn snapshot_taken(s: &SnapshotView) -> String {
             s.group.join(", ")
         )
     }
+}
+
+/// `tessera token list`.
+pub fn tokens(tokens: &[TokenView]) -> String {
+    if tokens.is_empty() {
+        return "no API tokens\n".to_string();
+    }
+    let mut t = Table::new(&[
+        "ID",
+        "NAME",
+        "ROLE",
+        "MADE (UTC)",
+        "EXPIRES (UTC)",
+        "MADE BY",
+    ]);
+    for k in tokens {
+        t.row(vec![
+            k.id.clone(),
+            k.name.clone(),
+            k.role.to_string(),
+            utc(k.created_ms),
+            k.expires_ms.map_or("never".to_string(), utc),
+            k.created_by.clone().unwrap_or_else(|| "-".to_string()),
+        ]);
+    }
+    t.render()
+}
+
+/// What `tessera token create` prints: the token, this once.
+pub fn token_created(t: &CreatedToken) -> String {
+    format!(
+        "made token {} ({} role, id {}, {}):\n{}\nIt is shown this once: give it to its holder (TESSERA_TOKEN, or a file only they can read named by TESSERA_TOKEN_FILE); `tessera token revoke {}` ends it.\n",
+        t.view.name,
+        t.view.role,
+        t.view.id,
+        t.view
+            .expires_ms
+            .map_or("until revoked".to_string(), |ms| format!("until {} UTC", utc(ms))),
+        t.token,
+        t.view.id
+    )
 }
 
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).

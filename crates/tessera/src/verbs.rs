@@ -10,7 +10,8 @@
 
 use crate::args::{
     Command, DiskGroupCommand, FaultCommand, HostCommand, ObjectCommand, PolicyCommand,
-    ResyncCommand, ScrubCommand, SettingsCommand, SnapshotCommand, StoreCommand, VolumeCommand,
+    ResyncCommand, ScrubCommand, SettingsCommand, SnapshotCommand, StoreCommand, TokenCommand,
+    VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
@@ -18,9 +19,9 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    ClusterSettings, ControlError, EvacuationView, HealthReport, HostView, IscsiAccessView,
-    ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView,
-    VerifyReport, VolumeView,
+    ClusterSettings, ControlError, CreatedToken, EvacuationView, HealthReport, HostView,
+    IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView,
+    StatusView, TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -64,7 +65,12 @@ impl Output<'_> {
 }
 
 /// Runs an admin verb against `api`, or `store check` locally.
-pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), CliError> {
+pub fn run(
+    command: &Command,
+    api: &str,
+    token: Option<String>,
+    output: &mut Output<'_>,
+) -> Result<(), CliError> {
     let client = match command {
         Command::Store(StoreCommand::Check { paths }) => return store_check(paths, output),
         Command::Up(_) | Command::Node(_) => {
@@ -73,9 +79,31 @@ pub fn run(command: &Command, api: &str, output: &mut Output<'_>) -> Result<(), 
                     .to_string(),
             ))
         }
-        _ => ApiClient::new(api)?,
+        _ => ApiClient::new(api)?.with_token(token),
     };
     match command {
+        Command::Token(TokenCommand::Create {
+            name,
+            role,
+            expires_in,
+        }) => {
+            let mut body = json!({"name": name, "role": role});
+            if let Some(s) = expires_in {
+                body["expires_in_s"] = json!(s);
+            }
+            let v = client.post_json("/v1/tokens", &body)?;
+            output.view::<CreatedToken>("/v1/tokens", v, render::token_created)?;
+        }
+        Command::Token(TokenCommand::List) => {
+            let v = client.get("/v1/tokens")?;
+            output.view::<Vec<TokenView>>("/v1/tokens", v, |t| render::tokens(t))?;
+        }
+        Command::Token(TokenCommand::Revoke { id }) => {
+            client.delete(&format!("/v1/tokens/{}", segment(id)))?;
+            if !output.json {
+                output.text(&format!("revoked token {id}\n"))?;
+            }
+        }
         Command::Status { every } => status(&client, every.watch, output)?,
         Command::Health => {
             let v = client.get("/v1/health")?;

@@ -74,24 +74,30 @@ fn dead_url() -> String {
     format!("http://{addr}")
 }
 
-/// Runs `tessera` with `args`, with `TESSERA_API` set to `env_api` or unset.
-fn tessera_env(args: &[&str], env_api: Option<&str>) -> Output {
+/// Runs `tessera` with `args`, with `TESSERA_API` set to `env_api` and
+/// `TESSERA_TOKEN` to `token`, or unset.
+fn tessera_env(args: &[&str], env_api: Option<&str>, token: Option<&str>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
     command
         .args(args)
         .env_remove("TESSERA_API")
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_TOKEN_FILE")
         .env("RUST_LOG", "warn");
     if let Some(url) = env_api {
         command.env("TESSERA_API", url);
     }
+    if let Some(token) = token {
+        command.env("TESSERA_TOKEN", token);
+    }
     command.output().expect("run tessera")
 }
 
-/// Runs `tessera --api URL args...`.
+/// Runs `tessera --api URL args...` with the server's admin token.
 fn tessera(server: &ApiServer, args: &[&str]) -> Output {
     let mut all = vec!["--api", server.url.as_str()];
     all.extend_from_slice(args);
-    tessera_env(&all, None)
+    tessera_env(&all, None, Some(server.control.admin_token()))
 }
 
 fn stdout(o: &Output) -> String {
@@ -241,7 +247,7 @@ fn usage_mistakes_exit_2_without_asking_the_api() {
         let o = tessera(&api, args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
     }
-    let bad_url = tessera_env(&["--api", "localhost:9480", "status"], None);
+    let bad_url = tessera_env(&["--api", "localhost:9480", "status"], None, None);
     assert_eq!(code(&bad_url), 2, "{}", stderr(&bad_url));
     assert!(stderr(&bad_url).contains("must start with http://"));
     assert_eq!(
@@ -251,9 +257,96 @@ fn usage_mistakes_exit_2_without_asking_the_api() {
 }
 
 #[test]
+fn tokens_are_made_listed_and_revoked_and_a_missing_one_is_explained() {
+    let api = ApiServer::start();
+    let url = api.url.as_str();
+    // No token anywhere: the API refuses, and says where the CLI looks.
+    let none = tessera_env(&["--api", url, "volume", "list"], None, None);
+    assert_eq!(code(&none), 1, "{}", stderr(&none));
+    assert!(stderr(&none).contains("TESSERA_TOKEN"), "{}", stderr(&none));
+    let made = tessera(
+        &api,
+        &[
+            "token",
+            "create",
+            "backup",
+            "--role",
+            "viewer",
+            "--expires-in",
+            "90d",
+        ],
+    );
+    assert_eq!(code(&made), 0, "{}", stderr(&made));
+    let text = stdout(&made);
+    let token = text
+        .lines()
+        .find(|l| l.starts_with("tsn_"))
+        .unwrap_or_else(|| panic!("the token on a line of its own: {text}"))
+        .to_string();
+    assert!(
+        text.contains("viewer role") && text.contains("shown this once"),
+        "{text}"
+    );
+    // A viewer reads and may not write; from a file as well as the flag.
+    let file = tempfile::NamedTempFile::new().expect("a file");
+    std::fs::write(file.path(), format!("{token}\n")).expect("write the token");
+    let path = file.path().to_string_lossy().to_string();
+    let read = tessera_env(
+        &["--api", url, "--token-file", &path, "volume", "list"],
+        None,
+        None,
+    );
+    assert_eq!(code(&read), 0, "{}", stderr(&read));
+    let write = tessera_env(
+        &[
+            "--api", url, "--token", &token, "volume", "create", "v", "--size", "1G",
+        ],
+        None,
+        None,
+    );
+    assert_eq!(code(&write), 1, "{}", stderr(&write));
+    assert!(stderr(&write).contains("viewer role"), "{}", stderr(&write));
+    let list = tessera(&api, &["token", "list"]);
+    let listed = stdout(&list);
+    assert!(
+        listed.contains("backup") && listed.contains("viewer"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(&token[21..]),
+        "no secret in the list: {listed}"
+    );
+    let id = &token[4..20];
+    let revoked = tessera(&api, &["token", "revoke", id]);
+    assert_eq!(code(&revoked), 0, "{}", stderr(&revoked));
+    let after = tessera_env(
+        &["--api", url, "--token", &token, "volume", "list"],
+        None,
+        None,
+    );
+    assert_eq!(code(&after), 1);
+    assert!(stderr(&after).contains("not valid"), "{}", stderr(&after));
+    let bad_role = tessera(&api, &["token", "create", "x", "--role", "root"]);
+    assert_eq!(code(&bad_role), 1, "{}", stderr(&bad_role));
+    let bad_time = tessera(
+        &api,
+        &[
+            "token",
+            "create",
+            "x",
+            "--role",
+            "viewer",
+            "--expires-in",
+            "soon",
+        ],
+    );
+    assert_eq!(code(&bad_time), 2, "{}", stderr(&bad_time));
+}
+
+#[test]
 fn an_unreachable_api_exits_3_with_a_hint() {
     let dead = dead_url();
-    let o = tessera_env(&["--api", &dead, "status"], None);
+    let o = tessera_env(&["--api", &dead, "status"], None, None);
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -268,7 +361,11 @@ fn an_unreachable_api_exits_3_with_a_hint() {
 fn the_api_flag_wins_over_the_environment_which_wins_over_the_default() {
     let api = ApiServer::start();
     let dead = dead_url();
-    let from_env = tessera_env(&["volume", "list", "--json"], Some(&api.url));
+    let from_env = tessera_env(
+        &["volume", "list", "--json"],
+        Some(&api.url),
+        Some(api.control.admin_token()),
+    );
     assert_eq!(
         code(&from_env),
         0,
@@ -276,14 +373,22 @@ fn the_api_flag_wins_over_the_environment_which_wins_over_the_default() {
         stderr(&from_env)
     );
 
-    let flag_over_env = tessera_env(&["--api", &dead, "volume", "list"], Some(&api.url));
+    let flag_over_env = tessera_env(
+        &["--api", &dead, "volume", "list"],
+        Some(&api.url),
+        Some(api.control.admin_token()),
+    );
     assert_eq!(code(&flag_over_env), 3, "--api wins over TESSERA_API");
     assert!(stderr(&flag_over_env).contains(&dead));
 
-    let flag_after_verb = tessera_env(&["volume", "list", "--api", &api.url], Some(&dead));
+    let flag_after_verb = tessera_env(
+        &["volume", "list", "--api", &api.url],
+        Some(&dead),
+        Some(api.control.admin_token()),
+    );
     assert_eq!(code(&flag_after_verb), 0, "{}", stderr(&flag_after_verb));
 
-    let help = tessera_env(&["--help"], None);
+    let help = tessera_env(&["--help"], None, None);
     assert!(
         stdout(&help).contains("http://127.0.0.1:9480"),
         "the default is documented: {}",
@@ -646,6 +751,7 @@ fn resync_list_watch_redraws_until_nothing_runs() {
     let child = command
         .args(["--api", api.url.as_str(), "resync", "list", "--watch", "1"])
         .env_remove("TESSERA_API")
+        .env("TESSERA_TOKEN", api.control.admin_token())
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -720,7 +826,7 @@ fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
     let cache = config.cache.path.to_string_lossy().into_owned();
     let cap = config.capacity[0].path.to_string_lossy().into_owned();
 
-    let clean = tessera_env(&["store", "check", &cache, &cap], None);
+    let clean = tessera_env(&["store", "check", &cache, &cap], None, None);
     assert_eq!(code(&clean), 0, "{}{}", stdout(&clean), stderr(&clean));
     assert!(
         stdout(&clean).ends_with("0 problem(s)\n"),
@@ -730,6 +836,7 @@ fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
     let clean_json = json(&tessera_env(
         &["store", "check", "--json", &cache, &cap],
         None,
+        None,
     ));
     assert_eq!(clean_json["clean"], true);
     assert_eq!(clean_json["components"], 1);
@@ -737,7 +844,7 @@ fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
     let mut bytes = std::fs::read(&cap).expect("read capacity device");
     bytes[..4096].fill(0x5a);
     std::fs::write(&cap, &bytes).expect("damage the capacity device");
-    let damaged = tessera_env(&["store", "check", &cache, &cap], None);
+    let damaged = tessera_env(&["store", "check", &cache, &cap], None, None);
     assert_eq!(code(&damaged), 1, "{}", stdout(&damaged));
     assert!(stdout(&damaged).contains("PROBLEM"), "{}", stdout(&damaged));
     assert!(
@@ -746,7 +853,11 @@ fn store_check_passes_a_clean_disk_group_and_fails_a_damaged_one() {
         stderr(&damaged)
     );
 
-    let missing = tessera_env(&["store", "check", "/nonexistent/tessera-device"], None);
+    let missing = tessera_env(
+        &["store", "check", "/nonexistent/tessera-device"],
+        None,
+        None,
+    );
     assert_eq!(code(&missing), 1);
     assert!(
         stdout(&missing).contains("cannot open"),
@@ -848,7 +959,7 @@ fn store_check_refuses_devices_a_running_host_holds_and_passes_once_they_are_clo
         (vec!["store", "check", "--json", &cache, &cap], &cache),
         (vec!["store", "check", &cap], &cap),
     ] {
-        let refused = tessera_env(&args, None);
+        let refused = tessera_env(&args, None, None);
         assert_eq!(
             code(&refused),
             1,
@@ -868,7 +979,7 @@ fn store_check_refuses_devices_a_running_host_holds_and_passes_once_they_are_clo
         group.settle().await.expect("settle");
         drop(group);
     });
-    let clean = tessera_env(&["store", "check", &cache, &cap], None);
+    let clean = tessera_env(&["store", "check", &cache, &cap], None, None);
     assert_eq!(code(&clean), 0, "{}{}", stdout(&clean), stderr(&clean));
     assert!(
         stdout(&clean).ends_with("0 problem(s)\n"),

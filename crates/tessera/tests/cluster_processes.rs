@@ -152,10 +152,17 @@ capacity = [{{ path = "{d}/capacity-0.img", size_bytes = 1073741824 }}]
     /// Runs the CLI against the API of a running host.
     fn cli(&self, args: &[&str]) -> (bool, String) {
         let k = (1..=HOSTS).find(|&k| self.nodes[k - 1].is_some()).unwrap();
+        // The first host to serve the API wrote the cluster's admin token
+        // beside its configuration file.
+        let token_file = self.configs[0]
+            .parent()
+            .expect("a directory")
+            .join("admin.token");
         let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .arg("--api")
             .arg(format!("http://{}:{}", self.ip(k), self.api_port))
             .args(args)
+            .env("TESSERA_TOKEN_FILE", token_file)
             .output()
             .unwrap();
         (

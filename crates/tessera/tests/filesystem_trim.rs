@@ -43,9 +43,10 @@ impl Drop for Teardown {
     }
 }
 
-/// The `tessera` CLI against one cluster's API.
+/// The `tessera` CLI against one cluster's API, with its admin token.
 struct Cli {
     api: String,
+    token_file: std::path::PathBuf,
 }
 
 impl Cli {
@@ -55,6 +56,7 @@ impl Cli {
             .arg(&self.api)
             .args(args)
             .env("RUST_LOG", "warn")
+            .env("TESSERA_TOKEN_FILE", &self.token_file)
             .output()
             .expect("run tessera");
         assert!(
@@ -159,6 +161,7 @@ fn fstrim_in_a_thin_volume_returns_space_to_the_datastore() {
     }
     let cli = Cli {
         api: format!("http://{bind}:{api_port}"),
+        token_file: work.path().join("data").join("admin.token"),
     };
 
     cli.run(&["volume", "create", "fs", "--size", "1G"]);

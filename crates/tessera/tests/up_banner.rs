@@ -1,8 +1,10 @@
 //! `tessera up` as a user runs it with its output redirected: the built
 //! binary with stdout and stderr on pipes. The banner (how to connect over
 //! the API, NBD and iSCSI, what to run next) is on stdout and nothing else
-//! is; the logs are on stderr; neither carries a terminal colour code; and
-//! SIGINT (Ctrl-C) stops every host and exits 0.
+//! is; the logs are on stderr; neither carries a terminal colour code;
+//! the admin token it makes is in its data directory, readable by its user
+//! alone, and the CLI run beside `./tessera-data` finds it; and SIGINT
+//! (Ctrl-C) stops every host and exits 0.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, TcpListener};
@@ -39,7 +41,9 @@ impl Drop for Up {
 
 #[test]
 fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
-    let data = tempfile::tempdir().expect("temp dir");
+    let work = tempfile::tempdir().expect("temp dir");
+    // Where `tessera up` keeps its data by default, seen from `work`.
+    let data_dir = work.path().join("tessera-data");
     // A loopback subnet of its own, so the hosts meet no other test's.
     let seed = std::process::id();
     let bind = Ipv4Addr::new(127, 10 + (seed % 30) as u8, (seed / 30 % 250) as u8, 1);
@@ -52,7 +56,7 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
     let mut up = Up(Command::new(env!("CARGO_BIN_EXE_tessera"))
         .arg("up")
         .arg("--data-dir")
-        .arg(data.path())
+        .arg(&data_dir)
         .args(["--bind", &bind.to_string()])
         .args(["--hosts", "3", "--host-capacity", "1G"])
         .args(["--api-port", &api_port.to_string()])
@@ -103,6 +107,10 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
     for expected in [
         "Tessera is up: 3 hosts, 1.0 GiB of capacity each".to_string(),
         format!("API:     {api}"),
+        format!(
+            "Token:   {} (an admin's; for the CLI: export TESSERA_TOKEN_FILE=",
+            data_dir.join("admin.token").display()
+        ),
         format!("tessera --api {api} volume create vm1 --size 10G"),
         format!(
             "host-3:  NBD 127.{}.{}.3:{nbd_port}",
@@ -121,6 +129,34 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
             "banner lacks {expected:?}:\n{text}"
         );
     }
+
+    // The admin token: readable by this user alone, found by the CLI run
+    // where `./tessera-data` is; without it the API refuses.
+    use std::os::unix::fs::PermissionsExt;
+    let token_file = data_dir.join("admin.token");
+    let mode = std::fs::metadata(&token_file)
+        .expect("the admin token file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", token_file.display());
+    let cli = |dir: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--api", &api, "volume", "list"])
+            .current_dir(dir)
+            .env_remove("TESSERA_TOKEN")
+            .env_remove("TESSERA_TOKEN_FILE")
+            .output()
+            .expect("run tessera")
+    };
+    let found = cli(work.path());
+    assert!(
+        found.status.success(),
+        "{}",
+        String::from_utf8_lossy(&found.stderr)
+    );
+    let elsewhere = cli(&data_dir);
+    assert_eq!(elsewhere.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&elsewhere.stderr).contains("needs a token"));
 
     let pid = up.0.id().to_string();
     let signalled = Command::new("kill")

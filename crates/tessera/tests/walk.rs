@@ -66,6 +66,7 @@ impl Cluster {
         Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["--api", &self.api])
             .args(args)
+            .env("TESSERA_TOKEN_FILE", self._data.path().join("admin.token"))
             .output()
             .unwrap()
     }

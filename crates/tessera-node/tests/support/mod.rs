@@ -11,11 +11,13 @@
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use tessera_node::api_access;
 use tessera_node::control::{
-    CapacityView, CloneVolume, ClusterControl, ClusterSettings, ComponentView, ControlError,
-    CreatePolicy, CreateSnapshot, CreateVolume, DiskGroupView, Divergence, FillView, Health,
-    HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
-    ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, UpdatePolicy, UpdateSettings,
+    ApiIdentity, ApiRole, ApiTokenRecord, CapacityView, CloneVolume, ClusterControl,
+    ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot, CreateToken,
+    CreateVolume, CreatedToken, DiskGroupView, Divergence, FillView, Health, HostView, IscsiAccess,
+    IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView,
+    RevertVolume, ScrubView, SnapshotView, StatusView, TokenView, UpdatePolicy, UpdateSettings,
     VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -50,11 +52,28 @@ struct Records {
     settings: ClusterSettings,
     /// Snapshots by (volume, name), in the order taken.
     snapshots: Vec<SnapshotView>,
+    /// API tokens, as the directory keeps them.
+    tokens: Vec<ApiTokenRecord>,
+    /// Tokens made so far (each one's random bytes come from it).
+    tokens_made: u64,
+    /// The time the tokens see (ms).
+    now_ms: u64,
 }
 
 /// The in-memory control plane.
 pub struct MemoryControl {
     records: Mutex<Records>,
+    /// The admin token it starts with, as `tessera up` writes one.
+    admin: String,
+}
+
+/// A token's 40 random bytes, made from how many came before it (ids
+/// never repeat).
+fn token_bytes(made: u64) -> [u8; 40] {
+    let mut random = [0x5a; 40];
+    random[..8].copy_from_slice(&made.to_be_bytes());
+    random[8..16].copy_from_slice(&made.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
+    random
 }
 
 fn host_name(i: usize) -> String {
@@ -67,7 +86,16 @@ impl MemoryControl {
         let mut policies = BTreeMap::new();
         let default = Policy::new(PolicyName::new("default").expect("valid name"), 1);
         policies.insert("default".to_string(), default);
+        let admin = api_access::issue(
+            "admin",
+            ApiRole::Admin,
+            token_bytes(0),
+            1_000_000,
+            None,
+            None,
+        );
         MemoryControl {
+            admin: admin.token,
             records: Mutex::new(Records {
                 policies,
                 volumes: BTreeMap::new(),
@@ -77,8 +105,33 @@ impl MemoryControl {
                 iscsi_access: BTreeMap::new(),
                 settings: ClusterSettings::default(),
                 snapshots: Vec::new(),
+                tokens: vec![admin.record],
+                tokens_made: 1,
+                now_ms: 1_000_000,
             }),
         }
+    }
+
+    /// The admin token it starts with.
+    pub fn admin_token(&self) -> &str {
+        &self.admin
+    }
+
+    /// A token with `role` (expiring `expires_in_ms` from now, if given),
+    /// as `tessera token create` makes one.
+    pub fn token(&self, role: ApiRole, expires_in_ms: Option<u64>) -> String {
+        let mut r = self.records.lock().expect("records lock");
+        let random = token_bytes(r.tokens_made);
+        r.tokens_made += 1;
+        let expires = expires_in_ms.map(|ms| r.now_ms + ms);
+        let issued = api_access::issue(role.as_str(), role, random, r.now_ms, expires, None);
+        r.tokens.push(issued.record);
+        issued.token
+    }
+
+    /// Moves the tokens' clock on.
+    pub fn advance_ms(&self, ms: u64) {
+        self.records.lock().expect("records lock").now_ms += ms;
     }
 
     /// Marks the copies of `volume` as holding different bytes.
@@ -753,6 +806,70 @@ impl ClusterControl for MemoryControl {
             )));
         }
         r.stopped[i] = false;
+        Ok(())
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<ApiIdentity, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        let refused =
+            |why: api_access::Refusal| ControlError::Unauthenticated(why.message().into());
+        let (id, secret) = api_access::parse(token).ok_or(refused(if token.is_empty() {
+            api_access::Refusal::Missing
+        } else {
+            api_access::Refusal::Unknown
+        }))?;
+        let record = r
+            .tokens
+            .iter()
+            .find(|t| t.id == id)
+            .ok_or(refused(api_access::Refusal::Unknown))?;
+        let role = api_access::check(record, secret, r.now_ms).map_err(refused)?;
+        Ok(ApiIdentity {
+            token_id: record.id.clone(),
+            name: record.name.clone(),
+            role,
+        })
+    }
+
+    async fn create_token(
+        &self,
+        by: Option<&ApiIdentity>,
+        request: CreateToken,
+    ) -> Result<CreatedToken, ControlError> {
+        if request.name.is_empty() {
+            return Err(ControlError::Invalid("a token needs a name".into()));
+        }
+        let mut r = self.records.lock().expect("records lock");
+        let random = token_bytes(r.tokens_made);
+        r.tokens_made += 1;
+        let expires = request.expires_in_s.map(|s| r.now_ms + s * 1000);
+        let issued = api_access::issue(
+            &request.name,
+            request.role,
+            random,
+            r.now_ms,
+            expires,
+            by.map(|i| i.token_id.clone()),
+        );
+        r.tokens.push(issued.record.clone());
+        Ok(CreatedToken {
+            token: issued.token,
+            view: TokenView::of(&issued.record),
+        })
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenView>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        Ok(r.tokens.iter().map(TokenView::of).collect())
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<(), ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let before = r.tokens.len();
+        r.tokens.retain(|t| t.id != id);
+        if r.tokens.len() == before {
+            return Err(ControlError::NotFound(format!("no API token with id {id}")));
+        }
         Ok(())
     }
 }

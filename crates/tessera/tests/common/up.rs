@@ -68,6 +68,11 @@ impl UpCluster {
                 .spawn()
                 .expect("tessera up starts");
             let api = format!("http://{bind}:{api_port}");
+            // `tessera up` writes its admin token there at its first start.
+            remember_token_file(
+                &api,
+                &dir.path().join(format!("data-{attempt}/admin.token")),
+            );
             let deadline = Instant::now() + Duration::from_secs(60);
             let log_tail = || {
                 let text = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -149,15 +154,28 @@ pub fn copy_off_owner(view: &Value) -> Value {
         .clone()
 }
 
-/// Runs the `tessera` CLI against `api`: whether it succeeded, and what it
-/// printed (stdout, then stderr).
+/// The admin token file of each cluster this test process started, by
+/// API URL.
+static TOKEN_FILES: std::sync::Mutex<Vec<(String, std::path::PathBuf)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Notes that the cluster at `api` keeps its admin token in `path`.
+pub fn remember_token_file(api: &str, path: &std::path::Path) {
+    let mut files = TOKEN_FILES.lock().unwrap();
+    files.retain(|(a, _)| a != api);
+    files.push((api.to_string(), path.to_path_buf()));
+}
+
+/// Runs the `tessera` CLI against `api` (with its admin token, if this
+/// process started it): whether it succeeded, and what it printed
+/// (stdout, then stderr).
 pub fn tessera(api: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .arg("--api")
-        .arg(api)
-        .args(args)
-        .output()
-        .expect("run tessera");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    command.arg("--api").arg(api).args(args);
+    if let Some((_, path)) = TOKEN_FILES.lock().unwrap().iter().find(|(a, _)| a == api) {
+        command.env("TESSERA_TOKEN_FILE", path);
+    }
+    let out = command.output().expect("run tessera");
     (
         out.status.success(),
         format!(
