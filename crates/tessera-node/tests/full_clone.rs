@@ -101,20 +101,6 @@ fn full(name: &str, policy: Option<&str>) -> CloneVolume {
     }
 }
 
-async fn snapshot(cluster: &Cluster, volume: &str, name: &str) {
-    cluster
-        .control
-        .create_snapshot(
-            volume,
-            CreateSnapshot {
-                name: name.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-}
-
 /// A policy of FTT=1 whose volumes may move `mib_s` MiB/s: a fill under it
 /// is slow enough to be caught in the middle.
 async fn slow_policy(cluster: &Cluster, name: &str, mib_s: u32) {
@@ -208,7 +194,7 @@ async fn a_full_clone_holds_the_snapshot_on_blocks_of_its_own_and_outlives_its_s
     let (owner, other) = fixture::owner_and_other(&view);
     let a = image(&cluster, "a.raw", 0xa);
     write_image(&a, &cluster.nbd_uri(&owner, "vm")).await;
-    snapshot(&cluster, "vm", "s1").await;
+    cluster.snapshot("vm", "s1").await;
     // The volume moves on after its snapshot.
     fixture::qemu_io(&cluster.nbd_uri(&owner, "vm"), &["write -P 0x44 0 4M"]).await;
     let snapshot_bytes = read_export(&cluster, &other, "vm@s1").await;
@@ -339,7 +325,7 @@ async fn a_clone_being_filled_is_served_to_no_client_holds_its_snapshot_and_can_
     let view = cluster.create("vm", SIZE).await;
     let (owner, other) = fixture::owner_and_other(&view);
     fixture::qemu_io(&cluster.nbd_uri(&owner, "vm"), &["write -P 0x11 0 32M"]).await;
-    snapshot(&cluster, "vm", "s1").await;
+    cluster.snapshot("vm", "s1").await;
     slow_policy(&cluster, "slow", 1).await;
     // A thin volume larger than a host: a thick copy of it fits nowhere.
     cluster
@@ -352,7 +338,7 @@ async fn a_clone_being_filled_is_served_to_no_client_holds_its_snapshot_and_can_
         })
         .await
         .unwrap();
-    snapshot(&cluster, "big", "empty").await;
+    cluster.snapshot("big", "empty").await;
     for (name, ftt, reservation) in [("wide", 2, 0), ("thick", 1, 100)] {
         cluster
             .control
@@ -572,7 +558,7 @@ async fn a_fill_whose_owner_stops_is_taken_up_by_the_next_owner_where_it_was() {
     let (owner, _) = fixture::owner_and_other(&view);
     let a = image(&cluster, "a.raw", 0x5eed);
     write_image(&a, &cluster.nbd_uri(&owner, "vm")).await;
-    snapshot(&cluster, "vm", "s1").await;
+    cluster.snapshot("vm", "s1").await;
     slow_policy(&cluster, "slow", 1).await;
 
     cluster

@@ -9,25 +9,11 @@ mod fixture;
 use fixture::{have, Cluster};
 use std::time::{Duration, Instant};
 use tessera_directory::keys::SnapshotName;
-use tessera_node::control::{ClusterControl, CreateSnapshot, Health, ReclaimPending};
-use tessera_types::layout::{ComponentPlacement, ComponentRole};
+use tessera_node::control::{ClusterControl, Health, ReclaimPending};
+use tessera_types::layout::ComponentPlacement;
 use tessera_types::{ComponentId, VolumeId};
 
 const SIZE: u64 = 64 << 20;
-
-async fn snapshot(cluster: &Cluster, volume: &str, name: &str) {
-    cluster
-        .control
-        .create_snapshot(
-            volume,
-            CreateSnapshot {
-                name: name.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-}
 
 /// The placements of a snapshot's components, from a host's view.
 async fn snapshot_placements(
@@ -107,19 +93,13 @@ async fn a_snapshot_deleted_while_a_host_is_down_is_reclaimed_when_it_returns() 
     let owner = view.owner.clone().unwrap();
     let uri = cluster.nbd_uri(&owner, "vm");
     fixture::qemu_io(&uri, &["write -P 0x11 0 16M"]).await;
-    snapshot(&cluster, "vm", "s1").await;
+    cluster.snapshot("vm", "s1").await;
     fixture::qemu_io(&uri, &["write -P 0x22 0 16M"]).await;
-    snapshot(&cluster, "vm", "s2").await;
+    cluster.snapshot("vm", "s2").await;
     fixture::qemu_io(&uri, &["write -P 0x33 0 8M"]).await;
 
     // The copy that is not on the owner's host goes away for a while.
-    let away = view
-        .components
-        .iter()
-        .find(|c| c.role == ComponentRole::Data && c.host != owner)
-        .unwrap()
-        .host
-        .clone();
+    let away = fixture::data_copy(&view, false).host;
     let s1 = snapshot_placements(&cluster, "vm", "s1").await;
     let s1_away = s1.iter().find(|p| p.host.as_str() == away).unwrap().id;
     let s2_away = snapshot_placements(&cluster, "vm", "s2")
@@ -183,14 +163,8 @@ async fn a_volume_deleted_while_a_host_is_down_leaves_nothing_on_it_once_back() 
     let view = cluster.create("gone", SIZE).await;
     let owner = view.owner.clone().unwrap();
     fixture::qemu_io(&cluster.nbd_uri(&owner, "gone"), &["write -P 0x44 0 8M"]).await;
-    snapshot(&cluster, "gone", "s").await;
-    let away = view
-        .components
-        .iter()
-        .find(|c| c.role == ComponentRole::Data && c.host != owner)
-        .unwrap()
-        .host
-        .clone();
+    cluster.snapshot("gone", "s").await;
+    let away = fixture::data_copy(&view, false).host;
     let mut on_away: Vec<ComponentId> = view
         .components
         .iter()
@@ -227,12 +201,7 @@ async fn a_copy_rebuilt_elsewhere_is_reclaimed_from_its_returning_host() {
     let view = cluster.create("vm", SIZE).await;
     let owner = view.owner.clone().unwrap();
     fixture::qemu_io(&cluster.nbd_uri(&owner, "vm"), &["write -P 0x55 0 32M"]).await;
-    let lost = view
-        .components
-        .iter()
-        .find(|c| c.role == ComponentRole::Data && c.host != owner)
-        .unwrap()
-        .clone();
+    let lost = fixture::data_copy(&view, false);
     let group = cluster
         .host(&lost.host)
         .replica()

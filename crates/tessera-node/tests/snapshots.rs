@@ -357,38 +357,6 @@ async fn a_snapshot_taken_under_writes_reads_back_as_the_volume_was_and_refuses_
     cluster.stop().await;
 }
 
-/// Takes snapshot `name` of volume `vm`.
-async fn snapshot_vm(
-    cluster: &Cluster,
-    name: &str,
-) -> Result<tessera_node::control::SnapshotView, ControlError> {
-    cluster
-        .control
-        .create_snapshot(
-            "vm",
-            CreateSnapshot {
-                name: name.into(),
-                ..Default::default()
-            },
-        )
-        .await
-}
-
-/// The data copy of `view` on its owner's host, or the one elsewhere.
-fn data_copy(
-    view: &tessera_node::control::ObjectView,
-    on_owner: bool,
-) -> tessera_node::control::ComponentView {
-    view.components
-        .iter()
-        .find(|c| {
-            c.role == tessera_types::layout::ComponentRole::Data
-                && (Some(&c.host) == view.owner.as_ref()) == on_owner
-        })
-        .expect("a data copy")
-        .clone()
-}
-
 /// Every byte component `placement` holds, read through `io`.
 async fn component_bytes(
     io: &dyn ComponentIo,
@@ -484,11 +452,11 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
     // Each snapshot a few changes after the one before: new data, and a
     // range discarded (a snapshot must also carry holes).
     fixture::qemu_io(&uri, &["write -P 0x11 0 64M"]).await;
-    snapshot_vm(&cluster, "s1").await.unwrap();
+    cluster.snapshot("vm", "s1").await;
     fixture::qemu_io(&uri, &["write -P 0x22 8M 8M", "discard 40M 4M"]).await;
-    snapshot_vm(&cluster, "s2").await.unwrap();
+    cluster.snapshot("vm", "s2").await;
     fixture::qemu_io(&uri, &["write -P 0x33 20M 4M", "write -P 0x34 40M 1M"]).await;
-    snapshot_vm(&cluster, "s3").await.unwrap();
+    cluster.snapshot("vm", "s3").await;
     fixture::qemu_io(&uri, &["write -P 0x44 30M 2M", "discard 0 1M"]).await;
     let mut want = Vec::new();
     for export in ["vm@s1", "vm@s2", "vm@s3", "vm"] {
@@ -523,8 +491,8 @@ async fn a_copy_rebuilt_elsewhere_carries_every_snapshot_and_shares_blocks_as_be
     );
 
     // The copy that is not on the owner goes away for good.
-    let lost = data_copy(&view, false);
-    let source = data_copy(&view, true);
+    let lost = fixture::data_copy(&view, false);
+    let source = fixture::data_copy(&view, true);
     cluster.control.stop_host(&lost.host).await.unwrap();
     let rebuilt = cluster
         .wait_for("vm", "a rebuilt copy", |v| {
@@ -624,8 +592,8 @@ async fn snapshots_taken_while_a_copy_is_away_reach_it_when_it_returns() {
     let owner = view.owner.clone().unwrap();
     let uri = cluster.nbd_uri(&owner, "vm");
     fixture::qemu_io(&uri, &["write -P 0x11 0 64M"]).await;
-    snapshot_vm(&cluster, "s0").await.unwrap();
-    let away = data_copy(&view, false);
+    cluster.snapshot("vm", "s0").await;
+    let away = fixture::data_copy(&view, false);
     cluster.control.stop_host(&away.host).await.unwrap();
     cluster
         .wait_for("vm", "the copy recorded away", |v| {
@@ -637,11 +605,11 @@ async fn snapshots_taken_while_a_copy_is_away_reach_it_when_it_returns() {
 
     // Snapshots go on while it is away, on the copy that stays.
     fixture::qemu_io(&uri, &["write -P 0x22 8M 8M", "discard 40M 4M"]).await;
-    let s1 = snapshot_vm(&cluster, "s1").await.unwrap();
+    let s1 = cluster.snapshot("vm", "s1").await;
     assert_eq!(s1.components.len(), 1, "{s1:?}");
     assert_eq!(s1.components[0].host, owner);
     fixture::qemu_io(&uri, &["write -P 0x33 20M 4M", "write -P 0x34 40M 1M"]).await;
-    snapshot_vm(&cluster, "s2").await.unwrap();
+    cluster.snapshot("vm", "s2").await;
     fixture::qemu_io(&uri, &["write -P 0x44 30M 2M", "discard 0 1M"]).await;
     // Made from a snapshot with one copy, a linked clone would have one:
     // refused, and nothing is made.
