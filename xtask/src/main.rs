@@ -31,6 +31,7 @@ const LAYERS: &[(&str, Option<u8>)] = &[
     ("tessera-erasure", Some(2)),
     ("tessera-blockdev", Some(2)),
     ("tessera-env", Some(2)),
+    ("tessera-tls", Some(2)),
     ("tessera-store", Some(3)),
     ("tessera-object", Some(3)),
     ("tessera-directory", Some(3)),
