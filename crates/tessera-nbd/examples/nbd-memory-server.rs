@@ -72,7 +72,7 @@ fn serve_thread_per_connection(listen: &str, catalog: Arc<StaticCatalog>) -> Res
                     .and_then(|runtime| {
                         runtime.block_on(async move {
                             let stream = tokio::net::TcpStream::from_std(stream)?;
-                            serve_connection(stream, catalog, std::future::pending()).await?;
+                            serve_connection(stream, catalog, None, std::future::pending()).await?;
                             Ok(())
                         })
                     });
@@ -140,7 +140,7 @@ fn main() -> Result<()> {
                 _ = term.recv() => {}
             }
         };
-        serve(listener, catalog, stop).await?;
+        serve(listener, catalog, None, stop).await?;
         Ok(())
     })
 }

@@ -5,13 +5,39 @@
 //! device map for tests, benchmarks and single-device servers.
 //! Must not touch: volumes, components or the cluster; a catalog hands out
 //! `BlockDevice`s and nothing else.
-//! Invariant: an empty export name means the default export, which exists only
-//! when the catalog holds exactly one export.
+//! Invariants: an empty export name means the default export, which exists
+//! only when the catalog holds exactly one export; a client the catalog does
+//! not admit to an export never sees it listed nor opens it.
 
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use tessera_blockdev::BlockDevice;
+
+/// Who is asking for an export: what a catalog decides admission by.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NbdClient {
+    /// The address the client connects from.
+    pub address: Option<IpAddr>,
+    /// Whether the connection was upgraded to TLS (`NBD_OPT_STARTTLS`).
+    pub tls: bool,
+    /// The name the client's TLS certificate proves (verified against the
+    /// server's trusted CA during the handshake); None without one.
+    pub certificate: Option<String>,
+}
+
+impl NbdClient {
+    /// Whether the client connects from this machine (127.0.0.0/8 or ::1).
+    pub fn is_loopback(&self) -> bool {
+        self.address.is_some_and(|a| match a {
+            IpAddr::V4(v4) => v4.is_loopback(),
+            IpAddr::V6(v6) => {
+                v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        })
+    }
+}
 
 /// The set of exports a server offers. Asked on every option that names an
 /// export, so a change is visible to the next client.
@@ -29,6 +55,12 @@ pub trait ExportCatalog: Send + Sync + 'static {
     /// export named ..."); None for a name it does not know.
     fn refusal(&self, _name: &str) -> Option<String> {
         None
+    }
+    /// Whether `client` may see and open `name`; the reason it may not
+    /// (sent with `NBD_REP_ERR_POLICY`). Every client is admitted unless
+    /// the catalog says otherwise.
+    fn admits(&self, _name: &str, _client: &NbdClient) -> Result<(), String> {
+        Ok(())
     }
 }
 

@@ -6,8 +6,8 @@
 //! Invariant: for any input these functions return; a panic here is a bug in
 //! the protocol code (or a broken invariant, asserted below).
 
-use crate::catalog::StaticCatalog;
-use crate::negotiate::{Negotiation, Step};
+use crate::catalog::{NbdClient, StaticCatalog};
+use crate::negotiate::{Negotiation, Step, TlsOffer};
 use crate::proto::{
     decode_client_flags, decode_option_header, decode_request_header, CLIENT_FLAGS_BYTES,
     MAX_PAYLOAD_BYTES, OPTION_HEADER_BYTES, REQUEST_HEADER_BYTES,
@@ -33,7 +33,11 @@ pub fn handshake(data: &[u8]) {
     let Ok(flags) = decode_client_flags(flags) else {
         return;
     };
-    let mut negotiation = Negotiation::new(flags);
+    // Every TLS stance of a server, picked by the input; a STARTTLS is
+    // taken as a finished handshake, so the options after it run as they
+    // would over TLS.
+    let offer = [TlsOffer::Off, TlsOffer::Offered, TlsOffer::Required][data.len() % 3];
+    let mut negotiation = Negotiation::new(flags).with_peer(NbdClient::default(), offer);
     let mut out = BytesMut::new();
     loop {
         let Some((header, after)) = rest.split_first_chunk::<OPTION_HEADER_BYTES>() else {
@@ -50,6 +54,10 @@ pub fn handshake(data: &[u8]) {
         match negotiation.handle(&catalog, header, payload, &mut out) {
             Step::Continue => check_option_replies(&out),
             Step::Close => return,
+            Step::StartTls => {
+                check_option_replies(&out);
+                negotiation.tls_started(None);
+            }
             Step::Transmit(session) => {
                 assert_eq!(session.info.size_bytes, FUZZ_EXPORT_BYTES);
                 if session.allocation_context.is_some() {

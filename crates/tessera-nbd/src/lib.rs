@@ -18,11 +18,13 @@
 
 pub mod catalog;
 pub mod fuzzing;
+mod link;
 pub mod negotiate;
 pub mod payload;
 pub mod proto;
 pub mod request;
 pub mod server;
 
-pub use catalog::{ExportCatalog, StaticCatalog};
-pub use server::{serve, serve_connection, NbdError, MAX_IN_FLIGHT};
+pub use catalog::{ExportCatalog, NbdClient, StaticCatalog};
+pub use negotiate::TlsOffer;
+pub use server::{serve, serve_connection, NbdError, NbdTls, MAX_IN_FLIGHT};

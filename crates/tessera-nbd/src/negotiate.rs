@@ -9,9 +9,12 @@
 //! Invariants: every option gets exactly one final reply (or the session
 //! ends, for EXPORT_NAME of an unknown export); unknown options are answered
 //! with `NBD_REP_ERR_UNSUP` and haggling continues; a bounded number of
-//! options is accepted per session.
+//! options is accepted per session; where TLS is required, nothing but
+//! STARTTLS and ABORT is answered before the upgrade; an export the catalog
+//! does not admit the client to is neither listed nor opened
+//! (`NBD_REP_ERR_POLICY`).
 
-use crate::catalog::{resolve, ExportCatalog};
+use crate::catalog::{resolve, ExportCatalog, NbdClient};
 use crate::proto::{
     self, decode_option, encode_option_reply, info, opt, rep, tflags, ClientFlags, ClientOption,
     InfoRequest, MetaContextRequest, OptionHeader, BASE_ALLOCATION, BASE_ALLOCATION_ID,
@@ -50,6 +53,20 @@ pub enum Step {
     Close,
     /// Enter transmission.
     Transmit(Box<Session>),
+    /// Run the TLS handshake (the ACK is in the output), then call
+    /// [`Negotiation::tls_started`] and read the next option over TLS.
+    StartTls,
+}
+
+/// Whether a server offers TLS (`NBD_OPT_STARTTLS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsOffer {
+    /// Not configured: STARTTLS is refused with `NBD_REP_ERR_POLICY`.
+    Off,
+    /// Clients may upgrade.
+    Offered,
+    /// Clients must upgrade before anything else (`NBD_REP_ERR_TLS_REQD`).
+    Required,
 }
 
 /// The handshake state of one connection.
@@ -61,6 +78,8 @@ pub struct Negotiation {
     meta: Option<(String, bool)>,
     options_seen: u32,
     shutting_down: bool,
+    peer: NbdClient,
+    tls: TlsOffer,
 }
 
 /// The transmission flags advertised for a device.
@@ -109,7 +128,31 @@ impl Negotiation {
             meta: None,
             options_seen: 0,
             shutting_down: false,
+            peer: NbdClient::default(),
+            tls: TlsOffer::Off,
         }
+    }
+
+    /// The same handshake for `peer`, on a server whose TLS is `tls`.
+    pub fn with_peer(mut self, peer: NbdClient, tls: TlsOffer) -> Self {
+        self.peer = peer;
+        self.tls = tls;
+        self
+    }
+
+    /// The TLS handshake after STARTTLS finished; the client proved
+    /// `certificate` (a name), if it presented one. What was negotiated in
+    /// plain text is forgotten, as the protocol asks.
+    pub fn tls_started(&mut self, certificate: Option<String>) {
+        self.peer.tls = true;
+        self.peer.certificate = certificate;
+        self.structured = false;
+        self.meta = None;
+    }
+
+    /// Who the client is, as far as the handshake knows.
+    pub fn peer(&self) -> &NbdClient {
+        &self.peer
     }
 
     /// From now on, options other than ABORT are answered with
@@ -156,13 +199,45 @@ impl Negotiation {
             );
             return Step::Continue;
         }
+        let before_tls = self.tls == TlsOffer::Required && !self.peer.tls;
+        if before_tls && !matches!(decoded, ClientOption::Abort | ClientOption::StartTls) {
+            if option == opt::EXPORT_NAME {
+                return Step::Close;
+            }
+            error_reply(
+                out,
+                option,
+                rep::ERR_TLS_REQD,
+                "this server requires TLS: upgrade with NBD_OPT_STARTTLS first",
+            );
+            return Step::Continue;
+        }
         match decoded {
+            ClientOption::StartTls => {
+                if self.peer.tls {
+                    error_reply(out, option, rep::ERR_INVALID, "TLS is already in use");
+                } else if self.tls == TlsOffer::Off {
+                    error_reply(
+                        out,
+                        option,
+                        rep::ERR_POLICY,
+                        "this server has no TLS certificate configured",
+                    );
+                } else {
+                    encode_option_reply(out, option, rep::ACK, &[]);
+                    return Step::StartTls;
+                }
+                Step::Continue
+            }
             ClientOption::Abort => {
                 encode_option_reply(out, option, rep::ACK, &[]);
                 Step::Close
             }
             ClientOption::List => {
                 for name in catalog.list() {
+                    if catalog.admits(&name, &self.peer).is_err() {
+                        continue;
+                    }
                     let mut data = BytesMut::new();
                     data.put_u32(name.len() as u32);
                     data.put_slice(name.as_bytes());
@@ -199,8 +274,8 @@ impl Negotiation {
                 }
                 None => Step::Continue,
             },
-            ClientOption::ExportName(name) => match resolve(catalog, &name) {
-                Some((name, device)) => {
+            ClientOption::ExportName(name) => match self.resolve(catalog, &name) {
+                Ok((name, device)) => {
                     let info = device.info();
                     let session = self.session(name, device, info);
                     out.put_u64(session.info.size_bytes);
@@ -210,7 +285,7 @@ impl Negotiation {
                     }
                     Step::Transmit(Box::new(session))
                 }
-                None => Step::Close,
+                Err(_) => Step::Close,
             },
             ClientOption::Unsupported(other) => {
                 error_reply(
@@ -222,6 +297,32 @@ impl Negotiation {
                 Step::Continue
             }
         }
+    }
+
+    /// The export `name` names, if it exists and admits this client; else
+    /// the error reply and its message.
+    fn resolve(
+        &self,
+        catalog: &dyn ExportCatalog,
+        name: &str,
+    ) -> Result<(String, Arc<dyn BlockDevice>), (u32, String)> {
+        let admits = |export: &str| {
+            catalog
+                .admits(export, &self.peer)
+                .map_err(|reason| (rep::ERR_POLICY, reason))
+        };
+        // Admission comes before opening: a client that may not use the
+        // export does not make the host open it.
+        if !name.is_empty() {
+            admits(name)?;
+        }
+        let Some((export, device)) = resolve(catalog, name) else {
+            return Err((rep::ERR_UNKNOWN, unknown(catalog, name)));
+        };
+        if name.is_empty() {
+            admits(&export)?;
+        }
+        Ok((export, device))
     }
 
     fn session(&self, export: String, device: Arc<dyn BlockDevice>, info: DeviceInfo) -> Session {
@@ -250,9 +351,12 @@ impl Negotiation {
         req: &InfoRequest,
         out: &mut BytesMut,
     ) -> Option<(String, Arc<dyn BlockDevice>, DeviceInfo)> {
-        let Some((name, device)) = resolve(catalog, &req.name) else {
-            error_reply(out, option, rep::ERR_UNKNOWN, &unknown(catalog, &req.name));
-            return None;
+        let (name, device) = match self.resolve(catalog, &req.name) {
+            Ok(found) => found,
+            Err((kind, message)) => {
+                error_reply(out, option, kind, &message);
+                return None;
+            }
         };
         let info = device.info();
         let mut data = BytesMut::new();
@@ -306,14 +410,12 @@ impl Negotiation {
             );
             return;
         }
-        let Some((export, _)) = resolve(catalog, &req.export) else {
-            error_reply(
-                out,
-                option,
-                rep::ERR_UNKNOWN,
-                &unknown(catalog, &req.export),
-            );
-            return;
+        let export = match self.resolve(catalog, &req.export) {
+            Ok((export, _)) => export,
+            Err((kind, message)) => {
+                error_reply(out, option, kind, &message);
+                return;
+            }
         };
         let selected = if set {
             req.queries.iter().any(|q| q == BASE_ALLOCATION)
@@ -474,6 +576,100 @@ mod tests {
         assert_eq!(kinds, vec![rep::ERR_UNKNOWN]);
         let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"nope");
         assert!(matches!(step, Step::Close));
+    }
+
+    fn go(name: &str) -> BytesMut {
+        let mut go = BytesMut::new();
+        go.put_u32(name.len() as u32);
+        go.put_slice(name.as_bytes());
+        go.put_u16(0);
+        go
+    }
+
+    #[test]
+    fn where_tls_is_required_only_starttls_and_abort_are_answered_before_it() {
+        let c = catalog();
+        let mut n =
+            Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
+        for option in [opt::LIST, opt::STRUCTURED_REPLY] {
+            let (step, kinds) = run(&mut n, &c, option, &[]);
+            assert!(matches!(step, Step::Continue));
+            assert_eq!(kinds, vec![rep::ERR_TLS_REQD]);
+        }
+        let (_, kinds) = run(&mut n, &c, opt::GO, &go("vol"));
+        assert_eq!(kinds, vec![rep::ERR_TLS_REQD]);
+        let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"vol");
+        assert!(matches!(step, Step::Close));
+
+        let mut n =
+            Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
+        let (step, kinds) = run(&mut n, &c, opt::STARTTLS, &[]);
+        assert!(matches!(step, Step::StartTls));
+        assert_eq!(kinds, vec![rep::ACK]);
+        n.tls_started(Some("alice".into()));
+        assert_eq!(n.peer().certificate.as_deref(), Some("alice"));
+        let (_, kinds) = run(&mut n, &c, opt::STARTTLS, &[]);
+        assert_eq!(kinds, vec![rep::ERR_INVALID], "a second STARTTLS is invalid");
+        let (step, _) = run(&mut n, &c, opt::GO, &go("vol"));
+        assert!(matches!(step, Step::Transmit(_)));
+    }
+
+    #[test]
+    fn starttls_on_a_server_without_tls_is_refused_by_policy() {
+        let c = catalog();
+        let mut n = Negotiation::new(flags());
+        let (step, kinds) = run(&mut n, &c, opt::STARTTLS, &[]);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(kinds, vec![rep::ERR_POLICY]);
+        let (_, kinds) = run(&mut n, &c, opt::STARTTLS, b"x");
+        assert_eq!(kinds, vec![rep::ERR_INVALID], "STARTTLS takes no data");
+    }
+
+    /// Admits `vol` only to clients proving `alice`.
+    struct AliceOnly(StaticCatalog);
+
+    impl ExportCatalog for AliceOnly {
+        fn list(&self) -> Vec<String> {
+            self.0.list()
+        }
+        fn open(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+            self.0.open(name)
+        }
+        fn admits(&self, _name: &str, client: &NbdClient) -> Result<(), String> {
+            match client.certificate.as_deref() {
+                Some("alice") => Ok(()),
+                _ => Err("only alice".into()),
+            }
+        }
+    }
+
+    #[test]
+    fn an_export_a_client_is_not_admitted_to_is_not_listed_nor_opened() {
+        let c = AliceOnly(catalog());
+        let mut n = Negotiation::new(flags());
+        let (_, kinds) = run(&mut n, &c, opt::LIST, &[]);
+        assert_eq!(kinds, vec![rep::ACK], "listed nothing");
+        let ((_, kinds), payloads) = run_with_replies(&mut n, &c, opt::GO, &go("vol"));
+        assert_eq!(kinds, vec![rep::ERR_POLICY]);
+        assert_eq!(payloads[0], b"only alice");
+        // The default export is checked too.
+        let (_, kinds) = run(&mut n, &c, opt::GO, &go(""));
+        assert_eq!(kinds, vec![rep::ERR_POLICY]);
+        let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"vol");
+        assert!(matches!(step, Step::Close));
+
+        let mut n = Negotiation::new(flags()).with_peer(
+            NbdClient {
+                tls: true,
+                certificate: Some("alice".into()),
+                ..NbdClient::default()
+            },
+            TlsOffer::Offered,
+        );
+        let (_, kinds) = run(&mut n, &c, opt::LIST, &[]);
+        assert_eq!(kinds, vec![rep::SERVER, rep::ACK]);
+        let (step, _) = run(&mut n, &c, opt::GO, &go("vol"));
+        assert!(matches!(step, Step::Transmit(_)));
     }
 
     /// A catalog with one export that exists but cannot be opened now.

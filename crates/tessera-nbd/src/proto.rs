@@ -407,6 +407,8 @@ pub enum ClientOption {
     Go(InfoRequest),
     /// `NBD_OPT_STRUCTURED_REPLY`.
     StructuredReply,
+    /// `NBD_OPT_STARTTLS`.
+    StartTls,
     /// `NBD_OPT_LIST_META_CONTEXT`.
     ListMetaContext(MetaContextRequest),
     /// `NBD_OPT_SET_META_CONTEXT`.
@@ -487,6 +489,7 @@ pub fn decode_option(option: u32, data: &[u8]) -> Result<ClientOption, OptionSyn
         opt::ABORT => ClientOption::Abort,
         opt::LIST => ClientOption::List,
         opt::STRUCTURED_REPLY => ClientOption::StructuredReply,
+        opt::STARTTLS => ClientOption::StartTls,
         opt::INFO | opt::GO => {
             let name_len = cur.u32("export name length")?;
             let name = cur.string(name_len, "export name")?;
@@ -531,9 +534,10 @@ pub fn decode_option(option: u32, data: &[u8]) -> Result<ClientOption, OptionSyn
         other => return Ok(ClientOption::Unsupported(other)),
     };
     match decoded {
-        ClientOption::Abort | ClientOption::List | ClientOption::StructuredReply => {
-            cur.finish("an option that takes no data")?
-        }
+        ClientOption::Abort
+        | ClientOption::List
+        | ClientOption::StructuredReply
+        | ClientOption::StartTls => cur.finish("an option that takes no data")?,
         ClientOption::ExportName(_) | ClientOption::Unsupported(_) => {}
         _ => cur.finish("the option fields")?,
     }

@@ -22,8 +22,9 @@
 //!   `MAX_OPTION_DATA_BYTES`, write payloads by `MAX_PAYLOAD_BYTES`, the
 //!   handshake by [`HANDSHAKE_TIMEOUT`].
 
-use crate::catalog::ExportCatalog;
-use crate::negotiate::{Negotiation, Session, Step};
+use crate::catalog::{ExportCatalog, NbdClient};
+use crate::link::Link;
+use crate::negotiate::{Negotiation, Session, Step, TlsOffer};
 use crate::payload;
 use crate::proto::{
     self, decode_client_flags, decode_option_header, decode_request_header,
@@ -46,7 +47,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tessera_blockdev::{BlockDevice, BlockError, WriteFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -92,6 +93,26 @@ const MAX_IOVECS: usize = 64;
 /// instead of one each.
 const MAX_HELD_REPLIES: usize = 32;
 
+/// TLS on an NBD server (`NBD_OPT_STARTTLS`).
+#[derive(Clone)]
+pub struct NbdTls {
+    /// The server's TLS settings: its certificate, and the CA client
+    /// certificates must come from (a client that presents one is known
+    /// by the name it proves).
+    pub config: Arc<rustls::ServerConfig>,
+    /// Clients must upgrade before anything else; otherwise plain clients
+    /// are served too, as far as the catalog admits them.
+    pub required: bool,
+}
+
+impl std::fmt::Debug for NbdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdTls")
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Why a connection or the server ended abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum NbdError {
@@ -126,9 +147,11 @@ pub enum NbdError {
 
 /// Serves NBD on `listener` until `shutdown` completes, then lets open
 /// connections answer what they have in flight (up to [`SHUTDOWN_GRACE`]).
+/// With `tls`, clients may (or must) upgrade with `NBD_OPT_STARTTLS`.
 pub async fn serve(
     listener: TcpListener,
     catalog: Arc<dyn ExportCatalog>,
+    tls: Option<NbdTls>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), NbdError> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -152,12 +175,13 @@ pub async fn serve(
                     continue;
                 }
                 let catalog = catalog.clone();
+                let tls = tls.clone();
                 let mut stop = stop_rx.clone();
                 connections.spawn(async move {
                     let stopped = async move {
                         let _ = stop.wait_for(|s| *s).await;
                     };
-                    if let Err(e) = serve_connection(stream, catalog, stopped).await {
+                    if let Err(e) = serve_connection(stream, catalog, tls, stopped).await {
                         tracing::info!("{e}");
                     }
                 });
@@ -182,37 +206,50 @@ pub async fn serve(
 /// Serves one accepted connection: handshake, then transmission until the
 /// client disconnects or `shutdown` completes.
 pub async fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     catalog: Arc<dyn ExportCatalog>,
+    tls: Option<NbdTls>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), NbdError> {
-    let peer = stream
-        .peer_addr()
+    let address = stream.peer_addr().ok();
+    let peer = address
         .map(|a| a.to_string())
-        .unwrap_or_else(|_| "unknown peer".into());
+        .unwrap_or_else(|| "unknown peer".into());
+    let client = NbdClient {
+        address: address.map(|a| a.ip()),
+        ..NbdClient::default()
+    };
     let _ = stream.set_nodelay(true);
     tokio::pin!(shutdown);
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut stream, &*catalog));
-    let session = tokio::select! {
+    let handshake = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        handshake(stream, &*catalog, tls.as_ref(), client),
+    );
+    let (link, session) = tokio::select! {
         outcome = handshake => match outcome {
             Err(_) => return Err(NbdError::HandshakeTimeout { peer }),
             Ok(Err(Failure::Io(e))) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Ok(Err(e)) => return Err(e.with_peer(peer)),
             Ok(Ok(None)) => return Ok(()),
-            Ok(Ok(Some(session))) => session,
+            Ok(Ok(Some(attached))) => attached,
         },
         _ = &mut shutdown => return Ok(()),
     };
     tracing::debug!(
-        "NBD client {peer} attached to export {:?} ({} bytes, flags {:#x})",
+        "NBD client {peer} attached to export {:?} ({} bytes, flags {:#x}, {})",
         session.export,
         session.info.size_bytes,
-        session.flags
+        session.flags,
+        if matches!(link, Link::Tls(_)) {
+            "TLS"
+        } else {
+            "plain"
+        }
     );
-    let mut conn = Connection::new(&stream, session);
+    let mut conn = Connection::new(link, session);
     match conn.run(shutdown).await {
         Ok(()) => {
-            let _ = stream.shutdown().await;
+            conn.link.shutdown().await;
             Ok(())
         }
         Err(Failure::Io(e))
@@ -256,14 +293,52 @@ impl From<ProtoError> for Failure {
     }
 }
 
+/// The handshake: option haggling in plain text, then (after STARTTLS) over
+/// TLS; the stream and session to transmit on, or None when the client
+/// went away without choosing an export.
 async fn handshake(
-    stream: &mut TcpStream,
+    mut stream: TcpStream,
     catalog: &dyn ExportCatalog,
-) -> Result<Option<Session>, Failure> {
+    tls: Option<&NbdTls>,
+    client: NbdClient,
+) -> Result<Option<(Link, Session)>, Failure> {
     stream.write_all(&proto::greeting()).await?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];
     stream.read_exact(&mut flags).await?;
-    let mut negotiation = Negotiation::new(decode_client_flags(&flags)?);
+    let offer = match tls {
+        None => TlsOffer::Off,
+        Some(tls) if tls.required => TlsOffer::Required,
+        Some(_) => TlsOffer::Offered,
+    };
+    let mut negotiation = Negotiation::new(decode_client_flags(&flags)?).with_peer(client, offer);
+    match haggle(&mut stream, &mut negotiation, catalog).await? {
+        Step::Transmit(session) => return Ok(Some((Link::Plain(stream), *session))),
+        Step::StartTls => {}
+        Step::Close | Step::Continue => return Ok(None),
+    }
+    // The negotiation asks for TLS only when the server offers it.
+    let Some(tls) = tls else {
+        return Ok(None);
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.config));
+    let mut stream = acceptor.accept(stream).await?;
+    negotiation.tls_started(tessera_tls::peer_name(stream.get_ref().1));
+    match haggle(&mut stream, &mut negotiation, catalog).await? {
+        Step::Transmit(session) => {
+            let (tcp, connection) = stream.into_inner();
+            Ok(Some((Link::tls(tcp, connection), *session)))
+        }
+        Step::StartTls | Step::Close | Step::Continue => Ok(None),
+    }
+}
+
+/// Reads and answers options until one ends this stage of the handshake
+/// (never returns [`Step::Continue`]).
+async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    negotiation: &mut Negotiation,
+    catalog: &dyn ExportCatalog,
+) -> Result<Step, Failure> {
     let mut data = Vec::new();
     let mut out = BytesMut::new();
     loop {
@@ -275,10 +350,9 @@ async fn handshake(
         out.clear();
         let step = negotiation.handle(catalog, header, &data, &mut out);
         stream.write_all(&out).await?;
-        match step {
-            Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Transmit(session) => return Ok(Some(*session)),
+        stream.flush().await?;
+        if !matches!(step, Step::Continue) {
+            return Ok(step);
         }
     }
 }
@@ -353,9 +427,12 @@ impl OutQueue {
 
     /// Writes as much as the socket takes without waiting; `Ok(false)` when
     /// the socket is full.
-    fn write_now(&mut self, stream: &TcpStream) -> io::Result<bool> {
+    fn write_now(&mut self, stream: &mut Link) -> io::Result<bool> {
         self.held = 0;
         self.seal();
+        if !stream.flush_now()? {
+            return Ok(false);
+        }
         while !self.chunks.is_empty() {
             let slices: Vec<IoSlice<'_>> = self
                 .chunks
@@ -391,8 +468,8 @@ impl OutQueue {
 }
 
 /// The transmission phase of one connection.
-struct Connection<'a> {
-    stream: &'a TcpStream,
+struct Connection {
+    link: Link,
     device: Arc<dyn BlockDevice>,
     view: ExportView,
     rbuf: BytesMut,
@@ -406,10 +483,10 @@ struct Connection<'a> {
     shutting_down: bool,
 }
 
-impl<'a> Connection<'a> {
-    fn new(stream: &'a TcpStream, session: Session) -> Self {
+impl Connection {
+    fn new(link: Link, session: Session) -> Self {
         Connection {
-            stream,
+            link,
             view: ExportView {
                 size: session.info.size_bytes,
                 read_only: session.info.read_only,
@@ -438,10 +515,12 @@ impl<'a> Connection<'a> {
             // run dry: a loaded server answers in batches (fewer writes and
             // fewer wake-ups of the client), an idle one at once.
             let send = drained || !want_read || self.out.held >= MAX_HELD_REPLIES;
-            if send && !self.out.is_empty() {
-                self.out.write_now(self.stream)?;
+            let unsent = !self.out.is_empty() || self.link.wants_write();
+            if send && unsent {
+                self.out.write_now(&mut self.link)?;
             }
-            if closing && self.inflight.is_empty() && self.out.is_empty() {
+            let unsent = !self.out.is_empty() || self.link.wants_write();
+            if closing && self.inflight.is_empty() && !unsent {
                 return Ok(());
             }
             // The rest of the current frame's payload.
@@ -462,17 +541,17 @@ impl<'a> Connection<'a> {
                     self.rbuf.reserve(wanted.max(READ_BUFFER_BYTES));
                 }
             }
-            let has_output = send && !self.out.is_empty();
+            let has_output = send && unsent;
             tokio::select! {
                 biased;
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
                     self.complete(done);
                 }
-                ready = self.stream.writable(), if has_output => {
+                ready = self.link.writable(), if has_output => {
                     ready?;
-                    self.out.write_now(self.stream)?;
+                    self.out.write_now(&mut self.link)?;
                 }
-                ready = self.stream.readable(), if want_read => {
+                ready = self.link.readable(), if want_read => {
                     ready?;
                     // A large payload is read into its own buffer up to its
                     // end and no further, a piece at a time; otherwise a
@@ -480,9 +559,9 @@ impl<'a> Connection<'a> {
                     // in the shared buffer and has to be moved out.
                     let read = match self.payload.as_mut() {
                         Some(payload) => self
-                            .stream
+                            .link
                             .try_read_buf(&mut payload.limit(missing.min(PAYLOAD_READ_BYTES))),
-                        None => self.stream.try_read_buf(
+                        None => self.link.try_read_buf(
                             &mut (&mut self.rbuf).limit(missing.max(READ_AHEAD_BYTES)),
                         ),
                     };
@@ -508,7 +587,7 @@ impl<'a> Connection<'a> {
             if self.out.queued_bytes() >= MAX_QUEUED_REPLY_BYTES {
                 // Send before copying more: replies go out while their data
                 // is still in cache, and the client works while we copy.
-                if !self.out.write_now(self.stream)? {
+                if !self.out.write_now(&mut self.link)? {
                     return Ok(false);
                 }
             }

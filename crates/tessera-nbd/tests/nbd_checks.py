@@ -114,7 +114,7 @@ def _():
     s.close()
 
 
-@check("raw: LIST with data -> NBD_REP_ERR_INVALID, STARTTLS -> ERR_UNSUP")
+@check("raw: LIST with data -> NBD_REP_ERR_INVALID, STARTTLS without TLS configured -> ERR_POLICY")
 def _():
     s = socket.create_connection((HOST, PORT), timeout=10)
     recv_exact(s, 18)
@@ -122,7 +122,7 @@ def _():
     raw_option(s, 3, b"junk")
     assert raw_reply(s)[1] == 0x80000003
     raw_option(s, 5)
-    assert raw_reply(s)[1] == 0x80000001
+    assert raw_reply(s)[1] == 0x80000002
     raw_option(s, 2)
     assert raw_reply(s)[1] == 1
     s.close()

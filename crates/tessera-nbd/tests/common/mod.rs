@@ -14,7 +14,7 @@ use std::time::Duration;
 use tessera_blockdev::{
     BlockDevice, BlockError, DeviceInfo, Extent, MemoryDevice, SpaceUsage, WriteFlags, ZeroMode,
 };
-use tessera_nbd::{serve, ExportCatalog};
+use tessera_nbd::{serve, ExportCatalog, NbdTls};
 use tokio::net::TcpListener;
 
 /// A server running on its own runtime thread; stopped and joined on drop.
@@ -26,6 +26,11 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(catalog: Arc<dyn ExportCatalog>) -> TestServer {
+        Self::start_with_tls(catalog, None)
+    }
+
+    /// A server offering (or requiring) TLS as `tls` says.
+    pub fn start_with_tls(catalog: Arc<dyn ExportCatalog>, tls: Option<NbdTls>) -> TestServer {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -39,7 +44,7 @@ impl TestServer {
                 addr_tx
                     .send(listener.local_addr().expect("address"))
                     .expect("report address");
-                serve(listener, catalog, async move {
+                serve(listener, catalog, tls, async move {
                     let _ = stop_rx.await;
                 })
                 .await

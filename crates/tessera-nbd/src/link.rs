@@ -1,0 +1,214 @@
+//! The byte stream of one connection in transmission: a TCP socket, or a
+//! TCP socket carrying TLS after `NBD_OPT_STARTTLS`.
+//!
+//! Owns: moving plaintext in and out of the socket without waiting, the
+//! way the transmission loop drives it (wait for readiness, then try).
+//! Must not touch: NBD framing; callers see only bytes.
+//! Invariants:
+//! - plaintext rustls already decrypted counts as readable, so a request
+//!   that arrived in the same TLS record as the one before is served without
+//!   waiting for the socket;
+//! - ciphertext rustls holds for the socket is pushed out before more
+//!   plaintext is accepted, and [`Link::wants_write`] says when some still
+//!   waits, so no reply stays in a buffer while the loop sleeps;
+//! - the cryptography is rustls's; this module only moves its records.
+
+use bytes::BufMut;
+use std::io::{self, IoSlice, Read, Write};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Plaintext bytes moved out of rustls per read.
+const TLS_READ_BYTES: usize = 32 * 1024;
+/// Longest wait for the socket while sending TLS's close_notify.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The stream of a connection in transmission.
+pub(crate) enum Link {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<TlsLink>),
+}
+
+/// TLS records over a non-blocking socket, driven by hand.
+pub(crate) struct TlsLink {
+    tcp: TcpStream,
+    tls: rustls::ServerConnection,
+    /// Decrypted bytes rustls holds that were not read yet.
+    plaintext: usize,
+    /// The peer closed (or sent close_notify) and every byte was read.
+    eof: bool,
+    scratch: Vec<u8>,
+}
+
+/// `io::Read` over a socket that never waits.
+struct TryRead<'a>(&'a TcpStream);
+
+impl Read for TryRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
+    }
+}
+
+/// `io::Write` over a socket that never waits.
+struct TryWrite<'a>(&'a TcpStream);
+
+impl Write for TryWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.try_write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Link {
+    /// TLS continuing on `tcp` with the handshake `tls` finished.
+    pub(crate) fn tls(tcp: TcpStream, tls: rustls::ServerConnection) -> Self {
+        let mut link = TlsLink {
+            tcp,
+            tls,
+            plaintext: 0,
+            eof: false,
+            scratch: vec![0; TLS_READ_BYTES],
+        };
+        // Requests the client sent right behind the handshake may already
+        // be decrypted.
+        if let Ok(state) = link.tls.process_new_packets() {
+            link.plaintext = state.plaintext_bytes_to_read();
+        }
+        Link::Tls(Box::new(link))
+    }
+
+    /// Waits until a read may make progress.
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        match self {
+            Link::Plain(tcp) => tcp.readable().await,
+            Link::Tls(link) if link.plaintext > 0 || link.eof => Ok(()),
+            Link::Tls(link) => link.tcp.readable().await,
+        }
+    }
+
+    /// Waits until the socket takes bytes.
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        match self {
+            Link::Plain(tcp) => tcp.writable().await,
+            Link::Tls(link) => link.tcp.writable().await,
+        }
+    }
+
+    /// Reads what is there without waiting: `Ok(0)` at the end of the
+    /// stream, `WouldBlock` when nothing is.
+    pub(crate) fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+        match self {
+            Link::Plain(tcp) => tcp.try_read_buf(buf),
+            Link::Tls(link) => link.try_read_buf(buf),
+        }
+    }
+
+    /// Writes what the socket takes without waiting.
+    pub(crate) fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Link::Plain(tcp) => tcp.try_write_vectored(bufs),
+            Link::Tls(link) => link.try_write_vectored(bufs),
+        }
+    }
+
+    /// Bytes wait in the link for the socket (TLS records already made).
+    pub(crate) fn wants_write(&self) -> bool {
+        match self {
+            Link::Plain(_) => false,
+            Link::Tls(link) => link.tls.wants_write(),
+        }
+    }
+
+    /// Pushes waiting bytes out without waiting; `Ok(true)` when none is
+    /// left.
+    pub(crate) fn flush_now(&mut self) -> io::Result<bool> {
+        match self {
+            Link::Plain(_) => Ok(true),
+            Link::Tls(link) => link.flush_now(),
+        }
+    }
+
+    /// Ends the stream cleanly (TLS: close_notify first).
+    pub(crate) async fn shutdown(&mut self) {
+        match self {
+            Link::Plain(tcp) => {
+                let _ = tcp.shutdown().await;
+            }
+            Link::Tls(link) => {
+                link.tls.send_close_notify();
+                let flushed = tokio::time::timeout(CLOSE_GRACE, async {
+                    while !matches!(link.flush_now(), Ok(true) | Err(_)) {
+                        if link.tcp.writable().await.is_err() {
+                            return;
+                        }
+                    }
+                })
+                .await;
+                let _ = flushed;
+                let _ = link.tcp.shutdown().await;
+            }
+        }
+    }
+}
+
+impl TlsLink {
+    fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+        loop {
+            if self.plaintext > 0 {
+                let want = buf.remaining_mut().min(self.plaintext).min(TLS_READ_BYTES);
+                let n = self.tls.reader().read(&mut self.scratch[..want])?;
+                self.plaintext -= n.min(self.plaintext);
+                buf.put_slice(&self.scratch[..n]);
+                return Ok(n);
+            }
+            if self.eof {
+                return Ok(0);
+            }
+            if self.tls.read_tls(&mut TryRead(&self.tcp))? == 0 {
+                self.eof = true;
+                continue;
+            }
+            let state = self
+                .tls
+                .process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            self.plaintext = state.plaintext_bytes_to_read();
+            if state.peer_has_closed() && self.plaintext == 0 {
+                self.eof = true;
+            }
+            // A key update or an alert may want an answer.
+            self.flush_now()?;
+        }
+    }
+
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if !self.flush_now()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = self.tls.writer().write_vectored(bufs)?;
+        // What the socket does not take now waits for `writable`.
+        self.flush_now()?;
+        Ok(n)
+    }
+
+    fn flush_now(&mut self) -> io::Result<bool> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut TryWrite(&self.tcp)) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
