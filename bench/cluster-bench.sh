@@ -162,7 +162,7 @@ export TESSERA_TOKEN_FILE="$work/data/admin.token"
 up_pid=$!
 pids+=("$up_pid")
 wait_port "$bind" "$api_port"
-api="http://$bind:$api_port"
+api="https://$bind:$api_port"
 "$tessera" --api "$api" volume create bench --size "$SIZE" >/dev/null
 # Wait for an owner.
 for _ in $(seq 100); do

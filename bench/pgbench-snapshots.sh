@@ -60,7 +60,7 @@ export TESSERA_TOKEN_FILE="$work/data/admin.token"
   --api-port "$api_port" --nbd-port "$nbd_port" \
   --iscsi-port "$(free_port)" --transport-port "$(free_port)" >"$work/up.log" 2>&1 &
 up_pid=$!
-cli() { "$tessera" --api "http://$bind:$api_port" "$@"; }
+cli() { "$tessera" --api "https://$bind:$api_port" "$@"; }
 for _ in $(seq 300); do cli status >/dev/null 2>&1 && break; sleep 0.2; done
 cli volume create pg --size "$VOLUME_SIZE" >/dev/null
 owner=""

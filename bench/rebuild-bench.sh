@@ -227,7 +227,7 @@ start_cluster() { # name
   up_pid=$!
   pids+=("$up_pid")
   wait_port "$prefix.1" "$api_port"
-  api="http://$prefix.1:$api_port"
+  api="https://$prefix.1:$api_port"
   for _ in $(seq 100); do
     tcli host list --json 2>/dev/null | python3 -c '
 import json, sys

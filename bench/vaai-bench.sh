@@ -68,7 +68,7 @@ export TESSERA_TOKEN_FILE="$work/data/admin.token"
   --transport-port "$transport" --iscsi-port "$iscsi" --host-capacity 8G \
   >"$work/up.log" 2>&1 &
 pid=$!
-t() { "$TESSERA" --api "http://$bind:$api" "$@"; }
+t() { "$TESSERA" --api "https://$bind:$api" "$@"; }
 for _ in $(seq 300); do t status >/dev/null 2>&1 && break; sleep 0.1; done
 t volume create src --size "$SIZE" >/dev/null
 t volume create dst --size "$SIZE" >/dev/null

@@ -422,7 +422,7 @@ fn check_fresh_up(
     if compiled_etcd.try_recv().is_err() {
         bail!("the build did not compile etcd-client again, so it did not show that no protoc is needed");
     }
-    let api = format!("http://{bind}:{api_port}");
+    let api = format!("https://{bind}:{api_port}");
     if !banner.iter().any(|l| l.contains(&api)) {
         bail!("the banner does not name the API at {api}");
     }

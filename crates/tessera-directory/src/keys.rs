@@ -32,7 +32,7 @@
 //! | `owners/<volume>` | [`OwnerRecord`] | the owner's lease |
 //! | `owner-epochs/<volume>` | [`OwnerEpochRecord`] | none: epochs never go back |
 //! | `reservations/<volume>` | [`ReservationRecord`] | none: reservations persist through power loss |
-//! | `iscsi-access/<volume>` | [`IscsiAccessRecord`] | none |
+//! | `iscsi-access/<volume>` | [`VolumeAccessRecord`] | none |
 //! | `reclaims/<host>/<component>` | [`ReclaimRecord`] | none: the host deletes it once the component is gone |
 //! | `api-tokens/<id>` | [`ApiTokenRecord`] | none: deleting it revokes the token |
 
@@ -515,12 +515,12 @@ impl Keyspace {
     }
 
     /// Who may log in to a volume's iSCSI target.
-    pub fn iscsi_access(&self, volume: &VolumeId) -> Key<IscsiAccessRecord> {
+    pub fn iscsi_access(&self, volume: &VolumeId) -> Key<VolumeAccessRecord> {
         self.key(&["iscsi-access", volume.as_str()])
     }
 
     /// Every volume's iSCSI access settings.
-    pub fn iscsi_accesses(&self) -> Prefix<IscsiAccessRecord> {
+    pub fn iscsi_accesses(&self) -> Prefix<VolumeAccessRecord> {
         self.prefix(&["iscsi-access"])
     }
 
@@ -1041,12 +1041,17 @@ impl fmt::Debug for ChapRecord {
     }
 }
 
-/// Who may log in to a volume's iSCSI target, on every host.
+/// Who may use a volume, on both frontends and every host: its iSCSI
+/// target (and its snapshots' targets) and its NBD export (and its
+/// snapshots' exports). A record that names anyone (an initiator, a CHAP
+/// user or an NBD client) admits nobody else on either frontend, loopback
+/// included.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IscsiAccessRecord {
+pub struct VolumeAccessRecord {
     /// The volume.
     pub volume: VolumeId,
-    /// Initiator names allowed in; empty admits every initiator.
+    /// Initiator names allowed in; empty admits every initiator unless the
+    /// record names NBD clients.
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
     /// What an initiator must prove (CHAP); none: no CHAP.
@@ -1055,6 +1060,39 @@ pub struct IscsiAccessRecord {
     /// What the target proves when the initiator asks (mutual CHAP).
     #[serde(default)]
     pub target_chap: Option<ChapRecord>,
+    /// NBD clients admitted, by the name their TLS client certificate
+    /// (signed by the cluster CA) proves.
+    #[serde(default)]
+    pub nbd_clients: Vec<String>,
+    /// Where NBD clients without a client certificate may connect from,
+    /// while the record names nobody.
+    #[serde(default)]
+    pub plain_nbd: PlainNbd,
+}
+
+impl VolumeAccessRecord {
+    /// Whether the record names who may connect (then nobody else may).
+    pub fn names_anyone(&self) -> bool {
+        !self.allowed_initiators.is_empty()
+            || self.initiator_chap.is_some()
+            || !self.nbd_clients.is_empty()
+    }
+}
+
+/// Where a volume admits NBD clients that prove no name (plain NBD, or TLS
+/// without a client certificate).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlainNbd {
+    /// Only from the serving host itself (127.0.0.0/8, ::1): what a local
+    /// hypervisor or `tessera up`'s tools use.
+    #[default]
+    Loopback,
+    /// From any address: for networks where every machine that can reach
+    /// the hosts may use the volume.
+    Anywhere,
+    /// From nowhere: only clients with a certificate.
+    Nowhere,
 }
 
 /// An I_T nexus as reservations name it: an initiator port and a relative

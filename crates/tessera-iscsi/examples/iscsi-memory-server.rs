@@ -136,7 +136,11 @@ fn main() -> Result<()> {
             }],
             portal_group_tag: 1,
             relative_port: 1,
-            allowed_initiators: args.allow.clone(),
+            initiators: if args.allow.is_empty() {
+                tessera_iscsi::Initiators::Any
+            } else {
+                tessera_iscsi::Initiators::Only(args.allow.clone())
+            },
             chap: ChapCredentials {
                 initiator: secret(args.chap_user.clone(), args.chap_secret.clone()),
                 target: secret(

@@ -180,8 +180,8 @@ pub struct TargetEntry {
     /// The relative target port of this server's portal (1-based, one per
     /// host), handed to the SCSI side in every nexus.
     pub relative_port: u16,
-    /// Initiator names allowed in; empty admits everyone.
-    pub allowed_initiators: Vec<String>,
+    /// Initiators allowed in.
+    pub initiators: Initiators,
     /// CHAP settings.
     pub chap: ChapCredentials,
     /// Kept alive while a session logged in to the target lasts, and
@@ -196,7 +196,7 @@ impl std::fmt::Debug for TargetEntry {
             .field("name", &self.name)
             .field("portals", &self.portals)
             .field("relative_port", &self.relative_port)
-            .field("allowed_initiators", &self.allowed_initiators)
+            .field("initiators", &self.initiators)
             .finish_non_exhaustive()
     }
 }
@@ -204,12 +204,22 @@ impl std::fmt::Debug for TargetEntry {
 impl TargetEntry {
     /// Whether `initiator` may log in.
     pub fn admits(&self, initiator: &str) -> bool {
-        self.allowed_initiators.is_empty()
-            || self
-                .allowed_initiators
-                .iter()
-                .any(|a| a.eq_ignore_ascii_case(initiator))
+        match &self.initiators {
+            Initiators::Any => true,
+            Initiators::Only(names) => names.iter().any(|a| a.eq_ignore_ascii_case(initiator)),
+        }
     }
+}
+
+/// Which initiators may log in to a target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Initiators {
+    /// Every initiator (CHAP, when set, still applies).
+    #[default]
+    Any,
+    /// Only these names (compared without case); nobody when empty, e.g.
+    /// a volume whose access record admits only NBD clients.
+    Only(Vec<String>),
 }
 
 /// The set of targets a server offers. Asked at every login and discovery,

@@ -115,7 +115,7 @@ fn catalog() -> StaticCatalog {
         portals: Vec::new(),
         portal_group_tag: 1,
         relative_port: 1,
-        allowed_initiators: Vec::new(),
+        initiators: crate::catalog::Initiators::Any,
         chap: ChapCredentials::default(),
         session_hold: None,
     };
@@ -133,7 +133,7 @@ fn catalog() -> StaticCatalog {
     };
     catalog.insert(chap);
     let mut acl = entry("iqn.fuzz:acl");
-    acl.allowed_initiators = vec!["iqn.fuzz:allowed".into()];
+    acl.initiators = crate::catalog::Initiators::Only(vec!["iqn.fuzz:allowed".into()]);
     catalog.insert(acl);
     catalog
 }

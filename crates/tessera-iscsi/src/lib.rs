@@ -32,6 +32,6 @@ pub mod text;
 
 pub use catalog::{
     parse_target_name, target_name_for_snapshot, target_name_for_volume, ChapCredentials,
-    ChapSecret, NamedTarget, StaticCatalog, TargetCatalog, TargetEntry, TargetPortal,
+    ChapSecret, Initiators, NamedTarget, StaticCatalog, TargetCatalog, TargetEntry, TargetPortal,
 };
 pub use server::{serve, serve_connection, serve_with, IscsiError, Sessions};

@@ -50,7 +50,7 @@ fn catalog(chap: ChapCredentials) -> (Arc<StaticCatalog>, String) {
         ],
         portal_group_tag: 1,
         relative_port: 1,
-        allowed_initiators: Vec::new(),
+        initiators: tessera_iscsi::Initiators::Any,
         chap,
         session_hold: None,
     });

@@ -186,7 +186,7 @@ fn start_portal(
         }],
         portal_group_tag: relative_port,
         relative_port,
-        allowed_initiators: Vec::new(),
+        initiators: tessera_iscsi::Initiators::Any,
         chap: ChapCredentials::default(),
         session_hold: None,
     });

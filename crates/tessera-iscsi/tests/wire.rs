@@ -47,7 +47,7 @@ fn nop_out_is_echoed_with_the_next_stat_sn() {
 fn login_refusals_carry_the_standard_status() {
     let catalog = Arc::new(StaticCatalog::new());
     let mut acl = entry(TARGET, SmallTarget::new(1 << 20), 1);
-    acl.allowed_initiators = vec!["iqn.2026-11.test:someone-else".into()];
+    acl.initiators = tessera_iscsi::Initiators::Only(vec!["iqn.2026-11.test:someone-else".into()]);
     catalog.insert(acl);
     let server = TestServer::start(catalog);
 

@@ -589,8 +589,7 @@ mod tests {
     #[test]
     fn where_tls_is_required_only_starttls_and_abort_are_answered_before_it() {
         let c = catalog();
-        let mut n =
-            Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
+        let mut n = Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
         for option in [opt::LIST, opt::STRUCTURED_REPLY] {
             let (step, kinds) = run(&mut n, &c, option, &[]);
             assert!(matches!(step, Step::Continue));
@@ -601,15 +600,18 @@ mod tests {
         let (step, _) = run(&mut n, &c, opt::EXPORT_NAME, b"vol");
         assert!(matches!(step, Step::Close));
 
-        let mut n =
-            Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
+        let mut n = Negotiation::new(flags()).with_peer(NbdClient::default(), TlsOffer::Required);
         let (step, kinds) = run(&mut n, &c, opt::STARTTLS, &[]);
         assert!(matches!(step, Step::StartTls));
         assert_eq!(kinds, vec![rep::ACK]);
         n.tls_started(Some("alice".into()));
         assert_eq!(n.peer().certificate.as_deref(), Some("alice"));
         let (_, kinds) = run(&mut n, &c, opt::STARTTLS, &[]);
-        assert_eq!(kinds, vec![rep::ERR_INVALID], "a second STARTTLS is invalid");
+        assert_eq!(
+            kinds,
+            vec![rep::ERR_INVALID],
+            "a second STARTTLS is invalid"
+        );
         let (step, _) = run(&mut n, &c, opt::GO, &go("vol"));
         assert!(matches!(step, Step::Transmit(_)));
     }

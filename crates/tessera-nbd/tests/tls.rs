@@ -140,17 +140,21 @@ fn a_server_requiring_tls_admits_clients_by_their_certificate() {
     );
     let refused = run_bounded(30, "nbdinfo", &["--size", &uri(&server, "secret", &bob)]);
     assert!(!refused.status.success());
-    assert!(
-        stderr(&refused).contains("policy"),
-        "{}",
-        stderr(&refused)
-    );
+    assert!(stderr(&refused).contains("policy"), "{}", stderr(&refused));
 
     // A certificate from another CA proves nothing, whatever name it
     // claims: its holder is an anonymous TLS client, kept out of `secret`.
-    let refused = run_bounded(30, "nbdinfo", &["--size", &uri(&server, "secret", &mallory)]);
+    let refused = run_bounded(
+        30,
+        "nbdinfo",
+        &["--size", &uri(&server, "secret", &mallory)],
+    );
     assert!(!refused.status.success(), "{}", stderr(&refused));
-    let listed = run_ok(30, "nbdinfo", &["--list", "--json", &uri(&server, "", &mallory)]);
+    let listed = run_ok(
+        30,
+        "nbdinfo",
+        &["--list", "--json", &uri(&server, "", &mallory)],
+    );
     assert!(!listed.contains("\"secret\""), "{listed}");
 
     // A plain client is told TLS is required, even for the open export.
@@ -202,11 +206,7 @@ fn a_server_offering_tls_still_serves_plain_clients_what_they_are_admitted_to() 
     assert_eq!(size.trim(), (4 * MIB).to_string());
     let refused = run_bounded(30, "nbdinfo", &["--size", &plain("secret")]);
     assert!(!refused.status.success());
-    assert!(
-        stderr(&refused).contains("policy"),
-        "{}",
-        stderr(&refused)
-    );
+    assert!(stderr(&refused).contains("policy"), "{}", stderr(&refused));
     let size = run_ok(30, "nbdinfo", &["--size", &uri(&server, "secret", &alice)]);
     assert_eq!(size.trim(), (8 * MIB).to_string());
 }

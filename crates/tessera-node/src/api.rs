@@ -213,6 +213,23 @@ pub async fn serve(
         .await
 }
 
+/// Serves the API over HTTPS (TLS 1.3, `tls`'s certificate) on
+/// `listener` until `shutdown` completes.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    control: Arc<dyn ClusterControl>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "REST API listening (HTTPS)");
+    }
+    let listener = crate::api_tls::TlsListener::new(listener, tls);
+    axum::serve(listener, router(control))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 async fn status(State(control): State<Control>) -> Response {
     respond(StatusCode::OK, control.status().await)
 }

@@ -59,6 +59,42 @@ fn default_index_cache_bytes() -> u64 {
     64 << 20
 }
 
+/// A host's TLS files: the cluster CA and the host's own certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The cluster CA's certificate (PEM): client certificates must be
+    /// signed by it.
+    pub ca_cert: PathBuf,
+    /// The host's certificate (PEM), valid for the addresses it serves on.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// NBD clients must upgrade to TLS before anything else. Off, plain
+    /// clients are served as far as each volume's access record admits
+    /// them (from loopback by default).
+    #[serde(default)]
+    pub nbd_required: bool,
+}
+
+impl TlsConfig {
+    /// TLS settings of a server of this host: its certificate, asking
+    /// clients for one from the cluster CA (which they may not have).
+    pub fn server(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, tessera_tls::TlsError> {
+        let identity = tessera_tls::Identity::load(&self.cert, &self.key)?;
+        let roots = tessera_tls::TrustedRoots::load(&self.ca_cert)?;
+        tessera_tls::server_config(&identity, &tessera_tls::ClientCertificates::Optional(roots))
+    }
+
+    /// The NBD frontend's TLS.
+    pub fn nbd(&self) -> Result<tessera_nbd::NbdTls, tessera_tls::TlsError> {
+        Ok(tessera_nbd::NbdTls {
+            config: self.server()?,
+            required: self.nbd_required,
+        })
+    }
+}
+
 /// The iSCSI well-known port (RFC 7143).
 pub const ISCSI_PORT: u16 = 3260;
 
@@ -83,6 +119,10 @@ pub struct HostConfig {
     /// REST API listen address, if this host serves the API.
     #[serde(default)]
     pub api_addr: Option<SocketAddr>,
+    /// TLS: with it the API is served over HTTPS and NBD clients may (or
+    /// must) upgrade to TLS; without it both are plain.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     /// The directory.
     pub directory: DirectoryConfig,
     /// Disk groups.

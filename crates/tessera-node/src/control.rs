@@ -469,6 +469,15 @@ pub struct IscsiAccess {
     /// needs `initiator_chap`.
     #[serde(default)]
     pub target_chap: Option<ChapCredential>,
+    /// NBD clients admitted, by the name their TLS client certificate
+    /// proves (1 to 64 characters).
+    #[serde(default)]
+    pub nbd_clients: Vec<String>,
+    /// Where NBD clients without a certificate may connect from while the
+    /// settings name nobody: `loopback` (the default), `anywhere` or
+    /// `nowhere`.
+    #[serde(default)]
+    pub plain_nbd: Option<tessera_directory::keys::PlainNbd>,
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.
@@ -598,6 +607,13 @@ pub struct IscsiAccessView {
     pub chap_user: Option<String>,
     /// CHAP user the target answers as in mutual CHAP.
     pub target_chap_user: Option<String>,
+    /// NBD clients admitted by certificate name.
+    #[serde(default)]
+    pub nbd_clients: Vec<String>,
+    /// Where NBD clients without a certificate may connect from while the
+    /// settings name nobody.
+    #[serde(default)]
+    pub plain_nbd: tessera_directory::keys::PlainNbd,
 }
 
 /// One volume as `volume list` shows it.
@@ -1333,6 +1349,13 @@ impl IscsiAccess {
             if !well_formed {
                 return invalid(format!(
                     "{name:?} is not an iSCSI initiator name (iqn., eui. or naa., at most 223 characters)"
+                ));
+            }
+        }
+        for name in &self.nbd_clients {
+            if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+                return invalid(format!(
+                    "{name:?} is not an NBD client name (1 to 64 characters, as its certificate names it)"
                 ));
             }
         }

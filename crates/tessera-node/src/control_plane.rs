@@ -1533,11 +1533,13 @@ impl ClusterControl for ControlPlane {
             user: c.user.clone(),
             secret: c.secret.clone(),
         };
-        let stored = keys::IscsiAccessRecord {
+        let stored = keys::VolumeAccessRecord {
             volume: record.name.clone(),
             allowed_initiators: access.allowed_initiators.clone(),
             initiator_chap: access.initiator_chap.as_ref().map(chap),
             target_chap: access.target_chap.as_ref().map(chap),
+            nbd_clients: access.nbd_clients.clone(),
+            plain_nbd: access.plain_nbd.unwrap_or_default(),
         };
         keys::put(
             self.directory.as_ref(),
@@ -2041,7 +2043,7 @@ impl ClusterControl for ControlPlane {
     }
 }
 
-fn iscsi_access_view(name: &str, stored: Option<&keys::IscsiAccessRecord>) -> IscsiAccessView {
+fn iscsi_access_view(name: &str, stored: Option<&keys::VolumeAccessRecord>) -> IscsiAccessView {
     IscsiAccessView {
         volume: name.to_string(),
         target: tessera_iscsi::target_name_for_volume(name),
@@ -2050,6 +2052,8 @@ fn iscsi_access_view(name: &str, stored: Option<&keys::IscsiAccessRecord>) -> Is
             .unwrap_or_default(),
         chap_user: stored.and_then(|s| s.initiator_chap.as_ref().map(|c| c.user.clone())),
         target_chap_user: stored.and_then(|s| s.target_chap.as_ref().map(|c| c.user.clone())),
+        nbd_clients: stored.map(|s| s.nbd_clients.clone()).unwrap_or_default(),
+        plain_nbd: stored.map(|s| s.plain_nbd).unwrap_or_default(),
     }
 }
 

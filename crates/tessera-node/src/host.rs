@@ -109,7 +109,7 @@ pub struct VolumeView {
     /// threshold frontends report.
     pub datastore: RwLock<Option<DatastoreSpace>>,
     /// Who may log in to each volume's iSCSI target.
-    pub iscsi_access: RwLock<HashMap<VolumeId, keys::IscsiAccessRecord>>,
+    pub iscsi_access: RwLock<HashMap<VolumeId, keys::VolumeAccessRecord>>,
     /// Snapshots, by volume and name.
     pub snapshots: RwLock<HashMap<SnapshotKey, keys::SnapshotRecord>>,
 }
@@ -279,6 +279,12 @@ impl Host {
             detail: e.to_string(),
         })?;
         let transport = Arc::new(transport);
+        let nbd_tls = config
+            .tls
+            .as_ref()
+            .map(|t| t.nbd())
+            .transpose()
+            .map_err(|e| NodeError::Config(format!("host {id}: TLS: {e}")))?;
         let nbd_listener = tokio::net::TcpListener::bind(config.nbd_addr)
             .await
             .map_err(|e| NodeError::Serve {
@@ -420,7 +426,7 @@ impl Host {
             let shutdown = async move {
                 let _ = stop_rx.wait_for(|s| *s).await;
             };
-            if let Err(e) = tessera_nbd::serve(nbd_listener, catalog, shutdown).await {
+            if let Err(e) = tessera_nbd::serve(nbd_listener, catalog, nbd_tls, shutdown).await {
                 tracing::error!(error = %e, "NBD server stopped");
             }
         });
@@ -925,8 +931,22 @@ pub async fn run_config_file(
                 }
                 other => tracing::info!(?other, "admin token"),
             }
+            let tls = config
+                .tls
+                .as_ref()
+                .map(|t| t.server())
+                .transpose()
+                .map_err(|e| NodeError::Config(format!("host {}: TLS: {e}", config.id)))?;
             Some(tokio::spawn(async move {
-                let _ = crate::api::serve(listener, control, std::future::pending()).await;
+                let served = match tls {
+                    Some(tls) => {
+                        crate::api::serve_tls(listener, tls, control, std::future::pending()).await
+                    }
+                    None => crate::api::serve(listener, control, std::future::pending()).await,
+                };
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "API server stopped");
+                }
             }))
         }
         None => None,

@@ -703,10 +703,7 @@ impl HostTargets {
             portals,
             portal_group_tag: own,
             relative_port: own,
-            allowed_initiators: access
-                .as_ref()
-                .map(|a| a.allowed_initiators.clone())
-                .unwrap_or_default(),
+            initiators: crate::volume_access::iscsi_initiators(access.as_ref()),
             chap: ChapCredentials {
                 initiator: access
                     .as_ref()

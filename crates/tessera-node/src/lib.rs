@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod api_access;
+pub mod api_tls;
 pub mod attachments;
 pub mod components;
 pub mod config;
@@ -25,5 +26,6 @@ pub mod resync_board;
 pub mod routing;
 pub mod snapshot_export;
 pub mod up;
+pub mod volume_access;
 
 pub use error::NodeError;

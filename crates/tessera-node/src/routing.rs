@@ -184,6 +184,17 @@ impl ExportCatalog for HostCatalog {
         let record = self.view.volumes.read().get(&volume).cloned()?;
         crate::host::fill_refusal(&record)
     }
+
+    fn admits(&self, name: &str, client: &tessera_nbd::NbdClient) -> Result<(), String> {
+        // A snapshot's export admits whom its volume admits.
+        let volume = name
+            .split_once(crate::snapshot_export::SNAPSHOT_SEPARATOR)
+            .map_or(name, |(volume, _)| volume);
+        let record = VolumeId::new(volume)
+            .ok()
+            .and_then(|id| self.view.iscsi_access.read().get(&id).cloned());
+        crate::volume_access::nbd_admission(volume, record.as_ref(), client)
+    }
 }
 
 enum Route {

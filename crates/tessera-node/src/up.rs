@@ -1,13 +1,14 @@
 //! `tessera up`: a whole cluster in one process, on loopback.
 //!
 //! Owns: the layout of a local data directory (one subdirectory per host,
-//! file-backed devices, the embedded directory database), the loopback
-//! addresses hosts bind (host k on base+k-1), the `default` policy created
-//! on first start, and the API on host 1.
+//! file-backed devices, the embedded directory database, the cluster CA and
+//! certificates under `tls/`), the loopback addresses hosts bind (host k on
+//! base+k-1), the `default` policy created on first start, and the API on
+//! host 1, over HTTPS.
 //! Invariant: starting again on the same data directory brings back the
-//! same cluster, volumes and data.
+//! same cluster, volumes, data and CA.
 
-use crate::config::{DeviceConfig, DirectoryConfig, DiskGroupConfig, HostConfig};
+use crate::config::{DeviceConfig, DirectoryConfig, DiskGroupConfig, HostConfig, TlsConfig};
 use crate::control::{ClusterControl, ControlError, CreatePolicy};
 use crate::control_plane::{ControlPlane, HostSet, HostSlot, HostStarter};
 use crate::error::NodeError;
@@ -50,6 +51,28 @@ pub struct UpConfig {
 pub const UP_HOSTS_MAX: usize = 16;
 
 impl UpConfig {
+    /// The cluster's TLS files (made by [`ensure_tls`]).
+    fn credentials(&self) -> tessera_tls::ClusterCredentials {
+        tessera_tls::ClusterCredentials::open(&tls_dir(&self.data_dir))
+    }
+
+    fn tls_config(&self) -> TlsConfig {
+        let creds = self.credentials();
+        TlsConfig {
+            ca_cert: creds.ca_cert(),
+            cert: creds.server_cert(),
+            key: creds.server_key(),
+            nbd_required: false,
+        }
+    }
+
+    /// The addresses of every host.
+    fn host_ips(&self) -> Vec<std::net::IpAddr> {
+        (1..=self.hosts)
+            .map(|k| Ipv4Addr::from(u32::from(self.bind) + k as u32 - 1).into())
+            .collect()
+    }
+
     fn host_config(&self, k: usize) -> HostConfig {
         let ip = Ipv4Addr::from(u32::from(self.bind) + k as u32 - 1);
         let dir = self.data_dir.join(format!("host-{k}"));
@@ -61,6 +84,7 @@ impl UpConfig {
             nbd_addr: SocketAddr::new(ip.into(), self.nbd_port),
             iscsi_addr: Some(SocketAddr::new(ip.into(), self.iscsi_port)),
             api_addr: (k == 1).then(|| SocketAddr::new(ip.into(), self.api_port)),
+            tls: Some(self.tls_config()),
             directory: DirectoryConfig::Embedded {
                 path: self.data_dir.join("directory.redb"),
             },
@@ -110,8 +134,13 @@ pub async fn run(
             detail: format!("{api_addr}: {e}"),
         })?;
     let api_control: Arc<dyn ClusterControl> = Arc::clone(&control) as Arc<dyn ClusterControl>;
+    let tls = config
+        .tls_config()
+        .server()
+        .map_err(|e| NodeError::Config(format!("API certificate: {e}")))?;
     let api = tokio::spawn(async move {
-        if let Err(e) = crate::api::serve(listener, api_control, std::future::pending()).await {
+        let served = crate::api::serve_tls(listener, tls, api_control, std::future::pending());
+        if let Err(e) = served.await {
             tracing::error!(error = %e, "API server stopped");
         }
     });
@@ -137,6 +166,29 @@ pub async fn start(config: &UpConfig) -> Result<Arc<ControlPlane>, NodeError> {
     start_on(config, directory).await
 }
 
+/// The name the certificate `tessera up` makes for local NBD clients proves
+/// (`tls/client/`).
+pub const LOCAL_CLIENT_NAME: &str = "local-client";
+
+/// Makes the cluster CA on first start, and the hosts' and the local
+/// client's certificates whenever they are missing, close to expiry, or
+/// (for the hosts') do not cover every host's address.
+fn ensure_tls(config: &UpConfig) -> Result<(), NodeError> {
+    tessera_tls::ClusterCredentials::ensure(
+        &tls_dir(&config.data_dir),
+        "tessera",
+        &config.host_ips(),
+        LOCAL_CLIENT_NAME,
+    )
+    .map(|_| ())
+    .map_err(|e| NodeError::Config(format!("cluster certificates: {e}")))
+}
+
+/// Where `tessera up` keeps the cluster CA and certificates.
+pub fn tls_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("tls")
+}
+
 /// Refuses a number of hosts `tessera up` cannot run.
 fn check_hosts(config: &UpConfig) -> Result<(), String> {
     match config.hosts {
@@ -152,6 +204,7 @@ pub async fn start_on(
     directory: Arc<dyn tessera_directory::Directory>,
 ) -> Result<Arc<ControlPlane>, NodeError> {
     check_hosts(config).map_err(NodeError::Config)?;
+    ensure_tls(config)?;
     let board = Arc::new(ResyncBoard::default());
     let mut slots = Vec::new();
     for k in 1..=config.hosts {
@@ -287,7 +340,7 @@ pub fn admin_token_path(data_dir: &std::path::Path) -> std::path::PathBuf {
 /// How to reach the cluster: the API, every host's NBD and iSCSI addresses,
 /// the names volumes go by, and the commands to try next.
 pub fn banner(config: &UpConfig) -> String {
-    let api = format!("http://{}:{}", config.bind, config.api_port);
+    let api = format!("https://{}:{}", config.bind, config.api_port);
     // The CLI finds the API of a `tessera up` with the default settings by
     // itself; any other needs --api (or TESSERA_API).
     let cli = if config.bind == Ipv4Addr::LOCALHOST && config.api_port == 9480 {
@@ -316,6 +369,11 @@ pub fn banner(config: &UpConfig) -> String {
             token.display()
         )
     };
+    let tls = tls_dir(&config.data_dir);
+    text += &format!(
+        "  TLS:     {} (the cluster CA; the CLI trusts it beside the token file)\n",
+        tls.join("ca-cert.pem").display()
+    );
     for k in 1..=config.hosts {
         let host_ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
         text += &format!(
@@ -331,6 +389,10 @@ pub fn banner(config: &UpConfig) -> String {
     text += &format!("Create a volume:  {cli} volume create vm1 --size 10G\n");
     text += &format!(
         "Attach it:        nbdinfo nbd://{ip}:{nbd}/vm1   or   qemu-img info nbd://{ip}:{nbd}/vm1\n"
+    );
+    text += &format!(
+        "Over TLS:         nbdinfo 'nbds://{ip}:{nbd}/vm1?tls-certificates={}'   (a client certificate of the cluster CA)\n",
+        tls.join(tessera_tls::CLIENT_DIR).display()
     );
     text += &format!(
         "Or over iSCSI:    iscsi-ls -s iscsi://{ip}:{iscsi}   or   qemu-img info iscsi://{ip}:{iscsi}/iqn.2026-11.io.tessera:vm1/0\n"
@@ -368,7 +430,9 @@ mod tests {
         let text = banner(&config(Ipv4Addr::LOCALHOST, 9480));
         for expected in [
             "Tessera is up: 4 hosts, 8.0 GiB of capacity each, data in ./tessera-data\n",
-            "  API:     http://127.0.0.1:9480   (the CLI: tessera status;",
+            "  API:     https://127.0.0.1:9480   (the CLI: tessera status;",
+            "  TLS:     ./tessera-data/tls/ca-cert.pem",
+            "nbds://127.0.0.1:10809/vm1?tls-certificates=./tessera-data/tls/client'",
             "  host-4:  NBD 127.0.0.4:10809   iSCSI portal 127.0.0.4:3260\n",
             "over iSCSI as the target iqn.2026-11.io.tessera:<volume>, LUN 0",
             "Create a volume:  tessera volume create vm1 --size 10G\n",
@@ -384,12 +448,12 @@ mod tests {
     fn away_from_the_default_api_the_commands_carry_api() {
         let text = banner(&config(Ipv4Addr::new(127, 0, 1, 1), 9480));
         assert!(
-            text.contains("Create a volume:  tessera --api http://127.0.1.1:9480 volume create"),
+            text.contains("Create a volume:  tessera --api https://127.0.1.1:9480 volume create"),
             "{text}"
         );
         let text = banner(&config(Ipv4Addr::LOCALHOST, 19480));
         assert!(
-            text.contains("tessera --api http://127.0.0.1:19480 status"),
+            text.contains("tessera --api https://127.0.0.1:19480 status"),
             "{text}"
         );
     }

@@ -309,6 +309,7 @@ async fn chap_and_initiator_lists_decide_who_logs_in_on_every_host() {
                 allowed_initiators: vec![allowed.into()],
                 initiator_chap: chap("alice", "alice-secret-12"),
                 target_chap: chap("tessera", "target-secret-12"),
+                ..Default::default()
             },
         )
         .await
@@ -650,6 +651,7 @@ async fn a_snapshot_is_a_read_only_target_that_admits_whom_its_volume_admits() {
                     secret: "backup-secret-12".into(),
                 }),
                 target_chap: None,
+                ..Default::default()
             },
         )
         .await
@@ -705,5 +707,135 @@ async fn a_snapshot_is_a_read_only_target_that_admits_whom_its_volume_admits() {
     let (ok, text) = outcome("iscsi-inq", &["-i", allowed, &right]);
     assert!(!ok, "a login to a deleted snapshot succeeded: {text}");
     assert!(text.to_ascii_lowercase().contains("not found"), "{text}");
+    cluster.stop().await;
+}
+
+/// `nbdinfo ARGS`, bounded in time: whether it succeeded, and what it said.
+fn nbdinfo(args: &[&str]) -> (bool, String) {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "30", "nbdinfo"])
+        .args(args)
+        .output()
+        .expect("nbdinfo starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// One access record decides who uses a volume on both frontends: a record
+/// that names initiators keeps every NBD client out, loopback included, and
+/// hides the export from their list; naming an NBD client admits it by the
+/// certificate the cluster CA gave it, over TLS only; a record that names
+/// only NBD clients keeps every initiator out. Snapshots follow their volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_access_record_decides_who_uses_a_volume_over_nbd_and_iscsi() {
+    if !have("iscsi-inq") || !have("nbdinfo") {
+        return;
+    }
+    let cluster = Cluster::start(3600).await;
+    cluster.create("guarded", 16 << 20).await;
+    cluster.snapshot("guarded", "s1").await;
+    let url = cluster.iscsi_url("host-2", "guarded");
+    wait_for_target(&url).await;
+    let plain = cluster.nbd_uri("host-2", "guarded");
+    let list = plain.trim_end_matches("guarded").to_string();
+    let certificates = cluster.config.data_dir.join("tls").join("client");
+    let tls = |export: &str| {
+        format!(
+            "{}?tls-certificates={}",
+            cluster
+                .nbd_uri("host-2", export)
+                .replacen("nbd://", "nbds://", 1),
+            certificates.display()
+        )
+    };
+    let size = (16u64 << 20).to_string();
+    let opens = |uri: &str| {
+        let (ok, text) = nbdinfo(&["--size", uri]);
+        ok && text.trim() == size
+    };
+    let listed = |uri: &str| {
+        nbdinfo(&["--list", "--json", uri])
+            .1
+            .contains("\"guarded\"")
+    };
+    // Open: plain clients from this machine and clients with a cluster
+    // certificate.
+    assert!(opens(&plain), "plain loopback client refused");
+    assert!(opens(&tls("guarded")), "TLS client refused");
+    assert!(listed(&list));
+
+    let allowed = "iqn.2026-11.test:allowed";
+    let set = |access: IscsiAccess| cluster.control.set_iscsi_access("guarded", access);
+    set(IscsiAccess {
+        allowed_initiators: vec![allowed.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    eventually("the plain client is refused", || !opens(&plain)).await;
+    let (_, said) = nbdinfo(&["--size", &plain]);
+    assert!(said.contains("policy"), "{said}");
+    assert!(
+        !opens(&tls("guarded")),
+        "a certificate the record does not name got in"
+    );
+    assert!(!listed(&list), "the export is still listed");
+    assert!(
+        !opens(&plain.replacen("guarded", "guarded@s1", 1)),
+        "the snapshot got in"
+    );
+    assert!(inquiry_succeeds(allowed, &url, &[]));
+
+    // Naming the local client's certificate admits it over TLS, and only
+    // over TLS.
+    let view = set(IscsiAccess {
+        allowed_initiators: vec![allowed.into()],
+        nbd_clients: vec![tessera_node::up::LOCAL_CLIENT_NAME.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(view.nbd_clients, [tessera_node::up::LOCAL_CLIENT_NAME]);
+    eventually("the named client gets in", || opens(&tls("guarded"))).await;
+    assert!(
+        opens(&tls("guarded@s1")),
+        "the snapshot does not admit the named client"
+    );
+    assert!(!opens(&plain));
+    assert!(!inquiry_succeeds("iqn.2026-11.test:stranger", &url, &[]));
+
+    // A record naming only NBD clients keeps every initiator out.
+    set(IscsiAccess {
+        nbd_clients: vec![tessera_node::up::LOCAL_CLIENT_NAME.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    eventually("the initiator is kept out", || {
+        !inquiry_succeeds(allowed, &url, &[])
+    })
+    .await;
+    assert!(opens(&tls("guarded")));
+
+    // Bad names are refused and change nothing.
+    let refused = set(IscsiAccess {
+        nbd_clients: vec![String::new()],
+        ..Default::default()
+    })
+    .await;
+    assert!(
+        matches!(refused, Err(ControlError::Invalid(_))),
+        "{refused:?}"
+    );
+    assert!(opens(&tls("guarded")));
+
+    // Opened again: everyone on this machine is back.
+    set(IscsiAccess::default()).await.unwrap();
+    eventually("the plain client is back", || opens(&plain)).await;
+    assert!(inquiry_succeeds(allowed, &url, &[]));
     cluster.stop().await;
 }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 /// Where the CLI looks for the API when neither `--api` nor `TESSERA_API`
 /// says: host 1 of a `tessera up` cluster on this machine.
-pub const DEFAULT_API_URL: &str = "http://127.0.0.1:9480";
+pub const DEFAULT_API_URL: &str = "https://127.0.0.1:9480";
 
 /// Tessera: hyperconverged block storage. Hosts pool their disks into one
 /// datastore of mirrored, checksummed, thin block volumes served over NBD
@@ -21,7 +21,7 @@ pub const DEFAULT_API_URL: &str = "http://127.0.0.1:9480";
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version)]
 pub struct Cli {
-    /// URL of the REST API (default http://127.0.0.1:9480).
+    /// URL of the REST API (default https://127.0.0.1:9480).
     #[arg(long, global = true, env = "TESSERA_API", default_value = DEFAULT_API_URL)]
     pub api: String,
 
@@ -38,6 +38,12 @@ pub struct Cli {
     /// DATA_DIR/admin.token).
     #[arg(long, global = true, env = "TESSERA_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
+
+    /// CA certificate the API's HTTPS certificate must chain to (else
+    /// tls/ca-cert.pem beside the token file, else
+    /// ./tessera-data/tls/ca-cert.pem if there, else the system's roots).
+    #[arg(long, global = true, env = "TESSERA_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
 
     /// What to do.
     #[command(subcommand)]

@@ -76,6 +76,13 @@ impl fmt::Display for CliError {
         match self {
             CliError::Refused(e) => write!(f, "{e}"),
             CliError::Usage(m) | CliError::Found(m) | CliError::Local(m) => f.write_str(m),
+            CliError::Unreachable { url, reason } if reason.contains("certificate") => write!(
+                f,
+                "cannot reach the Tessera API at {url}: {reason}\n\
+                 hint: the CLI does not trust the API's certificate: pass the cluster CA with \
+                 --ca-cert (or TESSERA_CA_CERT); `tessera up` keeps it in \
+                 DATA_DIR/tls/ca-cert.pem"
+            ),
             CliError::Unreachable { url, reason } => write!(
                 f,
                 "cannot reach the Tessera API at {url}: {reason}\n\
@@ -95,6 +102,42 @@ pub struct ApiClient {
     base: String,
     agent: ureq::Agent,
     token: Option<String>,
+}
+
+/// What the CLI proves and trusts: the token it presents and the CA the
+/// API's certificate must chain to.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// The API token.
+    pub token: Option<String>,
+    /// The CA certificate file (PEM); None: the system's roots.
+    pub ca_cert: Option<std::path::PathBuf>,
+}
+
+/// The token ([`find_token`]) and the CA: `--ca-cert` (or
+/// `TESSERA_CA_CERT`), else `tls/ca-cert.pem` beside the token file (where
+/// `tessera up` keeps its CA), else `./tessera-data/tls/ca-cert.pem` if
+/// that file is there.
+pub fn find_credentials(
+    token: Option<&str>,
+    token_file: Option<&std::path::Path>,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<Credentials, CliError> {
+    let found = |dir: &std::path::Path| {
+        let path = tessera_node::up::tls_dir(dir).join("ca-cert.pem");
+        path.is_file().then_some(path)
+    };
+    let ca_cert = match ca_cert {
+        Some(path) => Some(path.to_path_buf()),
+        None => token_file
+            .map(|f| f.parent().unwrap_or_else(|| std::path::Path::new(".")))
+            .and_then(found)
+            .or_else(|| found(std::path::Path::new(tessera_node::up::DEFAULT_DATA_DIR))),
+    };
+    Ok(Credentials {
+        token: find_token(token, token_file)?,
+        ca_cert,
+    })
 }
 
 /// The token the CLI presents: `--token` (or `TESSERA_TOKEN`), else the
@@ -125,24 +168,33 @@ pub fn find_token(
 }
 
 impl ApiClient {
-    /// A client for the API at `base` (`http://host:port`, with or without
-    /// a trailing slash).
-    pub fn new(base: &str) -> Result<ApiClient, CliError> {
+    /// A client for the API at `base` (`https://host:port` or
+    /// `http://host:port`, with or without a trailing slash), trusting the
+    /// CA in `ca_cert` (else the system's roots) for HTTPS.
+    pub fn new(base: &str, ca_cert: Option<&std::path::Path>) -> Result<ApiClient, CliError> {
         let base = base.trim().trim_end_matches('/').to_string();
-        let Some(rest) = base.strip_prefix("http://") else {
+        let Some(rest) = base
+            .strip_prefix("https://")
+            .or_else(|| base.strip_prefix("http://"))
+        else {
             return Err(CliError::Usage(format!(
-                "API URL {base:?} must start with http:// (for example {})",
+                "API URL {base:?} must start with https:// or http:// (for example {})",
                 crate::args::DEFAULT_API_URL
             )));
         };
         if rest.is_empty() || rest.contains('/') {
             return Err(CliError::Usage(format!(
-                "API URL {base:?} must be http://HOST:PORT without a path"
+                "API URL {base:?} must be https://HOST:PORT without a path"
             )));
         }
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(CONNECT_TIMEOUT)
-            .build();
+        let mut agent = ureq::AgentBuilder::new().timeout_connect(CONNECT_TIMEOUT);
+        if let Some(path) = ca_cert {
+            let tls = tessera_tls::TrustedRoots::load(path)
+                .and_then(|roots| tessera_tls::client_config(&roots, None))
+                .map_err(|e| CliError::Usage(format!("the API's CA certificate: {e}")))?;
+            agent = agent.tls_config(tls);
+        }
+        let agent = agent.build();
         Ok(ApiClient {
             base,
             agent,
@@ -300,11 +352,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn api_urls_must_be_plain_http_host_and_port() {
-        assert!(ApiClient::new("http://127.0.0.1:9480").is_ok());
-        assert!(ApiClient::new("http://127.0.0.1:9480/").is_ok());
-        for bad in ["127.0.0.1:9480", "https://h:1", "http://", "http://h:1/v1"] {
-            let e = ApiClient::new(bad).err().expect("refused");
+    fn api_urls_must_be_https_or_http_host_and_port() {
+        assert!(ApiClient::new("http://127.0.0.1:9480", None).is_ok());
+        assert!(ApiClient::new("https://127.0.0.1:9480/", None).is_ok());
+        for bad in ["127.0.0.1:9480", "ftp://h:1", "https://", "https://h:1/v1"] {
+            let e = ApiClient::new(bad, None).err().expect("refused");
             assert_eq!(e.exit_code(), EXIT_USAGE, "{bad}");
         }
     }

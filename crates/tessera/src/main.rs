@@ -30,8 +30,12 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         args::Command::Up(up) => daemon::up(up),
         args::Command::Node(node) => daemon::node(node),
-        command => client::find_token(cli.token.as_deref(), cli.token_file.as_deref())
-            .and_then(|token| run_admin(command, &cli.api, token, cli.json)),
+        command => client::find_credentials(
+            cli.token.as_deref(),
+            cli.token_file.as_deref(),
+            cli.ca_cert.as_deref(),
+        )
+        .and_then(|credentials| run_admin(command, &cli.api, credentials, cli.json)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -46,7 +50,7 @@ fn main() -> ExitCode {
 fn run_admin(
     command: &args::Command,
     api: &str,
-    token: Option<String>,
+    credentials: client::Credentials,
     json: bool,
 ) -> Result<(), client::CliError> {
     let stdout = std::io::stdout();
@@ -55,7 +59,7 @@ fn run_admin(
         json,
         out: &mut lock,
     };
-    let result = verbs::run(command, api, token, &mut output);
+    let result = verbs::run(command, api, credentials, &mut output);
     let _ = lock.flush();
     result
 }

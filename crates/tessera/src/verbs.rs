@@ -68,7 +68,7 @@ impl Output<'_> {
 pub fn run(
     command: &Command,
     api: &str,
-    token: Option<String>,
+    credentials: crate::client::Credentials,
     output: &mut Output<'_>,
 ) -> Result<(), CliError> {
     let client = match command {
@@ -79,7 +79,7 @@ pub fn run(
                     .to_string(),
             ))
         }
-        _ => ApiClient::new(api)?.with_token(token),
+        _ => ApiClient::new(api, credentials.ca_cert.as_deref())?.with_token(credentials.token),
     };
     match command {
         Command::Token(TokenCommand::Create {

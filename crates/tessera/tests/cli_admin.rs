@@ -249,7 +249,7 @@ fn usage_mistakes_exit_2_without_asking_the_api() {
     }
     let bad_url = tessera_env(&["--api", "localhost:9480", "status"], None, None);
     assert_eq!(code(&bad_url), 2, "{}", stderr(&bad_url));
-    assert!(stderr(&bad_url).contains("must start with http://"));
+    assert!(stderr(&bad_url).contains("must start with https:// or http://"));
     assert_eq!(
         json(&tessera(&api, &["volume", "list", "--json"])),
         Value::Array(Vec::new())
@@ -390,7 +390,7 @@ fn the_api_flag_wins_over_the_environment_which_wins_over_the_default() {
 
     let help = tessera_env(&["--help"], None, None);
     assert!(
-        stdout(&help).contains("http://127.0.0.1:9480"),
+        stdout(&help).contains("https://127.0.0.1:9480"),
         "the default is documented: {}",
         stdout(&help)
     );

@@ -160,7 +160,7 @@ fn fstrim_in_a_thin_volume_returns_space_to_the_datastore() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let cli = Cli {
-        api: format!("http://{bind}:{api_port}"),
+        api: format!("https://{bind}:{api_port}"),
         token_file: work.path().join("data").join("admin.token"),
     };
 

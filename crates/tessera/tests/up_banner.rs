@@ -3,7 +3,9 @@
 //! the API, NBD and iSCSI, what to run next) is on stdout and nothing else
 //! is; the logs are on stderr; neither carries a terminal colour code;
 //! the admin token it makes is in its data directory, readable by its user
-//! alone, and the CLI run beside `./tessera-data` finds it; and SIGINT
+//! alone, and the CLI run beside `./tessera-data` finds it; the API speaks
+//! TLS 1.3 with a certificate of the cluster CA it made (as `openssl
+//! s_client` sees it) and tells a plain HTTP client to use HTTPS; and SIGINT
 //! (Ctrl-C) stops every host and exits 0.
 
 use std::io::{BufRead, BufReader, Read};
@@ -103,7 +105,7 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
         }
     }
     let text = banner.join("\n");
-    let api = format!("http://{bind}:{api_port}");
+    let api = format!("https://{bind}:{api_port}");
     for expected in [
         "Tessera is up: 3 hosts, 1.0 GiB of capacity each".to_string(),
         format!("API:     {api}"),
@@ -120,6 +122,14 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
         format!("iSCSI portal {bind}:{iscsi_port}"),
         "target iqn.2026-11.io.tessera:<volume>, LUN 0".to_string(),
         format!("nbdinfo nbd://{bind}:{nbd_port}/vm1"),
+        format!(
+            "TLS:     {}",
+            data_dir.join("tls").join("ca-cert.pem").display()
+        ),
+        format!(
+            "nbdinfo 'nbds://{bind}:{nbd_port}/vm1?tls-certificates={}'",
+            data_dir.join("tls").join("client").display()
+        ),
         format!("qemu-img info iscsi://{bind}:{iscsi_port}/iqn.2026-11.io.tessera:vm1/0"),
         "qemu-block-extra".to_string(),
         "cargo install --locked --path crates/tessera".to_string(),
@@ -154,9 +164,49 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
         "{}",
         String::from_utf8_lossy(&found.stderr)
     );
+    // Elsewhere the CLI finds neither the token nor the CA: it cannot
+    // trust the API's certificate, and says where the CA is kept.
     let elsewhere = cli(&data_dir);
-    assert_eq!(elsewhere.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&elsewhere.stderr).contains("needs a token"));
+    assert_eq!(elsewhere.status.code(), Some(3));
+    let said = String::from_utf8_lossy(&elsewhere.stderr);
+    assert!(said.contains("--ca-cert"), "{said}");
+    // Given the CA, it gets to the API, which wants a token.
+    let ca = data_dir.join("tls").join("ca-cert.pem");
+    let untokened = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["--api", &api, "volume", "list"])
+        .arg("--ca-cert")
+        .arg(&ca)
+        .current_dir(&data_dir)
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_TOKEN_FILE")
+        .output()
+        .expect("run tessera");
+    assert_eq!(untokened.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&untokened.stderr).contains("needs a token"));
+
+    // TLS 1.3 with a certificate the cluster CA signed, as openssl sees it.
+    let handshake = Command::new("timeout")
+        .args(["-k", "5", "30", "openssl", "s_client", "-brief", "-connect"])
+        .arg(format!("{bind}:{api_port}"))
+        .arg("-CAfile")
+        .arg(&ca)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl");
+    let seen = String::from_utf8_lossy(&handshake.stderr).to_string()
+        + &String::from_utf8_lossy(&handshake.stdout);
+    assert!(seen.contains("Protocol version: TLSv1.3"), "{seen}");
+    assert!(seen.contains("Verification: OK"), "{seen}");
+    // A client that speaks plain HTTP is told to use HTTPS.
+    let mut plain = std::net::TcpStream::connect((bind, api_port)).expect("connect");
+    use std::io::Write;
+    plain
+        .write_all(b"GET /v1/status HTTP/1.1\r\nHost: tessera\r\n\r\n")
+        .expect("send");
+    let mut answer = String::new();
+    let _ = plain.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("served over HTTPS"), "{answer}");
 
     let pid = up.0.id().to_string();
     let signalled = Command::new("kill")

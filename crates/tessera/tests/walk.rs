@@ -51,7 +51,7 @@ impl Cluster {
             .unwrap();
         let cluster = Cluster {
             process,
-            api: format!("http://{bind}:{}", ports[0]),
+            api: format!("https://{bind}:{}", ports[0]),
             _data: data,
         };
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -210,7 +210,7 @@ pub fn entry(name: &str, device: Arc<dyn ScsiTarget>, port: u16) -> TargetEntry 
         ],
         portal_group_tag: port,
         relative_port: port,
-        allowed_initiators: Vec::new(),
+        initiators: tessera_iscsi::Initiators::Any,
         chap: ChapCredentials::default(),
         session_hold: None,
     }

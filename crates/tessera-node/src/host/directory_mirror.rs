@@ -26,8 +26,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tessera_directory::keys::{
-    self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, IscsiAccessRecord,
-    OwnerRecord, Prefix, ReclaimRecord, SnapshotName, SnapshotRecord, VolumeRecord,
+    self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, OwnerRecord, Prefix,
+    ReclaimRecord, SnapshotName, SnapshotRecord, VolumeAccessRecord, VolumeRecord,
 };
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
@@ -248,7 +248,7 @@ trait RecordSink {
     fn volume(&mut self, name: VolumeId, record: Option<VolumeRecord>);
     fn owner(&mut self, name: VolumeId, record: Option<OwnerRecord>);
     fn layout(&mut self, name: VolumeId, layout: Option<Layout>);
-    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>);
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<VolumeAccessRecord>);
     fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>);
     fn disk_group(&mut self, key: &str, record: Option<DiskGroupRecord>);
     fn policy(&mut self, name: PolicyName, record: Option<Policy>);
@@ -315,7 +315,7 @@ struct Loaded {
     volumes: HashMap<VolumeId, VolumeRecord>,
     owners: HashMap<VolumeId, OwnerRecord>,
     layouts: HashMap<VolumeId, Layout>,
-    iscsi_access: HashMap<VolumeId, IscsiAccessRecord>,
+    iscsi_access: HashMap<VolumeId, VolumeAccessRecord>,
     snapshots: HashMap<SnapshotKey, SnapshotRecord>,
     disk_groups: HashMap<String, DiskGroupRecord>,
     policies: HashMap<PolicyName, Policy>,
@@ -350,7 +350,7 @@ impl RecordSink for Loaded {
     fn layout(&mut self, name: VolumeId, layout: Option<Layout>) {
         set(&mut self.layouts, name, layout);
     }
-    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<VolumeAccessRecord>) {
         set(&mut self.iscsi_access, name, access);
     }
     fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>) {
@@ -395,7 +395,7 @@ impl RecordSink for LiveView<'_> {
     fn layout(&mut self, name: VolumeId, layout: Option<Layout>) {
         set(&mut self.0.view.layouts.write(), name, layout);
     }
-    fn iscsi_access(&mut self, name: VolumeId, access: Option<IscsiAccessRecord>) {
+    fn iscsi_access(&mut self, name: VolumeId, access: Option<VolumeAccessRecord>) {
         set(&mut self.0.view.iscsi_access.write(), name, access);
     }
     fn snapshot(&mut self, key: SnapshotKey, record: Option<SnapshotRecord>) {

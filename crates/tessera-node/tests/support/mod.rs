@@ -883,5 +883,7 @@ fn access_view(name: &str, access: Option<&IscsiAccess>) -> IscsiAccessView {
             .unwrap_or_default(),
         chap_user: access.and_then(|a| a.initiator_chap.as_ref().map(|c| c.user.clone())),
         target_chap_user: access.and_then(|a| a.target_chap.as_ref().map(|c| c.user.clone())),
+        nbd_clients: access.map(|a| a.nbd_clients.clone()).unwrap_or_default(),
+        plain_nbd: access.and_then(|a| a.plain_nbd).unwrap_or_default(),
     }
 }

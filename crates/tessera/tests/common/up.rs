@@ -67,7 +67,7 @@ impl UpCluster {
                 .stderr(log)
                 .spawn()
                 .expect("tessera up starts");
-            let api = format!("http://{bind}:{api_port}");
+            let api = format!("https://{bind}:{api_port}");
             // `tessera up` writes its admin token there at its first start.
             remember_token_file(
                 &api,
