@@ -38,8 +38,8 @@
 //! | POST | `/volumes/{name}/resize` (`ResizeVolume`) | 200 `VolumeView` |
 //! | POST | `/volumes/{name}/rename` (`RenameVolume`) | 200 `VolumeView` |
 //! | DELETE | `/volumes/{name}[?force=true]` | 204 |
-//! | GET | `/volumes/{name}/iscsi-access` | 200 `IscsiAccessView` |
-//! | PUT | `/volumes/{name}/iscsi-access` (`IscsiAccess`) | 200 `IscsiAccessView` |
+//! | GET | `/volumes/{name}/access` | 200 `IscsiAccessView` |
+//! | PUT | `/volumes/{name}/access` (`IscsiAccess`) | 200 `IscsiAccessView` |
 //! | GET | `/volumes/{name}/snapshots` | 200 `[SnapshotView]` (oldest first) |
 //! | POST | `/volumes/{name}/snapshots` (`CreateSnapshot`) | 201 `SnapshotView` |
 //! | DELETE | `/volumes/{name}/snapshots/{snapshot}` | 204 (409 while a full clone is filled from it) |
@@ -104,7 +104,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/volumes/{name}/rename", post(rename_volume))
         .route("/v1/volumes/{name}/revert", post(revert_volume))
         .route(
-            "/v1/volumes/{name}/iscsi-access",
+            "/v1/volumes/{name}/access",
             get(iscsi_access).put(set_iscsi_access),
         )
         .route(

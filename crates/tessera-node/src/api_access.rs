@@ -148,8 +148,8 @@ pub const ROUTES: &[(&str, &str, ApiRole)] = &[
     ("POST", "/v1/volumes/{name}/resize", ApiRole::Operator),
     ("POST", "/v1/volumes/{name}/rename", ApiRole::Operator),
     ("POST", "/v1/volumes/{name}/revert", ApiRole::Operator),
-    ("GET", "/v1/volumes/{name}/iscsi-access", ApiRole::Viewer),
-    ("PUT", "/v1/volumes/{name}/iscsi-access", ApiRole::Operator),
+    ("GET", "/v1/volumes/{name}/access", ApiRole::Viewer),
+    ("PUT", "/v1/volumes/{name}/access", ApiRole::Operator),
     ("GET", "/v1/volumes/{name}/snapshots", ApiRole::Viewer),
     ("POST", "/v1/volumes/{name}/snapshots", ApiRole::Operator),
     (

@@ -12,7 +12,7 @@ pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
-pub use tessera_directory::keys::{ApiRole, ApiTokenRecord};
+pub use tessera_directory::keys::{ApiRole, ApiTokenRecord, PlainNbd};
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
@@ -477,7 +477,7 @@ pub struct IscsiAccess {
     /// settings name nobody: `loopback` (the default), `anywhere` or
     /// `nowhere`.
     #[serde(default)]
-    pub plain_nbd: Option<tessera_directory::keys::PlainNbd>,
+    pub plain_nbd: Option<PlainNbd>,
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.
@@ -613,7 +613,7 @@ pub struct IscsiAccessView {
     /// Where NBD clients without a certificate may connect from while the
     /// settings name nobody.
     #[serde(default)]
-    pub plain_nbd: tessera_directory::keys::PlainNbd,
+    pub plain_nbd: PlainNbd,
 }
 
 /// One volume as `volume list` shows it.

@@ -229,7 +229,7 @@ async fn unknown_fields_are_refused_by_name_and_change_nothing() {
         ),
         (
             Method::PUT,
-            "/v1/volumes/x3/iscsi-access",
+            "/v1/volumes/x3/access",
             r#"{"allowed_initiator":["iqn.2026-01.x:y"]}"#,
             "allowed_initiator",
         ),
@@ -549,7 +549,7 @@ async fn everything(control: &Arc<MemoryControl>) -> Value {
         "/v1/policies",
         "/v1/volumes",
         "/v1/volumes/vol1/snapshots",
-        "/v1/volumes/vol1/iscsi-access",
+        "/v1/volumes/vol1/access",
         "/v1/tokens",
     ] {
         all.insert(

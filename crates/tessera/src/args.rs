@@ -502,8 +502,10 @@ pub enum VolumeCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Show or set who may log in to a volume's iSCSI target (every host):
-    /// with no option, shows the settings; with any, replaces them.
+    /// Show or set who may use a volume over iSCSI and NBD (every host,
+    /// its snapshots too): with no option, shows the settings; with any,
+    /// replaces them. Settings that name anyone admit nobody else on
+    /// either frontend.
     Access {
         /// Volume name.
         name: String,
@@ -522,8 +524,18 @@ pub enum VolumeCommand {
         /// Mutual CHAP: the target's secret (different from the initiator's).
         #[arg(long, env = "TESSERA_TARGET_CHAP_SECRET", hide_env_values = true)]
         target_chap_secret: Option<String>,
-        /// Admit every initiator without CHAP (clears every setting).
-        #[arg(long, conflicts_with_all = ["allow", "chap_user", "target_chap_user"])]
+        /// Admit this NBD client, by the name its TLS client certificate
+        /// (from the cluster CA) proves (repeat for several).
+        #[arg(long = "nbd-client", value_name = "NAME")]
+        nbd_clients: Vec<String>,
+        /// Where NBD clients without a certificate may connect from while
+        /// the settings name nobody: loopback (the default), anywhere or
+        /// nowhere.
+        #[arg(long, value_name = "WHERE", value_parser = ["loopback", "anywhere", "nowhere"])]
+        plain_nbd: Option<String>,
+        /// Admit every initiator without CHAP and plain NBD clients from
+        /// loopback (clears every setting).
+        #[arg(long, conflicts_with_all = ["allow", "chap_user", "target_chap_user", "nbd_clients", "plain_nbd"])]
         open: bool,
     },
 }

@@ -860,8 +860,29 @@ pub fn iscsi_access(a: &IscsiAccessView) -> String {
         (Some(u), None) => format!("CHAP as {u}"),
         (Some(u), Some(t)) => format!("mutual CHAP as {u}, target answers as {t}"),
     };
+    let named =
+        !a.allowed_initiators.is_empty() || a.chap_user.is_some() || !a.nbd_clients.is_empty();
+    let initiators = if named && a.allowed_initiators.is_empty() && a.chap_user.is_none() {
+        "no initiator (the settings name only NBD clients)".to_string()
+    } else {
+        initiators
+    };
+    let plain = match a.plain_nbd {
+        _ if named => "none",
+        tessera_node::control::PlainNbd::Loopback => "from the serving host (loopback)",
+        tessera_node::control::PlainNbd::Anywhere => "from anywhere",
+        tessera_node::control::PlainNbd::Nowhere => "none",
+    };
+    let certificates = if a.nbd_clients.is_empty() && !named {
+        "any certificate of the cluster CA".to_string()
+    } else if a.nbd_clients.is_empty() {
+        "none".to_string()
+    } else {
+        a.nbd_clients.join(", ")
+    };
     format!(
-        "volume {}: target {}, LUN 0\nadmits: {initiators}\nauthentication: {chap}\n",
+        "volume {}: target {}, LUN 0\niSCSI admits: {initiators}\nauthentication: {chap}\n\
+         NBD admits: {certificates} (over TLS); clients without a certificate: {plain}\n",
         a.volume, a.target
     )
 }

@@ -379,10 +379,16 @@ pub fn run(
             chap_secret,
             target_chap_user,
             target_chap_secret,
+            nbd_clients,
+            plain_nbd,
             open,
         }) => {
-            let path = format!("/v1/volumes/{}/iscsi-access", segment(name));
-            let setting = *open || !allow.is_empty() || chap_user.is_some();
+            let path = format!("/v1/volumes/{}/access", segment(name));
+            let setting = *open
+                || !allow.is_empty()
+                || chap_user.is_some()
+                || !nbd_clients.is_empty()
+                || plain_nbd.is_some();
             let v = if setting {
                 let credential = |user: &Option<String>, secret: &Option<String>| {
                     user.as_ref()
@@ -394,6 +400,8 @@ pub fn run(
                         "allowed_initiators": allow,
                         "initiator_chap": credential(chap_user, chap_secret),
                         "target_chap": credential(target_chap_user, target_chap_secret),
+                        "nbd_clients": nbd_clients,
+                        "plain_nbd": plain_nbd,
                     }),
                 )?
             } else {

@@ -876,7 +876,9 @@ fn volume_access_shows_and_sets_who_may_log_in_and_never_prints_secrets() {
     let open = tessera(&api, &["volume", "access", "db"]);
     assert_eq!(
         stdout(&open),
-        "volume db: target iqn.2026-11.io.tessera:db, LUN 0\nadmits: every initiator\nauthentication: no CHAP\n"
+        "volume db: target iqn.2026-11.io.tessera:db, LUN 0\niSCSI admits: every initiator\n\
+         authentication: no CHAP\nNBD admits: any certificate of the cluster CA (over TLS); \
+         clients without a certificate: from the serving host (loopback)\n"
     );
     let short = tessera(
         &api,
@@ -920,15 +922,45 @@ fn volume_access_shows_and_sets_who_may_log_in_and_never_prints_secrets() {
     assert_eq!(
         stdout(&set),
         "volume db: target iqn.2026-11.io.tessera:db, LUN 0\n\
-         admits: iqn.1994-05.com.redhat:esx1, iqn.1994-05.com.redhat:esx2\n\
-         authentication: mutual CHAP as alice, target answers as tessera\n"
+         iSCSI admits: iqn.1994-05.com.redhat:esx1, iqn.1994-05.com.redhat:esx2\n\
+         authentication: mutual CHAP as alice, target answers as tessera\n\
+         NBD admits: none (over TLS); clients without a certificate: none\n"
     );
     let shown = tessera(&api, &["volume", "access", "db", "--json"]);
     let text = stdout(&shown);
     assert!(!text.contains("secret-12"), "a secret was printed: {text}");
     assert_eq!(json(&shown)["chap_user"], "alice");
+    let nbd = tessera(
+        &api,
+        &[
+            "volume",
+            "access",
+            "db",
+            "--nbd-client",
+            "esx1",
+            "--plain-nbd",
+            "anywhere",
+        ],
+    );
+    assert_eq!(code(&nbd), 0, "{}", stderr(&nbd));
+    assert!(
+        stdout(&nbd).contains("iSCSI admits: no initiator (the settings name only NBD clients)"),
+        "{}",
+        stdout(&nbd)
+    );
+    assert!(
+        stdout(&nbd).contains("NBD admits: esx1 (over TLS)"),
+        "{}",
+        stdout(&nbd)
+    );
+    let bad = tessera(
+        &api,
+        &["volume", "access", "db", "--plain-nbd", "sometimes"],
+    );
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
     let cleared = tessera(&api, &["volume", "access", "db", "--open"]);
-    assert!(stdout(&cleared).contains("admits: every initiator"));
+    assert!(stdout(&cleared).contains("iSCSI admits: every initiator"));
+    assert!(stdout(&cleared).contains("without a certificate: from the serving host"));
 }
 
 #[test]
