@@ -1028,8 +1028,16 @@ pub struct AttachmentRecord {
 pub struct ChapRecord {
     /// CHAP_N.
     pub user: String,
-    /// The shared secret.
+    /// The shared secret: sealed with the cluster's secrets key
+    /// (`sealed-v1:...`, purpose [`chap_purpose`]) where the cluster has
+    /// one, else as given.
     pub secret: String,
+}
+
+/// What a CHAP secret of `side` (`initiator` or `target`) is sealed for:
+/// the same for every volume, so a renamed volume keeps its secrets.
+pub fn chap_purpose(side: &str) -> String {
+    format!("chap {side} secret")
 }
 
 impl fmt::Debug for ChapRecord {

@@ -75,6 +75,11 @@ pub struct TlsConfig {
     /// them (from loopback by default).
     #[serde(default)]
     pub nbd_required: bool,
+    /// The cluster's secrets key (the same file on every host): CHAP
+    /// secrets are kept in the directory sealed with it. Without it they
+    /// are kept as given.
+    #[serde(default)]
+    pub secrets_key: Option<PathBuf>,
 }
 
 impl TlsConfig {
@@ -84,6 +89,16 @@ impl TlsConfig {
         let identity = tessera_tls::Identity::load(&self.cert, &self.key)?;
         let roots = tessera_tls::TrustedRoots::load(&self.ca_cert)?;
         tessera_tls::server_config(&identity, &tessera_tls::ClientCertificates::Optional(roots))
+    }
+
+    /// The key sealing the secrets kept in the directory, if configured.
+    pub fn secrets(
+        &self,
+    ) -> Result<Option<std::sync::Arc<tessera_tls::SecretsKey>>, tessera_tls::TlsError> {
+        self.secrets_key
+            .as_deref()
+            .map(|path| tessera_tls::SecretsKey::load(path).map(std::sync::Arc::new))
+            .transpose()
     }
 
     /// The NBD frontend's TLS.
@@ -151,6 +166,16 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
+    /// The key sealing the secrets kept in the directory, if configured.
+    pub fn secrets(&self) -> Result<Option<std::sync::Arc<tessera_tls::SecretsKey>>, String> {
+        match &self.tls {
+            Some(tls) => tls
+                .secrets()
+                .map_err(|e| format!("host {}: secrets key: {e}", self.id)),
+            None => Ok(None),
+        }
+    }
+
     /// The iSCSI portal this host listens on.
     pub fn iscsi_portal(&self) -> SocketAddr {
         self.iscsi_addr

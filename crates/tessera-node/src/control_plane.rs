@@ -129,6 +129,8 @@ pub struct ControlPlane {
     rng: Arc<dyn Rng>,
     /// Serialises volume and policy changes made through this API.
     changes: tokio::sync::Mutex<()>,
+    /// Seals CHAP secrets before they reach the directory.
+    secrets: Option<Arc<tessera_tls::SecretsKey>>,
 }
 
 mod full_clone;
@@ -335,7 +337,15 @@ impl ControlPlane {
             clock: Arc::new(SystemClock::default()),
             rng: Arc::new(SeededRng::from_entropy()),
             changes: tokio::sync::Mutex::new(()),
+            secrets: None,
         }
+    }
+
+    /// The same control plane sealing the secrets it keeps in the
+    /// directory (CHAP secrets) with `secrets`.
+    pub fn with_secrets(mut self, secrets: Option<Arc<tessera_tls::SecretsKey>>) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// The hosts of this process.
@@ -1529,15 +1539,26 @@ impl ClusterControl for ControlPlane {
         access.check(name)?;
         let _guard = self.changes.lock().await;
         let (record, _) = self.volume_record(name).await?;
-        let chap = |c: &ChapCredential| keys::ChapRecord {
-            user: c.user.clone(),
-            secret: c.secret.clone(),
+        let chap = |c: &Option<ChapCredential>, side: &str| -> Result<_, ControlError> {
+            let Some(c) = c else {
+                return Ok(None);
+            };
+            let secret = match &self.secrets {
+                Some(key) => key
+                    .seal(&keys::chap_purpose(side), &c.secret)
+                    .map_err(|e| ControlError::Internal(e.to_string()))?,
+                None => c.secret.clone(),
+            };
+            Ok(Some(keys::ChapRecord {
+                user: c.user.clone(),
+                secret,
+            }))
         };
         let stored = keys::VolumeAccessRecord {
             volume: record.name.clone(),
             allowed_initiators: access.allowed_initiators.clone(),
-            initiator_chap: access.initiator_chap.as_ref().map(chap),
-            target_chap: access.target_chap.as_ref().map(chap),
+            initiator_chap: chap(&access.initiator_chap, "initiator")?,
+            target_chap: chap(&access.target_chap, "target")?,
             nbd_clients: access.nbd_clients.clone(),
             plain_nbd: access.plain_nbd.unwrap_or_default(),
         };

@@ -346,13 +346,16 @@ impl Host {
             Arc::clone(&attachments),
         ));
         let reservations = Arc::new(ReservationTable::new(Arc::clone(&directory), keys.clone()));
-        let targets = Arc::new(HostTargets::new(
-            id.clone(),
-            Arc::clone(&view),
-            Arc::clone(&peers),
-            Arc::clone(&catalog),
-            Arc::clone(&reservations),
-        ));
+        let targets = Arc::new(
+            HostTargets::new(
+                id.clone(),
+                Arc::clone(&view),
+                Arc::clone(&peers),
+                Arc::clone(&catalog),
+                Arc::clone(&reservations),
+            )
+            .with_secrets(config.secrets().map_err(NodeError::Config)?),
+        );
         // Sized from the settings at once; every refresh applies changes.
         let memory_bytes = host_memory_bytes();
         let settings = keys::get(directory.as_ref(), &keys.settings())
@@ -910,12 +913,15 @@ pub async fn run_config_file(
                         what: "API listener",
                         detail: format!("{addr}: {e}"),
                     })?;
-            let control = Arc::new(crate::control_plane::ControlPlane::new(
-                directory,
-                &config.cluster,
-                crate::control_plane::HostSet::single(Arc::clone(&host)),
-                board,
-            ));
+            let control = Arc::new(
+                crate::control_plane::ControlPlane::new(
+                    directory,
+                    &config.cluster,
+                    crate::control_plane::HostSet::single(Arc::clone(&host)),
+                    board,
+                )
+                .with_secrets(config.secrets().map_err(NodeError::Config)?),
+            );
             // The host that serves the API gives a new cluster its first
             // admin token, beside its configuration file.
             let token_file = crate::up::admin_token_path(

@@ -512,6 +512,8 @@ pub struct HostTargets {
     settings: UnitSettings,
     served: Mutex<HashMap<VolumeId, ServedUnit>>,
     served_snapshots: Mutex<HashMap<SnapshotKey, ServedUnit>>,
+    /// Opens the CHAP secrets the directory keeps sealed.
+    secrets: Option<Arc<tessera_tls::SecretsKey>>,
 }
 
 impl HostTargets {
@@ -532,7 +534,14 @@ impl HostTargets {
             settings: UnitSettings::default(),
             served: Mutex::new(HashMap::new()),
             served_snapshots: Mutex::new(HashMap::new()),
+            secrets: None,
         }
+    }
+
+    /// The same targets opening sealed CHAP secrets with `secrets`.
+    pub fn with_secrets(mut self, secrets: Option<Arc<tessera_tls::SecretsKey>>) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// Drops the units of volumes and snapshots that are gone or were
@@ -692,10 +701,42 @@ impl HostTargets {
             .collect();
         let own = port_number(hosts.iter().position(|h| h.id == self.host).unwrap_or(0));
         let access = self.view.iscsi_access.read().get(volume).cloned();
-        let secret = |c: &keys::ChapRecord| ChapSecret {
-            user: c.user.clone(),
-            secret: c.secret.clone().into_bytes(),
+        let mut initiators = crate::volume_access::iscsi_initiators(access.as_ref());
+        let mut unreadable = false;
+        let mut secret = |c: &keys::ChapRecord, side: &str| {
+            let opened = match &self.secrets {
+                Some(key) => key.open(&keys::chap_purpose(side), &c.secret),
+                None if c.secret.starts_with(tessera_tls::SEALED_PREFIX) => Err(
+                    tessera_tls::TlsError::Config("this host has no secrets key".into()),
+                ),
+                None => Ok(c.secret.clone()),
+            };
+            match opened {
+                Ok(secret) => Some(ChapSecret {
+                    user: c.user.clone(),
+                    secret: secret.into_bytes(),
+                }),
+                Err(e) => {
+                    unreadable = true;
+                    tracing::error!(%volume, "volume {volume}: its {side} CHAP secret cannot be read, so its target admits nobody: {e}");
+                    None
+                }
+            }
         };
+        let chap = ChapCredentials {
+            initiator: access
+                .as_ref()
+                .and_then(|a| a.initiator_chap.as_ref())
+                .and_then(|c| secret(c, "initiator")),
+            target: access
+                .as_ref()
+                .and_then(|a| a.target_chap.as_ref())
+                .and_then(|c| secret(c, "target")),
+        };
+        if unreadable {
+            // A secret that cannot be read must not turn into no CHAP.
+            initiators = tessera_iscsi::Initiators::Only(Vec::new());
+        }
         TargetEntry {
             name,
             alias: Some(alias),
@@ -703,15 +744,8 @@ impl HostTargets {
             portals,
             portal_group_tag: own,
             relative_port: own,
-            initiators: crate::volume_access::iscsi_initiators(access.as_ref()),
-            chap: ChapCredentials {
-                initiator: access
-                    .as_ref()
-                    .and_then(|a| a.initiator_chap.as_ref().map(secret)),
-                target: access
-                    .as_ref()
-                    .and_then(|a| a.target_chap.as_ref().map(secret)),
-            },
+            initiators,
+            chap,
             session_hold,
         }
     }

@@ -63,6 +63,7 @@ impl UpConfig {
             cert: creds.server_cert(),
             key: creds.server_key(),
             nbd_required: false,
+            secrets_key: Some(creds.secrets_key()),
         }
     }
 
@@ -235,12 +236,10 @@ pub async fn start_on(
             stopped: parking_lot::Mutex::new(None),
         });
     }
-    let control = Arc::new(ControlPlane::new(
-        directory,
-        "tessera",
-        HostSet::new(slots),
-        board,
-    ));
+    let secrets = config.host_config(1).secrets().map_err(NodeError::Config)?;
+    let control = Arc::new(
+        ControlPlane::new(directory, "tessera", HostSet::new(slots), board).with_secrets(secrets),
+    );
     let default = CreatePolicy {
         name: "default".into(),
         failures_to_tolerate: 1,

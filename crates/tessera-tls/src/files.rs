@@ -6,7 +6,9 @@
 //!   frontends prove;
 //! - `client/ca-cert.pem`, `client/client-cert.pem`,
 //!   `client/client-key.pem`: a client certificate for local tools, a
-//!   directory that can be handed to nbdinfo or qemu as it is.
+//!   directory that can be handed to nbdinfo or qemu as it is;
+//! - `secrets.key`: the key that seals secrets kept in the directory (CHAP
+//!   secrets), hex.
 //!
 //! Keys are mode 0600, written to a temporary file and renamed, so a crash
 //! leaves the old file or the new one, never half of one.
@@ -57,6 +59,13 @@ impl ClusterCredentials {
             write_public(&creds.ca_cert(), ca.cert_pem().as_bytes())?;
             ca
         };
+        if !creds.secrets_key().exists() {
+            let (_, bytes) = crate::SecretsKey::generate()?;
+            write_private(
+                &creds.secrets_key(),
+                crate::sealed::encode_hex(&bytes).as_bytes(),
+            )?;
+        }
         let ca_pem = read(&creds.ca_cert())?;
         if read(&creds.client_ca_cert()).ok().as_deref() != Some(ca_pem.as_str()) {
             write_public(&creds.client_ca_cert(), ca_pem.as_bytes())?;
@@ -112,6 +121,11 @@ impl ClusterCredentials {
     /// The CA key.
     pub fn ca_key(&self) -> PathBuf {
         self.dir.join("ca-key.pem")
+    }
+
+    /// The key that seals secrets kept in the directory.
+    pub fn secrets_key(&self) -> PathBuf {
+        self.dir.join("secrets.key")
     }
 
     /// The hosts' server certificate.

@@ -4,7 +4,8 @@
 //! Owns: making the cluster CA and the certificates it signs (for hosts and
 //! for clients), reading and writing them as PEM files, and the rustls
 //! configurations the API, the NBD frontend and (later) the host transport
-//! use; the name a peer's certificate proves.
+//! use; the name a peer's certificate proves; the key that seals the
+//! secrets the cluster keeps in its directory ([`SecretsKey`]).
 //! Must not touch: sockets or protocols; callers run the handshakes on their
 //! own streams.
 //! Invariants:
@@ -16,9 +17,11 @@
 //!   a new key once they exist ([`ClusterCredentials::ensure`] keeps them).
 
 mod files;
+mod sealed;
 
 pub use files::{write_private, ClusterCredentials, CLIENT_DIR};
 pub use rustls;
+pub use sealed::{SecretsKey, SEALED_PREFIX};
 pub use tokio_rustls;
 
 use rcgen::{

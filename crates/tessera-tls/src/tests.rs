@@ -142,14 +142,29 @@ fn cluster_credentials_are_made_once_kept_and_their_keys_are_private() {
     let tls = dir.path().join("tls");
     let ips: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap()];
     let creds = ClusterCredentials::ensure(&tls, "test", &ips, "local-admin").unwrap();
-    for key in [creds.ca_key(), creds.server_key(), creds.client_key()] {
+    for key in [
+        creds.ca_key(),
+        creds.server_key(),
+        creds.client_key(),
+        creds.secrets_key(),
+    ] {
         let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", key.display());
     }
     let ca = std::fs::read_to_string(creds.ca_cert()).unwrap();
     let server = std::fs::read_to_string(creds.server_cert()).unwrap();
     assert_eq!(std::fs::read_to_string(creds.client_ca_cert()).unwrap(), ca);
+    let sealed = SecretsKey::load(&creds.secrets_key())
+        .unwrap()
+        .seal("p", "s")
+        .unwrap();
     let again = ClusterCredentials::ensure(&tls, "test", &ips, "local-admin").unwrap();
+    let kept = SecretsKey::load(&again.secrets_key()).unwrap();
+    assert_eq!(
+        kept.open("p", &sealed).unwrap(),
+        "s",
+        "the secrets key was kept"
+    );
     assert_eq!(std::fs::read_to_string(again.ca_cert()).unwrap(), ca);
     assert_eq!(
         std::fs::read_to_string(again.server_cert()).unwrap(),

@@ -65,7 +65,12 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
         .args(["--nbd-port", &nbd_port.to_string()])
         .args(["--iscsi-port", &iscsi_port.to_string()])
         .args(["--transport-port", &transport_port.to_string()])
-        .env("RUST_LOG", "info")
+        // The frontends and the host at debug: a secret must not reach even
+        // those logs.
+        .env(
+            "RUST_LOG",
+            "info,tessera_node=debug,tessera_iscsi=debug,tessera_nbd=debug",
+        )
         .env_remove("NO_COLOR")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -208,6 +213,97 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("served over HTTPS"), "{answer}");
 
+    // A volume over NBD with TLS, as the banner says, and over iSCSI with
+    // CHAP; the CHAP secret is in no API answer, no file of the data
+    // directory (the directory keeps it sealed) and no log line.
+    let tool = |name: &str| {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            found || std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "{name} is required (TESSERA_REQUIRE_TOOLS=1)"
+        );
+        found
+    };
+    let secret = format!("chap-{}-secret", std::process::id());
+    let admin = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--api", &api])
+            .args(args)
+            .current_dir(work.path())
+            .env("TESSERA_CHAP_SECRET", &secret)
+            .env_remove("TESSERA_TOKEN")
+            .env_remove("TESSERA_TOKEN_FILE")
+            .output()
+            .expect("run tessera");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    admin(&["volume", "create", "vm1", "--size", "16M"]);
+    if tool("nbdinfo") {
+        let uri = format!(
+            "nbds://{bind}:{nbd_port}/vm1?tls-certificates={}",
+            data_dir.join("tls").join("client").display()
+        );
+        let out = Command::new("timeout")
+            .args(["-k", "5", "60", "nbdinfo", "--size", &uri])
+            .output()
+            .expect("run nbdinfo");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            (16u64 << 20).to_string(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shown = admin(&["volume", "access", "vm1", "--chap-user", "alice"]);
+    assert!(shown.contains("CHAP as alice"), "{shown}");
+    assert!(!shown.contains(&secret));
+    let shown = admin(&["volume", "access", "vm1", "--json"]);
+    assert!(!shown.contains(&secret), "{shown}");
+    if tool("iscsi-inq") {
+        let url =
+            |auth: &str| format!("iscsi://{auth}@{bind}:{iscsi_port}/iqn.2026-11.io.tessera:vm1/0");
+        let inquiry = |auth: &str| {
+            Command::new("timeout")
+                .args(["-k", "5", "60", "iscsi-inq", "-i", "iqn.2026-11.test:up"])
+                .arg(url(auth))
+                .output()
+                .expect("run iscsi-inq")
+                .status
+                .success()
+        };
+        assert!(
+            inquiry(&format!("alice%{secret}")),
+            "the right secret was refused"
+        );
+        assert!(!inquiry("alice%wrong-secret-000"), "a wrong secret got in");
+    }
+    let mut holding = Vec::new();
+    let mut pending = vec![data_dir.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read the data directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                if bytes.windows(secret.len()).any(|w| w == secret.as_bytes()) {
+                    holding.push(path);
+                }
+            }
+        }
+    }
+    assert!(
+        holding.is_empty(),
+        "the CHAP secret is in plain text in {holding:?}"
+    );
+
     let pid = up.0.id().to_string();
     let signalled = Command::new("kill")
         .args(["-INT", &pid])
@@ -242,6 +338,7 @@ fn up_prints_its_banner_on_stdout_and_plain_logs_on_stderr() {
         !text.contains(" INFO ") && !text.contains("tessera_"),
         "a log line on stdout:\n{text}"
     );
+    assert!(!logs.contains(&secret), "the CHAP secret is in the log");
     for (stream, content) in [("stdout", &text), ("stderr", &logs)] {
         assert!(
             !content.contains("\x1b["),
