@@ -35,6 +35,7 @@
 //! | `iscsi-access/<volume>` | [`VolumeAccessRecord`] | none |
 //! | `reclaims/<host>/<component>` | [`ReclaimRecord`] | none: the host deletes it once the component is gone |
 //! | `api-tokens/<id>` | [`ApiTokenRecord`] | none: deleting it revokes the token |
+//! | `audit/<ms:016x>-<sequence:016x>-<nonce>` | [`AuditRecord`] | none: the oldest beyond a bound are deleted |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -585,6 +586,22 @@ impl Keyspace {
         self.prefix(&["api-tokens"])
     }
 
+    /// One entry of the API's audit log: `at_ms`, then the writer's own
+    /// sequence, so the log lists oldest first (and one writer's entries of
+    /// the same millisecond in order), then a nonce that keeps two writers
+    /// apart.
+    pub fn audit_entry(&self, at_ms: u64, sequence: u64, nonce: u32) -> Key<AuditRecord> {
+        self.key(&[
+            "audit",
+            &format!("{at_ms:016x}-{sequence:016x}-{nonce:08x}"),
+        ])
+    }
+
+    /// The API's audit log.
+    pub fn audit_log(&self) -> Prefix<AuditRecord> {
+        self.prefix(&["audit"])
+    }
+
     /// A component that no record names any more, to be deleted by its
     /// host.
     pub fn reclaim(&self, host: &HostId, component: ComponentId) -> Key<ReclaimRecord> {
@@ -691,6 +708,30 @@ pub struct ApiTokenRecord {
     /// The token that made it (its id), if a token did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+}
+
+/// One change asked of the API, as the audit log keeps it: who asked (the
+/// token, never its secret), what, when and how it ended. Request bodies are
+/// not kept: they may carry secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// When the answer was given (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// The token that asked; None when no token was accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<String>,
+    /// Its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_name: Option<String>,
+    /// Its role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<ApiRole>,
+    /// The HTTP method.
+    pub method: String,
+    /// The path asked for.
+    pub path: String,
+    /// The HTTP status answered.
+    pub status: u16,
 }
 
 /// Why a component is to be reclaimed.

@@ -38,6 +38,7 @@
 //! | POST | `/volumes/{name}/resize` (`ResizeVolume`) | 200 `VolumeView` |
 //! | POST | `/volumes/{name}/rename` (`RenameVolume`) | 200 `VolumeView` |
 //! | DELETE | `/volumes/{name}[?force=true]` | 204 |
+//! | GET | `/audit[?limit=N]` | 200 `[AuditRecord]` (the latest N, 100 by default, oldest first) |
 //! | GET | `/volumes/{name}/access` | 200 `IscsiAccessView` |
 //! | PUT | `/volumes/{name}/access` (`IscsiAccess`) | 200 `IscsiAccessView` |
 //! | GET | `/volumes/{name}/snapshots` | 200 `[SnapshotView]` (oldest first) |
@@ -60,9 +61,9 @@
 
 use crate::api_access;
 use crate::control::{
-    ApiIdentity, CloneVolume, ClusterControl, ControlError, CreatePolicy, CreateSnapshot,
-    CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RenameVolume, ResizeVolume,
-    RevertVolume, UpdatePolicy, UpdateSettings,
+    ApiChange, ApiIdentity, CloneVolume, ClusterControl, ControlError, CreatePolicy,
+    CreateSnapshot, CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RenameVolume,
+    ResizeVolume, RevertVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
@@ -125,6 +126,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/scrubs", get(scrubs))
         .route("/v1/tokens", get(tokens).post(create_token))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/audit", get(audit))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn_with_state(
@@ -135,8 +137,35 @@ pub fn router(control: Control) -> Router {
 }
 
 /// Lets a request on only if it presents a token whose role may do what
-/// it asks; the handlers find who it is in the request's extensions.
-async fn admit(State(control): State<Control>, mut request: Request, next: Next) -> Response {
+/// it asks; the handlers find who it is in the request's extensions. Every
+/// request that may change something (any method but GET and HEAD) is kept
+/// in the audit log with its answer, refused ones included.
+async fn admit(State(control): State<Control>, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    if matches!(method, Method::GET | Method::HEAD) {
+        return admitted(&control, request, next).await.0;
+    }
+    let path = request.uri().path().to_string();
+    let (response, identity) = admitted(&control, request, next).await;
+    let change = ApiChange {
+        identity,
+        method: method.to_string(),
+        path,
+        status: response.status().as_u16(),
+    };
+    if let Err(e) = control.record_change(change).await {
+        tracing::error!(error = %e, "the audit log could not keep a change");
+    }
+    response
+}
+
+/// [`admit`]'s checks and the handler's answer, with who asked when a token
+/// was accepted.
+async fn admitted(
+    control: &Control,
+    mut request: Request,
+    next: Next,
+) -> (Response, Option<ApiIdentity>) {
     // The scheme's name is case-insensitive (RFC 7235).
     let presented = request
         .headers()
@@ -151,18 +180,18 @@ async fn admit(State(control): State<Control>, mut request: Request, next: Next)
             let mut response = error_response(e);
             // What a 401 asks for (RFC 6750).
             if response.status() != StatusCode::UNAUTHORIZED {
-                return response;
+                return (response, None);
             }
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer realm=\"tessera\""),
             );
-            return response;
+            return (response, None);
         }
     };
     let needed = api_access::required_role(request.method(), request.uri().path());
     if !identity.role.allows(needed) {
-        return error_response(ControlError::Forbidden(format!(
+        let refusal = error_response(ControlError::Forbidden(format!(
             "token {} ({}) has the {} role: {} {} needs the {} role",
             identity.token_id,
             identity.name,
@@ -171,9 +200,39 @@ async fn admit(State(control): State<Control>, mut request: Request, next: Next)
             request.uri().path(),
             needed,
         )));
+        return (refusal, Some(identity));
     }
-    request.extensions_mut().insert(identity);
-    next.run(request).await
+    request.extensions_mut().insert(identity.clone());
+    (next.run(request).await, Some(identity))
+}
+
+async fn audit(State(control): State<Control>, uri: Uri) -> Response {
+    let query: AuditQuery = match serde_urlencoded::from_str(uri.query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => {
+            return error_response(ControlError::Invalid(format!(
+                "bad query on GET {}: {e} (the only parameter is limit=N)",
+                uri.path()
+            )))
+        }
+    };
+    respond(
+        StatusCode::OK,
+        control
+            .audit(query.limit.unwrap_or(AUDIT_DEFAULT_LIMIT))
+            .await,
+    )
+}
+
+/// Entries `GET /v1/audit` answers unless `limit` says.
+const AUDIT_DEFAULT_LIMIT: usize = 100;
+
+/// The query of `GET /v1/audit`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditQuery {
+    /// The latest entries to answer.
+    limit: Option<usize>,
 }
 
 async fn tokens(State(control): State<Control>) -> Response {

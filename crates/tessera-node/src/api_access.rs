@@ -169,6 +169,7 @@ pub const ROUTES: &[(&str, &str, ApiRole)] = &[
     ("GET", "/v1/tokens", ApiRole::Admin),
     ("POST", "/v1/tokens", ApiRole::Admin),
     ("DELETE", "/v1/tokens/{id}", ApiRole::Admin),
+    ("GET", "/v1/audit", ApiRole::Admin),
 ];
 
 /// The role a request for `path` with `method` needs: its route's, or

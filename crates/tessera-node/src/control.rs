@@ -12,7 +12,7 @@ pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
-pub use tessera_directory::keys::{ApiRole, ApiTokenRecord, PlainNbd};
+pub use tessera_directory::keys::{ApiRole, ApiTokenRecord, AuditRecord, PlainNbd};
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
@@ -1203,6 +1203,39 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn tokens(&self) -> Result<Vec<TokenView>, ControlError>;
     /// Revokes a token: it is refused from now on.
     async fn revoke_token(&self, id: &str) -> Result<(), ControlError>;
+    /// Keeps one change asked of the API (and how it ended) in the audit
+    /// log.
+    async fn record_change(&self, change: ApiChange) -> Result<(), ControlError>;
+    /// The latest `limit` entries of the audit log, oldest first.
+    async fn audit(&self, limit: usize) -> Result<Vec<AuditRecord>, ControlError>;
+}
+
+/// A change asked of the API, for the audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiChange {
+    /// Who asked: None when no token was accepted.
+    pub identity: Option<ApiIdentity>,
+    /// The HTTP method.
+    pub method: String,
+    /// The path.
+    pub path: String,
+    /// The status answered.
+    pub status: u16,
+}
+
+impl ApiChange {
+    /// The audit log's entry for this change, answered at `at_ms`.
+    pub fn into_record(self, at_ms: u64) -> AuditRecord {
+        AuditRecord {
+            at_ms,
+            token_id: self.identity.as_ref().map(|i| i.token_id.clone()),
+            token_name: self.identity.as_ref().map(|i| i.name.clone()),
+            role: self.identity.map(|i| i.role),
+            method: self.method,
+            path: self.path,
+            status: self.status,
+        }
+    }
 }
 
 /// Who called the API, as their token says.

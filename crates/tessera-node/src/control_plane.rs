@@ -131,8 +131,12 @@ pub struct ControlPlane {
     changes: tokio::sync::Mutex<()>,
     /// Seals CHAP secrets before they reach the directory.
     secrets: Option<Arc<tessera_tls::SecretsKey>>,
+    /// Audit entries written since start (the log is trimmed every so
+    /// many).
+    audit_appends: std::sync::atomic::AtomicU64,
 }
 
+mod audit;
 mod full_clone;
 mod snapshots;
 mod tokens;
@@ -338,6 +342,7 @@ impl ControlPlane {
             rng: Arc::new(SeededRng::from_entropy()),
             changes: tokio::sync::Mutex::new(()),
             secrets: None,
+            audit_appends: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -1992,6 +1997,14 @@ impl ClusterControl for ControlPlane {
 
     async fn revoke_token(&self, id: &str) -> Result<(), ControlError> {
         self.remove_token(id).await
+    }
+
+    async fn record_change(&self, change: crate::control::ApiChange) -> Result<(), ControlError> {
+        self.keep_change(change).await
+    }
+
+    async fn audit(&self, limit: usize) -> Result<Vec<crate::control::AuditRecord>, ControlError> {
+        self.audit_entries(limit).await
     }
 
     async fn stop_host(&self, host: &str) -> Result<(), ControlError> {

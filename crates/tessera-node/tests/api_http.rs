@@ -615,8 +615,11 @@ async fn every_route_refuses_a_caller_without_a_good_token_or_the_role_and_chang
     let last = wrong.pop().expect("a character");
     wrong.push(if last == '0' { '1' } else { '0' });
     let before = everything(&control).await;
+    let audited = control.audit(usize::MAX).await.unwrap().len();
+    let mut refused_changes = 0;
 
     for &(method, pattern, needed) in ROUTES {
+        let changes = method != "GET";
         let (m, path, body) = request_for(method, pattern);
         for (who, token) in [
             ("no token", None),
@@ -634,6 +637,7 @@ async fn every_route_refuses_a_caller_without_a_good_token_or_the_role_and_chang
                 answer.body
             );
             assert_eq!(answer.body["kind"], "unauthenticated");
+            refused_changes += usize::from(changes);
         }
         for (role, token) in [(ApiRole::Viewer, &viewer), (ApiRole::Operator, &operator)] {
             if role.allows(needed) {
@@ -647,6 +651,7 @@ async fn every_route_refuses_a_caller_without_a_good_token_or_the_role_and_chang
                 answer.body
             );
             assert_eq!(answer.body["kind"], "forbidden");
+            refused_changes += usize::from(changes);
         }
     }
     assert_eq!(
@@ -654,6 +659,18 @@ async fn every_route_refuses_a_caller_without_a_good_token_or_the_role_and_chang
         before,
         "a refused call changed something"
     );
+    // Every refused change is in the audit log, and no read is.
+    let log = control.audit(usize::MAX).await.unwrap();
+    let refused = &log[audited..];
+    assert_eq!(refused.len(), refused_changes);
+    for entry in refused {
+        assert_ne!(entry.method, "GET");
+        match entry.status {
+            401 => assert!(entry.token_id.is_none(), "{entry:?}"),
+            403 => assert!(entry.role.is_some_and(|r| r != ApiRole::Admin), "{entry:?}"),
+            other => panic!("a refused change answered {other}: {entry:?}"),
+        }
+    }
 
     // What a role may do, it is let do (the answer is the handler's own).
     for &(method, pattern, needed) in ROUTES {
@@ -711,4 +728,90 @@ async fn an_admin_makes_lists_and_revokes_tokens_and_the_secret_is_shown_once() 
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
     let again = call(&control, Method::DELETE, &format!("/v1/tokens/{id}"), None).await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn every_change_through_the_api_is_in_the_audit_log_with_who_and_how_it_ended() {
+    use tessera_node::control::ApiRole;
+    let control = Arc::new(MemoryControl::new());
+    let operator = control.token(ApiRole::Operator, None);
+    let viewer = control.token(ApiRole::Viewer, None);
+    let made = call_with(
+        &control,
+        Some(&operator),
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name":"db","size_bytes":1048576}"#),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED);
+    let twice = call_with(
+        &control,
+        Some(&operator),
+        Method::POST,
+        "/v1/volumes",
+        Some(r#"{"name":"db","size_bytes":1048576}"#),
+    )
+    .await;
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+    // A CHAP secret in a body is never kept.
+    let access = call_with(
+        &control,
+        Some(&operator),
+        Method::PUT,
+        "/v1/volumes/db/access",
+        Some(r#"{"initiator_chap":{"user":"alice","secret":"audit-secret-12"}}"#),
+    )
+    .await;
+    assert_eq!(access.status, StatusCode::OK, "{}", access.body);
+    let read = call_with(&control, Some(&operator), Method::GET, "/v1/volumes", None).await;
+    assert_eq!(read.status, StatusCode::OK);
+
+    let log = call(&control, Method::GET, "/v1/audit", None).await;
+    assert_eq!(log.status, StatusCode::OK);
+    assert!(
+        !log.body.to_string().contains("audit-secret-12"),
+        "{}",
+        log.body
+    );
+    let entries = log.body.as_array().expect("a list").clone();
+    let seen: Vec<(String, String, u64, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["method"].as_str().unwrap_or_default().to_string(),
+                e["path"].as_str().unwrap_or_default().to_string(),
+                e["status"].as_u64().unwrap_or_default(),
+                e["role"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let operator_entry = |method: &str, path: &str, status: u64| {
+        (
+            method.to_string(),
+            path.to_string(),
+            status,
+            "operator".to_string(),
+        )
+    };
+    assert_eq!(
+        seen,
+        [
+            operator_entry("POST", "/v1/volumes", 201),
+            operator_entry("POST", "/v1/volumes", 409),
+            operator_entry("PUT", "/v1/volumes/db/access", 200),
+        ],
+        "{}",
+        log.body
+    );
+    assert_eq!(entries[0]["token_id"], operator[4..20]);
+    assert!(entries[0]["at_ms"].as_u64().is_some_and(|t| t > 0));
+
+    let latest = call(&control, Method::GET, "/v1/audit?limit=1", None).await;
+    assert_eq!(latest.body.as_array().map(Vec::len), Some(1));
+    assert_eq!(latest.body[0]["path"], "/v1/volumes/db/access");
+    let bad = call(&control, Method::GET, "/v1/audit?limit=many", None).await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid", "limit=N");
+    let hidden = call_with(&control, Some(&viewer), Method::GET, "/v1/audit", None).await;
+    assert_eq!(hidden.status, StatusCode::FORBIDDEN);
 }

@@ -101,6 +101,13 @@ pub enum Command {
     /// admin).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The latest changes asked of the API: who (which token), what, when
+    /// and how each ended, refused ones included (admins only).
+    Audit {
+        /// How many of the latest changes to show.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Offline tools for a host's devices.
     #[command(subcommand)]
     Store(StoreCommand),

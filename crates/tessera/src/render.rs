@@ -10,10 +10,10 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    CapacityView, ClusterSettings, ComponentView, CreatedToken, EvacuationView, FillView, Health,
-    HealthCheck, HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncState,
-    ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView,
-    VerifyReport, VolumeView,
+    AuditRecord, CapacityView, ClusterSettings, ComponentView, CreatedToken, EvacuationView,
+    FillView, Health, HealthCheck, HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView,
+    ResyncState, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView,
+    TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -679,6 +679,28 @@ pub fn tokens(tokens: &[TokenView]) -> String {
             utc(k.created_ms),
             k.expires_ms.map_or("never".to_string(), utc),
             k.created_by.clone().unwrap_or_else(|| "-".to_string()),
+        ]);
+    }
+    t.render()
+}
+
+/// `tessera audit`: oldest first.
+pub fn audit(entries: &[AuditRecord]) -> String {
+    if entries.is_empty() {
+        return "no changes asked of the API yet\n".to_string();
+    }
+    let mut t = Table::new(&["TIME (UTC)", "TOKEN", "ROLE", "REQUEST", "ANSWER"]);
+    for e in entries {
+        let who = match (&e.token_name, &e.token_id) {
+            (Some(name), Some(id)) => format!("{name} ({id})"),
+            _ => "no accepted token".to_string(),
+        };
+        t.row(vec![
+            utc(e.at_ms),
+            who,
+            e.role.map_or("-".to_string(), |r| r.to_string()),
+            format!("{} {}", e.method, e.path),
+            e.status.to_string(),
         ]);
     }
     t.render()

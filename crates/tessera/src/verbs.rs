@@ -19,9 +19,9 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    ClusterSettings, ControlError, CreatedToken, EvacuationView, HealthReport, HostView,
-    IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView,
-    StatusView, TokenView, VerifyReport, VolumeView,
+    AuditRecord, ClusterSettings, ControlError, CreatedToken, EvacuationView, HealthReport,
+    HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted,
+    SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -93,6 +93,11 @@ pub fn run(
             }
             let v = client.post_json("/v1/tokens", &body)?;
             output.view::<CreatedToken>("/v1/tokens", v, render::token_created)?;
+        }
+        Command::Audit { limit } => {
+            let path = format!("/v1/audit?limit={limit}");
+            let v = client.get(&path)?;
+            output.view::<Vec<AuditRecord>>(&path, v, |entries| render::audit(entries))?;
         }
         Command::Token(TokenCommand::List) => {
             let v = client.get("/v1/tokens")?;

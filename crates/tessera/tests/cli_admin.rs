@@ -341,6 +341,27 @@ fn tokens_are_made_listed_and_revoked_and_a_missing_one_is_explained() {
         ],
     );
     assert_eq!(code(&bad_time), 2, "{}", stderr(&bad_time));
+
+    // The audit log shows who asked for each change and how it ended:
+    // the viewer's refused create and the admin's revoke among them.
+    let audit = tessera(&api, &["audit", "--limit", "20"]);
+    assert_eq!(code(&audit), 0, "{}", stderr(&audit));
+    let log = stdout(&audit);
+    assert!(log.contains("TOKEN") && log.contains("ANSWER"), "{log}");
+    let refused = log
+        .lines()
+        .find(|l| l.contains("POST /v1/volumes") && l.contains("viewer"))
+        .unwrap_or_else(|| panic!("no refused create in:\n{log}"));
+    assert!(
+        refused.contains("backup") && refused.contains("403"),
+        "{refused}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("DELETE /v1/tokens/{id}")) && l.contains("204")),
+        "{log}"
+    );
+    assert!(!log.contains("GET "), "reads are not changes: {log}");
 }
 
 #[test]

@@ -13,12 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tessera_node::api_access;
 use tessera_node::control::{
-    ApiIdentity, ApiRole, ApiTokenRecord, CapacityView, CloneVolume, ClusterControl,
-    ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot, CreateToken,
-    CreateVolume, CreatedToken, DiskGroupView, Divergence, FillView, Health, HostView, IscsiAccess,
-    IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume, ResyncView,
-    RevertVolume, ScrubView, SnapshotView, StatusView, TokenView, UpdatePolicy, UpdateSettings,
-    VerifyReport, VolumeView,
+    ApiChange, ApiIdentity, ApiRole, ApiTokenRecord, AuditRecord, CapacityView, CloneVolume,
+    ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot,
+    CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, FillView, Health, HostView,
+    IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
+    ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, TokenView, UpdatePolicy,
+    UpdateSettings, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -58,6 +58,8 @@ struct Records {
     tokens_made: u64,
     /// The time the tokens see (ms).
     now_ms: u64,
+    /// The audit log, oldest first.
+    audit: Vec<AuditRecord>,
 }
 
 /// The in-memory control plane.
@@ -108,6 +110,7 @@ impl MemoryControl {
                 tokens: vec![admin.record],
                 tokens_made: 1,
                 now_ms: 1_000_000,
+                audit: Vec::new(),
             }),
         }
     }
@@ -861,6 +864,18 @@ impl ClusterControl for MemoryControl {
     async fn tokens(&self) -> Result<Vec<TokenView>, ControlError> {
         let r = self.records.lock().expect("records lock");
         Ok(r.tokens.iter().map(TokenView::of).collect())
+    }
+
+    async fn record_change(&self, change: ApiChange) -> Result<(), ControlError> {
+        let mut r = self.records.lock().expect("records lock");
+        let at_ms = r.now_ms;
+        r.audit.push(change.into_record(at_ms));
+        Ok(())
+    }
+
+    async fn audit(&self, limit: usize) -> Result<Vec<AuditRecord>, ControlError> {
+        let r = self.records.lock().expect("records lock");
+        Ok(r.audit[r.audit.len().saturating_sub(limit)..].to_vec())
     }
 
     async fn revoke_token(&self, id: &str) -> Result<(), ControlError> {
