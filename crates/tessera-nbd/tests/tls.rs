@@ -86,6 +86,15 @@ fn tls(ca: &CertificateAuthority, required: bool) -> NbdTls {
     }
 }
 
+/// A CA and a client directory for `alice` signed by it.
+fn alice() -> (CertificateAuthority, tempfile::TempDir, std::path::PathBuf) {
+    let ca = CertificateAuthority::generate("test").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let alice = dir.path().join("alice");
+    client_dir(&alice, &ca, &ca, "alice");
+    (ca, dir, alice)
+}
+
 fn uri(server: &TestServer, export: &str, dir: &Path) -> String {
     format!(
         "nbds://{}/{export}?tls-certificates={}",
@@ -196,10 +205,7 @@ fn a_server_offering_tls_still_serves_plain_clients_what_they_are_admitted_to() 
     if !have_tool("nbdinfo", &["--version"]) {
         return;
     }
-    let ca = CertificateAuthority::generate("test").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let alice = dir.path().join("alice");
-    client_dir(&alice, &ca, &ca, "alice");
+    let (ca, _dir, alice) = alice();
     let server = TestServer::start_with_tls(catalog(), Some(tls(&ca, false)));
     let plain = |export: &str| format!("nbd://{}/{export}", server.addr);
     let size = run_ok(30, "nbdinfo", &["--size", &plain("open")]);
@@ -216,10 +222,7 @@ fn a_server_without_tls_refuses_starttls_with_a_reason() {
     if !have_tool("nbdinfo", &["--version"]) {
         return;
     }
-    let ca = CertificateAuthority::generate("test").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let alice = dir.path().join("alice");
-    client_dir(&alice, &ca, &ca, "alice");
+    let (_ca, _dir, alice) = alice();
     let server = TestServer::start_with_tls(catalog(), None);
     let refused = run_bounded(30, "nbdinfo", &["--size", &uri(&server, "open", &alice)]);
     assert!(!refused.status.success());

@@ -206,15 +206,20 @@ async fn admitted(
     (next.run(request).await, Some(identity))
 }
 
+/// The query of a request, or the 400 that says what it may hold.
+fn parse_query<T: DeserializeOwned>(method: &str, uri: &Uri, allowed: &str) -> Result<T, Response> {
+    serde_urlencoded::from_str(uri.query().unwrap_or("")).map_err(|e| {
+        error_response(ControlError::Invalid(format!(
+            "bad query on {method} {}: {e} (the only parameter is {allowed})",
+            uri.path()
+        )))
+    })
+}
+
 async fn audit(State(control): State<Control>, uri: Uri) -> Response {
-    let query: AuditQuery = match serde_urlencoded::from_str(uri.query().unwrap_or("")) {
+    let query: AuditQuery = match parse_query("GET", &uri, "limit=N") {
         Ok(q) => q,
-        Err(e) => {
-            return error_response(ControlError::Invalid(format!(
-                "bad query on GET {}: {e} (the only parameter is limit=N)",
-                uri.path()
-            )))
-        }
+        Err(refused) => return refused,
     };
     respond(
         StatusCode::OK,
@@ -458,14 +463,9 @@ async fn delete_volume(
     Path(name): Path<String>,
     uri: Uri,
 ) -> Response {
-    let query: DeleteQuery = match serde_urlencoded::from_str(uri.query().unwrap_or("")) {
+    let query: DeleteQuery = match parse_query("DELETE", &uri, "force=true") {
         Ok(q) => q,
-        Err(e) => {
-            return error_response(ControlError::Invalid(format!(
-                "bad query on DELETE {}: {e} (the only parameter is force=true)",
-                uri.path()
-            )))
-        }
+        Err(refused) => return refused,
     };
     respond_empty(control.delete_volume(&name, query.force).await)
 }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# NBD with TLS against NBD without, on the same FTT=1 volume of `tessera up`
+# in the same run: fio's nbd engine through the owner's host, plain
+# (nbd://) and over TLS 1.3 with the client certificate `tessera up` makes
+# (nbds://, the certificate where libnbd looks by default), in turns (plain, TLS,
+# plain, TLS, ...), so both see the same machine. Prints each run, the
+# median of each, the ratio TLS / plain, and the CPU time `tessera up`
+# spent per GiB moved (user + system, from /proc/PID/stat).
+#
+# Profiles (issue target: TLS >= 0.9x of plain):
+#   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8 (IOPS)
+#   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
+#
+# Environment: RUNTIME (seconds per run, default 15), ROUNDS (default 3),
+# SIZE (volume size, default 2G), PROFILES (default "mixed seqwrite"),
+# CARGO_TARGET_DIR (default target).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNTIME=${RUNTIME:-15}
+ROUNDS=${ROUNDS:-3}
+SIZE=${SIZE:-2G}
+PROFILES=${PROFILES:-mixed seqwrite}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+
+for tool in fio python3 nbdinfo; do
+  command -v "$tool" >/dev/null || { echo "tls-bench: $tool is required" >&2; exit 1; }
+done
+cargo build --release -q -p tessera
+tessera="$CARGO_TARGET_DIR/release/tessera"
+
+work=$(mktemp -d -p "${BENCH_DIR:-/work}" tessera-tls-bench.XXXXXX)
+up_pid=
+cleanup() {
+  if [ -n "$up_pid" ]; then kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+octet=$(( (RANDOM % 200) + 20 ))
+third=$(( RANDOM % 250 ))
+bind="127.$octet.$third.1"
+api_port=$(free_port); nbd_port=$(free_port); iscsi_port=$(free_port); transport_port=$(free_port)
+export TESSERA_TOKEN_FILE="$work/data/admin.token"
+"$tessera" up --data-dir "$work/data" --bind "$bind" --api-port "$api_port" \
+  --nbd-port "$nbd_port" --iscsi-port "$iscsi_port" --transport-port "$transport_port" \
+  --host-capacity 4G > "$work/up.log" 2>&1 &
+up_pid=$!
+api="https://$bind:$api_port"
+for _ in $(seq 300); do
+  "$tessera" --api "$api" status >/dev/null 2>&1 && break
+  sleep 0.2
+done
+"$tessera" --api "$api" volume create bench --size "$SIZE" >/dev/null
+owner=
+for _ in $(seq 100); do
+  owner=$("$tessera" --api "$api" volume show bench --json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin).get("owner") or "")')
+  [ -n "$owner" ] && break
+  sleep 0.2
+done
+owner_ip="127.$octet.$third.${owner#host-}"
+plain="nbd://$owner_ip:$nbd_port/bench"
+# fio's nbd engine may not name local files in a URI: libnbd finds the
+# client certificate where it looks by default, $HOME/.pki/libnbd.
+mkdir -p "$work/home/.pki"
+cp -r "$work/data/tls/client" "$work/home/.pki/libnbd"
+tls="nbds://$owner_ip:$nbd_port/bench"
+HOME="$work/home" nbdinfo --size "$tls" >/dev/null
+
+profile_args() {
+  case $1 in
+    mixed) echo --rw=randrw --rwmixread=70 --bs=4k --numjobs=8 --iodepth=8 ;;
+    seqwrite) echo --rw=write --bs=256k --numjobs=1 --iodepth=8 ;;
+  esac
+}
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{print int(($14 + $15) * 1000000 / hz)}' "/proc/$1/stat"
+}
+# One run: prints "figure cpu_s_per_gib".
+run() { # uri profile
+  local before after
+  before=$(cpu_us "$up_pid")
+  # shellcheck disable=SC2046
+  HOME="$work/home" fio --name=bench --ioengine=nbd --uri="$1" $(profile_args "$2") \
+      --size="$SIZE" --time_based --runtime="$RUNTIME" --group_reporting --output-format=json \
+      > "$work/fio.json"
+  after=$(cpu_us "$up_pid")
+  python3 - "$work/fio.json" "$2" "$(( after - before ))" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+r, w = job["read"], job["write"]
+moved = r["io_bytes"] + w["io_bytes"]
+figure = r["iops"] + w["iops"] if sys.argv[2] == "mixed" else (w["bw"] / 1024)
+cpu_per_gib = int(sys.argv[3]) / 1e6 / max(moved / 2**30, 1e-9)
+print(f"{figure:.0f} {cpu_per_gib:.2f}")
+PY
+}
+fio --name=fill --ioengine=nbd --uri="$plain" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
+    --output-format=terse >/dev/null
+
+median() { python3 -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+printf '%-9s %-6s %10s %12s\n' profile path figure cpu-s/GiB
+for profile in $PROFILES; do
+  unit=IOPS; [ "$profile" = seqwrite ] && unit=MiB/s
+  plain_figures=(); tls_figures=(); plain_cpu=(); tls_cpu=()
+  for _ in $(seq "$ROUNDS"); do
+    read -r f c <<<"$(run "$plain" "$profile")"
+    plain_figures+=("$f"); plain_cpu+=("$c")
+    printf '%-9s %-6s %10s %12s\n' "$profile" plain "$f $unit" "$c"
+    read -r f c <<<"$(run "$tls" "$profile")"
+    tls_figures+=("$f"); tls_cpu+=("$c")
+    printf '%-9s %-6s %10s %12s\n' "$profile" tls "$f $unit" "$c"
+  done
+  p=$(median "${plain_figures[@]}"); t=$(median "${tls_figures[@]}")
+  pc=$(median "${plain_cpu[@]}"); tc=$(median "${tls_cpu[@]}")
+  printf '%-9s median plain %s, TLS %s %s: TLS/plain %s (target >= 0.9); CPU s/GiB plain %s, TLS %s\n' \
+    "$profile" "$p" "$t" "$unit" "$(python3 -c "print(f'{$t/$p:.3f}')")" "$pc" "$tc"
+done
