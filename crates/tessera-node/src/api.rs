@@ -206,20 +206,24 @@ async fn admitted(
     (next.run(request).await, Some(identity))
 }
 
-/// The query of a request, or the 400 that says what it may hold.
-fn parse_query<T: DeserializeOwned>(method: &str, uri: &Uri, allowed: &str) -> Result<T, Response> {
+/// The query of a request, or why it is refused (saying what it may hold).
+fn parse_query<T: DeserializeOwned>(
+    method: &str,
+    uri: &Uri,
+    allowed: &str,
+) -> Result<T, ControlError> {
     serde_urlencoded::from_str(uri.query().unwrap_or("")).map_err(|e| {
-        error_response(ControlError::Invalid(format!(
+        ControlError::Invalid(format!(
             "bad query on {method} {}: {e} (the only parameter is {allowed})",
             uri.path()
-        )))
+        ))
     })
 }
 
 async fn audit(State(control): State<Control>, uri: Uri) -> Response {
     let query: AuditQuery = match parse_query("GET", &uri, "limit=N") {
         Ok(q) => q,
-        Err(refused) => return refused,
+        Err(refused) => return error_response(refused),
     };
     respond(
         StatusCode::OK,
@@ -465,7 +469,7 @@ async fn delete_volume(
 ) -> Response {
     let query: DeleteQuery = match parse_query("DELETE", &uri, "force=true") {
         Ok(q) => q,
-        Err(refused) => return refused,
+        Err(refused) => return error_response(refused),
     };
     respond_empty(control.delete_volume(&name, query.force).await)
 }

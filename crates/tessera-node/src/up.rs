@@ -174,7 +174,7 @@ pub const LOCAL_CLIENT_NAME: &str = "local-client";
 /// Makes the cluster CA on first start, and the hosts' and the local
 /// client's certificates whenever they are missing, close to expiry, or
 /// (for the hosts') do not cover every host's address.
-fn ensure_tls(config: &UpConfig) -> Result<(), NodeError> {
+fn ensure_tls(config: &UpConfig) -> Result<(), String> {
     tessera_tls::ClusterCredentials::ensure(
         &tls_dir(&config.data_dir),
         "tessera",
@@ -182,7 +182,7 @@ fn ensure_tls(config: &UpConfig) -> Result<(), NodeError> {
         LOCAL_CLIENT_NAME,
     )
     .map(|_| ())
-    .map_err(|e| NodeError::Config(format!("cluster certificates: {e}")))
+    .map_err(|e| format!("cluster certificates: {e}"))
 }
 
 /// Where `tessera up` keeps the cluster CA and certificates.
@@ -205,7 +205,7 @@ pub async fn start_on(
     directory: Arc<dyn tessera_directory::Directory>,
 ) -> Result<Arc<ControlPlane>, NodeError> {
     check_hosts(config).map_err(NodeError::Config)?;
-    ensure_tls(config)?;
+    ensure_tls(config).map_err(NodeError::Config)?;
     let board = Arc::new(ResyncBoard::default());
     let mut slots = Vec::new();
     for k in 1..=config.hosts {

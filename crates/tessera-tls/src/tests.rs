@@ -1,3 +1,6 @@
+//! Tests of the CA, the TLS settings and the cluster credentials: real
+//! handshakes in memory between rustls endpoints made from these settings.
+
 use super::*;
 use rustls::{ClientConnection, ServerConnection};
 

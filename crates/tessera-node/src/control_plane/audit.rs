@@ -29,7 +29,7 @@ impl ControlPlane {
         keys::put(self.directory.as_ref(), &key, &record, None)
             .await
             .map_err(internal)?;
-        if sequence % TRIM_EVERY == 0 {
+        if sequence.is_multiple_of(TRIM_EVERY) {
             self.trim_audit(AUDIT_KEEP).await?;
         }
         Ok(())
