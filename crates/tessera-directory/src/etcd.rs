@@ -40,6 +40,32 @@ pub struct EtcdDirectory {
     endpoints: Vec<String>,
 }
 
+/// TLS to etcd: the files a host presents and trusts.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTls {
+    /// The CA etcd's server certificate chains to (PEM).
+    pub ca_cert: std::path::PathBuf,
+    /// The client certificate this host presents (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+}
+
+impl EtcdTls {
+    fn options(&self) -> std::result::Result<etcd::TlsOptions, String> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        Ok(etcd::TlsOptions::new()
+            .ca_certificate(etcd::Certificate::from_pem(read(&self.ca_cert)?))
+            .identity(etcd::Identity::from_pem(
+                read(&self.cert)?,
+                read(&self.key)?,
+            )))
+    }
+}
+
 impl std::fmt::Debug for EtcdDirectory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdDirectory")
@@ -52,10 +78,25 @@ impl EtcdDirectory {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and
     /// checks that it answers.
     pub async fn connect(endpoints: &[String]) -> Result<EtcdDirectory> {
-        let options = etcd::ConnectOptions::new()
+        Self::connect_with(endpoints, None).await
+    }
+
+    /// Connects over TLS (`https://host:port`): the server's certificate
+    /// must chain to `tls.ca_cert`, and this client proves `tls.cert`
+    /// (etcd started with `--client-cert-auth` admits no client without
+    /// one from its trusted CA).
+    pub async fn connect_tls(endpoints: &[String], tls: &EtcdTls) -> Result<EtcdDirectory> {
+        Self::connect_with(endpoints, Some(tls)).await
+    }
+
+    async fn connect_with(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<EtcdDirectory> {
+        let mut options = etcd::ConnectOptions::new()
             .with_connect_timeout(ETCD_CONNECT_TIMEOUT)
             .with_timeout(ETCD_REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), ETCD_REQUEST_TIMEOUT);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.options().map_err(|e| unavailable(endpoints, &e))?);
+        }
         let client = etcd::Client::connect(endpoints, Some(options))
             .await
             .map_err(|e| unavailable(endpoints, &e))?;

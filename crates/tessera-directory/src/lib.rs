@@ -38,7 +38,7 @@ pub mod membership;
 pub mod ownership;
 
 pub use embedded::EmbeddedDirectory;
-pub use etcd::EtcdDirectory;
+pub use etcd::{EtcdDirectory, EtcdTls};
 pub use keys::Keyspace;
 pub use membership::{live_hosts, register_host, HostSession, LeaseHeld};
 pub use ownership::{acquire_owner, current_owner, release_owner};
@@ -150,8 +150,11 @@ pub enum DirectoryConfig {
     },
     /// An etcd cluster (`tessera node`).
     Etcd {
-        /// Client URLs, e.g. `http://127.0.0.1:2379`.
+        /// Client URLs, e.g. `https://127.0.0.1:2379`.
         endpoints: Vec<String>,
+        /// TLS with a client certificate (`https://` endpoints).
+        #[serde(default)]
+        tls: Option<EtcdTls>,
     },
 }
 
@@ -163,7 +166,14 @@ pub async fn open(
 ) -> Result<Arc<dyn Directory>> {
     Ok(match config {
         DirectoryConfig::Embedded { path } => Arc::new(EmbeddedDirectory::open(path, clock).await?),
-        DirectoryConfig::Etcd { endpoints } => Arc::new(EtcdDirectory::connect(endpoints).await?),
+        DirectoryConfig::Etcd {
+            endpoints,
+            tls: None,
+        } => Arc::new(EtcdDirectory::connect(endpoints).await?),
+        DirectoryConfig::Etcd {
+            endpoints,
+            tls: Some(tls),
+        } => Arc::new(EtcdDirectory::connect_tls(endpoints, tls).await?),
     })
 }
 

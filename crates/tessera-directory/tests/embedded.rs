@@ -167,7 +167,7 @@ async fn a_configuration_names_the_backend() -> Result<()> {
     let etcd: tessera_directory::DirectoryConfig =
         serde_json::from_str(r#"{"backend":"etcd","endpoints":["http://127.0.0.1:2379"]}"#)?;
     ensure!(
-        matches!(etcd, tessera_directory::DirectoryConfig::Etcd { ref endpoints } if endpoints.len() == 1)
+        matches!(etcd, tessera_directory::DirectoryConfig::Etcd { ref endpoints, .. } if endpoints.len() == 1)
     );
     Ok(())
 }

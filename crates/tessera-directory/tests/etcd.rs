@@ -77,3 +77,95 @@ async fn an_unreachable_etcd_is_reported_unavailable() -> Result<()> {
     assert!(started.elapsed() < Duration::from_secs(15));
     Ok(())
 }
+
+/// Writes a certificate of `ca` for `name` (a server for 127.0.0.1 when
+/// `server`) into `dir`; its (certificate, key) paths.
+fn issue(
+    ca: &tessera_tls::CertificateAuthority,
+    dir: &std::path::Path,
+    name: &str,
+    server: bool,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let issued = ca
+        .issue(&tessera_tls::CertificateRequest {
+            name: name.into(),
+            ips: if server {
+                vec!["127.0.0.1".parse().unwrap()]
+            } else {
+                Vec::new()
+            },
+            dns_names: Vec::new(),
+            usage: if server {
+                tessera_tls::Usage::Server
+            } else {
+                tessera_tls::Usage::Client
+            },
+        })
+        .unwrap();
+    let (cert, key) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}-key.pem")),
+    );
+    std::fs::write(&cert, issued.cert_pem).unwrap();
+    std::fs::write(&key, issued.key_pem).unwrap();
+    (cert, key)
+}
+
+/// An etcd that asks for client certificates admits a host presenting one
+/// from the cluster CA, and nobody else: not a plain client, not one with a
+/// certificate of another CA.
+#[tokio::test]
+async fn etcd_with_client_certificates_admits_only_hosts_holding_one() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca = tessera_tls::CertificateAuthority::generate("test")?;
+    let other = tessera_tls::CertificateAuthority::generate("other")?;
+    let ca_cert = dir.path().join("ca.pem");
+    std::fs::write(&ca_cert, ca.cert_pem())?;
+    let (cert, key) = issue(&ca, dir.path(), "etcd", true);
+    let Some(etcd) = etcd_process::start_with(Some(&etcd_process::EtcdServerTls {
+        ca_cert: ca_cert.clone(),
+        cert,
+        key,
+    })) else {
+        return Ok(());
+    };
+    let endpoints = std::slice::from_ref(&etcd.endpoint);
+    let (cert, key) = issue(&ca, dir.path(), "host-1", false);
+    let host = tessera_directory::EtcdTls {
+        ca_cert: ca_cert.clone(),
+        cert,
+        key,
+    };
+    let started = Instant::now();
+    let directory = loop {
+        match EtcdDirectory::connect_tls(endpoints, &host).await {
+            Ok(d) => break d,
+            Err(e) if started.elapsed() < etcd_process::ETCD_START_WAIT => {
+                eprintln!("etcd not ready yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => bail!("a host with a certificate of the CA was refused: {e}"),
+        }
+    };
+    use tessera_directory::Directory;
+    directory.put("/tls-check", b"yes".to_vec(), None).await?;
+    assert_eq!(
+        directory.get("/tls-check").await?.map(|kv| kv.value),
+        Some(b"yes".to_vec())
+    );
+
+    let (cert, key) = issue(&other, dir.path(), "host-2", false);
+    let stranger = tessera_directory::EtcdTls { ca_cert, cert, key };
+    let refused = EtcdDirectory::connect_tls(endpoints, &stranger).await;
+    assert!(
+        matches!(refused, Err(DirectoryError::Unavailable { .. })),
+        "a certificate of another CA got in: {refused:?}"
+    );
+    let plain = [etcd.endpoint.replacen("https://", "http://", 1)];
+    let refused = EtcdDirectory::connect(&plain).await;
+    assert!(
+        matches!(refused, Err(DirectoryError::Unavailable { .. })),
+        "a client without TLS got in: {refused:?}"
+    );
+    Ok(())
+}

@@ -21,8 +21,13 @@ pub enum DirectoryConfig {
     },
     /// An etcd cluster.
     Etcd {
-        /// Client URLs, e.g. `http://127.0.0.1:2379`.
+        /// Client URLs, e.g. `https://127.0.0.1:2379`.
         endpoints: Vec<String>,
+        /// TLS with a client certificate: the CA etcd's certificate chains
+        /// to and the certificate this host presents (for etcd started with
+        /// `--client-cert-auth`).
+        #[serde(default)]
+        tls: Option<tessera_directory::EtcdTls>,
     },
 }
 
@@ -59,14 +64,19 @@ fn default_index_cache_bytes() -> u64 {
     64 << 20
 }
 
-/// A host's TLS files: the cluster CA and the host's own certificate.
+/// A host's TLS files: the cluster CA and the host's own certificate. With
+/// them the host serves its API over HTTPS, offers TLS to NBD clients, and
+/// talks to other hosts only over TLS with certificates of the cluster CA on
+/// both ends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// The cluster CA's certificate (PEM): client certificates must be
     /// signed by it.
     pub ca_cert: PathBuf,
-    /// The host's certificate (PEM), valid for the addresses it serves on.
+    /// The host's certificate (PEM), valid for the addresses it serves on
+    /// and allowing both server and client authentication (it is both ends
+    /// of host-to-host connections).
     pub cert: PathBuf,
     /// Its private key (PEM).
     pub key: PathBuf,
@@ -75,6 +85,10 @@ pub struct TlsConfig {
     /// them (from loopback by default).
     #[serde(default)]
     pub nbd_required: bool,
+    /// Hosts talk to each other over TLS, each end proving its certificate
+    /// (on by default; every host of the cluster must agree).
+    #[serde(default = "default_transport_tls")]
+    pub transport: bool,
     /// The cluster's secrets key (the same file on every host): CHAP
     /// secrets are kept in the directory sealed with it. Without it they
     /// are kept as given.
@@ -101,6 +115,21 @@ impl TlsConfig {
             .transpose()
     }
 
+    /// TLS between hosts: this host's certificate on both ends of every
+    /// connection (it must allow server and client authentication), and a
+    /// certificate of the cluster CA required of every peer.
+    pub fn transport(&self) -> Result<tessera_transport::TransportTls, tessera_tls::TlsError> {
+        let identity = tessera_tls::Identity::load(&self.cert, &self.key)?;
+        let roots = tessera_tls::TrustedRoots::load(&self.ca_cert)?;
+        Ok(tessera_transport::TransportTls {
+            server: tessera_tls::server_config(
+                &identity,
+                &tessera_tls::ClientCertificates::Required(roots.clone()),
+            )?,
+            client: tessera_tls::client_config(&roots, Some(&identity))?,
+        })
+    }
+
     /// The NBD frontend's TLS.
     pub fn nbd(&self) -> Result<tessera_nbd::NbdTls, tessera_tls::TlsError> {
         Ok(tessera_nbd::NbdTls {
@@ -108,6 +137,10 @@ impl TlsConfig {
             required: self.nbd_required,
         })
     }
+}
+
+fn default_transport_tls() -> bool {
+    true
 }
 
 /// The iSCSI well-known port (RFC 7143).

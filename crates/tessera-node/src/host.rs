@@ -189,10 +189,12 @@ pub async fn open_directory(
             .await
             .map(|d| Arc::new(d) as Arc<dyn Directory>)
             .map_err(|e| format!("embedded directory {}: {e}", path.display())),
-        DirectoryConfig::Etcd { endpoints } => EtcdDirectory::connect(endpoints)
-            .await
-            .map(|d| Arc::new(d) as Arc<dyn Directory>)
-            .map_err(|e| format!("etcd at {}: {e}", endpoints.join(","))),
+        DirectoryConfig::Etcd { endpoints, tls } => match tls {
+            Some(tls) => EtcdDirectory::connect_tls(endpoints, tls).await,
+            None => EtcdDirectory::connect(endpoints).await,
+        }
+        .map(|d| Arc::new(d) as Arc<dyn Directory>)
+        .map_err(|e| format!("etcd at {}: {e}", endpoints.join(","))),
     }
 }
 
@@ -270,7 +272,16 @@ impl Host {
             id.clone(),
             config.transport_addr,
             handler,
-            TransportConfig::default(),
+            TransportConfig {
+                tls: config
+                    .tls
+                    .as_ref()
+                    .filter(|t| t.transport)
+                    .map(|t| t.transport())
+                    .transpose()
+                    .map_err(|e| NodeError::Config(format!("host {id}: transport TLS: {e}")))?,
+                ..TransportConfig::default()
+            },
         )
         .await
         .map_err(|e| NodeError::Serve {

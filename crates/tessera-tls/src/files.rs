@@ -2,8 +2,8 @@
 //! (nbdkit, qemu, nbdinfo's `tls-certificates=DIR`) expect them:
 //!
 //! - `ca-cert.pem`, `ca-key.pem`: the cluster CA;
-//! - `server-cert.pem`, `server-key.pem`: what the hosts' API and NBD
-//!   frontends prove;
+//! - `server-cert.pem`, `server-key.pem`: what the hosts prove: their API
+//!   and NBD frontends, and both ends of host-to-host connections;
 //! - `client/ca-cert.pem`, `client/client-cert.pem`,
 //!   `client/client-key.pem`: a client certificate for local tools, a
 //!   directory that can be handed to nbdinfo or qemu as it is;
@@ -36,7 +36,8 @@ pub struct ClusterCredentials {
 
 impl ClusterCredentials {
     /// Makes what is missing in `dir`: the CA named `cluster` on first use,
-    /// then a server certificate valid for `server_ips` and `localhost`, and
+    /// then a host certificate valid for `server_ips` and `localhost` (server and
+    /// client: both ends of host-to-host connections), and
     /// a client certificate named `client_name`. Certificates close to
     /// expiry, or a server certificate that does not cover `server_ips`,
     /// are issued again; the CA and existing keys of the CA are kept.
@@ -70,11 +71,12 @@ impl ClusterCredentials {
         if read(&creds.client_ca_cert()).ok().as_deref() != Some(ca_pem.as_str()) {
             write_public(&creds.client_ca_cert(), ca_pem.as_bytes())?;
         }
+        // The hosts' certificate is both ends of host-to-host connections.
         let server = CertificateRequest {
             name: format!("{cluster} hosts"),
             ips: server_ips.to_vec(),
             dns_names: vec!["localhost".into()],
-            usage: Usage::Server,
+            usage: Usage::ServerAndClient,
         };
         if !current(&creds.server_cert(), Some(server_ips)) {
             let issued = ca.issue(&server)?;
@@ -202,6 +204,16 @@ fn current(path: &Path, ips: Option<&[IpAddr]>) -> bool {
     let Some(ips) = ips else {
         return true;
     };
+    // A host certificate made before hosts spoke TLS to each other allows
+    // server authentication only.
+    let both_ends = cert
+        .extended_key_usage()
+        .ok()
+        .flatten()
+        .is_some_and(|eku| eku.value.server_auth && eku.value.client_auth);
+    if !both_ends {
+        return false;
+    }
     let covered: Vec<IpAddr> = cert
         .subject_alternative_name()
         .ok()

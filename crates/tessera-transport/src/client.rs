@@ -21,13 +21,12 @@ use tessera_wire::{
     encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
 };
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::AbortHandle;
 
 use crate::faults::{FaultHooks, FrameFate};
-use crate::io::{write_frame, FrameReader};
+use crate::io::{split_link, split_tcp, write_frame, FrameReader, LinkReader, LinkWriter};
 use crate::stats::{bump, Counters};
 use crate::{TransportConfig, TransportError, MAX_IN_FLIGHT_PER_CONNECTION};
 
@@ -58,7 +57,7 @@ pub(crate) struct ClientConnection {
     pub(crate) addr: SocketAddr,
     class: QueueClass,
     version: WireVersion,
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<LinkWriter>,
     waiting: Arc<Mutex<Waiting>>,
     /// Frames received so far: a call that times out while this did not
     /// move has seen the connection silent for its whole timeout.
@@ -141,7 +140,23 @@ impl ClientConnection {
             .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
             .map_err(connect_error)?;
         stream.set_nodelay(true).map_err(connect_error)?;
-        let (read_half, mut write_half) = stream.into_split();
+        let (read_half, mut write_half) = match &config.tls {
+            None => split_tcp(stream),
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client));
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                let stream =
+                    tokio::time::timeout(config.connect_timeout, connector.connect(name, stream))
+                        .await
+                        .map_err(|_| connect_error(std::io::ErrorKind::TimedOut.into()))?
+                        .map_err(|e| TransportError::Handshake {
+                            peer: peer.clone(),
+                            addr,
+                            reason: format!("TLS: {e}"),
+                        })?;
+                split_link(stream)
+            }
+        };
         let mut reader = FrameReader::new(read_half);
 
         let handshake = async {
@@ -334,7 +349,7 @@ impl ClientConnection {
 
 /// Hands each response to its caller until the stream ends.
 async fn read_responses(
-    mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    mut reader: FrameReader<LinkReader>,
     waiting: Arc<Mutex<Waiting>>,
     received: Arc<AtomicU64>,
     local: HostId,

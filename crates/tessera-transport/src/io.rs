@@ -12,6 +12,27 @@ use tessera_wire::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// The read side of a connection: a TCP socket's own half, or half of a
+/// TLS stream.
+pub(crate) type LinkReader = Box<dyn AsyncRead + Send + Unpin>;
+/// The write side of a connection.
+pub(crate) type LinkWriter = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Splits a plain TCP connection (each half without a lock) or a TLS one.
+pub(crate) fn split_link<S>(stream: S) -> (LinkReader, LinkWriter)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), Box::new(write))
+}
+
+/// Splits a plain TCP connection into its owned halves.
+pub(crate) fn split_tcp(stream: tokio::net::TcpStream) -> (LinkReader, LinkWriter) {
+    let (read, write) = stream.into_split();
+    (Box::new(read), Box::new(write))
+}
+
 /// Bytes asked of the kernel per read when no larger frame is pending:
 /// enough for many small frames per system call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;

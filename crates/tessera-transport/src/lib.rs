@@ -91,6 +91,25 @@ pub struct TransportConfig {
     /// Wire versions this host offers and accepts. Defaults to every version
     /// this build speaks; tests narrow it to check refusals.
     pub versions: VersionRange,
+    /// TLS between hosts (none: plain TCP).
+    pub tls: Option<TransportTls>,
+}
+
+/// TLS between hosts: each host proves a certificate of the cluster CA, on
+/// both ends of every connection, and accepts only peers that prove one.
+#[derive(Clone)]
+pub struct TransportTls {
+    /// What a host proves when a peer connects to it, asking the peer for a
+    /// certificate of the cluster CA (required).
+    pub server: std::sync::Arc<rustls::ServerConfig>,
+    /// What a host proves when it connects, and the CA it trusts.
+    pub client: std::sync::Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for TransportTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportTls").finish_non_exhaustive()
+    }
 }
 
 impl Default for TransportConfig {
@@ -102,6 +121,7 @@ impl Default for TransportConfig {
             connect_timeout: Duration::from_secs(2),
             partition_behaviour: PartitionBehaviour::Drop,
             versions: VersionRange::SUPPORTED,
+            tls: None,
         }
     }
 }

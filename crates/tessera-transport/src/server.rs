@@ -21,12 +21,14 @@ use tessera_wire::{
     encode_frame, EncodedFrame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
 };
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::faults::{FaultHooks, FrameFate};
-use crate::io::{write_frames, FrameReader, HANDSHAKE_FRAME_BYTES_MAX};
+use crate::io::{
+    split_link, split_tcp, write_frames, FrameReader, LinkReader, LinkWriter,
+    HANDSHAKE_FRAME_BYTES_MAX,
+};
 use crate::stats::{bump, Counters};
 use crate::{RequestHandler, TransportConfig, MAX_IN_FLIGHT_PER_CONNECTION};
 
@@ -70,7 +72,7 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|down| *down).await;
 }
 
-type SharedWriter = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
+type SharedWriter = Arc<tokio::sync::Mutex<LinkWriter>>;
 
 /// The frame answering `request_id`, once any delay the fault hooks ask
 /// for has passed; `None` when they drop it.
@@ -152,7 +154,28 @@ async fn serve_connection(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%remote, error = %e, "cannot set TCP_NODELAY");
     }
-    let (read_half, write_half) = stream.into_split();
+    let (read_half, write_half) = match &context.config.tls {
+        None => split_tcp(stream),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server));
+            let accepted =
+                tokio::time::timeout(context.config.connect_timeout * 2, acceptor.accept(stream))
+                    .await;
+            match accepted {
+                Ok(Ok(stream)) => split_link(stream),
+                Ok(Err(e)) => {
+                    // A peer without a certificate of the cluster CA, or
+                    // something that is not a host at all.
+                    tracing::warn!(host = %context.host, %remote, error = %e, "refused a connection: TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(host = %context.host, %remote, "no TLS handshake in time; closing");
+                    return;
+                }
+            }
+        }
+    };
     let writer: SharedWriter = Arc::new(tokio::sync::Mutex::new(write_half));
     let mut reader = FrameReader::new(read_half);
     reader.set_limit(HANDSHAKE_FRAME_BYTES_MAX);
@@ -265,7 +288,7 @@ async fn serve_connection(
 /// Reads the `Hello`, negotiates the version and answers. `None` when the
 /// connection must close.
 async fn handshake(
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut FrameReader<LinkReader>,
     writer: &SharedWriter,
     context: &ServerContext,
     remote: SocketAddr,

@@ -1199,3 +1199,79 @@ async fn a_partition_set_on_one_host_of_separate_processes_cuts_both_ways() {
     assert_eq!(call(&b, &a, flush.clone()).await.unwrap(), Response::Ok);
     assert_eq!(call(&a, &b, flush).await.unwrap(), Response::Ok);
 }
+
+/// TLS settings of a host whose certificate `ca` signed, trusting `trusted`.
+fn host_tls(
+    ca: &tessera_tls::CertificateAuthority,
+    trusted: &tessera_tls::CertificateAuthority,
+) -> tessera_transport::TransportTls {
+    let issued = ca
+        .issue(&tessera_tls::CertificateRequest {
+            name: "host".into(),
+            ips: vec!["127.0.0.1".parse().unwrap()],
+            dns_names: Vec::new(),
+            usage: tessera_tls::Usage::ServerAndClient,
+        })
+        .unwrap();
+    let identity = tessera_tls::Identity::from_pem(&issued.cert_pem, &issued.key_pem).unwrap();
+    let roots = tessera_tls::TrustedRoots::from_pem(&trusted.cert_pem()).unwrap();
+    tessera_transport::TransportTls {
+        server: tessera_tls::server_config(
+            &identity,
+            &tessera_tls::ClientCertificates::Required(roots.clone()),
+        )
+        .unwrap(),
+        client: tessera_tls::client_config(&roots, Some(&identity)).unwrap(),
+    }
+}
+
+/// Hosts holding certificates of the cluster CA talk over TLS, every
+/// request intact; a host whose certificate another CA signed cannot join,
+/// neither calling nor being called, and neither can a host without TLS.
+#[tokio::test]
+async fn hosts_of_the_cluster_ca_talk_over_tls_and_no_other_host_joins() {
+    let ca = tessera_tls::CertificateAuthority::generate("cluster").unwrap();
+    let other = tessera_tls::CertificateAuthority::generate("other").unwrap();
+    let tls = |signer, trusted| TransportConfig {
+        tls: Some(host_tls(signer, trusted)),
+        ..quick()
+    };
+    let faults = FaultHooks::new(Arc::new(SeededRng::new(7)));
+    let a = node_at("h1", loopback(), tls(&ca, &ca), &faults).await;
+    let b = node_at("h2", loopback(), tls(&ca, &ca), &faults).await;
+    for request in every_request() {
+        let got = call(&a, &b, request.clone()).await.unwrap();
+        let expected = match &request {
+            Request::Ping => Response::Pong,
+            other => answer(other),
+        };
+        assert_eq!(got, expected, "answer to {request:?} over TLS");
+    }
+    // A large write crosses TLS records intact.
+    let big = Request::Write {
+        component: component(4),
+        lba: Lba(0),
+        epoch: Epoch(6),
+        data: pattern(9, 1 << 20),
+    };
+    assert_eq!(call(&b, &a, big.clone()).await.unwrap(), answer(&big));
+
+    // Signed by another CA (it trusts the cluster's, and even so).
+    let stranger = node_at("h3", loopback(), tls(&other, &ca), &faults).await;
+    let refused = call(&stranger, &b, Request::Ping).await;
+    assert!(
+        refused.is_err(),
+        "a host of another CA called in: {refused:?}"
+    );
+    let refused = call(&a, &stranger, Request::Ping).await;
+    assert!(
+        refused.is_err(),
+        "a host of another CA was called: {refused:?}"
+    );
+    // Without TLS.
+    let plain = node_at("h4", loopback(), quick(), &faults).await;
+    assert!(call(&plain, &b, Request::Ping).await.is_err());
+    assert!(call(&a, &plain, Request::Ping).await.is_err());
+    // The cluster's hosts still talk.
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+}

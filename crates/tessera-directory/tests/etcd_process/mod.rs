@@ -57,6 +57,23 @@ pub fn unused_endpoint() -> String {
 /// installed and tools are not required. Its files go to a fresh directory
 /// the caller removes.
 pub fn start() -> Option<EtcdProcess> {
+    start_with(None)
+}
+
+/// The files of an etcd that speaks TLS only and asks every client for a
+/// certificate signed by `ca_cert`.
+pub struct EtcdServerTls {
+    /// The CA clients' certificates must chain to.
+    pub ca_cert: PathBuf,
+    /// etcd's certificate (valid for 127.0.0.1).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+}
+
+/// [`start`], serving clients over TLS with client certificates when `tls`
+/// is given (its client URL is then `https://`).
+pub fn start_with(tls: Option<&EtcdServerTls>) -> Option<EtcdProcess> {
     let binary = std::env::var("TESSERA_ETCD").unwrap_or_else(|_| ETCD_DEFAULT.to_string());
     if !Path::new(&binary).exists() {
         if std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() == Ok("1") {
@@ -72,10 +89,19 @@ pub fn start() -> Option<EtcdProcess> {
         .keep();
     let client_port = free_port();
     let peer_port = free_port();
-    let client_url = format!("http://127.0.0.1:{client_port}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let client_url = format!("{scheme}://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log file");
-    let child = Command::new(&binary)
+    let mut command = Command::new(&binary);
+    if let Some(tls) = tls {
+        command
+            .arg(format!("--cert-file={}", tls.cert.display()))
+            .arg(format!("--key-file={}", tls.key.display()))
+            .arg(format!("--trusted-ca-file={}", tls.ca_cert.display()))
+            .arg("--client-cert-auth");
+    }
+    let child = command
         .arg("--name=test")
         .arg(format!("--data-dir={}", dir.join("data").display()))
         .arg(format!("--listen-client-urls={client_url}"))
