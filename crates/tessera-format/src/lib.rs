@@ -34,7 +34,10 @@ pub use checkpoint::{Checkpoint, ComponentRecord, PageRoot, RootTableRef};
 pub use index::{EntryKind, IndexEntry, IndexPage, INDEX_ENTRIES};
 pub use log::{LogEntry, LogOp, LogRecordHeader, LOG_ENTRIES_MAX};
 pub use roots::{root_table_blocks, RootTableBlock, ROOTS_PER_BLOCK};
-pub use superblock::{DeviceRole, Superblock};
+pub use superblock::{
+    DeviceRole, RekeyJournal, Superblock, SuperblockEncryption, WrappedKey, CIPHER_AES256_XTS,
+    DATA_KEY_BYTES, FEATURE_ENCRYPTED, SEALED_KEY_BYTES,
+};
 
 /// Bytes in one block: the unit of every device area, of allocation and of
 /// checksumming. Equal to `tessera_types::BLOCK_BYTES`.
@@ -42,7 +45,7 @@ pub const BLOCK: usize = 4096;
 
 /// The format version this code writes. Readers accept every version up to
 /// this one.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Bytes of the common header at the start of every stored structure.
 pub const HEADER_BYTES: usize = 32;

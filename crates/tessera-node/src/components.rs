@@ -658,6 +658,7 @@ mod tests {
             index_cache_bytes: 1 << 20,
             content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
             direct_io: tessera_store::DirectIo::Off,
+            encryption: None,
         })
         .await
         .expect("disk group created");

@@ -237,6 +237,7 @@ impl Host {
                 } else {
                     tessera_store::DirectIo::Log
                 },
+                encryption: None,
             };
             // Behind switches only where fault injection is on: the
             // devices of a production host are never one call away from

@@ -599,6 +599,7 @@ pub fn store_error_kind(e: &StoreError) -> WireErrorKind {
         | StoreError::DiskGroupFailed { .. }
         | StoreError::Device(_)
         | StoreError::DeviceInUse { .. }
-        | StoreError::BadDevice { .. } => WireErrorKind::Io,
+        | StoreError::BadDevice { .. }
+        | StoreError::Encryption(_) => WireErrorKind::Io,
     }
 }

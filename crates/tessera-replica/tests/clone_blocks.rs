@@ -27,6 +27,7 @@ async fn disk_group(dir: &std::path::Path, name: &str) -> Arc<DiskGroup> {
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: tessera_store::DirectIo::Off,
+        encryption: None,
     })
     .await
     .expect("disk group created")

@@ -52,6 +52,7 @@ fn config(dir: &Path, capacity_bytes: u64) -> DiskGroupConfig {
             .and_then(|v| v.parse::<u64>().ok())
             .map_or(tessera_store::CONTENT_CACHE_BYTES_DEFAULT, |m| m << 20),
         direct_io: tessera_store::DirectIo::All,
+        encryption: None,
     }
 }
 

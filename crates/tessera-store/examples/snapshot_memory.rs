@@ -80,6 +80,7 @@ async fn main() -> Result<()> {
         index_cache_bytes: index_cache_mib * MIB,
         content_cache_bytes: CONTENT_CACHE_BYTES,
         direct_io: tessera_store::DirectIo::All,
+        encryption: None,
     })
     .await?;
     dg.create_component(VOLUME, volume_mib * MIB, 0).await?;

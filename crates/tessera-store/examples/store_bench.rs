@@ -43,6 +43,7 @@ fn config(dir: &Path, capacity_gib: u64) -> DiskGroupConfig {
         index_cache_bytes: INDEX_CACHE_BYTES,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: tessera_store::DirectIo::All,
+        encryption: None,
     }
 }
 

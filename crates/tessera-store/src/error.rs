@@ -137,4 +137,9 @@ pub enum StoreError {
     /// The configuration cannot work.
     #[error("bad disk group configuration: {0}")]
     Config(String),
+    /// An encrypted disk group's keys cannot be used: the key encryption key
+    /// that sealed its data key is not held, a key file is unreadable, or a
+    /// sealed key fails its check.
+    #[error("encryption at rest: {0}")]
+    Encryption(String),
 }

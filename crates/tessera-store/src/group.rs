@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use crate::at_rest::{AtRestKeys, GroupCipher};
 use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng, DISK_ALIGN};
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
@@ -62,6 +63,11 @@ pub struct DiskGroupConfig {
     pub content_cache_bytes: u64,
     /// Which devices bypass the page cache.
     pub direct_io: DirectIo,
+    /// Encryption at rest: a group created with keys is encrypted under a
+    /// new data key sealed by `current`; an encrypted group opens only with
+    /// the key that sealed its data key. `None` creates plaintext groups
+    /// (and opens only those).
+    pub encryption: Option<AtRestKeys>,
 }
 
 /// Which devices of a disk group are opened with `O_DIRECT` (bypassing the
@@ -90,6 +96,9 @@ pub struct GroupDevices {
     pub cache: Arc<dyn Disk>,
     /// The capacity devices.
     pub capacity: Vec<Arc<dyn Disk>>,
+    /// Keys to encrypt a new group with or to open an encrypted one (see
+    /// [`DiskGroupConfig::encryption`]).
+    pub keys: Option<AtRestKeys>,
 }
 
 /// Space of one component.
@@ -182,6 +191,8 @@ pub struct LogStats {
 pub struct DiskGroup {
     id: DiskGroupId,
     shared: Arc<Shared>,
+    /// The devices' encryption, when the group is encrypted.
+    cipher: Option<Arc<GroupCipher>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -232,6 +243,7 @@ fn open_files(config: &DiskGroupConfig, create: bool) -> Result<GroupDevices, St
             .iter()
             .map(|spec| open(spec, false))
             .collect::<Result<Vec<_>, _>>()?,
+        keys: config.encryption.clone(),
     })
 }
 
@@ -281,6 +293,7 @@ impl DiskGroup {
         let devices = GroupDevices {
             cache: wrap(devices.cache),
             capacity: devices.capacity.into_iter().map(&mut wrap).collect(),
+            keys: devices.keys,
         };
         let dg = if formatted {
             Self::open_on(config.id.clone(), devices, config.index_cache_bytes).await?
@@ -304,7 +317,10 @@ impl DiskGroup {
         let name = id.to_string();
         let rng = SeededRng::from_entropy();
         let uuid = ((rng.next_u64() as u128) << 64) | rng.next_u64() as u128;
-        tokio::task::spawn_blocking(move || recovery::format(&all, &name, uuid, zero_log))
+        let keys = devices.keys.clone();
+        tokio::task::spawn_blocking(move || {
+            recovery::format(&all, &name, uuid, zero_log, keys.as_ref())
+        })
             .await
             .map_err(|e| StoreError::Config(format!("format task failed: {e}")))??;
         Self::open_on(id, devices, index_cache_bytes).await
@@ -319,9 +335,17 @@ impl DiskGroup {
         index_cache_bytes: u64,
     ) -> Result<Arc<DiskGroup>, StoreError> {
         let all = all_devices(&devices);
-        let shared = tokio::task::spawn_blocking(move || mount(all, index_cache_bytes))
-            .await
-            .map_err(|e| StoreError::Config(format!("mount task failed: {e}")))??;
+        let keys = devices.keys;
+        let (shared, cipher) = tokio::task::spawn_blocking(move || {
+            let cipher = recovery::unlock(&all, keys.as_ref())?;
+            let all = match &cipher {
+                Some(c) => c.disks(),
+                None => all,
+            };
+            mount(all, index_cache_bytes).map(|shared| (shared, cipher.map(Arc::new)))
+        })
+        .await
+        .map_err(|e| StoreError::Config(format!("mount task failed: {e}")))??;
         let mut threads = Vec::new();
         let s = shared.clone();
         threads.push(
@@ -349,6 +373,7 @@ impl DiskGroup {
         Ok(Arc::new(DiskGroup {
             id,
             shared,
+            cipher,
             threads: Mutex::new(threads),
         }))
     }

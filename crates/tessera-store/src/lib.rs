@@ -37,6 +37,7 @@
 //! `docs/STORE.md`; the byte layouts are in `tessera-format`.
 
 mod alloc;
+mod at_rest;
 mod check;
 mod content;
 mod device_threads;
@@ -50,6 +51,7 @@ mod shares;
 mod snapshot;
 mod state;
 
+pub use at_rest::{AtRestKeys, KekId, KeyEncryptionKey, KEK_BYTES, REKEY_PIECE_BLOCKS};
 pub use check::{check_devices, CheckProblem, CheckReport};
 pub use content::ContentCacheStats;
 pub use error::StoreError;

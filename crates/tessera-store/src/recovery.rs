@@ -18,6 +18,7 @@ use crate::content::ContentCache;
 use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
 use crate::index::{IndexCache, RootEntry, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, SnapshotTable, State, HEADROOM_BLOCKS_MIN};
+use crate::at_rest::{AtRestKeys, DataKey, GroupCipher, REKEY_PIECE_BLOCKS};
 use crate::StoreError;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -25,7 +26,8 @@ use std::sync::Arc;
 use tessera_env::{AlignedBuf, Disk};
 use tessera_format::{
     block_crc, BlockLoc, Checkpoint, DeviceRole, EntryKind, IndexPage, LogEntry, LogOp,
-    LogRecordHeader, RootTableRef, Superblock, BLOCK,
+    LogRecordHeader, RootTableRef, Superblock, SuperblockEncryption, BLOCK, CIPHER_AES256_XTS,
+    FEATURE_ENCRYPTED,
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
@@ -63,15 +65,48 @@ fn write_blocks(disk: &Arc<dyn Disk>, block: u64, data: &[u8]) -> Result<(), Sto
     Ok(())
 }
 
-/// Reads the superblock of a device (either copy).
+/// Reads the superblock of a device: of its two copies, the sound one with
+/// the highest sequence (an encrypted group's superblocks are rewritten
+/// one copy at a time; see `tessera_format::superblock`).
 pub(crate) fn read_superblock(disk: &Arc<dyn Disk>) -> Result<Superblock, StoreError> {
     let buf = read_block(disk, 0, 2)?;
     let first = Superblock::decode(&buf.as_slice()[..BLOCK]);
-    match first {
-        Ok(sb) => Ok(sb),
-        Err(e) => Superblock::decode(&buf.as_slice()[BLOCK..])
-            .map_err(|_| bad(disk, format!("no valid superblock: {e}"))),
+    let second = Superblock::decode(&buf.as_slice()[BLOCK..]);
+    match (first, second) {
+        (Ok(a), Ok(b)) => Ok(if b.sequence > a.sequence { b } else { a }),
+        (Ok(sb), Err(_)) | (Err(_), Ok(sb)) => Ok(sb),
+        (Err(e), Err(_)) => Err(bad(disk, format!("no valid superblock: {e}"))),
     }
+}
+
+/// Opens the encryption of a group's devices, if its superblocks say it is
+/// encrypted: `None` for a plaintext group. An encrypted group without
+/// `keys`, or whose data key none of them sealed, is refused before any
+/// block is read; a plaintext group opens whatever `keys` says.
+pub(crate) fn unlock(
+    devices: &[Arc<dyn Disk>],
+    keys: Option<&AtRestKeys>,
+) -> Result<Option<GroupCipher>, StoreError> {
+    let sbs = devices
+        .iter()
+        .map(read_superblock)
+        .collect::<Result<Vec<_>, _>>()?;
+    if sbs[0].encryption.is_none() {
+        return Ok(None);
+    }
+    let Some(keys) = keys else {
+        let kek = sbs[0]
+            .encryption
+            .as_ref()
+            .map(|e| crate::at_rest::KekId(e.key.kek_id).to_string())
+            .unwrap_or_default();
+        return Err(StoreError::Encryption(format!(
+            "disk group {} is encrypted (its data key is sealed by key encryption key {kek}); \
+             give the host that key's file",
+            sbs[0].group_name
+        )));
+    };
+    GroupCipher::open(devices, sbs, keys).map(Some)
 }
 
 /// Geometry from a cache device size and capacity device sizes.
@@ -128,6 +163,7 @@ pub(crate) fn format(
     group_name: &str,
     uuid: u128,
     zero_log: bool,
+    keys: Option<&AtRestKeys>,
 ) -> Result<(), StoreError> {
     for d in devices {
         if read_superblock(d).is_ok() {
@@ -137,8 +173,21 @@ pub(crate) fn format(
             ));
         }
     }
-    let capacity: Vec<u64> = devices[1..].iter().map(|d| d.size()).collect();
-    let geo = plan_geometry(devices[0].size(), &capacity)?;
+    // An encrypted device keeps its last blocks for the rekey journal.
+    let journal_bytes = if keys.is_some() {
+        REKEY_PIECE_BLOCKS * BLOCK_BYTES
+    } else {
+        0
+    };
+    let usable = |d: &Arc<dyn Disk>| (d.size() / BLOCK_BYTES * BLOCK_BYTES).saturating_sub(journal_bytes);
+    let capacity: Vec<u64> = devices[1..].iter().map(usable).collect();
+    let geo = plan_geometry(usable(&devices[0]), &capacity)?;
+    let data_key = keys.map(|_| DataKey::generate()).transpose()?;
+    let sealed = match (keys, &data_key) {
+        (Some(k), Some(dk)) => Some(dk.wrap(&k.current, uuid, 1)?),
+        _ => None,
+    };
+    let mut superblocks = Vec::new();
     for (i, d) in devices.iter().enumerate() {
         let (role, data_start, data_blocks) = if i == 0 {
             (DeviceRole::Cache, 0, 0)
@@ -158,12 +207,33 @@ pub(crate) fn format(
             log_blocks: if i == 0 { geo.log_blocks } else { 0 },
             data_start,
             data_blocks,
-            features: 0,
+            features: if sealed.is_some() { FEATURE_ENCRYPTED } else { 0 },
+            sequence: 0,
+            encryption: sealed.as_ref().map(|key| SuperblockEncryption {
+                cipher: CIPHER_AES256_XTS,
+                generation: 1,
+                key: key.clone(),
+                next: None,
+                rekey_cursor: 0,
+                journal_start: d.size() / BLOCK_BYTES - REKEY_PIECE_BLOCKS,
+                journal_blocks: REKEY_PIECE_BLOCKS,
+                journal: None,
+            }),
         };
         let mut two = sb.encode();
         two.extend_from_slice(&sb.encode());
         write_blocks(d, 0, &two)?;
+        superblocks.push(sb);
     }
+    // Everything past the superblocks goes through the group's cipher.
+    let cipher = match keys {
+        Some(k) => Some(GroupCipher::open(devices, superblocks, k)?),
+        None => None,
+    };
+    let devices = match &cipher {
+        Some(c) => c.disks(),
+        None => devices.to_vec(),
+    };
     let cache = &devices[0];
     // Slot 0 cleared, generation 1 in slot 1.
     write_blocks(cache, geo.meta_start, &vec![0u8; BLOCK])?;
@@ -189,7 +259,7 @@ pub(crate) fn format(
         )?;
         at += n;
     }
-    for d in devices {
+    for d in &devices {
         d.sync()?;
     }
     Ok(())

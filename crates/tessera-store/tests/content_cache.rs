@@ -35,6 +35,7 @@ async fn small_group() -> Arc<DiskGroup> {
     let devices = GroupDevices {
         cache: Arc::new(FaultDisk::new("cache", common::CACHE_BYTES)) as Arc<dyn Disk>,
         capacity: vec![Arc::new(FaultDisk::new("capacity0", (4096 + 2) * 4096)) as Arc<dyn Disk>],
+        keys: None,
     };
     DiskGroup::create_on(
         DiskGroupId::new("dg-cbrc").unwrap(),

@@ -824,6 +824,7 @@ fn small_disk_group(dir: &std::path::Path) -> tessera_store::DiskGroupConfig {
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: tessera_store::DirectIo::Off,
+        encryption: None,
     }
 }
 

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use std::sync::Arc;
 use tessera_env::{Disk, FaultDisk};
-use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig, GroupDevices};
+use tessera_store::{AtRestKeys, DeviceSpec, DiskGroup, DiskGroupConfig, GroupDevices};
 use tessera_types::DiskGroupId;
 
 /// Cache device size used by tests.
@@ -29,13 +29,15 @@ pub fn file_config(dir: &std::path::Path, name: &str) -> DiskGroupConfig {
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: tessera_store::DirectIo::Off,
+        encryption: None,
     }
 }
 
-/// The devices of one test disk group.
+/// The devices of one test disk group, and its keys if it is encrypted.
 pub struct Rig {
     pub cache: Arc<FaultDisk>,
     pub capacity: Vec<Arc<FaultDisk>>,
+    pub keys: Option<AtRestKeys>,
 }
 
 impl Rig {
@@ -45,7 +47,25 @@ impl Rig {
             capacity: (0..capacity_devices)
                 .map(|i| Arc::new(FaultDisk::new(&format!("capacity{i}"), CAPACITY_BYTES)))
                 .collect(),
+            keys: None,
         }
+    }
+
+    /// A rig whose group is encrypted at rest under a new key.
+    pub fn encrypted(capacity_devices: usize) -> Rig {
+        let kek = tessera_store::KeyEncryptionKey::generate().expect("key");
+        Rig {
+            keys: Some(AtRestKeys::new(kek)),
+            ..Rig::new(capacity_devices)
+        }
+    }
+
+    /// Every device's bytes as stored.
+    pub fn raw_images(&self) -> Vec<Vec<u8>> {
+        std::iter::once(&self.cache)
+            .chain(&self.capacity)
+            .map(|d| d.peek(0, d.size() as usize))
+            .collect()
     }
 
     pub fn devices(&self) -> GroupDevices {
@@ -56,6 +76,7 @@ impl Rig {
                 .iter()
                 .map(|d| d.clone() as Arc<dyn Disk>)
                 .collect(),
+            keys: self.keys.clone(),
         }
     }
 
@@ -86,6 +107,7 @@ impl Rig {
                 .iter()
                 .map(|d| Arc::new(d.restart()))
                 .collect(),
+            keys: self.keys.clone(),
         }
     }
 
