@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use crate::at_rest::{AtRestKeys, GroupCipher};
+use crate::at_rest::{AtRestKeys, EncryptionStatus, GroupCipher, KekId};
 use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng, DISK_ALIGN};
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
@@ -370,12 +370,77 @@ impl DiskGroup {
                 .spawn(move || engine::run_destager(s))
                 .map_err(|e| StoreError::Config(format!("cannot start the destager: {e}")))?,
         );
-        Ok(Arc::new(DiskGroup {
+        let dg = Arc::new(DiskGroup {
             id,
             shared,
             cipher,
             threads: Mutex::new(threads),
-        }))
+        });
+        // A deep rekey the last run left half way goes on.
+        if dg.cipher.as_ref().is_some_and(|c| c.rekey_pending()) {
+            dg.spawn_rekey_worker()?;
+        }
+        Ok(dg)
+    }
+
+    /// The group's encryption at rest: `None` for a plaintext group.
+    pub fn encryption(&self) -> Option<EncryptionStatus> {
+        self.cipher.as_ref().map(|c| c.status())
+    }
+
+    fn cipher(&self) -> Result<&Arc<GroupCipher>, StoreError> {
+        self.cipher.as_ref().ok_or_else(|| {
+            StoreError::Encryption(format!(
+                "disk group {} is not encrypted: it was formatted without a key",
+                self.id
+            ))
+        })
+    }
+
+    /// Shallow rekey: seals the group's data key with `keys.current` in
+    /// every superblock, online. Answers the key that now seals it.
+    pub async fn rewrap_keys(&self, keys: &AtRestKeys) -> Result<KekId, StoreError> {
+        let cipher = self.cipher()?.clone();
+        let keys = keys.clone();
+        tokio::task::spawn_blocking(move || cipher.rewrap(&keys))
+            .await
+            .map_err(|e| StoreError::Config(format!("rekey task failed: {e}")))?
+    }
+
+    /// Deep rekey: a new data key, sealed by `keys.current`; a worker
+    /// rewrites every block of the group under it in the background, at the
+    /// pace [`DiskGroup::set_rekey_rate`] sets, while the group serves
+    /// reads and writes (progress in [`DiskGroup::encryption`]). A restart
+    /// continues where it stopped. Refused while one is under way.
+    pub async fn start_deep_rekey(&self, keys: &AtRestKeys) -> Result<(), StoreError> {
+        let cipher = self.cipher()?.clone();
+        let keys = keys.clone();
+        tokio::task::spawn_blocking(move || cipher.begin_deep_rekey(&keys))
+            .await
+            .map_err(|e| StoreError::Config(format!("rekey task failed: {e}")))??;
+        self.spawn_rekey_worker()
+    }
+
+    /// Pace of deep rekeys, in bytes per second (0: unlimited). Default:
+    /// [`crate::REKEY_BYTES_PER_SECOND_DEFAULT`].
+    pub fn set_rekey_rate(&self, bytes_per_second: u64) {
+        if let Some(c) = &self.cipher {
+            c.set_rekey_rate(bytes_per_second);
+        }
+    }
+
+    fn spawn_rekey_worker(&self) -> Result<(), StoreError> {
+        let cipher = self.cipher()?.clone();
+        if !cipher.claim_rekey_worker() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("store-rekey".into())
+            .spawn(move || cipher.run_deep_rekey(&shared.stop))
+            .map_err(|e| StoreError::Config(format!("cannot start the rekey worker: {e}")))?;
+        self.threads.lock().push(handle);
+        Ok(())
     }
 
     /// The disk group's name.

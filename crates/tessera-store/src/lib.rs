@@ -51,8 +51,11 @@ mod shares;
 mod snapshot;
 mod state;
 
-pub use at_rest::{AtRestKeys, KekId, KeyEncryptionKey, KEK_BYTES, REKEY_PIECE_BLOCKS};
-pub use check::{check_devices, CheckProblem, CheckReport};
+pub use at_rest::{
+    AtRestKeys, EncryptionStatus, KekId, KeyEncryptionKey, RekeyProgress, KEK_BYTES,
+    REKEY_BYTES_PER_SECOND_DEFAULT, REKEY_PIECE_BLOCKS,
+};
+pub use check::{check_devices, check_encrypted_devices, CheckProblem, CheckReport};
 pub use content::ContentCacheStats;
 pub use error::StoreError;
 pub use group::{

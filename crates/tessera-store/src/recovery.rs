@@ -87,13 +87,43 @@ pub(crate) fn unlock(
     devices: &[Arc<dyn Disk>],
     keys: Option<&AtRestKeys>,
 ) -> Result<Option<GroupCipher>, StoreError> {
+    unlock_with(devices, keys, true).map(|(cipher, _)| cipher)
+}
+
+/// [`unlock`] for a read-only check: a piece a deep rekey left in its
+/// journal is not put back, only named in the notes returned.
+pub(crate) fn unlock_read_only(
+    devices: &[Arc<dyn Disk>],
+    keys: Option<&AtRestKeys>,
+) -> Result<(Option<GroupCipher>, Vec<String>), StoreError> {
+    unlock_with(devices, keys, false)
+}
+
+fn unlock_with(
+    devices: &[Arc<dyn Disk>],
+    keys: Option<&AtRestKeys>,
+    restore: bool,
+) -> Result<(Option<GroupCipher>, Vec<String>), StoreError> {
     let sbs = devices
         .iter()
         .map(read_superblock)
         .collect::<Result<Vec<_>, _>>()?;
     if sbs[0].encryption.is_none() {
-        return Ok(None);
+        return Ok((None, Vec::new()));
     }
+    let notes = devices
+        .iter()
+        .zip(&sbs)
+        .filter_map(|(d, sb)| {
+            let j = sb.encryption.as_ref()?.journal?;
+            Some(format!(
+                "{}: blocks {}..{} were being rekeyed when the host stopped; opening the group puts them back",
+                d.name(),
+                j.start,
+                j.start + j.blocks
+            ))
+        })
+        .collect();
     let Some(keys) = keys else {
         let kek = sbs[0]
             .encryption
@@ -106,7 +136,12 @@ pub(crate) fn unlock(
             sbs[0].group_name
         )));
     };
-    GroupCipher::open(devices, sbs, keys).map(Some)
+    let cipher = if restore {
+        GroupCipher::open(devices, sbs, keys)?
+    } else {
+        GroupCipher::open_as_is(devices, sbs, keys)?
+    };
+    Ok((Some(cipher), notes))
 }
 
 /// Geometry from a cache device size and capacity device sizes.

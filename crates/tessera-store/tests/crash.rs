@@ -237,7 +237,7 @@ async fn power_cut_cycles(cycles: u64, ack_before_durable: bool, seed: u64) -> (
         None,
         WRITERS,
         Writes::Logged,
-        false,
+        AtRest::Plain,
     )
     .await;
     (v, acked)
@@ -253,15 +253,17 @@ async fn power_cut_cycles_on(
     cache_delay: Option<Duration>,
     writers: u64,
     writes: Writes,
-    encrypted: bool,
+    at_rest: AtRest,
 ) -> (Violations, u64, tessera_store::LogStats) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut log = tessera_store::LogStats::default();
-    let mut rig = if encrypted {
-        Rig::encrypted(2)
-    } else {
+    let mut rig = if at_rest == AtRest::Plain {
         Rig::new(2)
+    } else {
+        Rig::encrypted(2)
     };
+    let mut rekeys_begun = 0u32;
+    let mut cut_mid_rekey = 0u32;
     let dg = rig.create().await;
     dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
     drop(dg);
@@ -271,6 +273,15 @@ async fn power_cut_cycles_on(
     for cycle in 0..cycles {
         let dg = rig.open().await;
         dg.set_ack_before_durable(ack_before_durable);
+        if at_rest == AtRest::Rekeying {
+            // As fast as the devices go, so the power goes at every step
+            // of it; one left half way by the last cut goes on by itself.
+            dg.set_rekey_rate(0);
+            if dg.encryption().unwrap().rekey.is_none() {
+                dg.start_deep_rekey(rig.keys.as_ref().unwrap()).await.unwrap();
+                rekeys_begun += 1;
+            }
+        }
         if let Some(d) = cache_delay {
             rig.cache.set_delay(d);
         }
@@ -295,6 +306,9 @@ async fn power_cut_cycles_on(
         log.syncs += stats.syncs;
         log.placed_writes += stats.placed_writes;
         log.placed_blocks += stats.placed_blocks;
+        if at_rest == AtRest::Rekeying && dg.encryption().unwrap().rekey.is_some() {
+            cut_mid_rekey += 1;
+        }
         let next = rig.power_cut(rng.gen());
         for t in tasks {
             let _ = t.await;
@@ -314,7 +328,21 @@ async fn power_cut_cycles_on(
         total.errors += v.errors;
         drop(dg);
     }
+    if at_rest == AtRest::Rekeying {
+        println!("deep rekeys begun: {rekeys_begun}, power cuts during one: {cut_mid_rekey}");
+        assert!(rekeys_begun > 1, "no deep rekey finished");
+        assert!(cut_mid_rekey > 0, "no power cut came during a deep rekey");
+    }
     (total, acked_writes, log)
+}
+
+/// What lies on the devices of the power-cut runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AtRest {
+    Plain,
+    Encrypted,
+    /// Encrypted, with a deep rekey under way in every cycle.
+    Rekeying,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,7 +359,7 @@ async fn power_cuts_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1, Writes::Logged, false).await;
+    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1, Writes::Logged, AtRest::Plain).await;
     println!("power cut, one writer: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}");
     assert!(acked > 0, "nothing was acknowledged");
     assert_eq!(v.total(), 0, "{v:?}");
@@ -347,7 +375,7 @@ async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
 async fn power_cuts_with_placed_writes_lose_no_acknowledged_write() {
     let n = cycles();
     let (v, acked, log) =
-        power_cut_cycles_on(n, false, 0x91ace, None, WRITERS, Writes::Mixed, false).await;
+        power_cut_cycles_on(n, false, 0x91ace, None, WRITERS, Writes::Mixed, AtRest::Plain).await;
     println!(
         "power cut, placed and logged writes: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
     );
@@ -362,7 +390,7 @@ async fn power_cuts_with_placed_writes_lose_no_acknowledged_write() {
 async fn power_cuts_on_an_encrypted_group_lose_no_acknowledged_write() {
     let n = cycles();
     let (v, acked, log) =
-        power_cut_cycles_on(n, false, 0x00e1_c0de, None, WRITERS, Writes::Mixed, true).await;
+        power_cut_cycles_on(n, false, 0x00e1_c0de, None, WRITERS, Writes::Mixed, AtRest::Encrypted).await;
     println!(
         "power cut, encrypted, placed and logged writes: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
     );
@@ -371,12 +399,26 @@ async fn power_cuts_on_an_encrypted_group_lose_no_acknowledged_write() {
     assert_eq!(v.total(), 0, "{v:?}");
 }
 
+/// Deep rekeys run while the writers write and the power goes: a piece
+/// half rewritten under the new key comes back from the rekey journal, and
+/// every block reads back under the key its device's cursor says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_cuts_during_deep_rekeys_lose_no_acknowledged_write() {
+    let n = cycles().max(20);
+    let (v, acked, _) =
+        power_cut_cycles_on(n, false, 0x00de_e9e7, None, WRITERS, Writes::Mixed, AtRest::Rekeying)
+            .await;
+    println!("power cut during deep rekeys: {n} cycles, {acked} writes acknowledged, violations: {v:?}");
+    assert!(acked > 0, "nothing was acknowledged");
+    assert_eq!(v.total(), 0, "{v:?}");
+}
+
 /// The negative control on an encrypted group: acknowledging before the
 /// sync loses writes there too, so the encrypted runs can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_on_an_encrypted_group_loses_writes_acknowledged_before_sync() {
     let (v, _, _) =
-        power_cut_cycles_on(cycles(), true, 0xbad_e1, None, WRITERS, Writes::Logged, true).await;
+        power_cut_cycles_on(cycles(), true, 0xbad_e1, None, WRITERS, Writes::Logged, AtRest::Encrypted).await;
     assert!(v.lost > 0, "{v:?}");
 }
 
@@ -397,7 +439,7 @@ async fn power_cuts_with_commits_in_flight_together_lose_no_acknowledged_write()
         Some(Duration::from_micros(400)),
         WRITERS,
         Writes::Logged,
-        false,
+        AtRest::Plain,
     )
     .await;
     println!(

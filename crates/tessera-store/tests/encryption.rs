@@ -161,3 +161,77 @@ async fn a_flipped_bit_in_encrypted_data_is_a_checksum_error_not_data() {
     }
     assert_eq!(bad, BLOCKS - 64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_rekey_rewrites_every_stored_block_while_the_group_serves() {
+    let rig = Rig::encrypted(2);
+    let keys = rig.keys.clone().unwrap();
+    let dg = rig.create().await;
+    write_known_pattern(&dg).await;
+    dg.settle().await.unwrap();
+    let before = rig.raw_images();
+    assert_eq!(dg.encryption().unwrap().generation, 1);
+    dg.set_rekey_rate(32 << 20);
+    dg.start_deep_rekey(&keys).await.unwrap();
+    let again = dg.start_deep_rekey(&keys).await.unwrap_err().to_string();
+    assert!(again.contains("already under way"), "{again}");
+    // Writes go on while it runs; progress only grows.
+    let mut rewritten = BTreeSet::new();
+    let mut last_done = 0;
+    let mut lba = 0;
+    while let Some(p) = dg.encryption().unwrap().rekey {
+        assert!(p.done_bytes >= last_done && p.done_bytes <= p.total_bytes, "{p:?}");
+        last_done = p.done_bytes;
+        dg.write(C, Lba(lba), Bytes::from(payload(C.0, lba, 2)), Epoch(1))
+            .await
+            .unwrap();
+        rewritten.insert(lba);
+        lba = (lba + 37) % BLOCKS;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(!rewritten.is_empty());
+    assert!(last_done > 0);
+    assert_eq!(dg.encryption().unwrap().generation, 2);
+    let data = dg.read(C, Lba(0), BLOCKS as u32).await.unwrap();
+    for lba in 0..BLOCKS {
+        let version = if rewritten.contains(&lba) { 2 } else { 1 };
+        let block = &data[(lba * 4096) as usize..((lba + 1) * 4096) as usize];
+        assert_eq!(decode(block).unwrap(), Some((C.0, lba, version)), "LBA {lba}");
+    }
+    dg.settle().await.unwrap();
+    drop(dg);
+    // No block the devices held before is still there as it was.
+    let after = rig.raw_images();
+    for (dev, (b, a)) in before.iter().zip(&after).enumerate() {
+        let unchanged = (2..b.len() / 4096)
+            .filter(|i| {
+                let r = i * 4096..(i + 1) * 4096;
+                b[r.clone()].iter().any(|x| *x != 0) && b[r.clone()] == a[r]
+            })
+            .count();
+        assert_eq!(unchanged, 0, "device {dev}: blocks left under the old key");
+    }
+    let dg = rig.process_crash().open().await;
+    assert_eq!(dg.encryption().unwrap().generation, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_check_reads_an_encrypted_group_with_its_key_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let kek = KeyEncryptionKey::generate().unwrap();
+    let mut config = common::file_config(dir.path(), "dg-check");
+    config.encryption = Some(AtRestKeys::new(kek.clone()));
+    let paths = [config.cache.path.clone(), config.capacity[0].path.clone()];
+    let dg = DiskGroup::create(config).await.unwrap();
+    write_known_pattern(&dg).await;
+    dg.settle().await.unwrap();
+    drop(dg);
+    let report =
+        tessera_store::check_encrypted_devices(&paths, Some(&AtRestKeys::new(kek.clone())))
+            .unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert!(report.data_blocks >= BLOCKS, "{report}");
+    let without = tessera_store::check_devices(&paths).unwrap();
+    assert!(!without.is_clean());
+    assert!(without.to_string().contains("encrypted"), "{without}");
+}

@@ -617,6 +617,10 @@ pub enum StoreCommand {
         /// The disk group's devices (cache and capacity), in any order.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// Key file of the key encryption key that seals an encrypted
+        /// group's data key (the host's `[encryption] kek_file`).
+        #[arg(long, value_name = "FILE")]
+        kek_file: Option<PathBuf>,
     },
 }
 

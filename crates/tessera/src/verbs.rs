@@ -72,7 +72,9 @@ pub fn run(
     output: &mut Output<'_>,
 ) -> Result<(), CliError> {
     let client = match command {
-        Command::Store(StoreCommand::Check { paths }) => return store_check(paths, output),
+        Command::Store(StoreCommand::Check { paths, kek_file }) => {
+            return store_check(paths, kek_file.as_deref(), output)
+        }
         Command::Up(_) | Command::Node(_) => {
             return Err(CliError::Usage(
                 "`tessera up` and `tessera node` run daemons; they are not API requests"
@@ -754,10 +756,18 @@ fn nbd_hint(client: &ApiClient, volume: &VolumeView) -> String {
 
 /// `tessera store check`: an offline, read-only walk over one disk group's
 /// devices.
-fn store_check(paths: &[PathBuf], output: &mut Output<'_>) -> Result<(), CliError> {
+fn store_check(
+    paths: &[PathBuf],
+    kek_file: Option<&std::path::Path>,
+    output: &mut Output<'_>,
+) -> Result<(), CliError> {
+    let keys = kek_file
+        .map(|f| tessera_store::KeyEncryptionKey::load(f).map(tessera_store::AtRestKeys::new))
+        .transpose()
+        .map_err(|e| CliError::Local(format!("cannot check: {e}")))?;
     // Refused, reading nothing, while a host has the devices open: their
     // contents are changing and a report would be false.
-    let report = tessera_store::check_devices(paths)
+    let report = tessera_store::check_encrypted_devices(paths, keys.as_ref())
         .map_err(|e| CliError::Local(format!("cannot check: {e}")))?;
     if output.json {
         let problems: Vec<Value> = report
