@@ -472,7 +472,7 @@ impl EncryptedDisk {
         op: &'static str,
         write: impl FnOnce(&[u8], u64) -> Result<(), DiskError>,
     ) -> Result<(), DiskError> {
-        if offset % BLOCK as u64 != 0 || buf.len() % BLOCK != 0 {
+        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
             return Err(self.misaligned(op, offset, buf.len()));
         }
         let first = offset / BLOCK as u64;
@@ -502,12 +502,15 @@ impl EncryptedDisk {
     /// before the cursor moves leaves the journal, which the next open
     /// copies back.
     fn rekey_piece(&self, start: u64, end: u64) -> Result<(), StoreError> {
-        let _piece = self.pieces[((start / REKEY_PIECE_BLOCKS) % REKEY_LOCKS as u64) as usize].write();
+        let _piece =
+            self.pieces[((start / REKEY_PIECE_BLOCKS) % REKEY_LOCKS as u64) as usize].write();
         let len = ((end - start) * BLOCK as u64) as usize;
         let mut buf = AlignedBuf::zeroed(len);
-        self.inner.read_at(buf.as_mut_slice(), start * BLOCK as u64)?;
+        self.inner
+            .read_at(buf.as_mut_slice(), start * BLOCK as u64)?;
         let journal_start = self.rekey_end();
-        self.inner.write_at(buf.as_slice(), journal_start * BLOCK as u64)?;
+        self.inner
+            .write_at(buf.as_slice(), journal_start * BLOCK as u64)?;
         self.inner.sync()?;
         {
             let mut sb = self.superblock.lock();
@@ -559,7 +562,8 @@ impl EncryptedDisk {
         rewrite_superblock(self.inner.as_ref(), &mut sb)?;
         rewrite_superblock(self.inner.as_ref(), &mut sb)?;
         let zeros = AlignedBuf::zeroed((journal.1 * BLOCK as u64) as usize);
-        self.inner.write_at(zeros.as_slice(), journal.0 * BLOCK as u64)?;
+        self.inner
+            .write_at(zeros.as_slice(), journal.0 * BLOCK as u64)?;
         self.inner.sync()?;
         let mut k = self.keys.write();
         if let Some(next) = k.next.take() {
@@ -573,7 +577,7 @@ impl EncryptedDisk {
 
 impl Disk for EncryptedDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        if offset % BLOCK as u64 != 0 || buf.len() % BLOCK != 0 {
+        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
             return Err(self.misaligned("read", offset, buf.len()));
         }
         let first = offset / BLOCK as u64;
@@ -736,7 +740,8 @@ impl GroupCipher {
                 let end = d.rekey_end();
                 total += end - CLEAR_BLOCKS;
                 if d.keys.read().next.is_some() {
-                    done += d.cursor.load(Ordering::Acquire).clamp(CLEAR_BLOCKS, end) - CLEAR_BLOCKS;
+                    done +=
+                        d.cursor.load(Ordering::Acquire).clamp(CLEAR_BLOCKS, end) - CLEAR_BLOCKS;
                 } else {
                     done += end - CLEAR_BLOCKS;
                 }
@@ -801,7 +806,11 @@ impl GroupCipher {
             enc.rekey_cursor = CLEAR_BLOCKS;
             // Sealing the old key with the current KEK too leaves the group
             // openable by that key alone.
-            enc.key = d.keys.read().current.wrap(&keys.current, self.group_uuid, generation)?;
+            enc.key = d
+                .keys
+                .read()
+                .current
+                .wrap(&keys.current, self.group_uuid, generation)?;
             rewrite_superblock(d.inner.as_ref(), &mut sb)?;
             let mut k = d.keys.write();
             d.cursor.store(CLEAR_BLOCKS, Ordering::Release);
@@ -840,10 +849,13 @@ impl GroupCipher {
     fn deep_rekey(&self, stop: &std::sync::atomic::AtomicBool) -> Result<(), StoreError> {
         // A device that has no next key while another has (the begin was
         // cut short) takes the others'.
-        let next_sealed = self
-            .devices
-            .iter()
-            .find_map(|d| d.superblock.lock().encryption.as_ref().and_then(|e| e.next.clone()));
+        let next_sealed = self.devices.iter().find_map(|d| {
+            d.superblock
+                .lock()
+                .encryption
+                .as_ref()
+                .and_then(|e| e.next.clone())
+        });
         let Some(next_sealed) = next_sealed else {
             return Ok(());
         };
@@ -978,7 +990,8 @@ mod tests {
             *b = i as u8;
         }
         xts.encrypt(0xff, &mut buf);
-        let expected_start = hex("1c3b3a102f770386e4836c99e370cf9bea00803f5e482357a4ae12d414a3e63b");
+        let expected_start =
+            hex("1c3b3a102f770386e4836c99e370cf9bea00803f5e482357a4ae12d414a3e63b");
         assert_eq!(&buf[..32], &expected_start[..]);
         let expected_end = hex("773dad38014bd2092fa755c824bb5e54c4f36ffda9fcea70b9c6e693e148c151");
         // Blocks 16..32 of the vector (bytes 480..512).
@@ -1094,7 +1107,9 @@ mod tests {
     }
 
     fn pattern(block: u64) -> Vec<u8> {
-        (0..BLOCK).map(|i| (block as usize * 31 + i * 7) as u8).collect()
+        (0..BLOCK)
+            .map(|i| (block as usize * 31 + i * 7) as u8)
+            .collect()
     }
 
     /// The power goes while a piece is being rewritten under the next key:
@@ -1116,7 +1131,9 @@ mod tests {
             cipher.begin_deep_rekey(&keys).unwrap();
             dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS).unwrap();
             dev.stop_after_rewrite.store(true, Ordering::Release);
-            assert!(dev.rekey_piece(REKEY_PIECE_BLOCKS, 2 * REKEY_PIECE_BLOCKS).is_err());
+            assert!(dev
+                .rekey_piece(REKEY_PIECE_BLOCKS, 2 * REKEY_PIECE_BLOCKS)
+                .is_err());
             drop((cipher, dev));
             disk.power_cut(seed);
             let disk = Arc::new(disk.restart());
@@ -1126,7 +1143,10 @@ mod tests {
             let mut buf = vec![0u8; BLOCK];
             for b in CLEAR_BLOCKS..data_end {
                 dev.read_at(&mut buf, b * BLOCK as u64).unwrap();
-                assert!(buf == pattern(b), "seed {seed}: block {b} is not what was written");
+                assert!(
+                    buf == pattern(b),
+                    "seed {seed}: block {b} is not what was written"
+                );
             }
             // The rekey then finishes, and the data is the same under the
             // new key alone.
@@ -1136,7 +1156,9 @@ mod tests {
             drop(cipher);
             let cipher = reopen(&disk, &keys);
             for b in CLEAR_BLOCKS..data_end {
-                cipher.devices[0].read_at(&mut buf, b * BLOCK as u64).unwrap();
+                cipher.devices[0]
+                    .read_at(&mut buf, b * BLOCK as u64)
+                    .unwrap();
                 assert!(buf == pattern(b), "seed {seed}: block {b} after the rekey");
             }
         }
@@ -1147,7 +1169,9 @@ mod tests {
         let old = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
         let disk = Arc::new(tessera_env::FaultDisk::new("dev", 1024 * BLOCK as u64));
         let cipher = encrypted_device(&disk, &old, 1024);
-        cipher.devices[0].write_at(&pattern(9), 9 * BLOCK as u64).unwrap();
+        cipher.devices[0]
+            .write_at(&pattern(9), 9 * BLOCK as u64)
+            .unwrap();
         let new = AtRestKeys {
             current: KeyEncryptionKey::generate().unwrap(),
             retired: vec![old.current.clone()],
@@ -1158,10 +1182,15 @@ mod tests {
         let raw = disk.clone() as Arc<dyn Disk>;
         let sb = crate::recovery::read_superblock(&raw).unwrap();
         let err = GroupCipher::open(&[raw], vec![sb], &old).err().unwrap();
-        assert!(err.to_string().contains(&new.current.id().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&new.current.id().to_string()),
+            "{err}"
+        );
         let cipher = reopen(&disk, &AtRestKeys::new(new.current.clone()));
         let mut buf = vec![0u8; BLOCK];
-        cipher.devices[0].read_at(&mut buf, 9 * BLOCK as u64).unwrap();
+        cipher.devices[0]
+            .read_at(&mut buf, 9 * BLOCK as u64)
+            .unwrap();
         assert!(buf == pattern(9));
     }
 
@@ -1173,7 +1202,10 @@ mod tests {
         let path = dir.path().join("kek");
         kek.save_new(&path).unwrap();
         assert_eq!(KeyEncryptionKey::load(&path).unwrap().id(), kek.id());
-        assert!(kek.save_new(&path).is_err(), "an existing key file is replaced");
+        assert!(
+            kek.save_new(&path).is_err(),
+            "an existing key file is replaced"
+        );
         let raw = dir.path().join("raw");
         std::fs::write(&raw, [7u8; KEK_BYTES]).unwrap();
         std::fs::set_permissions(&raw, std::fs::Permissions::from_mode(0o600)).unwrap();

@@ -10,8 +10,8 @@
 //! drop) and no host can open them while it reads.
 
 use crate::alloc::{Allocator, Reference, ReferenceCount};
-use crate::recovery::{self, damage_was_synced, find_record, later_group_exists};
 use crate::at_rest::AtRestKeys;
+use crate::recovery::{self, damage_was_synced, find_record, later_group_exists};
 use crate::StoreError;
 use std::fmt;
 use std::path::Path;

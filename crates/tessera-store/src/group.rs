@@ -18,6 +18,7 @@
 //! and to the reads waiting for it. A scrub plans without the cache: it
 //! checks the devices.
 
+use crate::at_rest::{AtRestKeys, EncryptionStatus, GroupCipher, KekId};
 use crate::content::{ContentCache, ContentCacheStats, Fill, Resolved};
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
@@ -32,7 +33,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use crate::at_rest::{AtRestKeys, EncryptionStatus, GroupCipher, KekId};
 use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng, DISK_ALIGN};
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
@@ -321,8 +321,8 @@ impl DiskGroup {
         tokio::task::spawn_blocking(move || {
             recovery::format(&all, &name, uuid, zero_log, keys.as_ref())
         })
-            .await
-            .map_err(|e| StoreError::Config(format!("format task failed: {e}")))??;
+        .await
+        .map_err(|e| StoreError::Config(format!("format task failed: {e}")))??;
         Self::open_on(id, devices, index_cache_bytes).await
     }
 

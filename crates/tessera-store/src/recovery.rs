@@ -14,11 +14,11 @@
 //! group commit, which was never acknowledged, and replay ends there.
 
 use crate::alloc::{Allocator, Reference, ReferenceCount};
+use crate::at_rest::{AtRestKeys, DataKey, GroupCipher, REKEY_PIECE_BLOCKS};
 use crate::content::ContentCache;
 use crate::engine::{Geometry, Shared, COMMIT_BLOCKS_MAX, UNSYNCED_BLOCKS_MAX};
 use crate::index::{IndexCache, RootEntry, LBAS_PER_PAGE};
 use crate::state::{Component, LoggedRecord, SnapshotTable, State, HEADROOM_BLOCKS_MIN};
-use crate::at_rest::{AtRestKeys, DataKey, GroupCipher, REKEY_PIECE_BLOCKS};
 use crate::StoreError;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -214,7 +214,8 @@ pub(crate) fn format(
     } else {
         0
     };
-    let usable = |d: &Arc<dyn Disk>| (d.size() / BLOCK_BYTES * BLOCK_BYTES).saturating_sub(journal_bytes);
+    let usable =
+        |d: &Arc<dyn Disk>| (d.size() / BLOCK_BYTES * BLOCK_BYTES).saturating_sub(journal_bytes);
     let capacity: Vec<u64> = devices[1..].iter().map(usable).collect();
     let geo = plan_geometry(usable(&devices[0]), &capacity)?;
     let data_key = keys.map(|_| DataKey::generate()).transpose()?;
@@ -242,7 +243,11 @@ pub(crate) fn format(
             log_blocks: if i == 0 { geo.log_blocks } else { 0 },
             data_start,
             data_blocks,
-            features: if sealed.is_some() { FEATURE_ENCRYPTED } else { 0 },
+            features: if sealed.is_some() {
+                FEATURE_ENCRYPTED
+            } else {
+                0
+            },
             sequence: 0,
             encryption: sealed.as_ref().map(|key| SuperblockEncryption {
                 cipher: CIPHER_AES256_XTS,

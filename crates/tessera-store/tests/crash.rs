@@ -278,7 +278,9 @@ async fn power_cut_cycles_on(
             // of it; one left half way by the last cut goes on by itself.
             dg.set_rekey_rate(0);
             if dg.encryption().unwrap().rekey.is_none() {
-                dg.start_deep_rekey(rig.keys.as_ref().unwrap()).await.unwrap();
+                dg.start_deep_rekey(rig.keys.as_ref().unwrap())
+                    .await
+                    .unwrap();
                 rekeys_begun += 1;
             }
         }
@@ -359,7 +361,16 @@ async fn power_cuts_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) = power_cut_cycles_on(n, false, 0x0001_d0e5, None, 1, Writes::Logged, AtRest::Plain).await;
+    let (v, acked, log) = power_cut_cycles_on(
+        n,
+        false,
+        0x0001_d0e5,
+        None,
+        1,
+        Writes::Logged,
+        AtRest::Plain,
+    )
+    .await;
     println!("power cut, one writer: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}");
     assert!(acked > 0, "nothing was acknowledged");
     assert_eq!(v.total(), 0, "{v:?}");
@@ -374,8 +385,16 @@ async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_with_placed_writes_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) =
-        power_cut_cycles_on(n, false, 0x91ace, None, WRITERS, Writes::Mixed, AtRest::Plain).await;
+    let (v, acked, log) = power_cut_cycles_on(
+        n,
+        false,
+        0x91ace,
+        None,
+        WRITERS,
+        Writes::Mixed,
+        AtRest::Plain,
+    )
+    .await;
     println!(
         "power cut, placed and logged writes: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
     );
@@ -389,8 +408,16 @@ async fn power_cuts_with_placed_writes_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_on_an_encrypted_group_lose_no_acknowledged_write() {
     let n = cycles();
-    let (v, acked, log) =
-        power_cut_cycles_on(n, false, 0x00e1_c0de, None, WRITERS, Writes::Mixed, AtRest::Encrypted).await;
+    let (v, acked, log) = power_cut_cycles_on(
+        n,
+        false,
+        0x00e1_c0de,
+        None,
+        WRITERS,
+        Writes::Mixed,
+        AtRest::Encrypted,
+    )
+    .await;
     println!(
         "power cut, encrypted, placed and logged writes: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}"
     );
@@ -405,10 +432,19 @@ async fn power_cuts_on_an_encrypted_group_lose_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_during_deep_rekeys_lose_no_acknowledged_write() {
     let n = cycles().max(20);
-    let (v, acked, _) =
-        power_cut_cycles_on(n, false, 0x00de_e9e7, None, WRITERS, Writes::Mixed, AtRest::Rekeying)
-            .await;
-    println!("power cut during deep rekeys: {n} cycles, {acked} writes acknowledged, violations: {v:?}");
+    let (v, acked, _) = power_cut_cycles_on(
+        n,
+        false,
+        0x00de_e9e7,
+        None,
+        WRITERS,
+        Writes::Mixed,
+        AtRest::Rekeying,
+    )
+    .await;
+    println!(
+        "power cut during deep rekeys: {n} cycles, {acked} writes acknowledged, violations: {v:?}"
+    );
     assert!(acked > 0, "nothing was acknowledged");
     assert_eq!(v.total(), 0, "{v:?}");
 }
@@ -417,8 +453,16 @@ async fn power_cuts_during_deep_rekeys_lose_no_acknowledged_write() {
 /// sync loses writes there too, so the encrypted runs can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_on_an_encrypted_group_loses_writes_acknowledged_before_sync() {
-    let (v, _, _) =
-        power_cut_cycles_on(cycles(), true, 0xbad_e1, None, WRITERS, Writes::Logged, AtRest::Encrypted).await;
+    let (v, _, _) = power_cut_cycles_on(
+        cycles(),
+        true,
+        0x000b_ade1,
+        None,
+        WRITERS,
+        Writes::Logged,
+        AtRest::Encrypted,
+    )
+    .await;
     assert!(v.lost > 0, "{v:?}");
 }
 

@@ -99,19 +99,27 @@ async fn an_encrypted_group_opens_only_with_the_key_that_sealed_its_data_key() {
 
     let mut without = rig.process_crash();
     without.keys = None;
-    let err = DiskGroup::open_on(DiskGroupId::new("dg-test").unwrap(), without.devices(), 1 << 20)
-        .await
-        .err()
-        .expect("opened without its key");
+    let err = DiskGroup::open_on(
+        DiskGroupId::new("dg-test").unwrap(),
+        without.devices(),
+        1 << 20,
+    )
+    .await
+    .err()
+    .expect("opened without its key");
     assert!(matches!(err, StoreError::Encryption(_)), "{err}");
     assert!(err.to_string().contains(&sealed_by.to_string()), "{err}");
 
     let mut wrong = rig.process_crash();
     wrong.keys = Some(AtRestKeys::new(KeyEncryptionKey::generate().unwrap()));
-    let err = DiskGroup::open_on(DiskGroupId::new("dg-test").unwrap(), wrong.devices(), 1 << 20)
-        .await
-        .err()
-        .expect("opened with another key");
+    let err = DiskGroup::open_on(
+        DiskGroupId::new("dg-test").unwrap(),
+        wrong.devices(),
+        1 << 20,
+    )
+    .await
+    .err()
+    .expect("opened with another key");
     assert!(err.to_string().contains(&sealed_by.to_string()), "{err}");
 
     // A key moved to the retired list still opens what it sealed.
@@ -142,7 +150,10 @@ async fn a_flipped_bit_in_encrypted_data_is_a_checksum_error_not_data() {
     let before = cap.peek(0, cap.size() as usize);
     let mut flipped = 0;
     for off in (2 * 4096..cap.size()).step_by(4096) {
-        if before[off as usize..off as usize + 4096].iter().any(|b| *b != 0) {
+        if before[off as usize..off as usize + 4096]
+            .iter()
+            .any(|b| *b != 0)
+        {
             cap.flip_bit(off + 100, 3);
             flipped += 1;
         }
@@ -180,7 +191,10 @@ async fn a_deep_rekey_rewrites_every_stored_block_while_the_group_serves() {
     let mut last_done = 0;
     let mut lba = 0;
     while let Some(p) = dg.encryption().unwrap().rekey {
-        assert!(p.done_bytes >= last_done && p.done_bytes <= p.total_bytes, "{p:?}");
+        assert!(
+            p.done_bytes >= last_done && p.done_bytes <= p.total_bytes,
+            "{p:?}"
+        );
         last_done = p.done_bytes;
         dg.write(C, Lba(lba), Bytes::from(payload(C.0, lba, 2)), Epoch(1))
             .await
@@ -196,7 +210,11 @@ async fn a_deep_rekey_rewrites_every_stored_block_while_the_group_serves() {
     for lba in 0..BLOCKS {
         let version = if rewritten.contains(&lba) { 2 } else { 1 };
         let block = &data[(lba * 4096) as usize..((lba + 1) * 4096) as usize];
-        assert_eq!(decode(block).unwrap(), Some((C.0, lba, version)), "LBA {lba}");
+        assert_eq!(
+            decode(block).unwrap(),
+            Some((C.0, lba, version)),
+            "LBA {lba}"
+        );
     }
     dg.settle().await.unwrap();
     drop(dg);
