@@ -1305,6 +1305,37 @@ pub struct DiskGroupRecord {
     /// elsewhere at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_components: Vec<ComponentId>,
+    /// Its encryption at rest; absent for a plaintext disk group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<DiskGroupEncryption>,
+}
+
+/// A disk group's encryption at rest, as its host reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskGroupEncryption {
+    /// The cipher ("aes-256-xts").
+    pub cipher: String,
+    /// Fingerprint of the key encryption key that seals its data key.
+    pub kek_id: String,
+    /// Generation of its data key: 1 when formatted, one more per deep
+    /// rekey.
+    pub generation: u32,
+    /// The deep rekey under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rekey: Option<RekeyState>,
+}
+
+/// Progress of a deep rekey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RekeyState {
+    /// Bytes of the disk group's devices already under the new data key.
+    pub done_bytes: u64,
+    /// Bytes to rewrite in all.
+    pub total_bytes: u64,
+    /// Pace (0 while unknown).
+    pub bytes_per_second: u64,
 }
 
 /// Where a volume is in its life.

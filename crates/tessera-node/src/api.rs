@@ -51,6 +51,8 @@
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
+//! | GET | `/encryption` | 200 `[EncryptionView]` (every disk group) |
+//! | POST | `/hosts/{id}/rekey` (`RekeyRequest`) | 202 `[EncryptionView]` (shallow: done; deep: started) |
 //! | GET | `/tokens` | 200 `[TokenView]` |
 //! | POST | `/tokens` (`CreateToken`) | 201 `CreatedToken` (the only answer that holds its secret) |
 //! | DELETE | `/tokens/{id}` | 204 |
@@ -62,8 +64,8 @@
 use crate::api_access;
 use crate::control::{
     ApiChange, ApiIdentity, CloneVolume, ClusterControl, ControlError, CreatePolicy,
-    CreateSnapshot, CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RenameVolume,
-    ResizeVolume, RevertVolume, UpdatePolicy, UpdateSettings,
+    CreateSnapshot, CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RekeyRequest,
+    RenameVolume, ResizeVolume, RevertVolume, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
@@ -90,6 +92,8 @@ pub fn router(control: Control) -> Router {
         .route("/v1/hosts/{id}/start", post(start_host))
         .route("/v1/hosts/{id}/faults", post(inject_fault))
         .route("/v1/hosts/{id}/scrub", post(scrub_now))
+        .route("/v1/hosts/{id}/rekey", post(rekey))
+        .route("/v1/encryption", get(encryption))
         .route(
             "/v1/hosts/{id}/evacuation",
             post(evacuate).delete(end_evacuation),
@@ -331,6 +335,17 @@ async fn evacuate(State(control): State<Control>, Path(id): Path<String>, body: 
             StatusCode::ACCEPTED,
             control.evacuate(&id, e.disk_group.as_deref()).await,
         ),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn encryption(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.encryption().await)
+}
+
+async fn rekey(State(control): State<Control>, Path(id): Path<String>, body: Bytes) -> Response {
+    match parse_body::<RekeyRequest>(&body) {
+        Ok(request) => respond(StatusCode::ACCEPTED, control.rekey(&id, request).await),
         Err(e) => error_response(e),
     }
 }

@@ -143,6 +143,40 @@ fn default_transport_tls() -> bool {
     true
 }
 
+/// Encryption at rest of a host's disk groups: new disk groups are
+/// formatted encrypted (AES-256-XTS under a data key of their own, sealed
+/// by the key encryption key in `kek_file`); encrypted ones open only with
+/// the key that sealed their data key. Disk groups formatted before stay
+/// plaintext (`host show` says which are encrypted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionConfig {
+    /// The key encryption key: 64 hexadecimal digits (or 32 raw bytes),
+    /// readable by its owner only. Keep it off the devices it protects.
+    pub kek_file: PathBuf,
+    /// Earlier key encryption keys, still accepted to open data keys they
+    /// sealed until a shallow rekey seals those with `kek_file`'s key.
+    #[serde(default)]
+    pub retired_kek_files: Vec<PathBuf>,
+}
+
+impl EncryptionConfig {
+    /// Reads the key files (again at every call, so a key file replaced in
+    /// place is what the next rekey uses).
+    pub fn keys(&self) -> Result<tessera_store::AtRestKeys, String> {
+        let load =
+            |p: &PathBuf| tessera_store::KeyEncryptionKey::load(p).map_err(|e| e.to_string());
+        Ok(tessera_store::AtRestKeys {
+            current: load(&self.kek_file)?,
+            retired: self
+                .retired_kek_files
+                .iter()
+                .map(load)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
 /// The iSCSI well-known port (RFC 7143).
 pub const ISCSI_PORT: u16 = 3260;
 
@@ -171,6 +205,9 @@ pub struct HostConfig {
     /// must) upgrade to TLS; without it both are plain.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Encryption at rest of the host's disk groups.
+    #[serde(default)]
+    pub encryption: Option<EncryptionConfig>,
     /// The directory.
     pub directory: DirectoryConfig,
     /// Disk groups.

@@ -161,6 +161,35 @@ pub struct DiskGroupView {
     /// hosts this control plane runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_cache: Option<IndexCacheView>,
+    /// Its encryption at rest; absent for a plaintext disk group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<tessera_directory::keys::DiskGroupEncryption>,
+}
+
+/// What `POST /v1/hosts/{id}/rekey` asks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RekeyRequest {
+    /// Also rewrite every block under a new data key (in the background);
+    /// without it only the data keys are sealed again with the host's
+    /// current key encryption key.
+    #[serde(default)]
+    pub deep: bool,
+    /// Only this disk group (default: every encrypted one of the host).
+    #[serde(default)]
+    pub disk_group: Option<String>,
+}
+
+/// One disk group's encryption at rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncryptionView {
+    /// Its host.
+    pub host: String,
+    /// The disk group.
+    pub disk_group: String,
+    /// Its encryption; absent for a plaintext disk group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<tessera_directory::keys::DiskGroupEncryption>,
 }
 
 /// A disk group's index cache: its budget, what it holds and its counters
@@ -1155,6 +1184,16 @@ pub trait ClusterControl: Send + Sync + 'static {
     /// Starts a scrub pass of every disk group of `host` now; answers its
     /// rows.
     async fn scrub_now(&self, host: &str) -> Result<Vec<ScrubView>, ControlError>;
+    /// Every disk group's encryption at rest, as its host last reported it.
+    async fn encryption(&self) -> Result<Vec<EncryptionView>, ControlError>;
+    /// Rekeys `host`'s encrypted disk groups with the key files of its
+    /// configuration (shallow: the data keys sealed again; deep: also every
+    /// block rewritten under new data keys, in the background).
+    async fn rekey(
+        &self,
+        host: &str,
+        request: RekeyRequest,
+    ) -> Result<Vec<EncryptionView>, ControlError>;
     /// Stops one host's services, as a failure would (only in `tessera up`).
     async fn stop_host(&self, host: &str) -> Result<(), ControlError>;
     /// Starts a stopped host again (only in `tessera up`).

@@ -695,6 +695,7 @@ impl ControlPlane {
                             evicted: i.evicted,
                             prefetch_pages: i.prefetch_pages,
                         }),
+                        encryption: g.encryption.clone(),
                     };
                     capacity.add(&view.capacity);
                     view
@@ -1783,6 +1784,61 @@ impl ClusterControl for ControlPlane {
         };
         running.scrub_now();
         Ok(running.scrubs())
+    }
+
+    async fn encryption(&self) -> Result<Vec<EncryptionView>, ControlError> {
+        let state = self.read_state().await?;
+        Ok(state
+            .groups
+            .iter()
+            .map(|g| EncryptionView {
+                host: g.host.to_string(),
+                disk_group: g.id.to_string(),
+                encryption: g.encryption.clone(),
+            })
+            .collect())
+    }
+
+    async fn rekey(
+        &self,
+        host: &str,
+        request: RekeyRequest,
+    ) -> Result<Vec<EncryptionView>, ControlError> {
+        let slot = self.hosts.slot(host).ok_or_else(|| {
+            ControlError::NotFound(format!(
+                "no host named {host} in this process (a host rekeys through its own API)"
+            ))
+        })?;
+        let running = slot.host.lock().clone();
+        let Some(running) = running else {
+            return Err(ControlError::Conflict(format!("host {host} is stopped")));
+        };
+        let disk_group = request
+            .disk_group
+            .as_deref()
+            .map(DiskGroupId::new)
+            .transpose()
+            .map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let done = running
+            .rekey(request.deep, disk_group.as_ref())
+            .await
+            .map_err(|e| {
+                if e.contains("already under way") {
+                    ControlError::Conflict(e)
+                } else if e.contains("no disk group") {
+                    ControlError::NotFound(e)
+                } else {
+                    ControlError::Invalid(e)
+                }
+            })?;
+        Ok(done
+            .into_iter()
+            .map(|(dg, e)| EncryptionView {
+                host: host.to_string(),
+                disk_group: dg.to_string(),
+                encryption: Some(e),
+            })
+            .collect())
     }
 
     async fn evacuate(

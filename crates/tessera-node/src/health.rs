@@ -336,6 +336,7 @@ mod tests {
                 components: 0,
                 physical_bytes: None,
                 index_cache: None,
+                encryption: None,
             }],
             owned_volumes: Vec::new(),
             capacity: CapacityView::default(),

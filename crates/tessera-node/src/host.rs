@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_control::{ControlConfig, HostControl};
 use tessera_directory::keys::{
-    self, DiskGroupRecord, DiskGroupState, HostAddresses, HostDiskGroup, HostRecord, OwnerRecord,
-    VolumeRecord,
+    self, DiskGroupEncryption, DiskGroupRecord, DiskGroupState, HostAddresses, HostDiskGroup,
+    HostRecord, OwnerRecord, RekeyState, VolumeRecord,
 };
 use tessera_directory::{Directory, EmbeddedDirectory, EtcdDirectory, HostSession, Keyspace};
 use tessera_env::{Clock, FailSwitch, Rng, SeededRng, SwitchedDisk, SystemClock};
@@ -136,8 +136,9 @@ pub struct Host {
     mirror: directory_mirror::Mirror,
     /// The components this host is to delete (its reclaim records).
     reclaims: reclaim::Reclaims,
-    /// Each disk group's health as last written to the directory.
-    published_health: Mutex<Vec<(DiskGroupState, Vec<ComponentId>)>>,
+    /// Each disk group's health and encryption as last written to the
+    /// directory.
+    published_health: Mutex<Vec<PublishedGroup>>,
     /// A probe of the devices is under way (see the control loop).
     probing: std::sync::atomic::AtomicBool,
     /// Set while a pass settles the write intents of the volumes it owns.
@@ -237,7 +238,12 @@ impl Host {
                 } else {
                     tessera_store::DirectIo::Log
                 },
-                encryption: None,
+                encryption: config
+                    .encryption
+                    .as_ref()
+                    .map(|e| e.keys())
+                    .transpose()
+                    .map_err(|e| NodeError::Config(format!("host {id}: encryption: {e}")))?,
             };
             // Behind switches only where fault injection is on: the
             // devices of a production host are never one call away from
@@ -854,10 +860,13 @@ impl Host {
                 used_bytes: space.used_bytes,
                 reserved_bytes: space.reserved_bytes,
                 failed_components,
+                encryption: encryption_record(group),
             };
             let key = self.keys.disk_group(&self.id, group.id());
             match keys::put(self.directory.as_ref(), &key, &record, None).await {
-                Ok(_) => published.push((record.state, record.failed_components)),
+                Ok(_) => {
+                    published.push((record.state, record.failed_components, record.encryption))
+                }
                 Err(e) => {
                     tracing::debug!(host = %self.id, error = %e, "could not publish disk group usage");
                     return;
@@ -875,10 +884,93 @@ impl Host {
             .replica
             .disk_groups()
             .iter()
-            .map(|g| storage_health(&g.health()))
+            .map(|g| {
+                let (state, failed) = storage_health(&g.health());
+                (state, failed, encryption_record(g))
+            })
             .collect();
         *self.published_health.lock() != now
     }
+
+    /// Rekeys this host's encrypted disk groups (or only `disk_group`) with
+    /// the key files of its configuration, read now: a shallow rekey seals
+    /// each data key with the current key encryption key; a deep one also
+    /// starts rewriting every block under a new data key in the background.
+    /// Plaintext disk groups are left as they are. Answers what each disk
+    /// group's encryption is now.
+    pub async fn rekey(
+        &self,
+        deep: bool,
+        disk_group: Option<&DiskGroupId>,
+    ) -> Result<Vec<(DiskGroupId, DiskGroupEncryption)>, String> {
+        let Some(encryption) = &self.config.encryption else {
+            return Err(format!(
+                "host {} has no key encryption key ([encryption] kek_file); its disk groups are not encrypted",
+                self.id
+            ));
+        };
+        let keys = encryption.keys()?;
+        let groups: Vec<_> = self
+            .replica
+            .disk_groups()
+            .iter()
+            .filter(|g| disk_group.is_none_or(|d| g.id() == d))
+            .cloned()
+            .collect();
+        if groups.is_empty() {
+            return Err(format!(
+                "host {} has no disk group {}",
+                self.id,
+                disk_group.map(|d| d.to_string()).unwrap_or_default()
+            ));
+        }
+        let mut out = Vec::new();
+        for g in groups {
+            if g.encryption().is_none() {
+                continue;
+            }
+            let done = if deep {
+                g.start_deep_rekey(&keys).await.map(|_| ())
+            } else {
+                g.rewrap_keys(&keys).await.map(|_| ())
+            };
+            done.map_err(|e| format!("host {} disk group {}: {e}", self.id, g.id()))?;
+            tracing::info!(host = %self.id, disk_group = %g.id(), deep, "rekey");
+            if let Some(e) = encryption_record(&g) {
+                out.push((g.id().clone(), e));
+            }
+        }
+        if out.is_empty() {
+            return Err(format!(
+                "host {}: no encrypted disk group to rekey (disk groups formatted before encryption was configured stay plaintext)",
+                self.id
+            ));
+        }
+        self.publish_usage().await;
+        Ok(out)
+    }
+}
+
+/// What the directory record of a disk group says of its health and
+/// encryption.
+type PublishedGroup = (
+    DiskGroupState,
+    Vec<ComponentId>,
+    Option<DiskGroupEncryption>,
+);
+
+/// A disk group's encryption as its directory record says it.
+fn encryption_record(group: &DiskGroup) -> Option<DiskGroupEncryption> {
+    group.encryption().map(|e| DiskGroupEncryption {
+        cipher: "aes-256-xts".into(),
+        kek_id: e.kek_id.to_string(),
+        generation: e.generation,
+        rekey: e.rekey.map(|r| RekeyState {
+            done_bytes: r.done_bytes,
+            total_bytes: r.total_bytes,
+            bytes_per_second: r.bytes_per_second,
+        }),
+    })
 }
 
 /// A disk group's health as its directory record says it: the state, and

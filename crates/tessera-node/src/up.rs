@@ -8,7 +8,9 @@
 //! Invariant: starting again on the same data directory brings back the
 //! same cluster, volumes, data and CA.
 
-use crate::config::{DeviceConfig, DirectoryConfig, DiskGroupConfig, HostConfig, TlsConfig};
+use crate::config::{
+    DeviceConfig, DirectoryConfig, DiskGroupConfig, EncryptionConfig, HostConfig, TlsConfig,
+};
 use crate::control::{ClusterControl, ControlError, CreatePolicy};
 use crate::control_plane::{ControlPlane, HostSet, HostSlot, HostStarter};
 use crate::error::NodeError;
@@ -44,6 +46,16 @@ pub struct UpConfig {
     /// Whether hosts accept fault injection (devices made to fail on
     /// request); for test clusters.
     pub fault_injection: bool,
+    /// Encryption at rest: the key encryption key's file for every host's
+    /// disk groups. [`default_kek_path`] is made on first start if missing.
+    pub kek_file: Option<PathBuf>,
+}
+
+/// Where `tessera up --encrypt` keeps the key encryption key it makes.
+/// Beside the devices it is a convenience of a local cluster: a real
+/// deployment keeps the key elsewhere (`[encryption] kek_file`).
+pub fn default_kek_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("keys").join("kek")
 }
 
 /// Hosts `tessera up` can run: enough for FTT=3 (7 fault domains), few
@@ -108,8 +120,30 @@ impl UpConfig {
             index_cache_bytes: 32 << 20,
             direct_io: false,
             fault_injection: self.fault_injection,
+            encryption: self.kek_file.clone().map(|kek_file| EncryptionConfig {
+                kek_file,
+                retired_kek_files: Vec::new(),
+            }),
         }
     }
+}
+
+/// Makes the key encryption key of `tessera up --encrypt` on first start.
+fn ensure_kek(config: &UpConfig) -> Result<(), String> {
+    let Some(path) = &config.kek_file else {
+        return Ok(());
+    };
+    if path.exists() || *path != default_kek_path(&config.data_dir) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
+    tessera_store::KeyEncryptionKey::generate()
+        .and_then(|k| k.save_new(path))
+        .map_err(|e| e.to_string())
 }
 
 /// Runs the cluster until `shutdown` completes, then stops every host cleanly.
@@ -209,6 +243,7 @@ pub async fn start_on(
 ) -> Result<Arc<ControlPlane>, NodeError> {
     check_hosts(config).map_err(NodeError::Config)?;
     ensure_tls(config).map_err(NodeError::Config)?;
+    ensure_kek(config).map_err(NodeError::Config)?;
     let board = Arc::new(ResyncBoard::default());
     let mut slots = Vec::new();
     for k in 1..=config.hosts {
@@ -376,6 +411,12 @@ pub fn banner(config: &UpConfig) -> String {
         "  TLS:     {} (the cluster CA; the CLI trusts it beside the token file)\n",
         tls.join("ca-cert.pem").display()
     );
+    if let Some(kek) = &config.kek_file {
+        text += &format!(
+            "  At rest: new disk groups encrypted (AES-256-XTS); key encryption key in {}\n",
+            kek.display()
+        );
+    }
     for k in 1..=config.hosts {
         let host_ip = Ipv4Addr::from(u32::from(config.bind) + k as u32 - 1);
         text += &format!(
@@ -424,6 +465,7 @@ mod tests {
             repair_delay_s: 3600,
             host_capacity_bytes: 8 << 30,
             fault_injection: false,
+            kek_file: None,
         }
     }
 

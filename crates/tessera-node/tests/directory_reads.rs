@@ -92,6 +92,7 @@ async fn an_idle_cluster_reads_nothing_from_the_directory_and_still_sees_changes
         repair_delay_s: 3600,
         host_capacity_bytes: 1 << 30,
         fault_injection: false,
+        kek_file: None,
     };
     let directory = Arc::new(CountingDirectory {
         inner: EmbeddedDirectory::open(

@@ -93,6 +93,10 @@ pub enum Command {
     /// Disk groups: emptying one before maintenance.
     #[command(subcommand)]
     DiskGroup(DiskGroupCommand),
+    /// Encryption at rest: which disk groups are encrypted, under which
+    /// key, and rekeying them.
+    #[command(subcommand)]
+    Encryption(EncryptionCommand),
     /// Inject faults into a test cluster's hosts (`tessera up
     /// --fault-injection`; refused by any other cluster).
     #[command(subcommand)]
@@ -245,6 +249,33 @@ pub enum DiskGroupCommand {
         host: String,
         /// The disk group, e.g. dg0.
         disk_group: String,
+    },
+}
+
+/// `tessera encryption ...`
+#[derive(Debug, Subcommand)]
+pub enum EncryptionCommand {
+    /// Every disk group's encryption: cipher, the key encryption key that
+    /// seals its data key, the data key's generation, a deep rekey's
+    /// progress.
+    List,
+    /// Rekey a host's encrypted disk groups with the key files of its
+    /// configuration, read now. Shallow (the default): each data key is
+    /// sealed again with the current key encryption key, in an instant.
+    /// Deep: every block is also rewritten under a new data key, in the
+    /// background, while volumes stay in use.
+    Rekey {
+        /// Host id, e.g. host-2.
+        host: String,
+        /// Rewrite every block under a new data key.
+        #[arg(long)]
+        deep: bool,
+        /// Only this disk group.
+        #[arg(long, value_name = "DG")]
+        disk_group: Option<String>,
+        /// With --deep: wait until the rewrite is done, printing progress.
+        #[arg(long)]
+        wait: bool,
     },
 }
 

@@ -48,6 +48,15 @@ pub struct UpArgs {
     /// (for test clusters: off unless given).
     #[arg(long)]
     pub fault_injection: bool,
+    /// Encrypt the disk groups at rest (AES-256-XTS). On first start it
+    /// makes a key encryption key in DATA_DIR/keys/kek; later starts use
+    /// that key whenever the file is there.
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Encrypt the disk groups at rest with the key encryption key in this
+    /// file (64 hexadecimal digits, mode 600) instead.
+    #[arg(long, value_name = "FILE")]
+    pub kek_file: Option<PathBuf>,
 }
 
 impl UpArgs {
@@ -64,6 +73,10 @@ impl UpArgs {
             repair_delay_s: self.repair_delay,
             host_capacity_bytes: self.host_capacity,
             fault_injection: self.fault_injection,
+            kek_file: self.kek_file.clone().or_else(|| {
+                let generated = tessera_node::up::default_kek_path(&self.data_dir);
+                (self.encrypt || generated.exists()).then_some(generated)
+            }),
         }
     }
 }

@@ -10,10 +10,10 @@
 use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
-    AuditRecord, CapacityView, ClusterSettings, ComponentView, CreatedToken, EvacuationView,
-    FillView, Health, HealthCheck, HealthCode, HealthReport, HostView, IscsiAccessView, ObjectView,
-    ResyncState, ResyncView, ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView,
-    TokenView, VerifyReport, VolumeView,
+    AuditRecord, CapacityView, ClusterSettings, ComponentView, CreatedToken, EncryptionView,
+    EvacuationView, FillView, Health, HealthCheck, HealthCode, HealthReport, HostView,
+    IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView, Severity, SnapshotDeleted,
+    SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -1084,6 +1084,50 @@ pub fn scrubs(rows: &[ScrubView]) -> String {
     let mut out = t.render();
     out.push_str(&errors);
     out
+}
+
+/// `tessera encryption list`: each disk group's encryption at rest.
+pub fn encryption(rows: &[EncryptionView]) -> String {
+    let mut t = Table::new(&[
+        "HOST",
+        "DISK GROUP",
+        "ENCRYPTION",
+        "KEY ENCRYPTION KEY",
+        "DATA KEY",
+        "DEEP REKEY",
+    ]);
+    for r in rows {
+        match &r.encryption {
+            None => t.row(vec![
+                r.host.clone(),
+                r.disk_group.clone(),
+                "none".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]),
+            Some(e) => t.row(vec![
+                r.host.clone(),
+                r.disk_group.clone(),
+                e.cipher.clone(),
+                e.kek_id.clone(),
+                format!("generation {}", e.generation),
+                match e.rekey {
+                    None => "-".into(),
+                    Some(p) => {
+                        let left = p.total_bytes.saturating_sub(p.done_bytes);
+                        format!(
+                            "{}% at {}/s, {} left",
+                            percent_done(p.done_bytes, left),
+                            format_size(p.bytes_per_second),
+                            eta((p.bytes_per_second > 0).then(|| left / p.bytes_per_second))
+                        )
+                    }
+                },
+            ]),
+        }
+    }
+    t.render()
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@
 //! (stop, start, delete) print nothing with `--json`.
 
 use crate::args::{
-    Command, DiskGroupCommand, FaultCommand, HostCommand, ObjectCommand, PolicyCommand,
-    ResyncCommand, ScrubCommand, SettingsCommand, SnapshotCommand, StoreCommand, TokenCommand,
-    VolumeCommand,
+    Command, DiskGroupCommand, EncryptionCommand, FaultCommand, HostCommand, ObjectCommand,
+    PolicyCommand, ResyncCommand, ScrubCommand, SettingsCommand, SnapshotCommand, StoreCommand,
+    TokenCommand, VolumeCommand,
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
@@ -19,9 +19,9 @@ use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
-    AuditRecord, ClusterSettings, ControlError, CreatedToken, EvacuationView, HealthReport,
-    HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity, SnapshotDeleted,
-    SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
+    AuditRecord, ClusterSettings, ControlError, CreatedToken, EncryptionView, EvacuationView,
+    HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity,
+    SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -319,6 +319,18 @@ pub fn run(
         Command::DiskGroup(DiskGroupCommand::Evacuate { host, disk_group }) => {
             evacuate(&client, output, host, Some(disk_group))?;
         }
+        Command::Encryption(EncryptionCommand::List) => {
+            let v = client.get("/v1/encryption")?;
+            output.view::<Vec<EncryptionView>>("/v1/encryption", v, |rows| {
+                render::encryption(rows)
+            })?;
+        }
+        Command::Encryption(EncryptionCommand::Rekey {
+            host,
+            deep,
+            disk_group,
+            wait,
+        }) => rekey(&client, output, host, *deep, disk_group.as_deref(), *wait)?,
         Command::Host(HostCommand::Start { host }) => {
             client.post_json(&format!("/v1/hosts/{}/start", segment(host)), &json!({}))?;
             if !output.json {
@@ -751,6 +763,78 @@ fn nbd_hint(client: &ApiClient, volume: &VolumeView) -> String {
     match host {
         Some(h) => format!("attach with: nbd://{}/{}\n", h.nbd_addr, volume.name),
         None => String::new(),
+    }
+}
+
+/// `tessera encryption rekey`: asks the host, then (with `--wait`) follows
+/// a deep rekey's progress in the host's disk group records until each is
+/// done.
+fn rekey(
+    client: &ApiClient,
+    output: &mut Output<'_>,
+    host: &str,
+    deep: bool,
+    disk_group: Option<&str>,
+    wait: bool,
+) -> Result<(), CliError> {
+    let path = format!("/v1/hosts/{}/rekey", segment(host));
+    let v = client.post_json(&path, &json!({ "deep": deep, "disk_group": disk_group }))?;
+    let started: Vec<EncryptionView> = decode(&path, v.clone())?;
+    if !(deep && wait) {
+        output.view::<Vec<EncryptionView>>(&path, v, |rows| {
+            let what = if deep {
+                "deep rekey started (every block is rewritten in the background; `tessera encryption list` shows it)"
+            } else {
+                "data keys sealed again with the current key encryption key"
+            };
+            format!("{host}: {what}\n{}", render::encryption(rows))
+        })?;
+        return Ok(());
+    }
+    let mut last_line = String::new();
+    loop {
+        let rows: Vec<EncryptionView> = decode("/v1/encryption", client.get("/v1/encryption")?)?;
+        let mine: Vec<&EncryptionView> = rows
+            .iter()
+            .filter(|r| r.host == host && started.iter().any(|s| s.disk_group == r.disk_group))
+            .collect();
+        let running: Vec<_> = mine
+            .iter()
+            .filter_map(|r| r.encryption.as_ref()?.rekey.map(|p| (r, p)))
+            .collect();
+        if running.is_empty() {
+            let done: Vec<EncryptionView> = mine.into_iter().cloned().collect();
+            if output.json {
+                return output.json(&serde_json::to_value(&done).unwrap_or_default());
+            }
+            return output.text(&format!(
+                "{host}: deep rekey done\n{}",
+                render::encryption(&done)
+            ));
+        }
+        if !output.json {
+            let line = running
+                .iter()
+                .map(|(r, p)| {
+                    format!(
+                        "{} {}% ({} of {})",
+                        r.disk_group,
+                        render::percent_done(
+                            p.done_bytes,
+                            p.total_bytes.saturating_sub(p.done_bytes)
+                        ),
+                        tessera_types::format_size(p.done_bytes),
+                        tessera_types::format_size(p.total_bytes)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            if line != last_line {
+                output.text(&format!("rekeying {line}\n"))?;
+                last_line = line;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 

@@ -675,6 +675,7 @@ pub async fn typed_records(env: Env) -> Result<()> {
         used_bytes: 4096,
         reserved_bytes: 0,
         failed_components: Vec::new(),
+        encryption: None,
     };
     keys::put(d, &ks.disk_group(&h1.id, &dg.id), &dg, None).await?;
     let dgs = keys::list(d, &ks.disk_groups_of(&h1.id)).await?;

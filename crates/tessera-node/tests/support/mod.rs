@@ -15,10 +15,10 @@ use tessera_node::api_access;
 use tessera_node::control::{
     ApiChange, ApiIdentity, ApiRole, ApiTokenRecord, AuditRecord, CapacityView, CloneVolume,
     ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot,
-    CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, FillView, Health, HostView,
-    IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RenameVolume, ResizeVolume,
-    ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, TokenView, UpdatePolicy,
-    UpdateSettings, VerifyReport, VolumeView,
+    CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, FillView,
+    Health, HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RekeyRequest,
+    RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView,
+    TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -234,6 +234,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 components: 0,
                 physical_bytes: Some(0),
                 index_cache: None,
+                encryption: None,
             }],
             owned_volumes: if i == usize::from(r.stopped[0]) {
                 r.volumes.keys().cloned().collect()
@@ -773,6 +774,27 @@ impl ClusterControl for MemoryControl {
                 ..ScrubView::default()
             })
             .collect())
+    }
+
+    async fn encryption(&self) -> Result<Vec<EncryptionView>, ControlError> {
+        Ok((0..HOSTS)
+            .map(|i| EncryptionView {
+                host: format!("host-{}", i + 1),
+                disk_group: "dg-1".into(),
+                encryption: None,
+            })
+            .collect())
+    }
+
+    async fn rekey(
+        &self,
+        host: &str,
+        _request: RekeyRequest,
+    ) -> Result<Vec<EncryptionView>, ControlError> {
+        self.host_index(host)?;
+        Err(ControlError::Invalid(format!(
+            "host {host} has no key encryption key ([encryption] kek_file); its disk groups are not encrypted"
+        )))
     }
 
     async fn scrub_now(&self, host: &str) -> Result<Vec<ScrubView>, ControlError> {

@@ -17,6 +17,8 @@ pub struct UpCluster {
     pub api: String,
     /// The first three octets of its hosts' addresses (host-K is `.K`).
     net: String,
+    /// Its data directory (host-K's devices in `host-K/`).
+    pub data_dir: std::path::PathBuf,
     nbd_port: u16,
 }
 
@@ -53,7 +55,12 @@ impl UpCluster {
             let (api_port, nbd_port) = (free_port(), free_port());
             let log = std::fs::File::create(&log_path).unwrap();
             let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-                .args(["up", "--host-capacity", "1G"])
+                .arg("up")
+                .args(if extra.contains(&"--host-capacity") {
+                    &[][..]
+                } else {
+                    &["--host-capacity", "1G"][..]
+                })
                 .args(extra)
                 .arg("--data-dir")
                 .arg(dir.path().join(format!("data-{attempt}")))
@@ -83,6 +90,7 @@ impl UpCluster {
                 if tessera(&api, &["status"]).0 {
                     return UpCluster {
                         child,
+                        data_dir: dir.path().join(format!("data-{attempt}")),
                         _dir: dir,
                         api,
                         net,
