@@ -7,13 +7,17 @@
 # median of each, the ratio TLS / plain, and the CPU time `tessera up`
 # spent per GiB moved (user + system, from /proc/PID/stat).
 #
+# With ENCRYPT=1 the TLS path runs on a second `tessera up` whose disk
+# groups are encrypted at rest (`--encrypt`), so the ratio is encryption at
+# rest and TLS on against both off; each cluster's CPU is counted apart.
+#
 # Profiles (issue target: TLS >= 0.9x of plain):
 #   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8 (IOPS)
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
 #
 # Environment: RUNTIME (seconds per run, default 15), ROUNDS (default 3),
 # SIZE (volume size, default 2G), PROFILES (default "mixed seqwrite"),
-# CARGO_TARGET_DIR (default target).
+# ENCRYPT (default 0), CARGO_TARGET_DIR (default target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +25,7 @@ RUNTIME=${RUNTIME:-15}
 ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-2G}
 PROFILES=${PROFILES:-mixed seqwrite}
+ENCRYPT=${ENCRYPT:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 
 for tool in fio python3 nbdinfo; do
@@ -30,9 +35,9 @@ cargo build --release -q -p tessera
 tessera="$CARGO_TARGET_DIR/release/tessera"
 
 work=$(mktemp -d -p "${BENCH_DIR:-/work}" tessera-tls-bench.XXXXXX)
-up_pid=
+pids=()
 cleanup() {
-  if [ -n "$up_pid" ]; then kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -40,36 +45,61 @@ trap cleanup EXIT
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
-octet=$(( (RANDOM % 200) + 20 ))
-third=$(( RANDOM % 250 ))
-bind="127.$octet.$third.1"
-api_port=$(free_port); nbd_port=$(free_port); iscsi_port=$(free_port); transport_port=$(free_port)
-export TESSERA_TOKEN_FILE="$work/data/admin.token"
-"$tessera" up --data-dir "$work/data" --bind "$bind" --api-port "$api_port" \
-  --nbd-port "$nbd_port" --iscsi-port "$iscsi_port" --transport-port "$transport_port" \
-  --host-capacity 4G > "$work/up.log" 2>&1 &
-up_pid=$!
-api="https://$bind:$api_port"
-for _ in $(seq 300); do
-  "$tessera" --api "$api" status >/dev/null 2>&1 && break
-  sleep 0.2
-done
-"$tessera" --api "$api" volume create bench --size "$SIZE" >/dev/null
-owner=
-for _ in $(seq 100); do
-  owner=$("$tessera" --api "$api" volume show bench --json \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin).get("owner") or "")')
-  [ -n "$owner" ] && break
-  sleep 0.2
-done
-owner_ip="127.$octet.$third.${owner#host-}"
-plain="nbd://$owner_ip:$nbd_port/bench"
-# fio's nbd engine may not name local files in a URI: libnbd finds the
-# client certificate where it looks by default, $HOME/.pki/libnbd.
-mkdir -p "$work/home/.pki"
-cp -r "$work/data/tls/client" "$work/home/.pki/libnbd"
-tls="nbds://$owner_ip:$nbd_port/bench"
-HOME="$work/home" nbdinfo --size "$tls" >/dev/null
+# Starts `tessera up` in $work/NAME with FLAGS and a volume `bench`; sets
+# up_pid, plain (nbd://) and tls (nbds://) to the volume through its owner.
+start_cluster() { # name flags...
+  local name=$1; shift
+  local octet third bind api_port nbd_port iscsi_port transport_port owner owner_ip
+  octet=$(( (RANDOM % 200) + 20 )); third=$(( RANDOM % 250 ))
+  bind="127.$octet.$third.1"
+  api_port=$(free_port); nbd_port=$(free_port); iscsi_port=$(free_port); transport_port=$(free_port)
+  export TESSERA_TOKEN_FILE="$work/$name/admin.token"
+  "$tessera" up --data-dir "$work/$name" --bind "$bind" --api-port "$api_port" \
+    --nbd-port "$nbd_port" --iscsi-port "$iscsi_port" --transport-port "$transport_port" \
+    --host-capacity 4G "$@" > "$work/$name.log" 2>&1 &
+  up_pid=$!
+  pids+=("$up_pid")
+  api="https://$bind:$api_port"
+  for _ in $(seq 300); do
+    "$tessera" --api "$api" status >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  # Both clusters' volumes get the same shape, an owner that holds one
+  # of the copies (a copy on the owner's host is written without a
+  # network hop): made again until it has it.
+  for _ in $(seq 20); do
+    "$tessera" --api "$api" volume create bench --size "$SIZE" >/dev/null
+    owner=
+    for _ in $(seq 100); do
+      owner=$("$tessera" --api "$api" object show bench --json | python3 -c '
+import json, sys
+o = json.load(sys.stdin)
+owner = o.get("owner") or ""
+local = any(c["host"] == owner and c["role"] == "data" for c in o["components"])
+print(owner if owner and local else ("-" if owner else ""))')
+      [ -n "$owner" ] && break
+      sleep 0.2
+    done
+    [ "$owner" != "-" ] && break
+    "$tessera" --api "$api" volume delete bench --force >/dev/null
+  done
+  owner_ip="127.$octet.$third.${owner#host-}"
+  plain="nbd://$owner_ip:$nbd_port/bench"
+  # fio's nbd engine may not name local files in a URI: libnbd finds the
+  # client certificate where it looks by default, $HOME/.pki/libnbd.
+  mkdir -p "$work/$name-home/.pki"
+  cp -r "$work/$name/tls/client" "$work/$name-home/.pki/libnbd"
+  tls="nbds://$owner_ip:$nbd_port/bench"
+  HOME="$work/$name-home" nbdinfo --size "$tls" >/dev/null
+}
+start_cluster off
+plain_uri=$plain; plain_pid=$up_pid; plain_home="$work/off-home"
+tls_uri=$tls; tls_pid=$up_pid; tls_home=$plain_home
+if [ "$ENCRYPT" = 1 ]; then
+  start_cluster on --encrypt
+  tls_uri=$tls; tls_pid=$up_pid; tls_home="$work/on-home"
+  "$tessera" --api "$api" encryption list
+fi
 
 profile_args() {
   case $1 in
@@ -81,14 +111,14 @@ cpu_us() {
   awk -v hz="$(getconf CLK_TCK)" '{print int(($14 + $15) * 1000000 / hz)}' "/proc/$1/stat"
 }
 # One run: prints "figure cpu_s_per_gib".
-run() { # uri profile
+run() { # uri profile pid home
   local before after
-  before=$(cpu_us "$up_pid")
+  before=$(cpu_us "$3")
   # shellcheck disable=SC2046
-  HOME="$work/home" fio --name=bench --ioengine=nbd --uri="$1" $(profile_args "$2") \
+  HOME="$4" fio --name=bench --ioengine=nbd --uri="$1" $(profile_args "$2") \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --group_reporting --output-format=json \
       > "$work/fio.json"
-  after=$(cpu_us "$up_pid")
+  after=$(cpu_us "$3")
   python3 - "$work/fio.json" "$2" "$(( after - before ))" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -100,8 +130,13 @@ cpu_per_gib = int(sys.argv[3]) / 1e6 / max(moved / 2**30, 1e-9)
 print(f"{figure:.0f} {cpu_per_gib:.2f}")
 PY
 }
-fio --name=fill --ioengine=nbd --uri="$plain" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
-    --output-format=terse >/dev/null
+for target in "$plain_uri $plain_home" "$tls_uri $tls_home"; do
+  read -r uri home <<<"$target"
+  HOME="$home" fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 \
+      --size="$SIZE" --output-format=terse >/dev/null
+  [ "$ENCRYPT" = 1 ] || break
+done
+on_label=tls; [ "$ENCRYPT" = 1 ] && on_label=enc+tls
 
 median() { python3 -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 printf '%-9s %-6s %10s %12s\n' profile path figure cpu-s/GiB
@@ -109,15 +144,15 @@ for profile in $PROFILES; do
   unit=IOPS; [ "$profile" = seqwrite ] && unit=MiB/s
   plain_figures=(); tls_figures=(); plain_cpu=(); tls_cpu=()
   for _ in $(seq "$ROUNDS"); do
-    read -r f c <<<"$(run "$plain" "$profile")"
+    read -r f c <<<"$(run "$plain_uri" "$profile" "$plain_pid" "$plain_home")"
     plain_figures+=("$f"); plain_cpu+=("$c")
     printf '%-9s %-6s %10s %12s\n' "$profile" plain "$f $unit" "$c"
-    read -r f c <<<"$(run "$tls" "$profile")"
+    read -r f c <<<"$(run "$tls_uri" "$profile" "$tls_pid" "$tls_home")"
     tls_figures+=("$f"); tls_cpu+=("$c")
-    printf '%-9s %-6s %10s %12s\n' "$profile" tls "$f $unit" "$c"
+    printf '%-9s %-6s %10s %12s\n' "$profile" "$on_label" "$f $unit" "$c"
   done
   p=$(median "${plain_figures[@]}"); t=$(median "${tls_figures[@]}")
   pc=$(median "${plain_cpu[@]}"); tc=$(median "${tls_cpu[@]}")
-  printf '%-9s median plain %s, TLS %s %s: TLS/plain %s (target >= 0.9); CPU s/GiB plain %s, TLS %s\n' \
+  printf "%-9s median plain %s, $on_label %s %s: $on_label/plain %s (target >= 0.9); CPU s/GiB plain %s, $on_label %s\n" \
     "$profile" "$p" "$t" "$unit" "$(python3 -c "print(f'{$t/$p:.3f}')")" "$pc" "$tc"
 done

@@ -9,6 +9,9 @@
 //!                                             each task on its own stretch
 //!   store_bench memory DIR GIB                write GIB sequentially, print RSS
 //!
+//! A key file `DIR/kek` (64 hexadecimal digits, mode 600) makes the group
+//! encrypted at rest (`prepare` formats it so; later cases open it with it).
+//!
 //! Output: one line `iops=<n> mib_s=<n> ops=<n> seconds=<s> rss_kib=<n>` (writes and
 //! read also print the write log's group commit counters). Each case ends by
 //! settling the disk group (destage and checkpoint, not timed), so a case
@@ -43,7 +46,10 @@ fn config(dir: &Path, capacity_gib: u64) -> DiskGroupConfig {
         index_cache_bytes: INDEX_CACHE_BYTES,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
         direct_io: tessera_store::DirectIo::All,
-        encryption: None,
+        // A key file `kek` in DIR makes the group encrypted at rest.
+        encryption: tessera_store::KeyEncryptionKey::load(&dir.join("kek"))
+            .ok()
+            .map(tessera_store::AtRestKeys::new),
     }
 }
 

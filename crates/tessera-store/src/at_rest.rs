@@ -371,6 +371,20 @@ impl Xts {
         }
     }
 
+    /// Encrypts one 4 KiB unit from `plain` into `out` (one pass over the
+    /// source instead of a copy and then an encryption in place).
+    fn encrypt_into(&self, unit: u128, plain: &[u8], out: &mut [u8]) {
+        let tweaks = self.tweaks(unit);
+        let (src, _) = Block::slice_as_chunks(plain);
+        let (blocks, rest) = Block::slice_as_chunks_mut(out);
+        debug_assert!(rest.is_empty() && blocks.len() == LANES && src.len() == LANES);
+        for ((b, s), t) in blocks.iter_mut().zip(src).zip(&tweaks) {
+            *b = Block::from((u128::from_le_bytes((*s).into()) ^ t).to_le_bytes());
+        }
+        self.data.encrypt_blocks(blocks);
+        Self::xor_tweaks(blocks, &tweaks);
+    }
+
     /// Encrypts one 4 KiB unit in place.
     pub(crate) fn encrypt(&self, unit: u128, buf: &mut [u8]) {
         let tweaks = self.tweaks(unit);
@@ -403,6 +417,16 @@ struct DeviceKeys {
     generation: u32,
     /// During a deep rekey: the next key, covering blocks below `cursor`.
     next: Option<DataKey>,
+}
+
+impl DeviceKeys {
+    /// The key of `block` with the device's rekey cursor at `cursor`.
+    fn for_block(&self, block: u64, cursor: u64) -> &DataKey {
+        match &self.next {
+            Some(next) if block < cursor => next,
+            _ => &self.current,
+        }
+    }
 }
 
 /// A device of an encrypted disk group: encrypts what the store writes and
@@ -457,11 +481,11 @@ impl EncryptedDisk {
             if block < CLEAR_BLOCKS {
                 continue;
             }
-            let key = match &keys.next {
-                Some(next) if block < cursor => next,
-                _ => &keys.current,
-            };
-            f(&key.cipher, unit(self.device, block), chunk);
+            f(
+                &keys.for_block(block, cursor).cipher,
+                unit(self.device, block),
+                chunk,
+            );
         }
     }
 
@@ -477,8 +501,28 @@ impl EncryptedDisk {
         }
         let first = offset / BLOCK as u64;
         let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
-        let mut sealed = AlignedBuf::copy_of(buf);
-        self.each_block(first, sealed.as_mut_slice(), |x, u, b| x.encrypt(u, b));
+        let mut sealed = AlignedBuf::zeroed(buf.len());
+        {
+            let keys = self.keys.read();
+            let cursor = self.cursor.load(Ordering::Acquire);
+            let out = sealed.as_mut_slice();
+            for (i, (src, dst)) in buf
+                .chunks_exact(BLOCK)
+                .zip(out.chunks_exact_mut(BLOCK))
+                .enumerate()
+            {
+                let block = first + i as u64;
+                if block < CLEAR_BLOCKS {
+                    dst.copy_from_slice(src);
+                    continue;
+                }
+                keys.for_block(block, cursor).cipher.encrypt_into(
+                    unit(self.device, block),
+                    src,
+                    dst,
+                );
+            }
+        }
         write(sealed.as_slice(), offset)
     }
 }
@@ -1024,6 +1068,9 @@ mod tests {
             let mut b = data.clone();
             reference.encrypt_sector(&mut b, unit_no.to_le_bytes().into());
             prop_assert_eq!(&a, &b);
+            let mut c = vec![0u8; BLOCK];
+            ours.encrypt_into(unit_no, &data, &mut c);
+            prop_assert_eq!(&c, &b);
             ours.decrypt(unit_no, &mut a);
             prop_assert_eq!(a, data);
         }

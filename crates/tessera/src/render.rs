@@ -1404,6 +1404,7 @@ mod tests {
                 components: 4,
                 physical_bytes: Some(512 << 20),
                 index_cache: None,
+                encryption: None,
             }],
             owned_volumes: vec!["vol1".to_string()],
             capacity: CapacityView::default(),
