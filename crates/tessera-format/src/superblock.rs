@@ -342,9 +342,9 @@ fn decode_key(r: &mut Reader<'_>) -> Option<WrappedKey> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trips() {
-        let sb = Superblock {
+    /// A plaintext capacity device's superblock.
+    fn capacity_device() -> Superblock {
+        Superblock {
             group_uuid: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
             group_name: "dg-a".into(),
             role: DeviceRole::Capacity,
@@ -360,7 +360,12 @@ mod tests {
             features: 0,
             sequence: 0,
             encryption: None,
-        };
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let sb = capacity_device();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
     }
 
@@ -412,21 +417,9 @@ mod tests {
     #[test]
     fn unknown_features_and_oversized_journals_are_refused() {
         let mut sb = Superblock {
-            group_uuid: 7,
-            group_name: "dg-e".into(),
-            role: DeviceRole::Capacity,
-            device_index: 1,
-            device_count: 2,
-            device_bytes: 1 << 30,
-            meta_start: 0,
-            meta_slot_blocks: 0,
-            log_start: 0,
-            log_blocks: 0,
-            data_start: 2,
-            data_blocks: 100,
             features: 1 << 9,
             sequence: 1,
-            encryption: None,
+            ..capacity_device()
         };
         assert!(Superblock::decode(&sb.encode()).is_err());
         sb.features = FEATURE_ENCRYPTED;

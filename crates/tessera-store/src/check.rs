@@ -119,6 +119,17 @@ pub fn check_encrypted_devices<P: AsRef<Path>>(
     Ok(check_opened(&opened, keys))
 }
 
+/// The report of a group whose devices cannot be read as one: `e` is its
+/// only problem, on the cache device.
+fn unreadable(mut report: CheckReport, devices: &[Arc<dyn Disk>], e: StoreError) -> CheckReport {
+    report.problems.push(CheckProblem {
+        device: devices[0].name(),
+        offset: 0,
+        problem: e.to_string(),
+    });
+    report
+}
+
 /// A device named as the caller wrote it, opened (and locked) or not.
 type Opened = (String, Result<Arc<dyn Disk>, DiskError>);
 
@@ -177,25 +188,11 @@ fn check_opened(opened: &[Opened], keys: Option<&AtRestKeys>) -> CheckReport {
             cipher.disks()
         }
         Ok((None, _)) => devices,
-        Err(e) => {
-            report.problems.push(CheckProblem {
-                device: devices[0].name(),
-                offset: 0,
-                problem: e.to_string(),
-            });
-            return report;
-        }
+        Err(e) => return unreadable(report, &devices, e),
     };
     let (geo, _, _) = match recovery::read_geometry(&devices) {
         Ok(g) => g,
-        Err(e) => {
-            report.problems.push(CheckProblem {
-                device: devices[0].name(),
-                offset: 0,
-                problem: e.to_string(),
-            });
-            return report;
-        }
+        Err(e) => return unreadable(report, &devices, e),
     };
     let cache = &devices[0];
     let ck = match recovery::read_checkpoint(cache, &geo) {
