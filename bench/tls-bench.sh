@@ -16,14 +16,16 @@
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
 #
 # Environment: RUNTIME (seconds per run, default 15), ROUNDS (default 3),
-# SIZE (volume size, default 2G), PROFILES (default "mixed seqwrite"),
+# SIZE (volume size, default 1G), HOST_CAPACITY (each host's capacity
+# device, default 2G), PROFILES (default "mixed seqwrite"),
 # ENCRYPT (default 0), CARGO_TARGET_DIR (default target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNTIME=${RUNTIME:-15}
 ROUNDS=${ROUNDS:-3}
-SIZE=${SIZE:-2G}
+SIZE=${SIZE:-1G}
+HOST_CAPACITY=${HOST_CAPACITY:-2G}
 PROFILES=${PROFILES:-mixed seqwrite}
 ENCRYPT=${ENCRYPT:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
@@ -34,10 +36,21 @@ done
 cargo build --release -q -p tessera
 tessera="$CARGO_TARGET_DIR/release/tessera"
 
+# Overwrites go to new blocks, so a capacity file grows towards its full
+# size as the runs go on: the two hosts holding copies of each cluster's
+# volume need room for theirs.
 work=$(mktemp -d -p "${BENCH_DIR:-/work}" tessera-tls-bench.XXXXXX)
+need_kib=$(( 2 * 2 * ($(numfmt --from=iec "$HOST_CAPACITY") * 9 / 8) / 1024 ))
+free_kib=$(df -k --output=avail "$work" | tail -1)
+if [ "$free_kib" -lt "$need_kib" ]; then
+  echo "tls-bench: $((free_kib / 1048576)) GiB free under $work, $((need_kib / 1048576)) GiB needed (lower HOST_CAPACITY)" >&2
+  rmdir "$work"; exit 1
+fi
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  # The clusters' logs outlive the run: ${LOG_DIR:-/tmp}/tls-bench-NAME.log.
+  for log in "$work"/*.log; do [ -e "$log" ] && cp "$log" "${LOG_DIR:-/tmp}/tls-bench-$(basename "$log")"; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -56,7 +69,7 @@ start_cluster() { # name flags...
   export TESSERA_TOKEN_FILE="$work/$name/admin.token"
   "$tessera" up --data-dir "$work/$name" --bind "$bind" --api-port "$api_port" \
     --nbd-port "$nbd_port" --iscsi-port "$iscsi_port" --transport-port "$transport_port" \
-    --host-capacity 4G "$@" > "$work/$name.log" 2>&1 &
+    --host-capacity "$HOST_CAPACITY" "$@" > "$work/$name.log" 2>&1 &
   up_pid=$!
   pids+=("$up_pid")
   api="https://$bind:$api_port"
