@@ -366,4 +366,34 @@ capacity = [{ path = "/tmp/k.img", size_bytes = 1073741824 }]
             HostConfig::from_file(std::path::Path::new("/nonexistent/node.toml")).unwrap_err();
         assert!(err.contains("cannot read"), "{err}");
     }
+
+    #[test]
+    fn an_encryption_section_names_key_files_read_when_the_keys_are_needed() {
+        let (dir, path) = write(&format!(
+            "{GOOD}\n[encryption]\nkek_file = \"/nonexistent/kek\"\n"
+        ));
+        let config = HostConfig::from_file(&path).unwrap();
+        let encryption = config.encryption.clone().unwrap();
+        assert!(encryption.retired_kek_files.is_empty());
+        let err = encryption.keys().unwrap_err();
+        assert!(err.contains("/nonexistent/kek"), "{err}");
+        let kek = dir.path().join("kek");
+        tessera_store::KeyEncryptionKey::generate()
+            .unwrap()
+            .save_new(&kek)
+            .unwrap();
+        let keys = EncryptionConfig {
+            kek_file: kek.clone(),
+            retired_kek_files: vec![kek],
+        }
+        .keys()
+        .unwrap();
+        assert_eq!(keys.retired.len(), 1);
+        assert_eq!(keys.retired[0].id(), keys.current.id());
+        let (_d, path) = write(&format!(
+            "{GOOD}\n[encryption]\nkek_file = \"/k\"\nkek = \"/x\"\n"
+        ));
+        let err = HostConfig::from_file(&path).unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+    }
 }
