@@ -1822,14 +1822,15 @@ impl ClusterControl for ControlPlane {
         let done = running
             .rekey(request.deep, disk_group.as_ref())
             .await
-            .map_err(|e| {
-                if e.contains("already under way") {
-                    ControlError::Conflict(e)
-                } else if e.contains("no disk group") {
-                    ControlError::NotFound(e)
-                } else {
-                    ControlError::Invalid(e)
+            .map_err(|e| match e {
+                crate::error::RekeyError::Store {
+                    source: tessera_store::StoreError::RekeyUnderWay,
+                    ..
+                } => ControlError::Conflict(e.to_string()),
+                crate::error::RekeyError::NoDiskGroup { .. } => {
+                    ControlError::NotFound(e.to_string())
                 }
+                _ => ControlError::Invalid(e.to_string()),
             })?;
         Ok(done
             .into_iter()

@@ -43,6 +43,53 @@ pub enum NodeError {
     },
 }
 
+/// Why a host could not rekey its disk groups.
+#[derive(Debug, thiserror::Error)]
+pub enum RekeyError {
+    /// The host's configuration names no key encryption key.
+    #[error(
+        "host {host} has no key encryption key ([encryption] kek_file); its disk groups are not encrypted"
+    )]
+    NoKeys {
+        /// The host.
+        host: HostId,
+    },
+    /// A key file could not be read.
+    #[error("host {host}: {problem}")]
+    KeyFiles {
+        /// The host.
+        host: HostId,
+        /// What is wrong with the file.
+        problem: String,
+    },
+    /// The disk group asked for is not on the host.
+    #[error("host {host} has no disk group {disk_group}")]
+    NoDiskGroup {
+        /// The host.
+        host: HostId,
+        /// The disk group asked for.
+        disk_group: String,
+    },
+    /// None of the disk groups asked for is encrypted.
+    #[error(
+        "host {host}: no encrypted disk group to rekey (disk groups formatted before encryption was configured stay plaintext)"
+    )]
+    NothingEncrypted {
+        /// The host.
+        host: HostId,
+    },
+    /// The store refused or failed.
+    #[error("host {host} disk group {disk_group}: {source}")]
+    Store {
+        /// The host.
+        host: HostId,
+        /// The disk group.
+        disk_group: String,
+        /// Why.
+        source: tessera_store::StoreError,
+    },
+}
+
 /// Why a fault could not be injected into a host.
 #[derive(Debug, thiserror::Error)]
 pub enum FaultError {

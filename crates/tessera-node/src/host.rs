@@ -30,7 +30,7 @@ pub use scrub::{ScrubView, SCRUB_MIN_RATE, SCRUB_NOW_RATE};
 use crate::attachments::Attachments;
 use crate::components::ClusterComponents;
 use crate::config::{DirectoryConfig, HostConfig};
-use crate::error::{FaultError, NodeError};
+use crate::error::{FaultError, NodeError, RekeyError};
 use crate::iscsi::{HostTargets, ReservationTable};
 use crate::peers::Peers;
 use crate::resync_board::ResyncBoard;
@@ -902,14 +902,15 @@ impl Host {
         &self,
         deep: bool,
         disk_group: Option<&DiskGroupId>,
-    ) -> Result<Vec<(DiskGroupId, DiskGroupEncryption)>, String> {
+    ) -> Result<Vec<(DiskGroupId, DiskGroupEncryption)>, RekeyError> {
+        let host = self.id.clone();
         let Some(encryption) = &self.config.encryption else {
-            return Err(format!(
-                "host {} has no key encryption key ([encryption] kek_file); its disk groups are not encrypted",
-                self.id
-            ));
+            return Err(RekeyError::NoKeys { host });
         };
-        let keys = encryption.keys()?;
+        let keys = encryption.keys().map_err(|problem| RekeyError::KeyFiles {
+            host: host.clone(),
+            problem,
+        })?;
         let groups: Vec<_> = self
             .replica
             .disk_groups()
@@ -918,11 +919,10 @@ impl Host {
             .cloned()
             .collect();
         if groups.is_empty() {
-            return Err(format!(
-                "host {} has no disk group {}",
-                self.id,
-                disk_group.map(|d| d.to_string()).unwrap_or_default()
-            ));
+            return Err(RekeyError::NoDiskGroup {
+                host,
+                disk_group: disk_group.map(|d| d.to_string()).unwrap_or_default(),
+            });
         }
         let mut out = Vec::new();
         for g in groups {
@@ -934,17 +934,18 @@ impl Host {
             } else {
                 g.rewrap_keys(&keys).await.map(|_| ())
             };
-            done.map_err(|e| format!("host {} disk group {}: {e}", self.id, g.id()))?;
+            done.map_err(|source| RekeyError::Store {
+                host: host.clone(),
+                disk_group: g.id().to_string(),
+                source,
+            })?;
             tracing::info!(host = %self.id, disk_group = %g.id(), deep, "rekey");
             if let Some(e) = encryption_record(&g) {
                 out.push((g.id().clone(), e));
             }
         }
         if out.is_empty() {
-            return Err(format!(
-                "host {}: no encrypted disk group to rekey (disk groups formatted before encryption was configured stay plaintext)",
-                self.id
-            ));
+            return Err(RekeyError::NothingEncrypted { host });
         }
         self.publish_usage().await;
         Ok(out)

@@ -589,6 +589,7 @@ pub fn store_error_kind(e: &StoreError) -> WireErrorKind {
         | StoreError::Config(_)
         | StoreError::ComponentExists { .. }
         | StoreError::ReadOnly { .. }
+        | StoreError::RekeyUnderWay
         | StoreError::NotStored { .. } => WireErrorKind::Invalid,
         StoreError::StaleEpoch { highest, .. } => WireErrorKind::StaleEpoch { highest: *highest },
         StoreError::NoSpace { .. } | StoreError::NoSpaceForReservation { .. } => {

@@ -839,7 +839,7 @@ impl GroupCipher {
     /// The worker ([`GroupCipher::run_deep_rekey`]) then moves the data.
     pub(crate) fn begin_deep_rekey(&self, keys: &AtRestKeys) -> Result<(), StoreError> {
         if self.devices.iter().any(|d| d.keys.read().next.is_some()) {
-            return Err(fail("a deep rekey of this disk group is already under way"));
+            return Err(StoreError::RekeyUnderWay);
         }
         let next = DataKey::generate()?;
         for d in &self.devices {

@@ -142,4 +142,7 @@ pub enum StoreError {
     /// sealed key fails its check.
     #[error("encryption at rest: {0}")]
     Encryption(String),
+    /// A deep rekey was asked for while one is under way.
+    #[error("a deep rekey of this disk group is already under way")]
+    RekeyUnderWay,
 }
