@@ -16,6 +16,9 @@
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
 #
 # Environment: RUNTIME (seconds per run, default 15), ROUNDS (default 3),
+# WARMUP (unmeasured runs of each path before a profile's rounds, default
+# 1: the first run after the fill or after the other profile is the slowest
+# of both paths, by more than the difference measured),
 # SIZE (volume size, default 1G), HOST_CAPACITY (each host's capacity
 # device, default 2G), PROFILES (default "mixed seqwrite"),
 # ENCRYPT (default 0), CARGO_TARGET_DIR (default target).
@@ -24,6 +27,7 @@ cd "$(dirname "$0")/.."
 
 RUNTIME=${RUNTIME:-15}
 ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-1}
 SIZE=${SIZE:-1G}
 HOST_CAPACITY=${HOST_CAPACITY:-2G}
 PROFILES=${PROFILES:-mixed seqwrite}
@@ -156,6 +160,10 @@ printf '%-9s %-6s %10s %12s\n' profile path figure cpu-s/GiB
 for profile in $PROFILES; do
   unit=IOPS; [ "$profile" = seqwrite ] && unit=MiB/s
   plain_figures=(); tls_figures=(); plain_cpu=(); tls_cpu=()
+  for _ in $(seq "$WARMUP"); do
+    run "$plain_uri" "$profile" "$plain_pid" "$plain_home" >/dev/null
+    run "$tls_uri" "$profile" "$tls_pid" "$tls_home" >/dev/null
+  done
   for _ in $(seq "$ROUNDS"); do
     read -r f c <<<"$(run "$plain_uri" "$profile" "$plain_pid" "$plain_home")"
     plain_figures+=("$f"); plain_cpu+=("$c")

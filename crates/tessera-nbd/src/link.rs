@@ -11,6 +11,10 @@
 //! - ciphertext rustls holds for the socket is pushed out before more
 //!   plaintext is accepted, and [`Link::wants_write`] says when some still
 //!   waits, so no reply stays in a buffer while the loop sleeps;
+//! - ciphertext read from the socket ahead of what rustls took also counts
+//!   as readable: rustls takes at most 4 KiB per read, so the link reads
+//!   the socket in large chunks into an inbox rustls reads from (one
+//!   system call per 64 KiB instead of per 4 KiB);
 //! - the cryptography is rustls's; this module only moves its records.
 
 use bytes::BufMut;
@@ -20,6 +24,8 @@ use tokio::net::TcpStream;
 
 /// Plaintext bytes moved out of rustls per read.
 const TLS_READ_BYTES: usize = 32 * 1024;
+/// Ciphertext bytes read from the socket at once.
+const TLS_INBOX_BYTES: usize = 64 * 1024;
 /// Longest wait for the socket while sending TLS's close_notify.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -40,14 +46,33 @@ pub(crate) struct TlsLink {
     /// The peer closed (or sent close_notify) and every byte was read.
     eof: bool,
     scratch: Vec<u8>,
+    /// Ciphertext read from the socket that rustls has not taken yet:
+    /// `inbox[inbox_start..inbox_end]`.
+    inbox: Vec<u8>,
+    inbox_start: usize,
+    inbox_end: usize,
 }
 
-/// `io::Read` over a socket that never waits.
-struct TryRead<'a>(&'a TcpStream);
+/// `io::Read` for rustls: serves the inbox, refilled from the socket
+/// (without waiting) when it is empty.
+struct InboxRead<'a> {
+    tcp: &'a TcpStream,
+    inbox: &'a mut [u8],
+    start: &'a mut usize,
+    end: &'a mut usize,
+}
 
-impl Read for TryRead<'_> {
+impl Read for InboxRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.try_read(buf)
+        if *self.start == *self.end {
+            let n = self.tcp.try_read(self.inbox)?;
+            *self.start = 0;
+            *self.end = n;
+        }
+        let n = buf.len().min(*self.end - *self.start);
+        buf[..n].copy_from_slice(&self.inbox[*self.start..*self.start + n]);
+        *self.start += n;
+        Ok(n)
     }
 }
 
@@ -77,6 +102,9 @@ impl Link {
             plaintext: 0,
             eof: false,
             scratch: vec![0; TLS_READ_BYTES],
+            inbox: vec![0; TLS_INBOX_BYTES],
+            inbox_start: 0,
+            inbox_end: 0,
         };
         // Requests the client sent right behind the handshake may already
         // be decrypted.
@@ -90,7 +118,11 @@ impl Link {
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {
             Link::Plain(tcp) => tcp.readable().await,
-            Link::Tls(link) if link.plaintext > 0 || link.eof => Ok(()),
+            Link::Tls(link)
+                if link.plaintext > 0 || link.eof || link.inbox_start < link.inbox_end =>
+            {
+                Ok(())
+            }
             Link::Tls(link) => link.tcp.readable().await,
         }
     }
@@ -173,7 +205,13 @@ impl TlsLink {
             if self.eof {
                 return Ok(0);
             }
-            if self.tls.read_tls(&mut TryRead(&self.tcp))? == 0 {
+            let mut inbox = InboxRead {
+                tcp: &self.tcp,
+                inbox: &mut self.inbox,
+                start: &mut self.inbox_start,
+                end: &mut self.inbox_end,
+            };
+            if self.tls.read_tls(&mut inbox)? == 0 {
                 self.eof = true;
                 continue;
             }

@@ -59,6 +59,15 @@ pub(crate) const CLEAR_BLOCKS: u64 = 2;
 /// size of the rekey journal area at the end of every encrypted device.
 pub const REKEY_PIECE_BLOCKS: u64 = 256;
 
+/// Bytes of the buffer each writing thread keeps to build ciphertext in
+/// (larger writes get one of their own): a fresh buffer per write cost an
+/// allocation and a zeroing, 2% of the CPU under 4 KiB writes.
+const SEALED_SCRATCH_MAX: usize = 512 * 1024;
+
+thread_local! {
+    static SEALED: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(0));
+}
+
 /// Locks guarding the pieces of a device during a deep rekey (piece `p` is
 /// guarded by lock `p % REKEY_LOCKS`).
 const REKEY_LOCKS: usize = 64;
@@ -351,6 +360,8 @@ impl Xts {
 
     /// The tweaks of the unit's 256 blocks: the encrypted unit number, then
     /// multiplied by x in GF(2^128) (little-endian) from block to block.
+    /// (Four chains stepping by x^4 side by side, through a table, measured
+    /// 20% slower than this one chain.)
     fn tweaks(&self, unit: u128) -> [u128; LANES] {
         let mut t = Block::from(unit.to_le_bytes());
         self.tweak.encrypt_block(&mut t);
@@ -358,8 +369,7 @@ impl Xts {
         let mut all = [0u128; LANES];
         for slot in all.iter_mut() {
             *slot = tweak;
-            let carry = (tweak >> 127) as u8;
-            tweak = (tweak << 1) ^ (0x87 * carry as u128);
+            tweak = mul_x(tweak);
         }
         all
     }
@@ -404,6 +414,12 @@ impl Xts {
         self.data.decrypt_blocks(blocks);
         Self::xor_tweaks(blocks, &tweaks);
     }
+}
+
+/// `t` times x in GF(2^128) modulo x^128 + x^7 + x^2 + x + 1 (IEEE 1619's
+/// little-endian order).
+fn mul_x(t: u128) -> u128 {
+    (t << 1) ^ (0x87 * (t >> 127))
 }
 
 /// The XTS unit number of a block of a device.
@@ -501,29 +517,43 @@ impl EncryptedDisk {
         }
         let first = offset / BLOCK as u64;
         let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
-        let mut sealed = AlignedBuf::zeroed(buf.len());
-        {
-            let keys = self.keys.read();
-            let cursor = self.cursor.load(Ordering::Acquire);
-            let out = sealed.as_mut_slice();
-            for (i, (src, dst)) in buf
-                .chunks_exact(BLOCK)
-                .zip(out.chunks_exact_mut(BLOCK))
-                .enumerate()
-            {
-                let block = first + i as u64;
-                if block < CLEAR_BLOCKS {
-                    dst.copy_from_slice(src);
-                    continue;
+        SEALED.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut held) if buf.len() <= SEALED_SCRATCH_MAX => {
+                if held.len() < buf.len() {
+                    *held = AlignedBuf::zeroed(buf.len());
                 }
-                keys.for_block(block, cursor).cipher.encrypt_into(
-                    unit(self.device, block),
-                    src,
-                    dst,
-                );
+                let out = &mut held.as_mut_slice()[..buf.len()];
+                self.seal(first, buf, out);
+                write(out, offset)
             }
+            // Larger than what a thread keeps, or (a device wrapped in an
+            // encrypted one writing through it) the scratch is in use.
+            _ => {
+                let mut own = AlignedBuf::zeroed(buf.len());
+                self.seal(first, buf, own.as_mut_slice());
+                write(own.as_slice(), offset)
+            }
+        })
+    }
+
+    /// Encrypts `buf`, stored from device block `first` on, into `out`.
+    fn seal(&self, first: u64, buf: &[u8], out: &mut [u8]) {
+        let keys = self.keys.read();
+        let cursor = self.cursor.load(Ordering::Acquire);
+        for (i, (src, dst)) in buf
+            .chunks_exact(BLOCK)
+            .zip(out.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            let block = first + i as u64;
+            if block < CLEAR_BLOCKS {
+                dst.copy_from_slice(src);
+                continue;
+            }
+            keys.for_block(block, cursor)
+                .cipher
+                .encrypt_into(unit(self.device, block), src, dst);
         }
-        write(sealed.as_slice(), offset)
     }
 }
 
