@@ -11,6 +11,7 @@
 pub mod disk;
 pub mod disk_fault;
 pub mod disk_switch;
+pub mod space;
 
 pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, DISK_ALIGN};
 pub use disk_fault::{FaultDisk, FaultOps};

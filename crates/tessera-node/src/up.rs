@@ -182,7 +182,17 @@ pub async fn run(
             tracing::error!(error = %e, "API server stopped");
         }
     });
-    print_banner(&config);
+    let warning = match device_room(&config) {
+        Ok(room) => room_warning(&room, &config.data_dir),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell how much room the hosts' devices have");
+            None
+        }
+    };
+    if let Some(warning) = &warning {
+        tracing::warn!("{}", warning.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    print_banner(&config, warning.as_deref());
     shutdown.await;
     tracing::info!("shutting down: stopping every host cleanly");
     api.abort();
@@ -356,12 +366,63 @@ impl Drop for HostRuntime {
 }
 
 /// Prints the banner on stdout (logs go to stderr), in one write, so a
-/// reader of the pipe sees it whole.
-fn print_banner(config: &UpConfig) {
+/// reader of the pipe sees it whole; a warning goes under its first line.
+fn print_banner(config: &UpConfig, warning: Option<&str>) {
     use std::io::Write;
+    let mut text = banner(config);
+    if let Some(warning) = warning {
+        let first_line = text.find('\n').map_or(text.len(), |i| i + 1);
+        text.insert_str(first_line, warning);
+    }
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(banner(config).as_bytes());
+    let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
+}
+
+/// How far the hosts' device files may still grow against the room their
+/// file system has. The files are sparse: they take room as they are
+/// written, and overwrites go to new blocks, so each tends to its full size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRoom {
+    /// Bytes the device files can still grow by, all hosts together.
+    pub growth_bytes: u64,
+    /// Bytes free on the file system of the data directory.
+    pub free_bytes: u64,
+}
+
+/// Measures [`DeviceRoom`] for the hosts of `config` (after they started,
+/// so their files exist).
+fn device_room(config: &UpConfig) -> std::io::Result<DeviceRoom> {
+    let mut growth_bytes = 0u64;
+    for k in 1..=config.hosts {
+        for group in config.host_config(k).disk_groups {
+            for device in std::iter::once(&group.cache).chain(&group.capacity) {
+                let allocated = tessera_env::space::allocated_bytes(&device.path)?;
+                growth_bytes += device.size_bytes.saturating_sub(allocated);
+            }
+        }
+    }
+    let free_bytes = tessera_env::space::free_bytes(&config.data_dir)?;
+    Ok(DeviceRoom {
+        growth_bytes,
+        free_bytes,
+    })
+}
+
+/// The banner's warning when the devices can outgrow their file system:
+/// then writes fail once it is full, and the host whose device could not
+/// grow marks that disk group failed.
+pub fn room_warning(room: &DeviceRoom, data_dir: &std::path::Path) -> Option<String> {
+    (room.growth_bytes > room.free_bytes).then(|| {
+        format!(
+            "  Warning: the hosts' device files can still grow by {}, but the file system of {} has {} free.\n           \
+             When it is full, writes fail and the disk group whose device could not grow is marked failed:\n           \
+             free some room, or start with a smaller --host-capacity.\n",
+            format_size(room.growth_bytes),
+            data_dir.display(),
+            format_size(room.free_bytes)
+        )
+    })
 }
 
 /// Where `tessera up` keeps its data unless told otherwise (relative to
@@ -467,6 +528,60 @@ mod tests {
             fault_injection: false,
             kek_file: None,
         }
+    }
+
+    #[test]
+    fn devices_that_can_outgrow_their_file_system_are_warned_about() {
+        let dir = std::path::Path::new("/srv/tessera");
+        let short = DeviceRoom {
+            growth_bytes: 40 << 30,
+            free_bytes: 12 << 30,
+        };
+        let warning = room_warning(&short, dir).expect("a warning");
+        assert!(warning.contains("can still grow by 40.0 GiB"), "{warning}");
+        assert!(warning.contains("/srv/tessera has 12.0 GiB free"), "{warning}");
+        assert!(warning.contains("smaller --host-capacity"), "{warning}");
+        let enough = DeviceRoom {
+            growth_bytes: 12 << 30,
+            free_bytes: 12 << 30,
+        };
+        assert_eq!(room_warning(&enough, dir), None);
+    }
+
+    #[test]
+    fn the_room_of_sparse_devices_is_what_they_can_still_grow_by() {
+        let data = tempfile::tempdir().unwrap();
+        let mut cfg = config(Ipv4Addr::LOCALHOST, 9480);
+        cfg.data_dir = data.path().to_path_buf();
+        cfg.hosts = 2;
+        cfg.host_capacity_bytes = 1 << 30;
+        let mut full = 0;
+        for k in 1..=cfg.hosts {
+            for group in cfg.host_config(k).disk_groups {
+                for device in std::iter::once(&group.cache).chain(&group.capacity) {
+                    std::fs::create_dir_all(device.path.parent().unwrap()).unwrap();
+                    let file = std::fs::File::create(&device.path).unwrap();
+                    file.set_len(device.size_bytes).unwrap();
+                    full += device.size_bytes;
+                }
+            }
+        }
+        // Host 1's capacity device gets 8 MiB written.
+        let written = 8 << 20;
+        std::fs::write(data.path().join("host-1/capacity-0.img"), vec![7u8; written]).unwrap();
+        let first = cfg.host_config(1).disk_groups[0].capacity[0].clone();
+        std::fs::File::options()
+            .write(true)
+            .open(&first.path)
+            .unwrap()
+            .set_len(first.size_bytes)
+            .unwrap();
+        let room = device_room(&cfg).unwrap();
+        assert!(
+            room.growth_bytes <= full - written as u64 && room.growth_bytes > full - (16 << 20),
+            "{room:?} of {full}"
+        );
+        assert!(room.free_bytes > 0);
     }
 
     #[test]
