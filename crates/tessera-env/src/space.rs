@@ -39,7 +39,10 @@ mod tests {
         file.write_all(&vec![1u8; 4 << 20]).unwrap();
         file.sync_all().unwrap();
         let allocated = allocated_bytes(&path).unwrap();
-        assert!((4 << 20..(4 << 20) + (1 << 20)).contains(&allocated), "{allocated}");
+        assert!(
+            (4 << 20..(4 << 20) + (1 << 20)).contains(&allocated),
+            "{allocated}"
+        );
         assert!(free_bytes(dir.path()).unwrap() > 0);
         assert!(free_bytes(&dir.path().join("absent")).is_err());
     }

@@ -190,7 +190,14 @@ pub async fn run(
         }
     };
     if let Some(warning) = &warning {
-        tracing::warn!("{}", warning.split_whitespace().collect::<Vec<_>>().join(" "));
+        tracing::warn!(
+            "{}",
+            warning
+                .split_whitespace()
+                .skip(1) // "Warning:", which the log level says
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     print_banner(&config, warning.as_deref());
     shutdown.await;
@@ -539,7 +546,10 @@ mod tests {
         };
         let warning = room_warning(&short, dir).expect("a warning");
         assert!(warning.contains("can still grow by 40.0 GiB"), "{warning}");
-        assert!(warning.contains("/srv/tessera has 12.0 GiB free"), "{warning}");
+        assert!(
+            warning.contains("/srv/tessera has 12.0 GiB free"),
+            "{warning}"
+        );
         assert!(warning.contains("smaller --host-capacity"), "{warning}");
         let enough = DeviceRoom {
             growth_bytes: 12 << 30,
@@ -568,7 +578,11 @@ mod tests {
         }
         // Host 1's capacity device gets 8 MiB written.
         let written = 8 << 20;
-        std::fs::write(data.path().join("host-1/capacity-0.img"), vec![7u8; written]).unwrap();
+        std::fs::write(
+            data.path().join("host-1/capacity-0.img"),
+            vec![7u8; written],
+        )
+        .unwrap();
         let first = cfg.host_config(1).disk_groups[0].capacity[0].clone();
         std::fs::File::options()
             .write(true)
