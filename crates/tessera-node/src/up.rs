@@ -190,14 +190,7 @@ pub async fn run(
         }
     };
     if let Some(warning) = &warning {
-        tracing::warn!(
-            "{}",
-            warning
-                .split_whitespace()
-                .skip(1) // "Warning:", which the log level says
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        tracing::warn!("{warning}");
     }
     print_banner(&config, warning.as_deref());
     shutdown.await;
@@ -379,7 +372,7 @@ fn print_banner(config: &UpConfig, warning: Option<&str>) {
     let mut text = banner(config);
     if let Some(warning) = warning {
         let first_line = text.find('\n').map_or(text.len(), |i| i + 1);
-        text.insert_str(first_line, warning);
+        text.insert_str(first_line, &format!("  Warning: {warning}\n"));
     }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
@@ -390,11 +383,11 @@ fn print_banner(config: &UpConfig, warning: Option<&str>) {
 /// file system has. The files are sparse: they take room as they are
 /// written, and overwrites go to new blocks, so each tends to its full size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceRoom {
+struct DeviceRoom {
     /// Bytes the device files can still grow by, all hosts together.
-    pub growth_bytes: u64,
+    growth_bytes: u64,
     /// Bytes free on the file system of the data directory.
-    pub free_bytes: u64,
+    free_bytes: u64,
 }
 
 /// Measures [`DeviceRoom`] for the hosts of `config` (after they started,
@@ -416,15 +409,15 @@ fn device_room(config: &UpConfig) -> std::io::Result<DeviceRoom> {
     })
 }
 
-/// The banner's warning when the devices can outgrow their file system:
-/// then writes fail once it is full, and the host whose device could not
-/// grow marks that disk group failed.
-pub fn room_warning(room: &DeviceRoom, data_dir: &std::path::Path) -> Option<String> {
+/// The warning (for the banner and the log) when the devices can outgrow
+/// their file system: then writes fail once it is full, and the host whose
+/// device could not grow marks that disk group failed.
+fn room_warning(room: &DeviceRoom, data_dir: &std::path::Path) -> Option<String> {
     (room.growth_bytes > room.free_bytes).then(|| {
         format!(
-            "  Warning: the hosts' device files can still grow by {}, but the file system of {} has {} free.\n           \
-             When it is full, writes fail and the disk group whose device could not grow is marked failed:\n           \
-             free some room, or start with a smaller --host-capacity.\n",
+            "the hosts' device files can still grow by {}, but the file system of {} has {} free. \
+             When it is full, writes fail and the disk group whose device could not grow is marked failed: \
+             free some room, or start with a smaller --host-capacity.",
             format_size(room.growth_bytes),
             data_dir.display(),
             format_size(room.free_bytes)
