@@ -68,7 +68,7 @@ pub enum RekeyError {
         /// The host.
         host: HostId,
         /// The disk group asked for.
-        disk_group: String,
+        disk_group: DiskGroupId,
     },
     /// None of the disk groups asked for is encrypted.
     #[error(
@@ -84,7 +84,7 @@ pub enum RekeyError {
         /// The host.
         host: HostId,
         /// The disk group.
-        disk_group: String,
+        disk_group: DiskGroupId,
         /// Why.
         source: tessera_store::StoreError,
     },

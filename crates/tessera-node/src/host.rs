@@ -918,10 +918,10 @@ impl Host {
             .filter(|g| disk_group.is_none_or(|d| g.id() == d))
             .cloned()
             .collect();
-        if groups.is_empty() {
+        if let (Some(disk_group), true) = (disk_group, groups.is_empty()) {
             return Err(RekeyError::NoDiskGroup {
                 host,
-                disk_group: disk_group.map(|d| d.to_string()).unwrap_or_default(),
+                disk_group: disk_group.clone(),
             });
         }
         let mut out = Vec::new();
@@ -936,7 +936,7 @@ impl Host {
             };
             done.map_err(|source| RekeyError::Store {
                 host: host.clone(),
-                disk_group: g.id().to_string(),
+                disk_group: g.id().clone(),
                 source,
             })?;
             tracing::info!(host = %self.id, disk_group = %g.id(), deep, "rekey");
