@@ -487,21 +487,26 @@ impl EncryptedDisk {
         locks.into_iter().map(|i| self.pieces[i].read()).collect()
     }
 
-    /// Runs `f` on each encrypted block of `buf` (at device block `first`)
-    /// with the key that covers it.
-    fn each_block(&self, first: u64, buf: &mut [u8], f: impl Fn(&Xts, u128, &mut [u8])) {
+    /// Calls `f` for each of `blocks` blocks from device block `first`
+    /// with its index and, unless it is stored in clear, the cipher of the
+    /// key that covers it and its XTS unit.
+    fn each_block(
+        &self,
+        first: u64,
+        blocks: usize,
+        mut f: impl FnMut(usize, Option<(&Xts, u128)>),
+    ) {
         let keys = self.keys.read();
         let cursor = self.cursor.load(Ordering::Acquire);
-        for (i, chunk) in buf.chunks_exact_mut(BLOCK).enumerate() {
+        for i in 0..blocks {
             let block = first + i as u64;
-            if block < CLEAR_BLOCKS {
-                continue;
-            }
-            f(
-                &keys.for_block(block, cursor).cipher,
-                unit(self.device, block),
-                chunk,
-            );
+            let cipher = (block >= CLEAR_BLOCKS).then(|| {
+                (
+                    &*keys.for_block(block, cursor).cipher,
+                    unit(self.device, block),
+                )
+            });
+            f(i, cipher);
         }
     }
 
@@ -538,22 +543,16 @@ impl EncryptedDisk {
 
     /// Encrypts `buf`, stored from device block `first` on, into `out`.
     fn seal(&self, first: u64, buf: &[u8], out: &mut [u8]) {
-        let keys = self.keys.read();
-        let cursor = self.cursor.load(Ordering::Acquire);
-        for (i, (src, dst)) in buf
-            .chunks_exact(BLOCK)
-            .zip(out.chunks_exact_mut(BLOCK))
-            .enumerate()
-        {
-            let block = first + i as u64;
-            if block < CLEAR_BLOCKS {
-                dst.copy_from_slice(src);
-                continue;
+        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
+            let (src, dst) = (
+                &buf[i * BLOCK..(i + 1) * BLOCK],
+                &mut out[i * BLOCK..(i + 1) * BLOCK],
+            );
+            match cipher {
+                Some((xts, unit)) => xts.encrypt_into(unit, src, dst),
+                None => dst.copy_from_slice(src),
             }
-            keys.for_block(block, cursor)
-                .cipher
-                .encrypt_into(unit(self.device, block), src, dst);
-        }
+        });
     }
 }
 
@@ -657,7 +656,11 @@ impl Disk for EncryptedDisk {
         let first = offset / BLOCK as u64;
         let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
         self.inner.read_at(buf, offset)?;
-        self.each_block(first, buf, |x, u, b| x.decrypt(u, b));
+        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
+            if let Some((xts, unit)) = cipher {
+                xts.decrypt(unit, &mut buf[i * BLOCK..(i + 1) * BLOCK]);
+            }
+        });
         Ok(())
     }
 
