@@ -24,6 +24,13 @@ use clap::Parser;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
+/// Every I/O allocates a few small buffers and futures on the runtime's
+/// worker threads and frees them on another: glibc's allocator spent about
+/// an eighth of the serving process's CPU on that under mixed I/O, mimalloc's
+/// thread-local free lists a fraction of it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
