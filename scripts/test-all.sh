@@ -26,6 +26,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
+# promtool checks the /metrics text; it comes with the Prometheus server,
+# whose recommended exporters the tests do not need.
+if ! installed prometheus; then
+  echo "installing: prometheus (for promtool)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
+fi
 
 # Prints a bookworm-backports source made from the first configured, enabled
 # `deb` source of the suite bookworm (its URI, options and keyring), in the

@@ -48,6 +48,7 @@
 //! | POST | `/volumes/{name}/revert` (`RevertVolume`) | 200 `VolumeView` |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
+//! | GET | `/activity` | 200 `[VolumeActivity]` (what clients did to each volume, counted by its owner) |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
@@ -56,6 +57,9 @@
 //! | GET | `/tokens` | 200 `[TokenView]` |
 //! | POST | `/tokens` (`CreateToken`) | 201 `CreatedToken` (the only answer that holds its secret) |
 //! | DELETE | `/tokens/{id}` | 204 |
+//!
+//! And outside `/v1`: GET `/metrics`, 200, the Prometheus text format
+//! ([`crate::metrics`]).
 //!
 //! The role each route needs is in [`crate::api_access::ROUTES`]: reads a
 //! viewer's, changes to volumes an operator's, changes to the cluster and
@@ -126,6 +130,8 @@ pub fn router(control: Control) -> Router {
         )
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
+        .route("/v1/activity", get(activity))
+        .route("/metrics", get(metrics))
         .route("/v1/resyncs", get(resyncs))
         .route("/v1/scrubs", get(scrubs))
         .route("/v1/tokens", get(tokens).post(create_token))
@@ -537,6 +543,25 @@ async fn object(State(control): State<Control>, Path(name): Path<String>) -> Res
 
 async fn verify_object(State(control): State<Control>, Path(name): Path<String>) -> Response {
     respond(StatusCode::OK, control.verify_object(&name).await)
+}
+
+async fn activity(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.activity().await)
+}
+
+async fn metrics(State(control): State<Control>) -> Response {
+    match crate::metrics::scrape(control.as_ref()).await {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => error_response(e),
+    }
 }
 
 async fn resyncs(State(control): State<Control>) -> Response {

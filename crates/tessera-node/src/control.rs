@@ -13,6 +13,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 pub use tessera_directory::keys::ClusterSettings;
 pub use tessera_directory::keys::{ApiRole, ApiTokenRecord, AuditRecord, PlainNbd};
+/// What [`VolumeActivity::io`] holds, and the counters it is read from.
+pub use tessera_object::{IoKind, IoKindSnapshot, VolumeIoStats};
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
@@ -819,6 +821,34 @@ pub struct OffloadView {
     pub out_of_space: u64,
 }
 
+/// What clients did to one volume, counted by its owner since it took the
+/// volume (`GET /v1/activity`, the metrics endpoint, `tessera top`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeActivity {
+    /// The volume.
+    pub volume: String,
+    /// Its owner, where these were counted.
+    pub owner: String,
+    /// NBD connections and iSCSI sessions that have it open, on every host
+    /// this API serves.
+    pub clients: u32,
+    /// Operations, bytes, errors and latency per kind of operation.
+    pub io: Vec<IoKindSnapshot>,
+    /// Blocks (4 KiB) read from the owner's read cache.
+    pub read_cache_hits: u64,
+    /// Blocks read from a copy because the read cache did not hold them.
+    pub read_cache_misses: u64,
+    /// Blocks served from another copy after a checksum failure.
+    pub checksum_repairs: u64,
+    /// Bytes copied into its components by resyncs and rebuilds.
+    pub resynced_bytes: u64,
+    /// Bytes written while some copy was absent.
+    pub degraded_write_bytes: u64,
+    /// Its SCSI offload (VAAI) counters, on every host this API serves.
+    pub offloads: OffloadView,
+}
+
 /// A byte range where copies disagree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Divergence {
@@ -1177,6 +1207,8 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError>;
     /// Compares every active copy of a volume block by block.
     async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError>;
+    /// What clients did to each volume this API's hosts own, by name.
+    async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError>;
     /// Resyncs and rebuilds, running and recent.
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError>;
     /// Each disk group's scrubbing, on every host this API serves.

@@ -323,6 +323,35 @@ pub async fn cluster_map(directory: &dyn Directory, keys: &Keyspace) -> Result<C
 }
 
 impl ControlPlane {
+    /// A volume's SCSI offload counters, added up over the hosts this
+    /// process runs (each counts the commands that came through its portal).
+    fn offloads(&self, volume: &VolumeId) -> OffloadView {
+        let running = self.hosts.running();
+        let mut offloads = running
+            .iter()
+            .filter_map(|h| h.offload_counters(volume))
+            .fold(OffloadView::default(), |sum, c| OffloadView {
+                ats: sum.ats + c.ats,
+                ats_miscompare: sum.ats_miscompare + c.ats_miscompare,
+                clone_commands: sum.clone_commands + c.clone_commands,
+                clone_read_blocks: sum.clone_read_blocks + c.clone_read_blocks,
+                clone_write_blocks: sum.clone_write_blocks + c.clone_write_blocks,
+                clone_shared_bytes: 0,
+                zero_blocks: sum.zero_blocks + c.zero_blocks,
+                delete_blocks: sum.delete_blocks + c.delete_blocks,
+                out_of_space: sum.out_of_space + c.out_of_space,
+            });
+        // Sharing happens on the owner's coordinator, whichever host's
+        // portal the EXTENDED COPY came through.
+        offloads.clone_shared_bytes = running
+            .iter()
+            .flat_map(|h| h.owned())
+            .filter(|(v, _)| v == volume)
+            .map(|(_, c)| c.counters().shared_copy_bytes.load(Ordering::Relaxed))
+            .sum();
+        offloads
+    }
+
     /// A control plane for `cluster` over `directory` and this process's hosts.
     pub fn new(
         directory: Arc<dyn Directory>,
@@ -1678,32 +1707,7 @@ impl ClusterControl for ControlPlane {
                 dirty_bytes: dirty.get(&c.id).copied().unwrap_or(0),
             });
         }
-        let mut offloads = self
-            .hosts
-            .running()
-            .iter()
-            .filter_map(|h| h.offload_counters(&record.name))
-            .fold(OffloadView::default(), |sum, c| OffloadView {
-                ats: sum.ats + c.ats,
-                ats_miscompare: sum.ats_miscompare + c.ats_miscompare,
-                clone_commands: sum.clone_commands + c.clone_commands,
-                clone_read_blocks: sum.clone_read_blocks + c.clone_read_blocks,
-                clone_write_blocks: sum.clone_write_blocks + c.clone_write_blocks,
-                clone_shared_bytes: 0,
-                zero_blocks: sum.zero_blocks + c.zero_blocks,
-                delete_blocks: sum.delete_blocks + c.delete_blocks,
-                out_of_space: sum.out_of_space + c.out_of_space,
-            });
-        // Sharing happens on the owner's coordinator, whichever host's
-        // portal the EXTENDED COPY came through.
-        offloads.clone_shared_bytes = self
-            .hosts
-            .running()
-            .iter()
-            .flat_map(|h| h.owned())
-            .filter(|(v, _)| v == &record.name)
-            .map(|(_, c)| c.counters().shared_copy_bytes.load(Ordering::Relaxed))
-            .sum();
+        let offloads = self.offloads(&record.name);
         let read_cache = self
             .hosts
             .running()
@@ -1759,6 +1763,37 @@ impl ClusterControl for ControlPlane {
             report.snapshots.push(s.name.to_string());
         }
         Ok(report)
+    }
+
+    async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
+        let running = self.hosts.running();
+        let mut out: Vec<VolumeActivity> = running
+            .iter()
+            .flat_map(|h| {
+                let owner = h.id().to_string();
+                h.owned()
+                    .into_iter()
+                    .map(move |(v, c)| (owner.clone(), v, c))
+            })
+            .map(|(owner, volume, c)| {
+                let counters = c.counters();
+                let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+                VolumeActivity {
+                    volume: volume.to_string(),
+                    owner,
+                    clients: running.iter().map(|h| h.attachments().count(&volume)).sum(),
+                    io: counters.io.snapshot(),
+                    read_cache_hits: load(&counters.read_cache_hits),
+                    read_cache_misses: load(&counters.read_cache_misses),
+                    checksum_repairs: load(&counters.checksum_repairs),
+                    resynced_bytes: load(&counters.resynced_bytes),
+                    degraded_write_bytes: load(&counters.degraded_write_bytes),
+                    offloads: self.offloads(&volume),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.volume.cmp(&b.volume));
+        Ok(out)
     }
 
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {

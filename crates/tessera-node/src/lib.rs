@@ -21,6 +21,7 @@ pub mod error;
 pub mod health;
 pub mod host;
 pub mod iscsi;
+pub mod metrics;
 pub mod peers;
 pub mod resync_board;
 pub mod routing;

@@ -26,7 +26,7 @@ use tessera_blockdev::{
     ZeroMode,
 };
 use tessera_nbd::ExportCatalog;
-use tessera_object::Coordinator;
+use tessera_object::{Coordinator, IoKind};
 use tessera_transport::Transport;
 use tessera_types::{ComponentId, HostId, Lba, VolumeId};
 use tessera_wire::{QueueClass, Request, Response, WireErrorKind};
@@ -725,9 +725,45 @@ impl VolumeOp {
         }
     }
 
+    /// The kind a client's operation is counted as in the volume's I/O
+    /// statistics, with the bytes it moves; None for what the cluster
+    /// itself asks (metadata, repairs, snapshots).
+    fn counted(&self) -> Option<(IoKind, u64)> {
+        match self {
+            VolumeOp::Read { len, .. } => Some((IoKind::Read, u64::from(*len))),
+            VolumeOp::Write { data, .. } => Some((IoKind::Write, data.len() as u64)),
+            VolumeOp::Flush => Some((IoKind::Flush, 0)),
+            VolumeOp::Unmap { len, .. } => Some((IoKind::Unmap, *len)),
+            VolumeOp::WriteZeroes { len, .. } => Some((IoKind::WriteZeroes, *len)),
+            VolumeOp::CompareAndWrite { new, .. } => {
+                Some((IoKind::CompareAndWrite, new.len() as u64))
+            }
+            VolumeOp::BlockStatus { .. }
+            | VolumeOp::RepairCopy { .. }
+            | VolumeOp::Snapshot { .. }
+            | VolumeOp::HoldWrites { .. }
+            | VolumeOp::ReleaseWrites { .. }
+            | VolumeOp::SnapshotHeld { .. } => None,
+        }
+    }
+
+    /// Runs the operation on the owner's coordinator and counts a client's
+    /// in the volume's I/O statistics, its latency measured from its
+    /// arrival at the owner (a wait for its turn included).
+    async fn run_on(self, c: &Arc<Coordinator>) -> Result<Answer, BlockError> {
+        let Some((kind, bytes)) = self.counted() else {
+            return self.run_scheduled(c).await;
+        };
+        let began = c.monotonic();
+        let result = self.run_scheduled(c).await;
+        let took = c.monotonic().saturating_sub(began);
+        c.counters().io.record(kind, bytes, took, result.is_ok());
+        result
+    }
+
     /// Runs the operation on the owner's coordinator once the volume's
     /// turn in the host's I/O scheduler comes (its QoS acts here).
-    async fn run_on(self, c: &Arc<Coordinator>) -> Result<Answer, BlockError> {
+    async fn run_scheduled(self, c: &Arc<Coordinator>) -> Result<Answer, BlockError> {
         let _turn = match self.scheduled_bytes() {
             Some(bytes) => Some(c.guest_turn(bytes).await),
             None => None,

@@ -59,14 +59,21 @@ async fn call_with(
         .await
         .expect("router answers");
     let status = response.status();
+    let json = response
+        .headers()
+        .get("content-type")
+        .is_none_or(|t| t.as_bytes().starts_with(b"application/json"));
     let raw = axum::body::to_bytes(response.into_body(), 1 << 20)
         .await
         .expect("body")
         .to_vec();
     let body = if raw.is_empty() {
         Value::Null
+    } else if json {
+        serde_json::from_slice(&raw).expect("every JSON answer parses")
     } else {
-        serde_json::from_slice(&raw).expect("every answer with a body is JSON")
+        // `/metrics`: the Prometheus text format.
+        Value::String(String::from_utf8(raw.clone()).expect("text answers are UTF-8"))
     };
     Answer { status, body, raw }
 }

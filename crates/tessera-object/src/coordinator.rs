@@ -107,6 +107,8 @@ pub struct ObjectCounters {
     /// Blocks of reads the host read cache did not hold, read from a copy
     /// (not counted while the cache is disabled).
     pub read_cache_misses: AtomicU64,
+    /// Clients' operations, bytes, errors and latencies.
+    pub io: crate::VolumeIoStats,
 }
 
 /// Progress of one resync, readable while it runs: every counter moves
@@ -892,6 +894,12 @@ impl Coordinator {
     /// Counters for the API.
     pub fn counters(&self) -> &ObjectCounters {
         &self.counters
+    }
+
+    /// The host clock's monotonic time, for callers that time clients'
+    /// operations into [`ObjectCounters::io`].
+    pub fn monotonic(&self) -> std::time::Duration {
+        self.scheduler.clock().monotonic()
     }
 
     /// This coordinator's part of the host read cache.

@@ -15,6 +15,7 @@ mod component_io;
 mod coordinator;
 mod dirty;
 pub mod io_scheduler;
+mod io_stats;
 mod range_lock;
 mod read_cache;
 
@@ -29,6 +30,7 @@ pub use coordinator::{
 };
 pub use dirty::{DirtyRegions, DIRTY_RANGES_MAX};
 pub use io_scheduler::{IoClient, IoPermit, IoScheduler};
+pub use io_stats::{IoKind, IoKindSnapshot, VolumeIoSnapshot, VolumeIoStats, LATENCY_BOUNDS_US};
 pub use range_lock::{RangeGuard, RangeLock};
 pub use read_cache::{
     ChangeGuard, OwnershipCheck, ReadCache, ReadCacheStats, ReadTicket, VolumeCache,

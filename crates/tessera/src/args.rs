@@ -53,6 +53,27 @@ pub struct Cli {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// What clients do to each volume and host, live, like esxtop: IOPS,
+    /// MB/s, latency at the owner, queue, errors and the VAAI offloads.
+    Top {
+        /// Batch mode: CSV on stdout (a header, then one row per volume and
+        /// per host each interval), as `esxtop -b`.
+        #[arg(short = 'b', long)]
+        batch: bool,
+        /// Seconds between samples.
+        #[arg(
+            short = 'd',
+            long = "delay",
+            value_name = "SECONDS",
+            default_value_t = 2,
+            value_parser = clap::value_parser!(u64).range(1..=3600)
+        )]
+        delay: u64,
+        /// Intervals to show, then exit (default: until Ctrl-C).
+        #[arg(short = 'n', long = "iterations", value_name = "COUNT",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        iterations: Option<u64>,
+    },
     /// Health, capacity, hosts, volumes and resyncs of the cluster
     /// (`--watch`: again and again until Ctrl-C).
     Status {

@@ -17,6 +17,7 @@ mod client;
 mod daemon;
 mod render;
 mod table;
+mod top;
 mod verbs;
 
 use args::Cli;

@@ -15,13 +15,14 @@ use crate::args::{
 };
 use crate::client::{decode, segment, ApiClient, CliError, VERIFY_TIMEOUT};
 use crate::render;
+use crate::top;
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
     AuditRecord, ClusterSettings, ControlError, CreatedToken, EncryptionView, EvacuationView,
     HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity,
-    SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
+    SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeActivity, VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -112,6 +113,11 @@ pub fn run(
             }
         }
         Command::Status { every } => status(&client, every.watch, output)?,
+        Command::Top {
+            batch,
+            delay,
+            iterations,
+        } => top(&client, *batch, *delay, *iterations, output)?,
         Command::Health => {
             let v = client.get("/v1/health")?;
             let report = output.view::<HealthReport>("/v1/health", v, render::health_report)?;
@@ -653,6 +659,56 @@ fn status(client: &ApiClient, watch: Option<u64>, output: &mut Output<'_>) -> Re
         output.view::<StatusView>("/v1/status", v, render::status)?;
         Ok(true)
     })
+}
+
+/// `tessera top`: samples `/v1/activity` every `delay` seconds and prints
+/// each interval's rates (a table redrawn in place on a terminal, CSV rows
+/// with `batch`) until `iterations` intervals were shown or Ctrl-C.
+fn top(
+    client: &ApiClient,
+    batch: bool,
+    delay: u64,
+    iterations: Option<u64>,
+    output: &mut Output<'_>,
+) -> Result<(), CliError> {
+    let sample = || -> Result<(Vec<VolumeActivity>, std::time::Instant), CliError> {
+        let v = client.get("/v1/activity")?;
+        Ok((decode("/v1/activity", v)?, std::time::Instant::now()))
+    };
+    let terminal = !batch && std::io::stdout().is_terminal();
+    if batch {
+        output.text(&format!("{}\n", top::CSV_HEADER))?;
+    }
+    let (mut then, mut then_at) = sample()?;
+    let mut shown = 0;
+    while iterations.is_none_or(|n| shown < n) {
+        std::thread::sleep(std::time::Duration::from_secs(delay));
+        let (now, now_at) = sample()?;
+        let seconds = now_at.duration_since(then_at).as_secs_f64();
+        let rows = top::interval_rows(&then, &now, seconds);
+        if batch {
+            let time_unix = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let mut text = String::new();
+            for row in &rows {
+                text.push_str(&top::csv_line(time_unix, row));
+                text.push('\n');
+            }
+            output.text(&text)?;
+        } else {
+            if terminal {
+                output.text(CLEAR_SCREEN)?;
+            } else if shown > 0 {
+                output.text("\n")?;
+            }
+            output.text(&top::table(&rows, seconds))?;
+        }
+        let _ = output.out.flush();
+        (then, then_at) = (now, now_at);
+        shown += 1;
+    }
+    Ok(())
 }
 
 /// `tessera resync list`, once, or with `--watch` every `watch` seconds

@@ -18,7 +18,7 @@ use tessera_node::control::{
     CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, FillView,
     Health, HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RekeyRequest,
     RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView,
-    TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeView,
+    TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -756,6 +756,11 @@ impl ClusterControl for MemoryControl {
                 Vec::new()
             },
         })
+    }
+
+    async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
+        // This control plane serves no I/O: nothing was done to any volume.
+        Ok(Vec::new())
     }
 
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {
