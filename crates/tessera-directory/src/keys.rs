@@ -36,6 +36,7 @@
 //! | `reclaims/<host>/<component>` | [`ReclaimRecord`] | none: the host deletes it once the component is gone |
 //! | `api-tokens/<id>` | [`ApiTokenRecord`] | none: deleting it revokes the token |
 //! | `audit/<ms:016x>-<sequence:016x>-<nonce>` | [`AuditRecord`] | none: the oldest beyond a bound are deleted |
+//! | `events/<ms:016x>-<host>-<sequence:016x>` | [`EventRecord`] | none: the oldest beyond a bound are deleted |
 
 use crate::{
     Compare, Directory, DirectoryError, KeyValue, LeaseId, Result, Revision, TxnOp, TxnOutcome,
@@ -249,6 +250,21 @@ pub async fn put<T: Serialize>(
     directory
         .put(&key.path, encode(&key.path, value)?, lease)
         .await
+}
+
+/// Deletes the oldest records under `prefix` (keys that sort first) beyond
+/// the newest `keep`: how the bounded logs (audit, events) stay bounded.
+pub async fn trim_oldest<T: DeserializeOwned>(
+    directory: &dyn Directory,
+    prefix: &Prefix<T>,
+    keep: usize,
+) -> Result<()> {
+    let listing = directory.list(&prefix.path).await?;
+    let excess = listing.entries.len().saturating_sub(keep);
+    for entry in listing.entries.into_iter().take(excess) {
+        directory.delete(&entry.key).await?;
+    }
+    Ok(())
 }
 
 /// Stores `value` at `key` only if the key is unchanged since `expected`:
@@ -602,6 +618,18 @@ impl Keyspace {
         self.prefix(&["audit"])
     }
 
+    /// One entry of the cluster's event log: `at_ms`, then the host that
+    /// wrote it and its own sequence, so the log lists oldest first and one
+    /// host's entries of the same millisecond in order.
+    pub fn event_entry(&self, at_ms: u64, host: &str, sequence: u64) -> Key<EventRecord> {
+        self.key(&["events", &format!("{at_ms:016x}-{host}-{sequence:016x}")])
+    }
+
+    /// The cluster's event log.
+    pub fn event_log(&self) -> Prefix<EventRecord> {
+        self.prefix(&["events"])
+    }
+
     /// A component that no record names any more, to be deleted by its
     /// host.
     pub fn reclaim(&self, host: &HostId, component: ComponentId) -> Key<ReclaimRecord> {
@@ -732,6 +760,23 @@ pub struct AuditRecord {
     pub path: String,
     /// The HTTP status answered.
     pub status: u16,
+}
+
+/// Something the cluster did on its own, and why, as its event log keeps
+/// it (changes asked of the API are in the audit log).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventRecord {
+    /// When (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// A stable code (`OWNERSHIP_TAKEN`, `RESYNC_FINISHED`, ...).
+    pub code: String,
+    /// The host that did it or saw it.
+    pub host: String,
+    /// What it concerns: a volume, a host or a disk group.
+    pub subject: String,
+    /// What happened and why, in a sentence.
+    pub message: String,
 }
 
 /// Why a component is to be reclaimed.

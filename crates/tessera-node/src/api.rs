@@ -48,6 +48,7 @@
 //! | POST | `/volumes/{name}/revert` (`RevertVolume`) | 200 `VolumeView` |
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
+//! | GET | `/events[?limit=N]` | 200 `[EventView]` (the latest N, 100 by default, oldest first) |
 //! | GET | `/activity` | 200 `[VolumeActivity]` (what clients did to each volume, counted by its owner) |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
@@ -131,6 +132,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/activity", get(activity))
+        .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
         .route("/v1/resyncs", get(resyncs))
         .route("/v1/scrubs", get(scrubs))
@@ -231,25 +233,25 @@ fn parse_query<T: DeserializeOwned>(
 }
 
 async fn audit(State(control): State<Control>, uri: Uri) -> Response {
-    let query: AuditQuery = match parse_query("GET", &uri, "limit=N") {
+    let query: LimitQuery = match parse_query("GET", &uri, "limit=N") {
         Ok(q) => q,
         Err(refused) => return error_response(refused),
     };
     respond(
         StatusCode::OK,
         control
-            .audit(query.limit.unwrap_or(AUDIT_DEFAULT_LIMIT))
+            .audit(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
             .await,
     )
 }
 
-/// Entries `GET /v1/audit` answers unless `limit` says.
-const AUDIT_DEFAULT_LIMIT: usize = 100;
+/// Entries `GET /v1/audit` and `GET /v1/events` answer unless `limit` says.
+const LIST_DEFAULT_LIMIT: usize = 100;
 
-/// The query of `GET /v1/audit`.
+/// The query of `GET /v1/audit` and `GET /v1/events`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct AuditQuery {
+struct LimitQuery {
     /// The latest entries to answer.
     limit: Option<usize>,
 }
@@ -543,6 +545,19 @@ async fn object(State(control): State<Control>, Path(name): Path<String>) -> Res
 
 async fn verify_object(State(control): State<Control>, Path(name): Path<String>) -> Response {
     respond(StatusCode::OK, control.verify_object(&name).await)
+}
+
+async fn events(State(control): State<Control>, uri: Uri) -> Response {
+    let query: LimitQuery = match parse_query("GET", &uri, "limit=N") {
+        Ok(q) => q,
+        Err(refused) => return error_response(refused),
+    };
+    respond(
+        StatusCode::OK,
+        control
+            .events(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
+            .await,
+    )
 }
 
 async fn activity(State(control): State<Control>) -> Response {

@@ -821,6 +821,29 @@ pub struct OffloadView {
     pub out_of_space: u64,
 }
 
+/// One entry of the cluster's history (`GET /v1/events`): something a host
+/// did on its own, or a change asked of the API that succeeded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventView {
+    /// When (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// A stable code: `OWNERSHIP_TAKEN`, `HOST_ABSENT`, `RESYNC_STARTED`,
+    /// `RESYNC_FINISHED`, `RESYNC_FAILED`, `COMPONENT_REPLACED`,
+    /// `LEASE_LOST`, `REJOINED`, or `API_CHANGE`.
+    pub code: String,
+    /// The host that did it (none for a change asked of the API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// What it concerns: a volume, a host, or the API path changed.
+    pub subject: String,
+    /// What happened and why.
+    pub message: String,
+    /// Who asked, for a change asked of the API: the token's name and role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
 /// What clients did to one volume, counted by its owner since it took the
 /// volume (`GET /v1/activity`, the metrics endpoint, `tessera top`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1207,6 +1230,8 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn object(&self, name: &str) -> Result<ObjectView, ControlError>;
     /// Compares every active copy of a volume block by block.
     async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError>;
+    /// The cluster's history, oldest first: the newest `limit` entries.
+    async fn events(&self, limit: usize) -> Result<Vec<EventView>, ControlError>;
     /// What clients did to each volume this API's hosts own, by name.
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError>;
     /// Resyncs and rebuilds, running and recent.

@@ -1765,6 +1765,18 @@ impl ClusterControl for ControlPlane {
         Ok(report)
     }
 
+    async fn events(&self, limit: usize) -> Result<Vec<EventView>, ControlError> {
+        let events = keys::list(self.directory.as_ref(), &self.keys.event_log())
+            .await
+            .map_err(internal)?
+            .records
+            .into_iter()
+            .map(|r| r.value)
+            .collect();
+        let changes = self.audit_entries(usize::MAX).await?;
+        Ok(crate::events::history(events, changes, limit))
+    }
+
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
         let running = self.hosts.running();
         let mut out: Vec<VolumeActivity> = running

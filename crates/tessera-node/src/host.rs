@@ -129,6 +129,8 @@ pub struct Host {
     view: Arc<VolumeView>,
     board: Arc<ResyncBoard>,
     clock: Arc<dyn Clock>,
+    /// What this host does on its own, for the cluster's event log.
+    events: Arc<crate::events::EventLog>,
     rng: Arc<dyn Rng>,
     /// The host's decisions (`tessera_control`) and what it was told.
     control: Mutex<ControlState>,
@@ -388,10 +390,18 @@ impl Host {
         read_cache.set_ownership_check(lease_check(&session));
         let scheduler = IoScheduler::new(tessera_object::io_scheduler::DEFAULT_DEPTH);
         scheduler.set_resync_multiplier(settings.resync_delay_multiplier);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
+        let events = Arc::new(crate::events::EventLog::new(
+            Arc::clone(&directory),
+            keys.clone(),
+            Arc::clone(&clock),
+            id.clone(),
+        ));
         let host = Arc::new(Host {
             id: id.clone(),
             directory,
             keys,
+            events,
             replica,
             transport,
             peers,
@@ -399,7 +409,7 @@ impl Host {
             owned,
             view,
             board,
-            clock: Arc::new(SystemClock::default()),
+            clock,
             rng: Arc::new(SeededRng::from_entropy()),
             control: Mutex::new(ControlState {
                 core: HostControl::new(

@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod control_plane;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod host;
 pub mod iscsi;

@@ -133,6 +133,17 @@ pub enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// What the cluster did and why, oldest first: owners taken at an
+    /// epoch, hosts found absent, resyncs and rebuilds started and ended,
+    /// leases lost, and the changes asked of the API with who asked.
+    Events {
+        /// How many of the latest events to show.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Keep printing new events as they happen, until Ctrl-C.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
     /// Offline tools for a host's devices.
     #[command(subcommand)]
     Store(StoreCommand),

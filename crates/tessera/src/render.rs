@@ -11,7 +11,7 @@ use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
     AuditRecord, CapacityView, ClusterSettings, ComponentView, CreatedToken, EncryptionView,
-    EvacuationView, FillView, Health, HealthCheck, HealthCode, HealthReport, HostView,
+    EvacuationView, EventView, FillView, Health, HealthCheck, HealthCode, HealthReport, HostView,
     IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView, Severity, SnapshotDeleted,
     SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
 };
@@ -704,6 +704,36 @@ pub fn audit(entries: &[AuditRecord]) -> String {
         ]);
     }
     t.render()
+}
+
+/// `tessera events`: the history, oldest first (`header`: with the
+/// column titles, which `--follow` prints once). Columns have fixed widths,
+/// so the lines `--follow` adds later line up with the first ones.
+pub fn events(entries: &[EventView], header: bool) -> String {
+    if entries.is_empty() && header {
+        return "no events yet\n".to_string();
+    }
+    let line = |time: &str, code: &str, host: &str, subject: &str, what: &str| {
+        format!("{time:<19}  {code:<19}  {host:<7}  {subject:<24}  {what}\n")
+    };
+    let mut out = String::new();
+    if header {
+        out.push_str(&line("TIME (UTC)", "EVENT", "HOST", "SUBJECT", "WHAT"));
+    }
+    for e in entries {
+        let what = match &e.by {
+            Some(by) => format!("{} (by {by})", e.message),
+            None => e.message.clone(),
+        };
+        out.push_str(&line(
+            &utc(e.at_ms),
+            &e.code,
+            e.host.as_deref().unwrap_or("-"),
+            &e.subject,
+            &what,
+        ));
+    }
+    out
 }
 
 /// What `tessera token create` prints: the token, this once.

@@ -21,8 +21,9 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
     AuditRecord, ClusterSettings, ControlError, CreatedToken, EncryptionView, EvacuationView,
-    HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView, Severity,
-    SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeActivity, VolumeView,
+    EventView, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView,
+    Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeActivity,
+    VolumeView,
 };
 use tessera_types::policy::Policy;
 
@@ -102,6 +103,7 @@ pub fn run(
             let v = client.get(&path)?;
             output.view::<Vec<AuditRecord>>(&path, v, |entries| render::audit(entries))?;
         }
+        Command::Events { limit, follow } => events(&client, *limit, *follow, output)?,
         Command::Token(TokenCommand::List) => {
             let v = client.get("/v1/tokens")?;
             output.view::<Vec<TokenView>>("/v1/tokens", v, |t| render::tokens(t))?;
@@ -659,6 +661,60 @@ fn status(client: &ApiClient, watch: Option<u64>, output: &mut Output<'_>) -> Re
         output.view::<StatusView>("/v1/status", v, render::status)?;
         Ok(true)
     })
+}
+
+/// How often `tessera events --follow` asks for new events.
+const EVENTS_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `tessera events`: the latest `limit` events; with `follow`, then every
+/// new one as it appears, until Ctrl-C.
+fn events(
+    client: &ApiClient,
+    limit: usize,
+    follow: bool,
+    output: &mut Output<'_>,
+) -> Result<(), CliError> {
+    let path = format!("/v1/events?limit={limit}");
+    let v = client.get(&path)?;
+    let mut seen = output.view::<Vec<EventView>>(&path, v, |e| render::events(e, true))?;
+    let _ = output.out.flush();
+    if !follow {
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(EVENTS_POLL);
+        let path = format!("/v1/events?limit={}", limit.max(EVENTS_FOLLOW_WINDOW));
+        let now: Vec<EventView> = decode(&path, client.get(&path)?)?;
+        let fresh = new_events(&seen, &now);
+        if !fresh.is_empty() {
+            if output.json {
+                for e in &fresh {
+                    let line = serde_json::to_string(e)
+                        .map_err(|e| CliError::Local(format!("cannot print JSON: {e}")))?;
+                    output.text(&format!("{line}\n"))?;
+                }
+            } else {
+                output.text(&render::events(&fresh, false))?;
+            }
+            let _ = output.out.flush();
+        }
+        seen = now;
+    }
+}
+
+/// Events `--follow` reads each time: more than can happen in a second.
+const EVENTS_FOLLOW_WINDOW: usize = 1000;
+
+/// The events of `now` that `seen` (the listing before, oldest first) did
+/// not hold, from the oldest time `seen` covers on: a host writes its
+/// events in the background, so one may appear after a newer one of
+/// another host was listed.
+fn new_events(seen: &[EventView], now: &[EventView]) -> Vec<EventView> {
+    let from = seen.first().map_or(0, |e| e.at_ms);
+    now.iter()
+        .filter(|e| e.at_ms >= from && !seen.contains(e))
+        .cloned()
+        .collect()
 }
 
 /// `tessera top`: samples `/v1/activity` every `delay` seconds and prints

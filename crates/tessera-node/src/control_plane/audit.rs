@@ -37,14 +37,9 @@ impl ControlPlane {
 
     /// Deletes the oldest entries beyond `keep`.
     pub(super) async fn trim_audit(&self, keep: usize) -> Result<(), ControlError> {
-        let listing = keys::list(self.directory.as_ref(), &self.keys.audit_log())
+        keys::trim_oldest(self.directory.as_ref(), &self.keys.audit_log(), keep)
             .await
-            .map_err(internal)?;
-        let excess = listing.records.len().saturating_sub(keep);
-        for record in listing.records.into_iter().take(excess) {
-            self.directory.delete(&record.key).await.map_err(internal)?;
-        }
-        Ok(())
+            .map_err(internal)
     }
 
     pub(super) async fn audit_entries(

@@ -18,6 +18,7 @@
 
 use super::layout_record::DirectoryLayouts;
 use super::{lease_check, serial_of, Host, USAGE_TICKS};
+use crate::events::EventCode;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -300,7 +301,13 @@ impl Host {
         match action {
             Action::DropAllCoordinators => {
                 tracing::error!(host = %self.id, "liveness lease lost: dropping every coordinator");
+                let owned = self.owned.read().len();
                 self.drop_coordinators();
+                self.events.emit(
+                    EventCode::LeaseLost,
+                    self.id.as_str(),
+                    format!("{} lost its liveness lease and stopped coordinating the {owned} volume(s) it owned; other hosts take them over", self.id),
+                );
             }
             Action::Rejoin => self.rejoin().await,
             Action::StopCoordinating { volume } => {
@@ -331,6 +338,11 @@ impl Host {
             Action::RecordHostAbsent { volume, host } => {
                 let c = coordinator(&volume)?;
                 tracing::warn!(%volume, %host, "host is absent: its components miss writes until it returns");
+                self.events.emit(
+                    EventCode::HostAbsent,
+                    volume.as_str(),
+                    format!("{host} is absent: {volume}'s components on it miss writes until it returns or the repair delay ends"),
+                );
                 if let Err(e) = c.host_absent(&host).await {
                     tracing::warn!(%volume, %host, error = %e, "could not record absence");
                 }
@@ -387,6 +399,14 @@ impl Host {
         match rejoined {
             Ok(session) => {
                 tracing::warn!(host = %self.id, "rejoined the cluster with a new lease");
+                self.events.emit(
+                    EventCode::Rejoined,
+                    self.id.as_str(),
+                    format!(
+                        "{} registered again with a new lease, owning no volume",
+                        self.id
+                    ),
+                );
                 self.read_cache.set_ownership_check(lease_check(&session));
                 *self.session.lock() = Some(session);
                 // The old lease took the open-volume record with it.
@@ -440,6 +460,7 @@ impl Host {
             epoch: owner.epoch,
             last: parking_lot::Mutex::new(layout.clone()),
             clock: Arc::clone(&self.clock),
+            events: Arc::clone(&self.events),
         });
         match Coordinator::take_over_cached(
             layout,
@@ -457,6 +478,14 @@ impl Host {
         {
             Ok(c) => {
                 tracing::info!(host = %self.id, %volume, epoch = %owner.epoch, "coordinating volume");
+                self.events.emit(
+                    EventCode::OwnershipTaken,
+                    volume.as_str(),
+                    format!(
+                        "{} became {volume}'s owner at epoch {}",
+                        self.id, owner.epoch
+                    ),
+                );
                 let layout = c.layout();
                 self.owned.write().insert(volume.clone(), c);
                 self.apply_qos_of(volume);
@@ -488,6 +517,16 @@ impl Host {
         kind: ResyncKind,
     ) {
         let attempt = self.board.start(volume, component, host, kind.as_str());
+        self.events.emit(
+            EventCode::ResyncStarted,
+            volume.as_str(),
+            format!(
+                "{} of {volume}'s component {component} on {host} started",
+                kind.as_str()
+            ),
+        );
+        let events = Arc::clone(&self.events);
+        let copy_host = host.clone();
         let coordinator = Arc::clone(coordinator);
         let volume = volume.clone();
         let weak = Arc::downgrade(self);
@@ -512,9 +551,25 @@ impl Host {
             let kind = kind.as_str();
             match &result {
                 Ok(report) => {
-                    tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished")
+                    tracing::info!(%volume, %component, copied_bytes = report.copied_bytes, dirty_bytes = report.dirty_bytes, "{kind} finished");
+                    events.emit(
+                        EventCode::ResyncFinished,
+                        volume.as_str(),
+                        format!(
+                            "{kind} of {volume}'s component {component} on {copy_host} finished: {} copied of {} examined",
+                            tessera_types::format_size(report.copied_bytes),
+                            tessera_types::format_size(report.dirty_bytes)
+                        ),
+                    );
                 }
-                Err(e) => tracing::warn!(%volume, %component, error = %e, "{kind} stopped"),
+                Err(e) => {
+                    tracing::warn!(%volume, %component, error = %e, "{kind} stopped");
+                    events.emit(
+                        EventCode::ResyncFailed,
+                        volume.as_str(),
+                        format!("{kind} of {volume}'s component {component} on {copy_host} stopped: {e}"),
+                    );
+                }
             }
             let ok = result.is_ok();
             attempt.finish(&result);
@@ -584,6 +639,13 @@ impl Host {
             tracing::warn!(%volume, error = %e, "rebuild could not start");
             return None;
         }
+        self.events.emit(
+            EventCode::ComponentReplaced,
+            volume.as_str(),
+            format!(
+                "{volume}'s component {lost} is replaced by {new_id} on {new_host}, to be rebuilt"
+            ),
+        );
         Some(Event::Rebuilt {
             volume: volume.clone(),
             lost,

@@ -12,6 +12,7 @@
 //! in the same transaction, so its host deletes it even if it is out of
 //! reach now.
 
+use crate::events::{EventCode, EventLog};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_directory::keys::{self, ReclaimReason};
@@ -19,7 +20,7 @@ use tessera_directory::{Directory, Keyspace};
 use tessera_env::Clock;
 use tessera_object::{LayoutRecorder, SnapshotCopyChange, TakenSnapshot};
 use tessera_types::dirty::DirtyRecord;
-use tessera_types::layout::Layout;
+use tessera_types::layout::{ComponentRole, ComponentState, Layout};
 use tessera_types::VolumeId;
 
 /// Records an owner's layout changes in the directory, but only while the
@@ -39,6 +40,8 @@ pub(super) struct DirectoryLayouts {
     pub(super) last: parking_lot::Mutex<Layout>,
     /// Dates reclaim records.
     pub(super) clock: Arc<dyn Clock>,
+    /// Hears each component's change of state once it is recorded.
+    pub(super) events: Arc<EventLog>,
 }
 
 impl DirectoryLayouts {
@@ -105,6 +108,42 @@ impl DirectoryLayouts {
             .collect()
     }
 
+    /// Tells the event log of each component whose state `after` (as
+    /// recorded) changed from `before`.
+    fn tell_state_changes(&self, before: &Layout, after: &Layout) {
+        for c in after.components() {
+            let Some(was) = before.component(c.id).map(|b| b.state) else {
+                continue;
+            };
+            if was == c.state {
+                continue;
+            }
+            let code = match c.state {
+                ComponentState::Active => EventCode::ComponentActive,
+                ComponentState::Absent => EventCode::ComponentAbsent,
+                ComponentState::Resyncing => EventCode::ComponentResyncing,
+                ComponentState::Degraded => EventCode::ComponentDegraded,
+            };
+            self.events.emit(
+                code,
+                self.volume.as_str(),
+                format!(
+                    "{}'s {} {} on {} is {} (was {}), layout generation {}",
+                    self.volume,
+                    match c.role {
+                        ComponentRole::Data => "copy",
+                        ComponentRole::Witness => "witness",
+                    },
+                    c.id,
+                    c.host,
+                    state_word(c.state),
+                    state_word(was),
+                    after.generation
+                ),
+            );
+        }
+    }
+
     fn dirty_put(&self, dirty: &DirtyRecord) -> Result<tessera_directory::TxnOp, String> {
         self.keys
             .dirty_regions(&self.volume)
@@ -126,6 +165,7 @@ impl LayoutRecorder for DirectoryLayouts {
         puts.extend(self.reclaims_between(&before, layout)?);
         self.put_fenced(puts).await?;
         *self.last.lock() = layout.clone();
+        self.tell_state_changes(&before, layout);
         Ok(())
     }
 
@@ -236,3 +276,13 @@ impl LayoutRecorder for DirectoryLayouts {
 /// How many times a copy's snapshots are put in (or taken out of) their
 /// records while snapshots are being deleted meanwhile.
 const CARRY_ATTEMPTS: usize = 5;
+
+/// A component state as events say it.
+fn state_word(state: ComponentState) -> &'static str {
+    match state {
+        ComponentState::Active => "active",
+        ComponentState::Absent => "absent",
+        ComponentState::Resyncing => "resyncing",
+        ComponentState::Degraded => "degraded",
+    }
+}

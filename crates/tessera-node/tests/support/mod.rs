@@ -15,10 +15,10 @@ use tessera_node::api_access;
 use tessera_node::control::{
     ApiChange, ApiIdentity, ApiRole, ApiTokenRecord, AuditRecord, CapacityView, CloneVolume,
     ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot,
-    CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, FillView,
-    Health, HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView, RekeyRequest,
-    RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView,
-    TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
+    CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, EventView,
+    FillView, Health, HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView,
+    RekeyRequest, RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotView,
+    StatusView, TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -756,6 +756,12 @@ impl ClusterControl for MemoryControl {
                 Vec::new()
             },
         })
+    }
+
+    async fn events(&self, limit: usize) -> Result<Vec<EventView>, ControlError> {
+        // No host acts here: the history is the changes asked of it.
+        let changes = self.audit(usize::MAX).await?;
+        Ok(tessera_node::events::history(Vec::new(), changes, limit))
     }
 
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
