@@ -828,9 +828,10 @@ pub struct OffloadView {
 pub struct EventView {
     /// When (ms since the Unix epoch).
     pub at_ms: u64,
-    /// A stable code: `OWNERSHIP_TAKEN`, `HOST_ABSENT`, `RESYNC_STARTED`,
-    /// `RESYNC_FINISHED`, `RESYNC_FAILED`, `COMPONENT_REPLACED`,
-    /// `LEASE_LOST`, `REJOINED`, or `API_CHANGE`.
+    /// A stable code: `OWNERSHIP_TAKEN`, `HOST_ABSENT`, `COMPONENT_ABSENT`,
+    /// `COMPONENT_RESYNCING`, `COMPONENT_ACTIVE`, `COMPONENT_DEGRADED`,
+    /// `RESYNC_STARTED`, `RESYNC_FINISHED`, `RESYNC_FAILED`,
+    /// `COMPONENT_REPLACED`, `LEASE_LOST`, `REJOINED`, or `API_CHANGE`.
     pub code: String,
     /// The host that did it (none for a change asked of the API).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -481,10 +481,7 @@ impl Host {
                 self.events.emit(
                     EventCode::OwnershipTaken,
                     volume.as_str(),
-                    format!(
-                        "{} became {volume}'s owner at epoch {}",
-                        self.id, owner.epoch
-                    ),
+                    format!("{} became {volume}'s owner at {}", self.id, owner.epoch),
                 );
                 let layout = c.layout();
                 self.owned.write().insert(volume.clone(), c);
