@@ -629,7 +629,14 @@ pub enum ObjectCommand {
 #[derive(Debug, Subcommand)]
 pub enum SettingsCommand {
     /// Every setting with its value, default and meaning.
+    #[command(visible_alias = "list")]
     Show,
+    /// One setting with its value, default and meaning (`--json`: the
+    /// value alone, as the API holds it).
+    Get {
+        /// Setting name.
+        name: String,
+    },
     /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
     /// read_cache_bytes (a size, 0 to disable, or `default`),
     /// index_cache_bytes (a size, or `default`: each host's configured

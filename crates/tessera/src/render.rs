@@ -130,29 +130,30 @@ fn eta_text(seconds: u64) -> String {
 }
 
 /// `tessera settings show`.
-pub fn settings(s: &ClusterSettings) -> String {
+/// Each setting: its name, value, default and meaning.
+fn setting_rows(s: &ClusterSettings) -> Vec<Vec<String>> {
     let read_cache_default = "0.4% of each host's memory, at most 1.0 GiB";
-    let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
+    let mut rows = Vec::new();
     let d = ClusterSettings::default();
-    t.row(vec![
+    rows.push(vec![
         "max_overcommit_ratio".into(),
         format!("{:.2}", s.max_overcommit_ratio),
         format!("{:.2}", d.max_overcommit_ratio),
         "largest provisioned/capacity ratio a create or resize may reach".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "nearly_full_pct".into(),
         format!("{}%", s.nearly_full_pct),
         format!("{}%", d.nearly_full_pct),
         "use at which DATASTORE_NEARLY_FULL warns".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "full_pct".into(),
         format!("{}%", s.full_pct),
         format!("{}%", d.full_pct),
         "use at which DATASTORE_FULL is an error".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "read_cache_bytes".into(),
         match s.read_cache_bytes {
             None => "default".to_string(),
@@ -162,7 +163,7 @@ pub fn settings(s: &ClusterSettings) -> String {
         read_cache_default.into(),
         "RAM each host gives the blocks of the volumes it owns; 0 disables".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "index_cache_bytes".into(),
         match s.index_cache_bytes {
             None => "default".to_string(),
@@ -171,7 +172,7 @@ pub fn settings(s: &ClusterSettings) -> String {
         "each host's configured budget".into(),
         "RAM each host gives the index pages of its disk groups (the metadata cache)".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "index_prefetch_bytes".into(),
         match s.index_prefetch_bytes {
             0 => "0 (off)".to_string(),
@@ -180,13 +181,13 @@ pub fn settings(s: &ClusterSettings) -> String {
         format_size(d.index_prefetch_bytes),
         "address space whose index pages are read ahead after a miss; 0 turns it off".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "resync_delay_multiplier".into(),
         s.resync_delay_multiplier.to_string(),
         d.resync_delay_multiplier.to_string(),
         "how much resync and rebuild yield to guest I/O on a busy host (1-256)".into(),
     ]);
-    t.row(vec![
+    rows.push(vec![
         "scrub_period_h".into(),
         match s.scrub_period_h {
             0 => "0 (off)".to_string(),
@@ -195,7 +196,34 @@ pub fn settings(s: &ClusterSettings) -> String {
         format!("{}h", d.scrub_period_h),
         "hours in which every stored block is verified once; 0 turns it off".into(),
     ]);
+    rows
+}
+
+/// `tessera settings list`: every setting with its value, default and
+/// meaning.
+pub fn settings(s: &ClusterSettings) -> String {
+    let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
+    for row in setting_rows(s) {
+        t.row(row);
+    }
     t.render()
+}
+
+/// `tessera settings get NAME`: that setting's row, or None for a name
+/// there is no setting of.
+pub fn setting(s: &ClusterSettings, name: &str) -> Option<String> {
+    let row = setting_rows(s).into_iter().find(|r| r[0] == name)?;
+    let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
+    t.row(row);
+    Some(t.render())
+}
+
+/// The names of the settings, in the order `list` shows them.
+pub fn setting_names() -> Vec<String> {
+    setting_rows(&ClusterSettings::default())
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect()
 }
 
 /// `tessera status`.

@@ -139,6 +139,18 @@ pub fn run(
             let v = client.get("/v1/settings")?;
             output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
         }
+        Command::Settings(SettingsCommand::Get { name }) => {
+            let v = client.get("/v1/settings")?;
+            let settings: ClusterSettings = decode("/v1/settings", v.clone())?;
+            let Some(row) = render::setting(&settings, name) else {
+                return Err(unknown_setting(name));
+            };
+            if output.json {
+                output.json(v.get(name.as_str()).unwrap_or(&Value::Null))?;
+            } else {
+                output.text(&row)?;
+            }
+        }
         Command::Settings(SettingsCommand::Set { name, value }) => {
             let body = setting_change(name, value)?;
             let v = client.patch_json("/v1/settings", &body)?;
@@ -617,10 +629,16 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a whole number from 1 to 256"))?;
             Ok(json!({ "resync_delay_multiplier": m }))
         }
-        other => Err(CliError::Usage(format!(
-            "no setting named {other}: the settings are max_overcommit_ratio, nearly_full_pct, full_pct, read_cache_bytes, index_cache_bytes, index_prefetch_bytes, scrub_period_h, resync_delay_multiplier"
-        ))),
+        other => Err(unknown_setting(other)),
     }
+}
+
+/// The usage error for a setting name there is no setting of.
+fn unknown_setting(name: &str) -> CliError {
+    CliError::Usage(format!(
+        "no setting named {name}: the settings are {}",
+        render::setting_names().join(", ")
+    ))
 }
 
 /// Clears a terminal and puts the cursor top left.

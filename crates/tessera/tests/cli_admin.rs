@@ -560,6 +560,29 @@ fn host_show_prints_the_read_cache_and_the_setting_sizes_it() {
         table.contains("read_cache_bytes         default"),
         "{table}"
     );
+    // `list` is `show`; `get` answers one setting, or refuses a name by
+    // listing the real ones.
+    assert_eq!(stdout(&tessera(&api, &["settings", "list"])), table);
+    let one = stdout(&tessera(&api, &["settings", "get", "full_pct"]));
+    assert_eq!(one.lines().count(), 2, "{one}");
+    assert!(
+        one.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("full_pct  95%    95%"),
+        "{one}"
+    );
+    assert_eq!(
+        json(&tessera(&api, &["--json", "settings", "get", "full_pct"])),
+        95
+    );
+    let unknown = tessera(&api, &["settings", "get", "ful_pct"]);
+    assert_eq!(code(&unknown), 2);
+    assert!(
+        stderr(&unknown).contains("no setting named ful_pct: the settings are max_overcommit_ratio, nearly_full_pct, full_pct,"),
+        "{}",
+        stderr(&unknown)
+    );
     let bad = tessera(&api, &["settings", "set", "read_cache_bytes", "lots"]);
     assert_eq!(code(&bad), 2);
     assert!(stderr(&bad).contains("a size"), "{}", stderr(&bad));
