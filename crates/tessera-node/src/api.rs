@@ -49,6 +49,7 @@
 //! | GET | `/objects/{name}` | 200 `ObjectView` |
 //! | POST | `/objects/{name}/verify` | 200 `VerifyReport` |
 //! | GET | `/events[?limit=N]` | 200 `[EventView]` (the latest N, 100 by default, oldest first) |
+//! | GET | `/activity/hosts` | 200 `[HostActivity]` (each host's transport round trips and write logs) |
 //! | GET | `/activity` | 200 `[VolumeActivity]` (what clients did to each volume, counted by its owner) |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
@@ -132,6 +133,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/objects/{name}", get(object))
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/activity", get(activity))
+        .route("/v1/activity/hosts", get(host_activity))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
         .route("/v1/resyncs", get(resyncs))
@@ -558,6 +560,10 @@ async fn events(State(control): State<Control>, uri: Uri) -> Response {
             .events(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
             .await,
     )
+}
+
+async fn host_activity(State(control): State<Control>) -> Response {
+    respond(StatusCode::OK, control.host_activity().await)
 }
 
 async fn activity(State(control): State<Control>) -> Response {

@@ -167,6 +167,7 @@ pub const ROUTES: &[(&str, &str, ApiRole)] = &[
     ("GET", "/v1/objects/{name}", ApiRole::Viewer),
     ("POST", "/v1/objects/{name}/verify", ApiRole::Operator),
     ("GET", "/v1/activity", ApiRole::Viewer),
+    ("GET", "/v1/activity/hosts", ApiRole::Viewer),
     ("GET", "/v1/events", ApiRole::Viewer),
     ("GET", "/metrics", ApiRole::Viewer),
     ("GET", "/v1/resyncs", ApiRole::Viewer),

@@ -845,6 +845,41 @@ pub struct EventView {
     pub by: Option<String>,
 }
 
+/// What one host's transport and write logs did since it started
+/// (`GET /v1/activity/hosts`, the metrics endpoint).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostActivity {
+    /// The host.
+    pub host: String,
+    /// Calls it made to other hosts (round trips), failed ones included.
+    pub transport_calls: u64,
+    /// Those that failed (timeouts included).
+    pub transport_call_errors: u64,
+    /// Those that timed out.
+    pub transport_timeouts: u64,
+    /// Requests of other hosts it answered.
+    pub transport_requests_served: u64,
+    /// Each disk group's write log.
+    pub disk_groups: Vec<DiskGroupLogActivity>,
+}
+
+/// One disk group's write log since it opened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskGroupLogActivity {
+    /// The disk group.
+    pub disk_group: String,
+    /// Group commits written to its log.
+    pub group_commits: u64,
+    /// Syncs of its log device (one covers every commit before it).
+    pub log_syncs: u64,
+    /// Large writes stored straight on the capacity tier, past the log.
+    pub placed_writes: u64,
+    /// Bytes those writes held.
+    pub placed_bytes: u64,
+}
+
 /// What clients did to one volume, counted by its owner since it took the
 /// volume (`GET /v1/activity`, the metrics endpoint, `tessera top`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1233,6 +1268,9 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn verify_object(&self, name: &str) -> Result<VerifyReport, ControlError>;
     /// The cluster's history, oldest first: the newest `limit` entries.
     async fn events(&self, limit: usize) -> Result<Vec<EventView>, ControlError>;
+    /// What each host of this API did: transport round trips and write
+    /// logs.
+    async fn host_activity(&self) -> Result<Vec<HostActivity>, ControlError>;
     /// What clients did to each volume this API's hosts own, by name.
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError>;
     /// Resyncs and rebuilds, running and recent.

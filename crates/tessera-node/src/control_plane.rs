@@ -1777,6 +1777,41 @@ impl ClusterControl for ControlPlane {
         Ok(crate::events::history(events, changes, limit))
     }
 
+    async fn host_activity(&self) -> Result<Vec<HostActivity>, ControlError> {
+        let mut out: Vec<HostActivity> = self
+            .hosts
+            .running()
+            .iter()
+            .map(|h| {
+                let t = h.transport().stats();
+                HostActivity {
+                    host: h.id().to_string(),
+                    transport_calls: t.calls,
+                    transport_call_errors: t.call_errors,
+                    transport_timeouts: t.timeouts,
+                    transport_requests_served: t.requests_served,
+                    disk_groups: h
+                        .replica()
+                        .disk_groups()
+                        .iter()
+                        .map(|g| {
+                            let log = g.log_stats();
+                            DiskGroupLogActivity {
+                                disk_group: g.id().to_string(),
+                                group_commits: log.group_commits,
+                                log_syncs: log.syncs,
+                                placed_writes: log.placed_writes,
+                                placed_bytes: log.placed_blocks * tessera_types::BLOCK_BYTES,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.host.cmp(&b.host));
+        Ok(out)
+    }
+
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
         let running = self.hosts.running();
         let mut out: Vec<VolumeActivity> = running

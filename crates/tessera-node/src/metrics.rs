@@ -14,7 +14,7 @@
 //! names (volume, host, disk group), never by an internal id alone.
 
 use crate::control::{
-    ClusterControl, ControlError, HostView, ResyncView, ScrubView, VolumeActivity,
+    ClusterControl, ControlError, HostActivity, HostView, ResyncView, ScrubView, VolumeActivity,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -78,6 +78,7 @@ impl Family {
 /// Every family, from the views of one scrape.
 pub fn families(
     activity: &[VolumeActivity],
+    host_activity: &[HostActivity],
     hosts: &[HostView],
     scrubs: &[ScrubView],
     resyncs: &[ResyncView],
@@ -85,6 +86,7 @@ pub fn families(
     let mut out = Vec::new();
     out.extend(volume_families(activity));
     out.extend(host_families(hosts));
+    out.extend(host_activity_families(host_activity));
     out.extend(scrub_families(scrubs));
     out.extend(resync_families(resyncs));
     out
@@ -381,6 +383,93 @@ fn host_families(hosts: &[HostView]) -> Vec<Family> {
     out
 }
 
+fn host_activity_families(activity: &[HostActivity]) -> Vec<Family> {
+    use MetricType::Counter;
+    let mut transport = [
+        Family::new(
+            "transport_calls",
+            "Calls (round trips) the host made to other hosts, failed ones included.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "transport_call_errors",
+            "Calls to other hosts that failed, timeouts included.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "transport_timeouts",
+            "Calls to other hosts that timed out.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "transport_requests_served",
+            "Requests of other hosts this host answered.",
+            None,
+            Counter,
+        ),
+    ];
+    let mut logs = [
+        Family::new(
+            "disk_group_log_group_commits",
+            "Group commits written to the disk group's write log.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "disk_group_log_syncs",
+            "Syncs of the disk group's log device.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "disk_group_placed_writes",
+            "Large writes stored straight on the capacity tier, past the log.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "disk_group_placed",
+            "Bytes of those writes.",
+            Some(Unit::Bytes),
+            Counter,
+        ),
+    ];
+    for h in activity {
+        let values = [
+            h.transport_calls,
+            h.transport_call_errors,
+            h.transport_timeouts,
+            h.transport_requests_served,
+        ];
+        for (family, value) in transport.iter_mut().zip(values) {
+            family.push(vec![("host", h.host.clone())], value);
+        }
+        for g in &h.disk_groups {
+            let values = [
+                g.group_commits,
+                g.log_syncs,
+                g.placed_writes,
+                g.placed_bytes,
+            ];
+            for (family, value) in logs.iter_mut().zip(values) {
+                family.push(
+                    vec![
+                        ("host", h.host.clone()),
+                        ("disk_group", g.disk_group.clone()),
+                    ],
+                    value,
+                );
+            }
+        }
+    }
+    let mut out: Vec<Family> = transport.into();
+    out.extend(logs);
+    out
+}
+
 fn scrub_families(scrubs: &[ScrubView]) -> Vec<Family> {
     use MetricType::{Counter, Gauge};
     let mut families = [
@@ -549,10 +638,17 @@ pub fn encode(families: Vec<Family>) -> String {
 /// One scrape of what `control` serves.
 pub async fn scrape(control: &dyn ClusterControl) -> Result<String, ControlError> {
     let activity = control.activity().await?;
+    let host_activity = control.host_activity().await?;
     let hosts = control.hosts().await?;
     let scrubs = control.scrubs().await?;
     let resyncs = control.resyncs().await?;
-    Ok(encode(families(&activity, &hosts, &scrubs, &resyncs)))
+    Ok(encode(families(
+        &activity,
+        &host_activity,
+        &hosts,
+        &scrubs,
+        &resyncs,
+    )))
 }
 
 #[cfg(test)]
@@ -600,7 +696,7 @@ mod tests {
 
     #[test]
     fn counters_histograms_and_units_follow_the_conventions() {
-        let text = encode(families(&[activity()], &[], &[], &[]));
+        let text = encode(families(&[activity()], &[], &[], &[], &[]));
         for line in [
             "# TYPE tessera_volume_operations_total counter",
             "tessera_volume_operations_total{volume=\"vm1\",owner=\"host-2\",op=\"write\"} 2",

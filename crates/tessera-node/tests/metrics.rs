@@ -155,6 +155,15 @@ async fn fio_and_extended_copy_move_the_counters_by_what_they_did() {
         );
     }
     assert_eq!(sample(&all, "tessera_host_up", &[("host", &owner)]), 1.0);
+    // The host fio reached forwarded every request to the owner, and the
+    // owner's writes went through write logs.
+    assert!(sample(&all, "tessera_transport_calls_total", &[("host", &other)]) >= 2.0 * blocks);
+    let commits: f64 = all
+        .iter()
+        .filter(|(k, _)| k.starts_with("tessera_disk_group_log_group_commits_total{"))
+        .map(|(_, v)| *v)
+        .sum();
+    assert!(commits > 0.0, "{text}");
     let groups = all
         .keys()
         .filter(|k| k.starts_with("tessera_disk_group_capacity_bytes{"))

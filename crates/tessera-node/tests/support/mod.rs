@@ -16,9 +16,10 @@ use tessera_node::control::{
     ApiChange, ApiIdentity, ApiRole, ApiTokenRecord, AuditRecord, CapacityView, CloneVolume,
     ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot,
     CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, EventView,
-    FillView, Health, HostView, IscsiAccess, IscsiAccessView, ObjectView, ReadCacheView,
-    RekeyRequest, RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotView,
-    StatusView, TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
+    FillView, Health, HostActivity, HostView, IscsiAccess, IscsiAccessView, ObjectView,
+    ReadCacheView, RekeyRequest, RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView,
+    SnapshotView, StatusView, TokenView, UpdatePolicy, UpdateSettings, VerifyReport,
+    VolumeActivity, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -762,6 +763,11 @@ impl ClusterControl for MemoryControl {
         // No host acts here: the history is the changes asked of it.
         let changes = self.audit(usize::MAX).await?;
         Ok(tessera_node::events::history(Vec::new(), changes, limit))
+    }
+
+    async fn host_activity(&self) -> Result<Vec<HostActivity>, ControlError> {
+        // No host runs here.
+        Ok(Vec::new())
     }
 
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError> {
