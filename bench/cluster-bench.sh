@@ -163,6 +163,14 @@ up_pid=$!
 pids+=("$up_pid")
 wait_port "$bind" "$api_port"
 api="https://$bind:$api_port"
+# The API answers once the first host is up; the others start one after the
+# other (seconds each on a slow disk), and placement needs three.
+for _ in $(seq 600); do
+  present=$("$tessera" --api "$api" --json host list 2>/dev/null |
+    python3 -c 'import json, sys; print(sum(h["state"] == "present" for h in json.load(sys.stdin)))' 2>/dev/null || echo 0)
+  [ "$present" = 4 ] && break
+  sleep 0.2
+done
 "$tessera" --api "$api" volume create bench --size "$SIZE" >/dev/null
 # Wait for an owner.
 for _ in $(seq 100); do

@@ -11,6 +11,11 @@
 # groups are encrypted at rest (`--encrypt`), so the ratio is encryption at
 # rest and TLS on against both off; each cluster's CPU is counted apart.
 #
+# With SECOND_BIN=PATH it compares two builds instead: plain NBD to a
+# cluster of FIRST_BIN (default: this tree's release build) against plain
+# NBD to a cluster of SECOND_BIN, in turns, on the same machine (e.g. a
+# change against the commit before it: build both, copy the binaries out).
+#
 # Profiles (issue target: TLS >= 0.9x of plain):
 #   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8 (IOPS)
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
@@ -37,8 +42,11 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 for tool in fio python3 nbdinfo; do
   command -v "$tool" >/dev/null || { echo "tls-bench: $tool is required" >&2; exit 1; }
 done
-cargo build --release -q -p tessera
-tessera="$CARGO_TARGET_DIR/release/tessera"
+if [ -z "${FIRST_BIN:-}" ]; then
+  cargo build --release -q -p tessera
+fi
+tessera=${FIRST_BIN:-$CARGO_TARGET_DIR/release/tessera}
+SECOND_BIN=${SECOND_BIN:-}
 
 # Overwrites go to new blocks, so a capacity file grows towards its full
 # size as the runs go on: the two hosts holding copies of each cluster's
@@ -112,7 +120,11 @@ print(owner if owner and local else ("-" if owner else ""))')
 start_cluster off
 plain_uri=$plain; plain_pid=$up_pid; plain_home="$work/off-home"
 tls_uri=$tls; tls_pid=$up_pid; tls_home=$plain_home
-if [ "$ENCRYPT" = 1 ]; then
+if [ -n "$SECOND_BIN" ]; then
+  tessera=$SECOND_BIN
+  start_cluster on
+  tls_uri=$plain; tls_pid=$up_pid; tls_home="$work/on-home"
+elif [ "$ENCRYPT" = 1 ]; then
   start_cluster on --encrypt
   tls_uri=$tls; tls_pid=$up_pid; tls_home="$work/on-home"
   "$tessera" --api "$api" encryption list
@@ -151,9 +163,9 @@ for target in "$plain_uri $plain_home" "$tls_uri $tls_home"; do
   read -r uri home <<<"$target"
   HOME="$home" fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 \
       --size="$SIZE" --output-format=terse >/dev/null
-  [ "$ENCRYPT" = 1 ] || break
+  [ "$ENCRYPT" = 1 ] || [ -n "$SECOND_BIN" ] || break
 done
-on_label=tls; [ "$ENCRYPT" = 1 ] && on_label=enc+tls
+on_label=tls; [ "$ENCRYPT" = 1 ] && on_label=enc+tls; [ -n "$SECOND_BIN" ] && on_label=second
 
 median() { python3 -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 printf '%-9s %-6s %10s %12s\n' profile path figure cpu-s/GiB
