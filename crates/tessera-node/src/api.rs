@@ -235,16 +235,17 @@ fn parse_query<T: DeserializeOwned>(
 }
 
 async fn audit(State(control): State<Control>, uri: Uri) -> Response {
-    let query: LimitQuery = match parse_query("GET", &uri, "limit=N") {
-        Ok(q) => q,
-        Err(refused) => return error_response(refused),
-    };
-    respond(
-        StatusCode::OK,
-        control
-            .audit(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
-            .await,
-    )
+    match listing_limit(&uri) {
+        Ok(limit) => respond(StatusCode::OK, control.audit(limit).await),
+        Err(refused) => error_response(refused),
+    }
+}
+
+/// The `limit` a listing's query asks for ([`LIST_DEFAULT_LIMIT`] when it
+/// names none); any other parameter is refused.
+fn listing_limit(uri: &Uri) -> Result<usize, ControlError> {
+    let query: LimitQuery = parse_query("GET", uri, "limit=N")?;
+    Ok(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
 }
 
 /// Entries `GET /v1/audit` and `GET /v1/events` answer unless `limit` says.
@@ -550,16 +551,10 @@ async fn verify_object(State(control): State<Control>, Path(name): Path<String>)
 }
 
 async fn events(State(control): State<Control>, uri: Uri) -> Response {
-    let query: LimitQuery = match parse_query("GET", &uri, "limit=N") {
-        Ok(q) => q,
-        Err(refused) => return error_response(refused),
-    };
-    respond(
-        StatusCode::OK,
-        control
-            .events(query.limit.unwrap_or(LIST_DEFAULT_LIMIT))
-            .await,
-    )
+    match listing_limit(&uri) {
+        Ok(limit) => respond(StatusCode::OK, control.events(limit).await),
+        Err(refused) => error_response(refused),
+    }
 }
 
 async fn host_activity(State(control): State<Control>) -> Response {

@@ -86,15 +86,32 @@ fn continues(then: &VolumeActivity, now: &VolumeActivity) -> bool {
         && then.offloads.clone_commands <= now.offloads.clone_commands
 }
 
-/// Per-kind changes of one volume and its offloads' changes.
-struct VolumeDelta {
-    kinds: Vec<(IoKind, KindDelta)>,
+/// Changes of the offload counters (or their sums over volumes).
+#[derive(Clone, Copy, Default)]
+struct OffloadDelta {
     ats: u64,
     ats_fail: u64,
     clones: u64,
     clone_bytes: u64,
     zero_blocks: u64,
     delete_blocks: u64,
+}
+
+impl OffloadDelta {
+    fn add(&mut self, d: &OffloadDelta) {
+        self.ats += d.ats;
+        self.ats_fail += d.ats_fail;
+        self.clones += d.clones;
+        self.clone_bytes += d.clone_bytes;
+        self.zero_blocks += d.zero_blocks;
+        self.delete_blocks += d.delete_blocks;
+    }
+}
+
+/// Per-kind changes of one volume and its offloads' changes.
+struct VolumeDelta {
+    kinds: Vec<(IoKind, KindDelta)>,
+    offloads: OffloadDelta,
 }
 
 fn delta(then: Option<&VolumeActivity>, now: &VolumeActivity) -> VolumeDelta {
@@ -119,12 +136,14 @@ fn delta(then: Option<&VolumeActivity>, now: &VolumeActivity) -> VolumeDelta {
     let (o, t) = (&now.offloads, then.map(|t| t.offloads).unwrap_or_default());
     VolumeDelta {
         kinds,
-        ats: o.ats.saturating_sub(t.ats),
-        ats_fail: o.ats_miscompare.saturating_sub(t.ats_miscompare),
-        clones: o.clone_commands.saturating_sub(t.clone_commands),
-        clone_bytes: o.clone_shared_bytes.saturating_sub(t.clone_shared_bytes),
-        zero_blocks: o.zero_blocks.saturating_sub(t.zero_blocks),
-        delete_blocks: o.delete_blocks.saturating_sub(t.delete_blocks),
+        offloads: OffloadDelta {
+            ats: o.ats.saturating_sub(t.ats),
+            ats_fail: o.ats_miscompare.saturating_sub(t.ats_miscompare),
+            clones: o.clone_commands.saturating_sub(t.clone_commands),
+            clone_bytes: o.clone_shared_bytes.saturating_sub(t.clone_shared_bytes),
+            zero_blocks: o.zero_blocks.saturating_sub(t.zero_blocks),
+            delete_blocks: o.delete_blocks.saturating_sub(t.delete_blocks),
+        },
     }
 }
 
@@ -136,12 +155,7 @@ struct Totals {
     write: KindDelta,
     all_latency_ns: u64,
     errors: u64,
-    ats: u64,
-    ats_fail: u64,
-    clones: u64,
-    clone_bytes: u64,
-    zero_blocks: u64,
-    delete_blocks: u64,
+    offloads: OffloadDelta,
 }
 
 impl Totals {
@@ -161,12 +175,7 @@ impl Totals {
             self.all_latency_ns += k.latency_ns;
             self.errors += k.errors;
         }
-        self.ats += d.ats;
-        self.ats_fail += d.ats_fail;
-        self.clones += d.clones;
-        self.clone_bytes += d.clone_bytes;
-        self.zero_blocks += d.zero_blocks;
-        self.delete_blocks += d.delete_blocks;
+        self.offloads.add(&d.offloads);
     }
 
     fn row(&self, kind: &'static str, name: String, owner: String, seconds: f64) -> TopRow {
@@ -192,12 +201,12 @@ impl Totals {
             write_latency_us: mean_us(&self.write),
             queue: self.all_latency_ns as f64 / 1e9 / seconds,
             errors_s: per_s(self.errors),
-            ats_s: per_s(self.ats),
-            ats_fail_s: per_s(self.ats_fail),
-            clone_s: per_s(self.clones),
-            clone_mib_s: mib_s(self.clone_bytes),
-            zero_blocks_s: per_s(self.zero_blocks),
-            delete_blocks_s: per_s(self.delete_blocks),
+            ats_s: per_s(self.offloads.ats),
+            ats_fail_s: per_s(self.offloads.ats_fail),
+            clone_s: per_s(self.offloads.clones),
+            clone_mib_s: mib_s(self.offloads.clone_bytes),
+            zero_blocks_s: per_s(self.offloads.zero_blocks),
+            delete_blocks_s: per_s(self.offloads.delete_blocks),
         }
     }
 }
