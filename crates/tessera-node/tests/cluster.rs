@@ -70,9 +70,13 @@ async fn fio_verify_survives_a_replica_host_stop_and_resync_moves_only_changed_r
     );
     assert!(written_while_away > 0, "fio wrote while the host was away");
     assert!(resynced > 0, "the returning copy was resynced");
+    // The bound users are promised: at most 1.1x what was written while
+    // the copy was away. A resync cut off and retried (the returning host
+    // not yet answering) copies again what it did after its last recorded
+    // position, so exactly 1.0x holds only without a retry.
     assert!(
-        resynced <= written_while_away,
-        "resync moved only changed ranges ({resynced} <= {written_while_away})"
+        resynced * 10 <= written_while_away * 11,
+        "resync moved only changed ranges ({resynced} <= 1.1 x {written_while_away})"
     );
     let report = cluster.control.verify_object("vm").await.unwrap();
     assert!(report.identical, "copies differ: {report:?}");
