@@ -51,6 +51,7 @@
 //! | GET | `/events[?limit=N]` | 200 `[EventView]` (the latest N, 100 by default, oldest first) |
 //! | GET | `/activity/hosts` | 200 `[HostActivity]` (each host's transport round trips and write logs) |
 //! | GET | `/activity` | 200 `[VolumeActivity]` (what clients did to each volume, counted by its owner) |
+//! | GET | `/activity/history[?after_ms=N]` | 200 `ActivityHistoryView` (the rates of each 5 s interval of the last hour, or of those that ended after N) |
 //! | GET | `/resyncs` | 200 `[ResyncView]` |
 //! | GET | `/scrubs` | 200 `[ScrubView]` |
 //! | POST | `/hosts/{id}/scrub` | 202 `[ScrubView]` (a pass of every disk group starts) |
@@ -61,7 +62,8 @@
 //! | DELETE | `/tokens/{id}` | 204 |
 //!
 //! And outside `/v1`: GET `/metrics`, 200, the Prometheus text format
-//! ([`crate::metrics`]).
+//! ([`crate::metrics`]); GET `/ui/` (and `/`, which sends there), the web
+//! dashboard ([`crate::dashboard`]), the only routes that need no token.
 //!
 //! The role each route needs is in [`crate::api_access::ROUTES`]: reads a
 //! viewer's, changes to volumes an operator's, changes to the cluster and
@@ -134,6 +136,7 @@ pub fn router(control: Control) -> Router {
         .route("/v1/objects/{name}/verify", post(verify_object))
         .route("/v1/activity", get(activity))
         .route("/v1/activity/hosts", get(host_activity))
+        .route("/v1/activity/history", get(activity_history))
         .route("/v1/events", get(events))
         .route("/metrics", get(metrics))
         .route("/v1/resyncs", get(resyncs))
@@ -148,6 +151,9 @@ pub fn router(control: Control) -> Router {
             admit,
         ))
         .with_state(control)
+        // The dashboard's files hold no data: served without a token, and
+        // outside the audit of changes.
+        .merge(crate::dashboard::router())
 }
 
 /// Lets a request on only if it presents a token whose role may do what
@@ -563,6 +569,24 @@ async fn host_activity(State(control): State<Control>) -> Response {
 
 async fn activity(State(control): State<Control>) -> Response {
     respond(StatusCode::OK, control.activity().await)
+}
+
+async fn activity_history(State(control): State<Control>, uri: Uri) -> Response {
+    match parse_query::<HistoryQuery>("GET", &uri, "after_ms=N") {
+        Ok(query) => respond(
+            StatusCode::OK,
+            control.activity_history(query.after_ms).await,
+        ),
+        Err(refused) => error_response(refused),
+    }
+}
+
+/// The query of `GET /v1/activity/history`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Only intervals that ended after this (ms since the Unix epoch).
+    after_ms: Option<u64>,
 }
 
 async fn metrics(State(control): State<Control>) -> Response {

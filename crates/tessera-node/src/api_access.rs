@@ -168,6 +168,7 @@ pub const ROUTES: &[(&str, &str, ApiRole)] = &[
     ("POST", "/v1/objects/{name}/verify", ApiRole::Operator),
     ("GET", "/v1/activity", ApiRole::Viewer),
     ("GET", "/v1/activity/hosts", ApiRole::Viewer),
+    ("GET", "/v1/activity/history", ApiRole::Viewer),
     ("GET", "/v1/events", ApiRole::Viewer),
     ("GET", "/metrics", ApiRole::Viewer),
     ("GET", "/v1/resyncs", ApiRole::Viewer),

@@ -8,6 +8,7 @@
 //! Invariant: a refused operation changes nothing, and its [`ControlError`]
 //! says why in words a user can act on.
 
+pub use crate::activity_history::ActivityHistoryView;
 pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -1273,6 +1274,12 @@ pub trait ClusterControl: Send + Sync + 'static {
     async fn host_activity(&self) -> Result<Vec<HostActivity>, ControlError>;
     /// What clients did to each volume this API's hosts own, by name.
     async fn activity(&self) -> Result<Vec<VolumeActivity>, ControlError>;
+    /// The rates of the sampled intervals that ended after `after_ms` (the
+    /// last hour with None), oldest first.
+    async fn activity_history(
+        &self,
+        after_ms: Option<u64>,
+    ) -> Result<ActivityHistoryView, ControlError>;
     /// Resyncs and rebuilds, running and recent.
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError>;
     /// Each disk group's scrubbing, on every host this API serves.

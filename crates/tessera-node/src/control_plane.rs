@@ -134,6 +134,9 @@ pub struct ControlPlane {
     /// Audit entries written since start (the log is trimmed every so
     /// many).
     audit_appends: std::sync::atomic::AtomicU64,
+    /// The last hour of what clients did to the volumes this process's
+    /// hosts own (the dashboard's charts).
+    history: parking_lot::Mutex<crate::activity_history::ActivityHistory>,
 }
 
 mod audit;
@@ -372,7 +375,31 @@ impl ControlPlane {
             changes: tokio::sync::Mutex::new(()),
             secrets: None,
             audit_appends: std::sync::atomic::AtomicU64::new(0),
+            history: Default::default(),
         }
+    }
+
+    /// Samples this process's volume activity into the history every
+    /// [`crate::activity_history::SAMPLE_INTERVAL`] until the control plane
+    /// is dropped.
+    pub fn start_activity_sampling(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let control = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(crate::activity_history::SAMPLE_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(control) = control.upgrade() else {
+                    return;
+                };
+                // Counters are read in memory: this cannot fail or wait on
+                // another host.
+                if let Ok(sample) = control.activity().await {
+                    let at_ms = control.clock.wall_ms();
+                    control.history.lock().record(at_ms, sample);
+                }
+            }
+        })
     }
 
     /// The same control plane sealing the secrets it keeps in the
@@ -1841,6 +1868,13 @@ impl ClusterControl for ControlPlane {
             .collect();
         out.sort_by(|a, b| a.volume.cmp(&b.volume));
         Ok(out)
+    }
+
+    async fn activity_history(
+        &self,
+        after_ms: Option<u64>,
+    ) -> Result<ActivityHistoryView, ControlError> {
+        Ok(self.history.lock().view(after_ms))
     }
 
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {

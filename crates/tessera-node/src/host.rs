@@ -1037,6 +1037,7 @@ pub async fn run_config_file(
                 )
                 .with_secrets(config.secrets().map_err(NodeError::Config)?),
             );
+            control.start_activity_sampling();
             // The host that serves the API gives a new cluster its first
             // admin token, beside its configuration file.
             let token_file = crate::up::admin_token_path(

@@ -9,6 +9,7 @@
 //! composes the crates below it and adds only policy: when to take
 //! ownership, when to resync, when to rebuild.
 
+pub mod activity_history;
 pub mod api;
 pub mod api_access;
 pub mod api_tls;
@@ -17,6 +18,7 @@ pub mod components;
 pub mod config;
 pub mod control;
 pub mod control_plane;
+pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod health;

@@ -152,6 +152,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
     let control = start(&config).await?;
+    let sampling = control.start_activity_sampling();
     match control
         .write_first_admin_token(&admin_token_path(&config.data_dir))
         .await
@@ -196,6 +197,7 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: stopping every host cleanly");
     api.abort();
+    sampling.abort();
     control.hosts().stop_all().await;
     Ok(())
 }
@@ -454,6 +456,10 @@ pub fn banner(config: &UpConfig) -> String {
         config.data_dir.display()
     );
     text += &format!("  API:     {api}   (the CLI: {cli} status; or set TESSERA_API={api})\n");
+    text += &format!(
+        "  Web:     {api}{}   (the dashboard: sign in with the token below; the browser must trust the CA below)\n",
+        crate::dashboard::PATH
+    );
     let token = admin_token_path(&config.data_dir);
     text += &if config.data_dir == std::path::Path::new(DEFAULT_DATA_DIR) {
         format!(

@@ -759,7 +759,7 @@ fn top(
         std::thread::sleep(std::time::Duration::from_secs(delay));
         let (now, now_at) = sample()?;
         let seconds = now_at.duration_since(then_at).as_secs_f64();
-        let rows = top::interval_rows(&then, &now, seconds);
+        let rows = tessera_node::activity_history::interval_rates(&then, &now, seconds);
         if batch {
             let time_unix = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -775,6 +775,13 @@ impl ClusterControl for MemoryControl {
         Ok(Vec::new())
     }
 
+    async fn activity_history(
+        &self,
+        after_ms: Option<u64>,
+    ) -> Result<tessera_node::control::ActivityHistoryView, ControlError> {
+        Ok(tessera_node::activity_history::ActivityHistory::default().view(after_ms))
+    }
+
     async fn resyncs(&self) -> Result<Vec<ResyncView>, ControlError> {
         Ok(self.records.lock().expect("records lock").resyncs.clone())
     }
