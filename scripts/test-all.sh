@@ -33,6 +33,17 @@ if ! installed prometheus; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
 fi
+# The dashboard is tested in Debian's headless chromium, through
+# chromedriver; neither needs what it recommends (fonts, desktop helpers).
+browser_missing=()
+for p in chromium chromium-driver; do
+  installed "$p" || browser_missing+=("$p")
+done
+if [ "${#browser_missing[@]}" -gt 0 ]; then
+  echo "installing: ${browser_missing[*]} (for the dashboard's browser test)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${browser_missing[@]}"
+fi
 
 # Prints a bookworm-backports source made from the first configured, enabled
 # `deb` source of the suite bookworm (its URI, options and keyring), in the
