@@ -16,7 +16,7 @@ installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
 }
 
-packages=(etcd-server fio libnbd-bin nbdkit qemu-utils libiscsi-bin fuse3 e2fsprogs python3-libnbd libiscsi-dev postgresql)
+packages=(etcd-server fio libnbd-bin nbdkit qemu-utils libiscsi-bin fuse3 e2fsprogs python3-libnbd libiscsi-dev postgresql python3-jsonschema)
 missing=()
 for p in "${packages[@]}"; do
   installed "$p" || missing+=("$p")

@@ -663,7 +663,19 @@ impl Keyspace {
 
 /// What a holder of an API token may do; each role may do what the ones
 /// before it may.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum ApiRole {
     /// Reads every view (status, hosts, volumes, snapshots, resyncs).
@@ -741,7 +753,7 @@ pub struct ApiTokenRecord {
 /// One change asked of the API, as the audit log keeps it: who asked (the
 /// token, never its secret), what, when and how it ended. Request bodies are
 /// not kept: they may carry secrets.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditRecord {
     /// When the answer was given (ms since the Unix epoch).
     pub at_ms: u64,
@@ -973,7 +985,7 @@ impl EvacuationRecord {
 
 /// Cluster-wide settings a user may change. Every field has a default, so
 /// a record written before a field existed still reads.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
     /// The largest ratio of provisioned bytes (every copy of every volume at
@@ -1175,7 +1187,9 @@ impl VolumeAccessRecord {
 
 /// Where a volume admits NBD clients that prove no name (plain NBD, or TLS
 /// without a client certificate).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum PlainNbd {
     /// Only from the serving host itself (127.0.0.0/8, ::1): what a local
@@ -1356,7 +1370,7 @@ pub struct DiskGroupRecord {
 }
 
 /// A disk group's encryption at rest, as its host reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiskGroupEncryption {
     /// The cipher ("aes-256-xts").
@@ -1372,7 +1386,7 @@ pub struct DiskGroupEncryption {
 }
 
 /// Progress of a deep rekey.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RekeyState {
     /// Bytes of the disk group's devices already under the new data key.

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 /// What a row of rates is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RateSubject {
     /// One volume, counted by its owner.
@@ -45,7 +45,7 @@ impl RateSubject {
 
 /// The rates of one interval of a volume, or of a host (the volumes it
 /// owns).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivityRate {
     /// A volume's or a host's.
@@ -276,7 +276,7 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 pub const HISTORY_INTERVALS: usize = 720;
 
 /// The rates of one interval, as `GET /v1/activity/history` answers them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivityInterval {
     /// When it ended (ms since the Unix epoch).
@@ -289,7 +289,7 @@ pub struct ActivityInterval {
 }
 
 /// What `GET /v1/activity/history` answers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivityHistoryView {
     /// Seconds between samples.

@@ -63,7 +63,9 @@
 //!
 //! And outside `/v1`: GET `/metrics`, 200, the Prometheus text format
 //! ([`crate::metrics`]); GET `/ui/` (and `/`, which sends there), the web
-//! dashboard ([`crate::dashboard`]), the only routes that need no token.
+//! dashboard ([`crate::dashboard`]), and GET `/v1/openapi.json`, the
+//! OpenAPI document of every route ([`crate::openapi`]): the only routes
+//! that need no token.
 //!
 //! The role each route needs is in [`crate::api_access::ROUTES`]: reads a
 //! viewer's, changes to volumes an operator's, changes to the cluster and

@@ -21,7 +21,7 @@ use tessera_types::policy::{Policy, VolumeQos};
 use tessera_types::{format_size, ComponentId, Epoch};
 
 /// Overall health of a cluster or volume.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Health {
     /// Everything protected as the policies ask.
@@ -33,7 +33,7 @@ pub enum Health {
 }
 
 /// Capacity of the datastore, of one host or of one disk group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CapacityView {
     /// Bytes the devices can hold.
     pub total_bytes: u64,
@@ -141,7 +141,7 @@ pub mod component_id_text {
 }
 
 /// One disk group as the API shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiskGroupView {
     /// Its id.
     pub id: String,
@@ -170,7 +170,7 @@ pub struct DiskGroupView {
 }
 
 /// What `POST /v1/hosts/{id}/rekey` asks.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RekeyRequest {
     /// Also rewrite every block under a new data key (in the background);
@@ -184,7 +184,7 @@ pub struct RekeyRequest {
 }
 
 /// One disk group's encryption at rest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EncryptionView {
     /// Its host.
     pub host: String,
@@ -197,7 +197,9 @@ pub struct EncryptionView {
 
 /// A disk group's index cache: its budget, what it holds and its counters
 /// since the disk group was opened.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct IndexCacheView {
     /// Memory it may use.
     pub budget_bytes: u64,
@@ -224,7 +226,7 @@ pub struct IndexCacheView {
 }
 
 /// A request to evacuate a host: every disk group, or the one named.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Evacuate {
     /// Only this disk group.
@@ -233,7 +235,7 @@ pub struct Evacuate {
 }
 
 /// A host's evacuation and what is left of it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EvacuationView {
     /// The host.
     pub host: String,
@@ -246,7 +248,7 @@ pub struct EvacuationView {
 }
 
 /// One host as the API shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HostView {
     /// Host id.
     pub id: String,
@@ -281,7 +283,7 @@ pub struct HostView {
 }
 
 /// A host's read cache: the blocks of the volumes it owns, in its memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReadCacheView {
     /// Bytes of memory it may take (0: disabled), from the setting
     /// `read_cache_bytes` and the host's memory.
@@ -317,7 +319,9 @@ impl ReadCacheView {
 
 /// One volume's reads in its owner's read cache (counted on the hosts this
 /// control plane runs, since the owner took the volume over).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct VolumeReadCacheView {
     /// Blocks (4 KiB) of reads served from the cache.
     pub hits: u64,
@@ -326,7 +330,7 @@ pub struct VolumeReadCacheView {
 }
 
 /// A request to create a policy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePolicy {
     /// Policy name.
@@ -349,7 +353,7 @@ fn one() -> u8 {
 }
 
 /// A request to create a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     /// Volume name (also its NBD export name).
@@ -366,7 +370,7 @@ pub struct CreateVolume {
 }
 
 /// A request to resize a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeVolume {
     /// New size in bytes (growing only).
@@ -374,7 +378,7 @@ pub struct ResizeVolume {
 }
 
 /// A request to rename a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenameVolume {
     /// The new name (also its NBD export name and iSCSI target).
@@ -382,7 +386,7 @@ pub struct RenameVolume {
 }
 
 /// A change to a policy: the fields given replace the current ones.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdatePolicy {
     /// Failures to tolerate (0-3).
@@ -402,7 +406,9 @@ pub struct UpdatePolicy {
 
 /// A change to a policy's QoS: the fields given replace the current ones
 /// (0 removes a limit or the minimum).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct QosChange {
     /// Operations per second each volume may not exceed.
@@ -418,7 +424,7 @@ pub struct QosChange {
 
 /// The cluster settings as the API takes a change to them: the fields
 /// given replace the current ones.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSettings {
     /// See [`tessera_directory::keys::ClusterSettings::max_overcommit_ratio`].
@@ -468,7 +474,7 @@ where
 }
 
 /// A CHAP user name and secret, as the API takes them.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChapCredential {
     /// User name (CHAP_N).
@@ -488,7 +494,7 @@ impl std::fmt::Debug for ChapCredential {
 
 /// Who may log in to a volume's iSCSI target (on every host). Replaces the
 /// previous settings as a whole.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IscsiAccess {
     /// Initiator names allowed in; empty admits every initiator.
@@ -513,7 +519,7 @@ pub struct IscsiAccess {
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshot {
     /// The snapshot's name: 1 to 64 letters, digits, `.`, `_` or `-`.
@@ -527,7 +533,7 @@ pub struct CreateSnapshot {
 }
 
 /// Body of `POST /v1/volumes/{volume}/snapshots/{snapshot}/clones`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloneVolume {
     /// The new volume's name.
@@ -547,7 +553,7 @@ pub struct CloneVolume {
 }
 
 /// Body of `POST /v1/volumes/{name}/revert`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RevertVolume {
     /// The snapshot the volume goes back to.
@@ -555,7 +561,7 @@ pub struct RevertVolume {
 }
 
 /// What deleting a snapshot did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotDeleted {
     /// The volume.
     pub volume: String,
@@ -570,7 +576,7 @@ pub struct SnapshotDeleted {
 }
 
 /// Components waiting for one host to delete them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReclaimPending {
     /// The host.
     pub host: String,
@@ -579,7 +585,7 @@ pub struct ReclaimPending {
 }
 
 /// A snapshot of a volume, as shown.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotView {
     /// The volume.
     pub volume: String,
@@ -616,7 +622,7 @@ pub struct SnapshotView {
 }
 
 /// One component of a snapshot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotComponentView {
     /// The component.
     pub id: String,
@@ -627,7 +633,7 @@ pub struct SnapshotComponentView {
 }
 
 /// A volume's iSCSI access settings, as shown (secrets never are).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct IscsiAccessView {
     /// Volume name.
     pub volume: String,
@@ -649,7 +655,7 @@ pub struct IscsiAccessView {
 }
 
 /// One volume as `volume list` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VolumeView {
     /// Name.
     pub name: String,
@@ -687,7 +693,7 @@ pub struct VolumeView {
 
 /// Where the fill of a full clone stands, as its owner last recorded it
 /// (about once a second).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FillView {
     /// The snapshot copied, as `VOLUME@SNAPSHOT`.
     pub from: String,
@@ -744,10 +750,11 @@ impl FillView {
 }
 
 /// One component as `object show` prints it (like RVC's object info).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ComponentView {
     /// Component id.
     #[serde(with = "component_id_text")]
+    #[schemars(with = "String")]
     pub id: ComponentId,
     /// Data copy or witness.
     pub role: ComponentRole,
@@ -770,7 +777,7 @@ pub struct ComponentView {
 }
 
 /// The component tree of one volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ObjectView {
     /// Volume name.
     pub volume: String,
@@ -798,7 +805,9 @@ pub struct ObjectView {
 }
 
 /// Offload counters of one volume, like esxtop's VAAI columns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct OffloadView {
     /// COMPARE AND WRITE commands (ATS).
     pub ats: u64,
@@ -824,7 +833,7 @@ pub struct OffloadView {
 
 /// One entry of the cluster's history (`GET /v1/events`): something a host
 /// did on its own, or a change asked of the API that succeeded.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventView {
     /// When (ms since the Unix epoch).
@@ -848,7 +857,7 @@ pub struct EventView {
 
 /// What one host's transport and write logs did since it started
 /// (`GET /v1/activity/hosts`, the metrics endpoint).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostActivity {
     /// The host.
@@ -866,7 +875,7 @@ pub struct HostActivity {
 }
 
 /// One disk group's write log since it opened.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiskGroupLogActivity {
     /// The disk group.
@@ -883,7 +892,7 @@ pub struct DiskGroupLogActivity {
 
 /// What clients did to one volume, counted by its owner since it took the
 /// volume (`GET /v1/activity`, the metrics endpoint, `tessera top`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeActivity {
     /// The volume.
@@ -910,7 +919,7 @@ pub struct VolumeActivity {
 }
 
 /// A byte range where copies disagree.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Divergence {
     /// Stripe column.
     pub column: usize,
@@ -920,6 +929,7 @@ pub struct Divergence {
     pub len: u64,
     /// Components that were compared.
     #[serde(with = "component_id_text::list")]
+    #[schemars(with = "Vec<String>")]
     pub components: Vec<ComponentId>,
     /// The snapshot whose copies differ; absent for the volume itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -927,7 +937,7 @@ pub struct Divergence {
 }
 
 /// The result of comparing all copies of a volume.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VerifyReport {
     /// Volume name.
     pub volume: String,
@@ -945,7 +955,7 @@ pub struct VerifyReport {
 }
 
 /// Where a resync or rebuild stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ResyncState {
     /// Copying now.
@@ -973,13 +983,14 @@ impl ResyncState {
 
 /// One resync or rebuild of one component: the current attempt's progress
 /// (a retry replaces the attempt before it, so a component appears once).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ResyncView {
     /// Volume.
     pub volume: String,
     /// Component being brought up to date, as the tables print it
     /// (`c` and 16 hex digits).
     #[serde(with = "component_id_text")]
+    #[schemars(with = "String")]
     pub component: ComponentId,
     /// Its host.
     pub host: String,
@@ -1015,7 +1026,9 @@ fn one_attempt() -> u32 {
 }
 
 /// How bad a health check is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Severity {
     /// Worth knowing; nothing is at risk yet.
@@ -1027,7 +1040,9 @@ pub enum Severity {
 }
 
 /// The stable codes of health checks, like `ceph health detail`'s.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HealthCode {
     /// A host's lease lapsed or it was stopped: its components miss writes.
@@ -1053,7 +1068,7 @@ pub enum HealthCode {
 }
 
 /// One problem the cluster has: what, how bad, what it affects, what to do.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HealthCheck {
     /// Stable code, for scripts and alerts.
     pub code: HealthCode,
@@ -1071,7 +1086,7 @@ pub struct HealthCheck {
 }
 
 /// Overall health with the checks that explain it (`tessera health`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HealthReport {
     /// Overall health: the worst of the volumes' and hosts'.
     pub health: Health,
@@ -1087,7 +1102,7 @@ impl ResyncView {
 }
 
 /// Everything `tessera status` shows.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StatusView {
     /// Cluster name.
     pub cluster: String,
@@ -1107,7 +1122,9 @@ pub struct StatusView {
 }
 
 /// Why a control operation was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(tag = "kind", content = "message", rename_all = "kebab-case")]
 pub enum ControlError {
     /// No such policy, volume or host (HTTP 404).
@@ -1392,7 +1409,7 @@ pub struct ApiIdentity {
 }
 
 /// Body of `POST /v1/tokens`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// What it is for, for people to read: 1 to 64 letters, digits, `.`,
@@ -1406,7 +1423,7 @@ pub struct CreateToken {
 }
 
 /// An API token as listed: everything but its secret.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TokenView {
     /// Its id (the part of the token after `tsn_` and before the secret).
     pub id: String,
@@ -1439,7 +1456,7 @@ impl TokenView {
 }
 
 /// Answer of `POST /v1/tokens`: the token, shown this once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CreatedToken {
     /// What its holder presents (`Authorization: Bearer <token>`).
     pub token: String,
@@ -1449,7 +1466,7 @@ pub struct CreatedToken {
 }
 
 /// A fault to inject into a host, for testing how the cluster copes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum InjectFault {
     /// A device of a disk group fails from now on (every read, write and

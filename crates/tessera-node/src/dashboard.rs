@@ -1,5 +1,6 @@
 //! The web dashboard: static files, compiled into the binary, that the API
-//! serves at `/ui/` (and `/` sends there).
+//! serves at `/ui/` (and `/` sends there), and the API's OpenAPI document
+//! ([`crate::openapi`]), the other answer that needs no token.
 //!
 //! Owns: the files (`dashboard/index.html`, `app.js`, `style.css`) and the
 //! headers they are served with. Must not touch: the cluster; the page
@@ -42,6 +43,10 @@ pub fn router() -> Router {
         .route(
             "/ui/style.css",
             get(|| async { file("text/css; charset=utf-8", STYLE_CSS) }),
+        )
+        .route(
+            crate::openapi::PATH,
+            get(|| async { file("application/json", crate::openapi::document_text()) }),
         )
 }
 

@@ -25,6 +25,7 @@ pub mod health;
 pub mod host;
 pub mod iscsi;
 pub mod metrics;
+pub mod openapi;
 pub mod peers;
 pub mod resync_board;
 pub mod routing;

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub const STRIPE_UNIT_BYTES: u64 = 1 << 20;
 
 /// What a component holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ComponentRole {
     /// A full copy of one stripe column's data.
@@ -31,7 +31,7 @@ pub enum ComponentRole {
 }
 
 /// The life of a component, as the object's owner records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ComponentState {
     /// Up to date and receiving every write.

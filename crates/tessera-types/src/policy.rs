@@ -14,7 +14,9 @@ pub const FTT_MAX: u8 = 3;
 pub const STRIPE_WIDTH_MAX: u8 = 12;
 
 /// How an object tolerates failures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultTolerance {
     /// Full copies of the data (RAID-1 mirroring), FTT+1 of them.
@@ -23,7 +25,7 @@ pub enum FaultTolerance {
 }
 
 /// A storage policy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Policy {
     /// The policy's name.
     pub name: PolicyName,
@@ -52,7 +54,9 @@ pub const QOS_BANDWIDTH_MAX_MIB_S: u32 = 1_000_000;
 
 /// A volume's quality of service: what its owner lets it use at most and
 /// what it keeps however busy the host is. 0 means none.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeQos {
     /// Operations per second the volume may not exceed (0: no limit).

@@ -362,3 +362,100 @@ fn the_dashboard_s_files_need_no_token_and_allow_nothing_from_elsewhere() {
     // The data behind it still needs a token.
     assert!(get("/v1/activity/history").contains(" 401"));
 }
+
+/// Checks each `(label, schema, answer)` of `cases` against the document's
+/// schemas with python3's jsonschema (JSON Schema 2020-12, the dialect of
+/// OpenAPI 3.1); answers what it found wrong.
+fn schema_violations(doc: &Value, cases: &[(String, Value, Value)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cases.json");
+    let cases: Vec<Value> = cases
+        .iter()
+        .map(|(label, schema, answer)| json!({"label": label, "schema": schema, "answer": answer}))
+        .collect();
+    std::fs::write(
+        &input,
+        json!({"components": doc["components"], "cases": cases}).to_string(),
+    )
+    .unwrap();
+    let script = r#"
+import json, sys
+from jsonschema import Draft202012Validator
+data = json.load(open(sys.argv[1]))
+bad = []
+for case in data["cases"]:
+    schema = dict(case["schema"], components=data["components"])
+    for error in Draft202012Validator(schema).iter_errors(case["answer"]):
+        bad.append(f'{case["label"]}: {list(error.absolute_path)}: {error.message}'[:400])
+print("\n".join(bad))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_api_s_answers_match_its_openapi_document() {
+    if !have("curl") || !have("python3") {
+        return;
+    }
+    let have_jsonschema = Command::new("python3")
+        .args(["-c", "import jsonschema"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_jsonschema {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "python3-jsonschema is required (TESSERA_REQUIRE_TOOLS=1)"
+        );
+        return;
+    }
+    let up = UpCluster::start(97, &[]);
+    up.create_volume("db1", "64M", None);
+    let (ok, out) = tessera(&up.api, &["snapshot", "create", "db1", "first"]);
+    assert!(ok, "{out}");
+    let token = std::fs::read_to_string(up.data_dir.join("admin.token")).unwrap();
+    let ca = up.data_dir.join("tls").join("ca-cert.pem");
+    let get = |path: &str, auth: bool| -> Value {
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "--fail-with-body", "--cacert"]).arg(&ca);
+        if auth {
+            curl.args(["-H", &format!("Authorization: Bearer {}", token.trim())]);
+        }
+        let out = curl.arg(format!("{}{path}", up.api)).output().unwrap();
+        assert!(out.status.success(), "GET {path}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("GET {path}: {e}: {out:?}"))
+    };
+    let doc = get("/v1/openapi.json", false);
+    let mut cases = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let Some(schema) =
+            item["get"]["responses"]["200"]["content"]["application/json"].get("schema")
+        else {
+            continue;
+        };
+        let concrete = path
+            .replace("{id}", "host-1")
+            .replace("/policies/{name}", "/policies/default")
+            .replace("{name}", "db1");
+        cases.push((concrete.clone(), schema.clone(), get(&concrete, true)));
+    }
+    assert!(cases.len() >= 20, "{} GET answers", cases.len());
+    let violations = schema_violations(&doc, &cases);
+    assert!(
+        violations.is_empty(),
+        "answers unlike the document:\n{violations}"
+    );
+    // The check can fail: an answer missing a required field is caught.
+    let mut broken = cases
+        .iter()
+        .find(|(path, _, _)| path == "/v1/volumes/db1")
+        .cloned()
+        .unwrap();
+    broken.2.as_object_mut().unwrap().remove("size_bytes");
+    assert!(schema_violations(&doc, &[broken]).contains("size_bytes"));
+}

@@ -50,7 +50,7 @@ const SCHEDULE_POLL: Duration = Duration::from_secs(30);
 pub const POSITION_RECORD_EVERY: Duration = Duration::from_secs(30);
 
 /// One disk group's scrubbing, as users see it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ScrubView {
     /// The host.
     pub host: String,
