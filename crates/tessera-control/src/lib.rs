@@ -393,6 +393,13 @@ impl HostControl {
         self.resyncing.contains(&(volume.clone(), component))
     }
 
+    /// Changes how long a component may stay absent before it is rebuilt
+    /// elsewhere; components already absent count from when they went
+    /// absent, so a shorter delay may start their rebuilds at the next tick.
+    pub fn set_repair_delay(&mut self, repair_delay: Duration) {
+        self.config.repair_delay = repair_delay;
+    }
+
     /// How long from `now` until `component` of `volume` is rebuilt
     /// elsewhere if it stays absent; None unless this host coordinates the
     /// volume and counts the component's repair delay.

@@ -1029,7 +1029,18 @@ pub struct ClusterSettings {
     /// miss (vsanSparse's speculative prefetch); 0 turns read-ahead off.
     #[serde(default = "default_index_prefetch_bytes")]
     pub index_prefetch_bytes: u64,
+    /// Seconds a component may stay absent (its host down, its disk group
+    /// unreachable) before its volume's owner rebuilds it elsewhere, like
+    /// vSAN's `ClomRepairDelay`; a host that returns sooner gets a delta
+    /// resync instead. Applied live, also to components already absent.
+    /// None: each host's configured `repair_delay_s` (60 minutes unless its
+    /// configuration says otherwise); at most [`REPAIR_DELAY_MAX_S`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_delay_s: Option<u64>,
 }
+
+/// The longest [`ClusterSettings::repair_delay_s`]: a week.
+pub const REPAIR_DELAY_MAX_S: u64 = 7 * 24 * 3600;
 
 /// Default [`ClusterSettings::index_prefetch_bytes`]: 4 MiB.
 pub fn default_index_prefetch_bytes() -> u64 {
@@ -1107,6 +1118,7 @@ impl Default for ClusterSettings {
             index_prefetch_bytes: default_index_prefetch_bytes(),
             scrub_period_h: default_scrub_period_h(),
             resync_delay_multiplier: default_resync_delay_multiplier(),
+            repair_delay_s: None,
         }
     }
 }

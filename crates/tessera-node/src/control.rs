@@ -461,6 +461,14 @@ pub struct UpdateSettings {
     /// See [`tessera_directory::keys::ClusterSettings::index_prefetch_bytes`].
     #[serde(default)]
     pub index_prefetch_bytes: Option<u64>,
+    /// See [`tessera_directory::keys::ClusterSettings::repair_delay_s`]:
+    /// seconds, or `null` for each host's configured delay.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub repair_delay_s: Option<Option<u64>>,
 }
 
 /// A field that may be `null`: present (`Some`, holding `None` for `null`)
@@ -1650,6 +1658,15 @@ impl UpdateSettings {
                 )));
             }
             next.resync_delay_multiplier = m;
+        }
+        if let Some(delay) = self.repair_delay_s {
+            let max = tessera_directory::keys::REPAIR_DELAY_MAX_S;
+            if let Some(s) = delay.filter(|s| *s > max) {
+                return Err(ControlError::Invalid(format!(
+                    "repair_delay_s must be between 0 (rebuild at once) and {max} (a week), not {s}"
+                )));
+            }
+            next.repair_delay_s = delay;
         }
         if let Some(p) = self.nearly_full_pct {
             next.nearly_full_pct = p;

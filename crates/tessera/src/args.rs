@@ -642,7 +642,9 @@ pub enum SettingsCommand {
     /// index_cache_bytes (a size, or `default`: each host's configured
     /// budget), index_prefetch_bytes (a size, 0 turns read-ahead off),
     /// scrub_period_h (hours, 0 to turn the scheduled scrub off),
-    /// resync_delay_multiplier (1-256: how much resync yields to guests).
+    /// resync_delay_multiplier (1-256: how much resync yields to guests),
+    /// repair_delay_s (seconds before an absent copy is rebuilt elsewhere,
+    /// or `default`).
     Set {
         /// Setting name.
         name: String,

@@ -182,6 +182,17 @@ fn setting_rows(s: &ClusterSettings) -> Vec<Vec<String>> {
         "address space whose index pages are read ahead after a miss; 0 turns it off".into(),
     ]);
     rows.push(vec![
+        "repair_delay_s".into(),
+        match s.repair_delay_s {
+            None => "default".to_string(),
+            Some(0) => "0 (at once)".to_string(),
+            Some(secs) => format!("{secs}s"),
+        },
+        "each host's configured delay (3600s unless set)".into(),
+        "seconds a component may stay absent before it is rebuilt elsewhere; 0 rebuilds at once"
+            .into(),
+    ]);
+    rows.push(vec![
         "resync_delay_multiplier".into(),
         s.resync_delay_multiplier.to_string(),
         d.resync_delay_multiplier.to_string(),

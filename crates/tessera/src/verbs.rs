@@ -623,6 +623,16 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a number of hours (0 turns the scheduled scrub off)"))?;
             Ok(json!({ "scrub_period_h": hours }))
         }
+        "repair_delay_s" => {
+            if value.eq_ignore_ascii_case("default") {
+                return Ok(json!({ "repair_delay_s": null }));
+            }
+            let secs: u64 = value
+                .trim_end_matches('s')
+                .parse()
+                .map_err(|_| bad("a number of seconds (0 rebuilds at once) or default"))?;
+            Ok(json!({ "repair_delay_s": secs }))
+        }
         "resync_delay_multiplier" => {
             let m: u32 = value
                 .parse()

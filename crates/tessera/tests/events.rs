@@ -3,7 +3,8 @@
 //! through the CLI (with who made it), a copy's host stopped while fio
 //! writes (the owner records the copy absent), and the resync that brings the
 //! copy back when the host starts, in that order; `--follow` prints the
-//! resync's end as it happens. Skips without fio.
+//! resync's end as it happens; and a repair delay shortened live rebuilds
+//! an absent copy at once. Skips without fio.
 
 mod common;
 
@@ -155,4 +156,78 @@ fn events_tell_what_the_cluster_did_in_order_and_follow_prints_them_as_they_happ
         1,
         "{after:#?}"
     );
+}
+
+/// The repair delay is a live setting: with a copy's host stopped, the
+/// health check counts down the default hour; `settings set repair_delay_s
+/// 2` makes the owner rebuild the copy elsewhere at once, with the data fio
+/// wrote, and the volume is healthy again while the host is still down.
+#[test]
+fn a_shorter_repair_delay_set_live_rebuilds_an_absent_copy_at_once() {
+    if !have("fio") {
+        return;
+    }
+    let up = UpCluster::start(99, &[]);
+    let (view, uri) = up.create_volume("vm2", "64M", None);
+    let owner = view["owner"].as_str().unwrap().to_string();
+    let away = copy_off_owner(&object(&up.api, "vm2"));
+    let away_host = away["host"].as_str().unwrap().to_string();
+    let written = fio(&uri, &["--rw=write", "--size=8M", "--do_verify=0"])
+        .spawn()
+        .unwrap();
+    expect_success(written, "fio writes");
+    let (ok, out) = tessera(&up.api, &["host", "stop", &away_host]);
+    assert!(ok, "{out}");
+
+    // Absent, with the default hour to go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, text) = tessera(&up.api, &["--json", "health"]);
+        assert!(ok, "{text}");
+        let health: Value = serde_json::from_str(&text).unwrap();
+        let pending = health["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["code"] == "REPAIR_DELAY_PENDING" && c["seconds_left"].is_u64())
+            .cloned();
+        if let Some(check) = pending {
+            let left = check["seconds_left"].as_u64().unwrap();
+            assert!((3000..=3600).contains(&left), "{check}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no countdown: {text}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    let (ok, out) = tessera(&up.api, &["settings", "set", "repair_delay_s", "2"]);
+    assert!(ok, "{out}");
+    let (ok, out) = tessera(&up.api, &["settings", "get", "repair_delay_s"]);
+    assert!(ok && out.contains("2s"), "{out}");
+    let (ok, out) = tessera(&up.api, &["settings", "set", "repair_delay_s", "999999999"]);
+    assert!(!ok && out.contains("must be between"), "{out}");
+
+    let rebuilt = common::up::wait_for(&up.api, "vm2", "a copy rebuilt elsewhere", |v| {
+        v["state"] == "healthy"
+            && v["components"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["role"] == "data")
+                .all(|c| c["host"] != away_host.as_str() && c["state"] == "active")
+    });
+    assert_eq!(rebuilt["owner"], owner.as_str(), "{rebuilt:#}");
+    // The new copy holds what the owner's does, fio's 8 MiB included.
+    let (ok, out) = tessera(&up.api, &["--json", "object", "verify", "vm2"]);
+    assert!(ok, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["identical"], true, "{report:#}");
+    let allocated: Vec<u64> = rebuilt["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["role"] == "data")
+        .map(|c| c["allocated_bytes"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(allocated.iter().all(|b| *b >= 8 << 20), "{rebuilt:#}");
 }

@@ -211,9 +211,16 @@ impl Host {
     }
 
     /// Applies the cluster settings this host follows: the read cache's
-    /// budget, the scrub period and the resync delay multiplier.
+    /// budget, the scrub period, the repair delay and the resync delay
+    /// multiplier.
     fn apply_settings(&self, settings: keys::ClusterSettings) {
         self.scrubber.set_period_h(settings.scrub_period_h);
+        let repair_delay = std::time::Duration::from_secs(
+            settings
+                .repair_delay_s
+                .unwrap_or(self.config.repair_delay_s),
+        );
+        self.control.lock().core.set_repair_delay(repair_delay);
         self.scheduler
             .set_resync_multiplier(settings.resync_delay_multiplier);
         let budget = settings.read_cache_budget(self.memory_bytes);
