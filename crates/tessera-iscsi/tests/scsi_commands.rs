@@ -573,6 +573,23 @@ fn soft_threshold_attention_is_raised_once_per_crossing() {
 }
 
 #[test]
+fn the_datastore_s_soft_threshold_wins_over_the_unit_s_and_may_change() {
+    let f = fixture(&[8 << 20]);
+    f.datastore.set_capacity(8 << 20);
+    let n = f.login("a");
+    // 50% in use: under the unit's 80%, over a datastore threshold of 40%.
+    good(&f.run(&n, 0, &write16(0, 8192), &vec![1u8; 8192 * BLOCK]));
+    good(&f.run(&n, 0, &[0; 6], &[]));
+    f.datastore.set_soft_threshold(Some(40));
+    good(&f.run(&n, 0, &write16(0, 8), &[2u8; 8 * BLOCK]));
+    assert_eq!(sense(&f.run(&n, 0, &[0; 6], &[])), (6, 0x38, 0x07));
+    // Raised back to 90%: under it, nothing more is raised.
+    f.datastore.set_soft_threshold(Some(90));
+    good(&f.run(&n, 0, &write16(8192, 2048), &vec![3u8; 2048 * BLOCK]));
+    good(&f.run(&n, 0, &[0; 6], &[]));
+}
+
+#[test]
 fn supported_opcodes_report_usage_and_timeouts() {
     let f = fixture(&[1 << 20]);
     let n = f.login("a");

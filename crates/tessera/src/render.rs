@@ -145,7 +145,7 @@ fn setting_rows(s: &ClusterSettings) -> Vec<Vec<String>> {
         "nearly_full_pct".into(),
         format!("{}%", s.nearly_full_pct),
         format!("{}%", d.nearly_full_pct),
-        "use at which DATASTORE_NEARLY_FULL warns".into(),
+        "use at which DATASTORE_NEARLY_FULL warns and iSCSI initiators hear of the thin provisioning soft threshold".into(),
     ]);
     rows.push(vec![
         "full_pct".into(),

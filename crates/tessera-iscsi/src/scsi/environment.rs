@@ -60,6 +60,11 @@ pub struct DatastoreSpace {
     pub used_bytes: u64,
     /// Bytes the datastore can hold.
     pub capacity_bytes: u64,
+    /// Percent in use past which units raise THIN PROVISIONING SOFT
+    /// THRESHOLD REACHED, when the datastore sets it (a cluster setting a
+    /// user may change at any time); None: each unit's
+    /// [`super::UnitSettings::soft_threshold_percent`].
+    pub soft_threshold_percent: Option<u8>,
 }
 
 /// A version of the shared reservation state.
@@ -121,6 +126,7 @@ pub trait UnitEnvironment: Send + Sync + 'static {
 pub struct MemoryDatastore {
     units: Mutex<Vec<Arc<dyn BlockDevice>>>,
     capacity_bytes: Mutex<Option<u64>>,
+    soft_threshold_percent: Mutex<Option<u8>>,
 }
 
 impl MemoryDatastore {
@@ -137,6 +143,11 @@ impl MemoryDatastore {
     /// Sets the capacity the soft threshold is measured against.
     pub fn set_capacity(&self, bytes: u64) {
         *self.capacity_bytes.lock() = Some(bytes);
+    }
+
+    /// Sets the datastore's soft threshold (None: the units' own).
+    pub fn set_soft_threshold(&self, percent: Option<u8>) {
+        *self.soft_threshold_percent.lock() = percent;
     }
 
     fn resolve(&self, designator: &[u8]) -> Option<Arc<dyn BlockDevice>> {
@@ -162,6 +173,7 @@ impl MemoryDatastore {
         Some(DatastoreSpace {
             used_bytes: used,
             capacity_bytes: capacity,
+            soft_threshold_percent: *self.soft_threshold_percent.lock(),
         })
     }
 }

@@ -446,10 +446,13 @@ impl LogicalUnit {
     }
 
     fn check_soft_threshold(&self) {
-        let Some(percent) = self.settings.soft_threshold_percent else {
+        let Some(space) = self.environment.datastore_space() else {
             return;
         };
-        let Some(space) = self.environment.datastore_space() else {
+        let Some(percent) = space
+            .soft_threshold_percent
+            .or(self.settings.soft_threshold_percent)
+        else {
             return;
         };
         if space.capacity_bytes == 0 {

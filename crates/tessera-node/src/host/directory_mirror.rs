@@ -52,6 +52,8 @@ pub(super) struct DirectoryMirror {
     policies: Mutex<HashMap<PolicyName, Policy>>,
     /// Each host's evacuation, by host.
     evacuations: Mutex<HashMap<HostId, EvacuationRecord>>,
+    /// The setting `nearly_full_pct` (0 until the settings are read).
+    nearly_full_pct: std::sync::atomic::AtomicU8,
     /// Held by a full listing from before it reads until the view is
     /// replaced, and by each change applied: a change the watch reports
     /// meanwhile waits, then applies over the listing (or is skipped when
@@ -173,6 +175,11 @@ impl Host {
         *self.view.datastore.write() = (capacity > 0).then_some(DatastoreSpace {
             used_bytes: used,
             capacity_bytes: capacity,
+            // The thin provisioning soft threshold initiators are told of
+            // is the one `tessera health` warns at (the units' own until
+            // the settings are read).
+            soft_threshold_percent: Some(self.mirror.nearly_full_pct.load(Ordering::Relaxed))
+                .filter(|p| *p > 0),
         });
     }
 
@@ -215,6 +222,10 @@ impl Host {
     /// multiplier.
     fn apply_settings(&self, settings: keys::ClusterSettings) {
         self.scrubber.set_period_h(settings.scrub_period_h);
+        self.mirror
+            .nearly_full_pct
+            .store(settings.nearly_full_pct, Ordering::Relaxed);
+        self.sum_datastore();
         let repair_delay = std::time::Duration::from_secs(
             settings
                 .repair_delay_s
