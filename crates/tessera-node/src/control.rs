@@ -880,6 +880,26 @@ pub struct HostActivity {
     pub transport_requests_served: u64,
     /// Each disk group's write log.
     pub disk_groups: Vec<DiskGroupLogActivity>,
+    /// Its calls to each other host, with their round trips.
+    #[serde(default)]
+    pub peers: Vec<PeerActivity>,
+}
+
+/// The calls one host made to another since it started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PeerActivity {
+    /// The host called.
+    pub peer: String,
+    /// Calls (round trips) made to it, failed ones included.
+    pub calls: u64,
+    /// Those that failed (timeouts included).
+    pub call_errors: u64,
+    /// Those that timed out.
+    pub timeouts: u64,
+    /// The answered calls' round trips added up, in nanoseconds: over
+    /// `calls - call_errors`, their mean.
+    pub round_trip_ns: u64,
 }
 
 /// One disk group's write log since it opened.

@@ -1832,6 +1832,18 @@ impl ClusterControl for ControlPlane {
                             }
                         })
                         .collect(),
+                    peers: h
+                        .transport()
+                        .peer_stats()
+                        .into_iter()
+                        .map(|p| PeerActivity {
+                            peer: p.peer.to_string(),
+                            calls: p.calls,
+                            call_errors: p.call_errors,
+                            timeouts: p.timeouts,
+                            round_trip_ns: p.round_trip_ns,
+                        })
+                        .collect(),
                 }
             })
             .collect();

@@ -33,6 +33,8 @@ type Labels = Vec<(&'static str, String)>;
 pub enum Value {
     /// A counter or a gauge.
     Number(u64),
+    /// A counter of seconds, from nanoseconds.
+    Nanoseconds(u64),
     /// A latency histogram: per-bucket counts (not cumulative, one per
     /// bound of [`LATENCY_BOUNDS_US`] and one past the last) and the sum
     /// in nanoseconds.
@@ -465,8 +467,47 @@ fn host_activity_families(activity: &[HostActivity]) -> Vec<Family> {
             }
         }
     }
+    let mut peers = [
+        Family::new(
+            "transport_peer_calls",
+            "Calls (round trips) the host made to one other host, failed ones included.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "transport_peer_call_errors",
+            "Calls to that host that failed, timeouts included.",
+            None,
+            Counter,
+        ),
+        Family::new(
+            "transport_peer_timeouts",
+            "Calls to that host that timed out.",
+            None,
+            Counter,
+        ),
+    ];
+    let mut round_trips = Family::new(
+        "transport_peer_round_trip",
+        "Round trips of the calls that host answered, added up (their mean: over calls less errors).",
+        Some(Unit::Seconds),
+        Counter,
+    );
+    for h in activity {
+        for p in &h.peers {
+            let labels = vec![("host", h.host.clone()), ("peer", p.peer.clone())];
+            for (family, value) in peers.iter_mut().zip([p.calls, p.call_errors, p.timeouts]) {
+                family.push(labels.clone(), value);
+            }
+            round_trips
+                .series
+                .push((labels, Value::Nanoseconds(p.round_trip_ns)));
+        }
+    }
     let mut out: Vec<Family> = transport.into();
     out.extend(logs);
+    out.extend(peers);
+    out.push(round_trips);
     out
 }
 
@@ -602,6 +643,9 @@ impl Collector for Scrape {
                         series.encode_counter::<NoLabelSet, _, f64>(v, None)?
                     }
                     (Value::Number(v), _) => series.encode_gauge(&(*v as i64))?,
+                    (Value::Nanoseconds(ns), _) => {
+                        series.encode_counter::<NoLabelSet, _, f64>(&(*ns as f64 / 1e9), None)?
+                    }
                     (Value::Latency { buckets, sum_ns }, _) => {
                         // The encoder adds the buckets up into Prometheus's
                         // cumulative `le` form itself.

@@ -158,6 +158,22 @@ async fn fio_and_extended_copy_move_the_counters_by_what_they_did() {
     // The host fio reached forwarded every request to the owner, and the
     // owner's writes went through write logs.
     assert!(sample(&all, "tessera_transport_calls_total", &[("host", &other)]) >= 2.0 * blocks);
+    // ... each to the owner: per peer, with the time they took.
+    let to_owner = [("host", other.as_str()), ("peer", owner.as_str())];
+    let forwarded = sample(&all, "tessera_transport_peer_calls_total", &to_owner);
+    assert!(forwarded >= 2.0 * blocks, "{text}");
+    let failed = sample(&all, "tessera_transport_peer_call_errors_total", &to_owner);
+    let spent = sample(
+        &all,
+        "tessera_transport_peer_round_trip_seconds_total",
+        &to_owner,
+    );
+    let mean = spent / (forwarded - failed);
+    assert!(
+        mean > 0.0 && mean < 1.0,
+        "mean round trip {mean} s:
+{text}"
+    );
     let commits: f64 = all
         .iter()
         .filter(|(k, _)| k.starts_with("tessera_disk_group_log_group_commits_total{"))

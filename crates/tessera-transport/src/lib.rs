@@ -44,7 +44,7 @@ use tessera_types::HostId;
 
 pub use error::TransportError;
 pub use faults::{FaultHooks, FrameFate, LinkFaults};
-pub use stats::TransportStats;
+pub use stats::{PeerStats, TransportStats};
 pub use tessera_wire::{QueueClass, Request, Response, VersionRange, WireErrorKind};
 pub use transport::Transport;
 

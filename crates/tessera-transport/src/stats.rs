@@ -4,7 +4,12 @@
 //! the data path (a count may lag a concurrent call by a moment; it never
 //! goes backwards).
 
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_types::HostId;
 
 /// Live counters.
 #[derive(Debug, Default)]
@@ -18,6 +23,53 @@ pub(crate) struct Counters {
     pub(crate) answer_writes: AtomicU64,
     pub(crate) frames_lost_to_faults: AtomicU64,
     pub(crate) connections_closed_malformed: AtomicU64,
+    /// Calls by the peer called (a host's peers are few: one entry each).
+    peers: Mutex<BTreeMap<HostId, Arc<PeerCounters>>>,
+}
+
+/// Calls to one peer.
+#[derive(Debug, Default)]
+pub(crate) struct PeerCounters {
+    calls: AtomicU64,
+    call_errors: AtomicU64,
+    timeouts: AtomicU64,
+    round_trip_ns: AtomicU64,
+}
+
+impl PeerCounters {
+    /// Counts a call that took `elapsed`: an answer (`Ok`), or a failure
+    /// (timed out or not).
+    pub(crate) fn record(&self, elapsed: Duration, outcome: Result<(), bool>) {
+        bump(&self.calls);
+        match outcome {
+            Ok(()) => {
+                let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+                self.round_trip_ns.fetch_add(ns, Ordering::Relaxed);
+            }
+            Err(timed_out) => {
+                bump(&self.call_errors);
+                if timed_out {
+                    bump(&self.timeouts);
+                }
+            }
+        }
+    }
+}
+
+/// Calls this host made to one peer since it started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerStats {
+    /// The peer.
+    pub peer: HostId,
+    /// Calls made to it, failed ones included.
+    pub calls: u64,
+    /// Those that failed (timeouts included).
+    pub call_errors: u64,
+    /// Those that timed out.
+    pub timeouts: u64,
+    /// The round trips of the calls it answered, added up: with
+    /// `calls - call_errors` their mean.
+    pub round_trip_ns: u64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -25,6 +77,27 @@ pub(crate) fn bump(counter: &AtomicU64) {
 }
 
 impl Counters {
+    /// The counters of calls to `peer`.
+    pub(crate) fn peer(&self, peer: &HostId) -> Arc<PeerCounters> {
+        Arc::clone(self.peers.lock().entry(peer.clone()).or_default())
+    }
+
+    /// Calls to each peer, by peer.
+    pub(crate) fn peer_snapshots(&self) -> Vec<PeerStats> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.peers
+            .lock()
+            .iter()
+            .map(|(peer, c)| PeerStats {
+                peer: peer.clone(),
+                calls: get(&c.calls),
+                call_errors: get(&c.call_errors),
+                timeouts: get(&c.timeouts),
+                round_trip_ns: get(&c.round_trip_ns),
+            })
+            .collect()
+    }
+
     pub(crate) fn snapshot(&self) -> TransportStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         TransportStats {

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use crate::client::{CallFailure, ClientConnection};
 use crate::faults::FaultHooks;
 use crate::server::{accept_loop, ServerContext};
-use crate::stats::{bump, Counters, TransportStats};
+use crate::stats::{bump, Counters, PeerStats, TransportStats};
 use crate::{
     PartitionBehaviour, RequestHandler, TransportConfig, TransportError, CONNECT_ATTEMPTS_PER_CALL,
 };
@@ -187,6 +187,11 @@ impl Transport {
         self.counters.snapshot()
     }
 
+    /// Calls this host made to each peer, with their round trips.
+    pub fn peer_stats(&self) -> Vec<PeerStats> {
+        self.counters.peer_snapshots()
+    }
+
     /// Sends `request` to host `to` at `addr` in queue `class` and waits for
     /// the answer, at most the configured call timeout.
     pub async fn call(
@@ -211,13 +216,21 @@ impl Transport {
         timeout: Duration,
     ) -> Result<Response, TransportError> {
         bump(&self.counters.calls);
+        let peer = self.counters.peer(to);
+        let started = tokio::time::Instant::now();
         let result = self.call_bounded(to, addr, class, request, timeout).await;
-        if let Err(e) = &result {
-            bump(&self.counters.call_errors);
-            if matches!(e, TransportError::Timeout { .. }) {
-                bump(&self.counters.timeouts);
+        let outcome = match &result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let timed_out = matches!(e, TransportError::Timeout { .. });
+                bump(&self.counters.call_errors);
+                if timed_out {
+                    bump(&self.counters.timeouts);
+                }
+                Err(timed_out)
             }
-        }
+        };
+        peer.record(started.elapsed(), outcome);
         result
     }
 

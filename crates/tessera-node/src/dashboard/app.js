@@ -15,6 +15,7 @@ const state = {
   intervals: [],   // ActivityInterval, oldest first
   lastEndMs: 0,
   hosts: [],       // host ids, for the charts
+  peers: new Map(), // host id -> its calls to each other host
   selected: null,  // the volume whose component tree is shown
   timer: null,
 };
@@ -141,17 +142,28 @@ function renderHosts(hosts) {
       cell(h.owned_volumes.length, true),
       cell(`${bytes(h.capacity.used_bytes)} of ${bytes(h.capacity.total_bytes)}`, true),
       cell(cache, true),
+      cell(roundTrips(h.id)),
     ));
     for (const g of h.disk_groups) {
       rows.push(el('tr', { class: 'disk-group' + (down ? ' down' : (g.health === 'healthy' ? '' : ' degraded')), 'data-host': h.id },
         cell(''), cell('disk group ' + g.id), el('td', {}, badge(g.health)), cell(`${g.components} component${g.components === 1 ? '' : 's'}`),
         cell(g.encryption ? 'encrypted' : 'plaintext'), cell(''),
-        cell(`${bytes(g.capacity.used_bytes)} of ${bytes(g.capacity.total_bytes)}`, true), cell(''),
+        cell(`${bytes(g.capacity.used_bytes)} of ${bytes(g.capacity.total_bytes)}`, true), cell(''), cell(''),
       ));
     }
   }
   table('hosts', ['Host', 'Fault domain', 'State', 'NBD', 'iSCSI', { title: 'Owns', num: true },
-    { title: 'Used', num: true }, { title: 'Read cache hits', num: true }], rows);
+    { title: 'Used', num: true }, { title: 'Read cache hits', num: true }, 'Mean round trip to'], rows);
+}
+
+// A host's mean round trip to each host it called (since it started).
+function roundTrips(host) {
+  const peers = state.peers.get(host) || [];
+  return peers
+    .filter((p) => p.calls > p.call_errors)
+    .map((p) => `${p.peer} ${Math.round(p.round_trip_ns / (p.calls - p.call_errors) / 1000)} us`
+      + (p.call_errors ? ` (${count(p.call_errors)} failed)` : ''))
+    .join(', ') || '-';
 }
 
 function renderVolumes(volumes) {
@@ -389,12 +401,14 @@ function drawCharts() {
 
 async function refresh() {
   try {
-    const [status, activity, history, events] = await Promise.all([
+    const [status, activity, hostActivity, history, events] = await Promise.all([
       api('/v1/status'),
       api('/v1/activity'),
+      api('/v1/activity/hosts'),
       api('/v1/activity/history' + (state.lastEndMs ? '?after_ms=' + state.lastEndMs : '')),
       api('/v1/events?limit=30'),
     ]);
+    state.peers = new Map(hostActivity.map((h) => [h.host, h.peers]));
     renderStatus(status);
     renderOffloads(activity);
     addHistory(history);
