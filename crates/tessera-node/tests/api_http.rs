@@ -816,3 +816,25 @@ async fn every_change_through_the_api_is_in_the_audit_log_with_who_and_how_it_en
     let hidden = call_with(&control, Some(&viewer), Method::GET, "/v1/audit", None).await;
     assert_eq!(hidden.status, StatusCode::FORBIDDEN);
 }
+
+#[tokio::test]
+async fn the_activity_history_refuses_a_bad_query_and_names_the_one_it_takes() {
+    let control = Arc::new(MemoryControl::new());
+    let all = call(&control, Method::GET, "/v1/activity/history", None).await;
+    assert_eq!(all.status, StatusCode::OK);
+    assert_eq!(all.body["sample_interval_s"], 5);
+    assert_eq!(all.body["capacity"], 720);
+    let after = call(
+        &control,
+        Method::GET,
+        "/v1/activity/history?after_ms=1",
+        None,
+    )
+    .await;
+    assert_eq!(after.status, StatusCode::OK);
+    for bad in ["after_ms=soon", "since=1"] {
+        let path = format!("/v1/activity/history?{bad}");
+        let refused = call(&control, Method::GET, &path, None).await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, "invalid", "after_ms=N");
+    }
+}

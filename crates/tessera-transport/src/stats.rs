@@ -14,16 +14,14 @@ use tessera_types::HostId;
 /// Live counters.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) calls: AtomicU64,
-    pub(crate) call_errors: AtomicU64,
-    pub(crate) timeouts: AtomicU64,
     pub(crate) connections_opened: AtomicU64,
     pub(crate) connections_accepted: AtomicU64,
     pub(crate) requests_served: AtomicU64,
     pub(crate) answer_writes: AtomicU64,
     pub(crate) frames_lost_to_faults: AtomicU64,
     pub(crate) connections_closed_malformed: AtomicU64,
-    /// Calls by the peer called (a host's peers are few: one entry each).
+    /// Calls by the peer called (a host's peers are few: one entry each);
+    /// the transport's call totals are their sums.
     peers: Mutex<BTreeMap<HostId, Arc<PeerCounters>>>,
 }
 
@@ -79,7 +77,12 @@ pub(crate) fn bump(counter: &AtomicU64) {
 impl Counters {
     /// The counters of calls to `peer`.
     pub(crate) fn peer(&self, peer: &HostId) -> Arc<PeerCounters> {
-        Arc::clone(self.peers.lock().entry(peer.clone()).or_default())
+        let mut peers = self.peers.lock();
+        // Every call asks: the peer's name is copied only the first time.
+        if let Some(known) = peers.get(peer) {
+            return Arc::clone(known);
+        }
+        Arc::clone(peers.entry(peer.clone()).or_default())
     }
 
     /// Calls to each peer, by peer.
@@ -99,11 +102,12 @@ impl Counters {
     }
 
     pub(crate) fn snapshot(&self) -> TransportStats {
+        let peers = self.peer_snapshots();
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         TransportStats {
-            calls: get(&self.calls),
-            call_errors: get(&self.call_errors),
-            timeouts: get(&self.timeouts),
+            calls: peers.iter().map(|p| p.calls).sum(),
+            call_errors: peers.iter().map(|p| p.call_errors).sum(),
+            timeouts: peers.iter().map(|p| p.timeouts).sum(),
             connections_opened: get(&self.connections_opened),
             connections_accepted: get(&self.connections_accepted),
             requests_served: get(&self.requests_served),

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use crate::client::{CallFailure, ClientConnection};
 use crate::faults::FaultHooks;
 use crate::server::{accept_loop, ServerContext};
-use crate::stats::{bump, Counters, PeerStats, TransportStats};
+use crate::stats::{Counters, PeerStats, TransportStats};
 use crate::{
     PartitionBehaviour, RequestHandler, TransportConfig, TransportError, CONNECT_ATTEMPTS_PER_CALL,
 };
@@ -215,20 +215,12 @@ impl Transport {
         request: Request,
         timeout: Duration,
     ) -> Result<Response, TransportError> {
-        bump(&self.counters.calls);
         let peer = self.counters.peer(to);
         let started = tokio::time::Instant::now();
         let result = self.call_bounded(to, addr, class, request, timeout).await;
         let outcome = match &result {
             Ok(_) => Ok(()),
-            Err(e) => {
-                let timed_out = matches!(e, TransportError::Timeout { .. });
-                bump(&self.counters.call_errors);
-                if timed_out {
-                    bump(&self.counters.timeouts);
-                }
-                Err(timed_out)
-            }
+            Err(e) => Err(matches!(e, TransportError::Timeout { .. })),
         };
         peer.record(started.elapsed(), outcome);
         result
