@@ -8,8 +8,8 @@ use std::time::Instant;
 use tessera_blockdev::{BlockDevice, MemoryDevice, WriteFlags};
 use tessera_iscsi::scsi::sense::{decode_information, decode_key_code};
 use tessera_iscsi::scsi::{
-    BlockTarget, Command, LogicalUnit, MemoryDatastore, MemoryEnvironment, Nexus, Response,
-    ScsiTarget, Status, TaskAttribute, UnitSettings,
+    BlockTarget, Command, LogicalUnit, MemoryDatastore, MemoryEnvironment, Nexus, Offloads,
+    Response, ScsiTarget, Status, TaskAttribute, UnitSettings,
 };
 
 const BLOCK: usize = 512;
@@ -18,27 +18,29 @@ struct Fixture {
     target: BlockTarget,
     datastore: Arc<MemoryDatastore>,
     devices: Vec<Arc<MemoryDevice>>,
+    /// Each unit's environment, by LUN.
+    environments: Vec<Arc<MemoryEnvironment>>,
 }
 
 fn fixture(sizes: &[u64]) -> Fixture {
     let datastore = MemoryDatastore::new();
     let target = BlockTarget::new();
     let mut devices = Vec::new();
+    let mut environments = Vec::new();
     for (lun, &size) in sizes.iter().enumerate() {
         let device = Arc::new(MemoryDevice::new(format!("vol{lun}"), size));
         datastore.add(device.clone());
-        let unit = LogicalUnit::new(
-            device.clone(),
-            Arc::new(MemoryEnvironment::new(datastore.clone())),
-            UnitSettings::default(),
-        );
+        let environment = Arc::new(MemoryEnvironment::new(datastore.clone()));
+        let unit = LogicalUnit::new(device.clone(), environment.clone(), UnitSettings::default());
         target.insert_unit(lun as u64, Arc::new(unit));
         devices.push(device);
+        environments.push(environment);
     }
     Fixture {
         target,
         datastore,
         devices,
+        environments,
     }
 }
 
@@ -372,19 +374,19 @@ fn read_only_fixture() -> Fixture {
         Arc::new(source.read_only()),
         Arc::new(MemoryDevice::new("vol", size)),
     ];
+    let mut environments = Vec::new();
     for (lun, device) in devices.iter().enumerate() {
         datastore.add(device.clone());
-        let unit = LogicalUnit::new(
-            device.clone(),
-            Arc::new(MemoryEnvironment::new(datastore.clone())),
-            UnitSettings::default(),
-        );
+        let environment = Arc::new(MemoryEnvironment::new(datastore.clone()));
+        let unit = LogicalUnit::new(device.clone(), environment.clone(), UnitSettings::default());
         target.insert_unit(lun as u64, Arc::new(unit));
+        environments.push(environment);
     }
     Fixture {
         target,
         datastore,
         devices,
+        environments,
     }
 }
 
@@ -587,6 +589,106 @@ fn the_datastore_s_soft_threshold_wins_over_the_unit_s_and_may_change() {
     f.datastore.set_soft_threshold(Some(90));
     good(&f.run(&n, 0, &write16(8192, 2048), &vec![3u8; 2048 * BLOCK]));
     good(&f.run(&n, 0, &[0; 6], &[]));
+}
+
+/// Operation codes REPORT SUPPORTED OPERATION CODES lists (option 0).
+fn listed_opcodes(f: &Fixture, n: &Nexus) -> Vec<u8> {
+    let all = good(&f.run(n, 0, &[0xA3, 0x0C, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[])).clone();
+    all[4..].chunks(8).map(|d| d[0]).collect()
+}
+
+#[test]
+fn an_offload_turned_off_is_refused_unlisted_and_announced() {
+    let f = fixture(&[16 << 20, 16 << 20]);
+    let n = f.login("a");
+    good(&f.run(&n, 0, &write16(0, 64), &[9u8; 64 * BLOCK]));
+    let on = listed_opcodes(&f, &n);
+    for op in [0x89u8, 0x83, 0x84, 0x41, 0x93, 0x42] {
+        assert!(on.contains(&op), "{op:#x} listed while offered");
+    }
+    let none = Offloads {
+        compare_and_write: false,
+        extended_copy: false,
+        write_same: false,
+        unmap: false,
+    };
+    f.environments[0].set_offloads(none);
+    // The next command hears that the INQUIRY data changed, once.
+    assert_eq!(sense(&f.run(&n, 0, &[0; 6], &[])), (6, 0x3F, 0x03));
+    good(&f.run(&n, 0, &[0; 6], &[]));
+    let before = f.devices[0].space().allocated_bytes;
+    let mut caw_data = vec![9u8; BLOCK];
+    caw_data.extend_from_slice(&[1u8; BLOCK]);
+    let mut unmap_list = vec![0u8; 24];
+    unmap_list[1] = 22;
+    unmap_list[3] = 16;
+    unmap_list[16..20].copy_from_slice(&64u32.to_be_bytes());
+    let d0 = f.unit(0).designator();
+    let d1 = f.unit(1).designator();
+    let copy = xcopy_list(&d0, &d1, 8, 0, 0);
+    let refused: [(&[u8], &[u8]); 6] = [
+        (&caw(0, 1), &caw_data),
+        (&cdb16(0x93, 0, 0, 64), &[0u8; BLOCK]),
+        (&[0x41, 0, 0, 0, 0, 0, 0, 0, 8, 0], &[0u8; BLOCK]),
+        (&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &unmap_list),
+        (&xcopy_cdb(copy.len()), &copy),
+        (&[0x84, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]),
+    ];
+    for (cdb, data) in refused {
+        assert_eq!(
+            sense(&f.run(&n, 0, cdb, data)),
+            (5, 0x20, 0x00),
+            "{:#x} refused as an unsupported operation code",
+            cdb[0]
+        );
+    }
+    // Nothing changed, nothing was counted.
+    assert_eq!(f.devices[0].space().allocated_bytes, before);
+    assert!(good(&f.run(&n, 0, &read16(0, 64), &[]))
+        .iter()
+        .all(|&b| b == 9));
+    assert_eq!(f.devices[1].space().allocated_bytes, 0);
+    let c = f.unit(0).counters();
+    assert_eq!(
+        (c.ats, c.clone_commands, c.zero_blocks, c.delete_blocks),
+        (0, 0, 0, 0)
+    );
+    let off = listed_opcodes(&f, &n);
+    for op in [0x89u8, 0x83, 0x84, 0x41, 0x93, 0x42] {
+        assert!(!off.contains(&op), "{op:#x} not listed while refused");
+    }
+    let offloads = [0x89u8, 0x83, 0x84, 0x41, 0x93, 0x42];
+    let rest: Vec<u8> = on.into_iter().filter(|op| !offloads.contains(op)).collect();
+    assert_eq!(off, rest, "every other command still listed");
+    // One command asked about: SUPPORT 001b, not supported.
+    let one = good(&f.run(
+        &n,
+        0,
+        &[0xA3, 0x0C, 0x01, 0x42, 0, 0, 0, 0, 1, 0, 0, 0],
+        &[],
+    ))
+    .clone();
+    assert_eq!(one[1] & 0x07, 0x01);
+    // INQUIRY: no 3PC, no third-party copy page.
+    assert_eq!(
+        good(&f.run(&n, 0, &[0x12, 0, 0, 0, 96, 0], &[]))[5] & 0x08,
+        0
+    );
+    assert_eq!(
+        sense(&f.run(&n, 0, &[0x12, 1, 0x8F, 0, 255, 0], &[])),
+        (5, 0x24, 0x00)
+    );
+    // The other unit, whose environment offers everything, is untouched.
+    good(&f.run(&n, 1, &cdb16(0x93, 0, 0, 8), &[0u8; BLOCK]));
+    // Back on: announced again, and UNMAP works.
+    f.environments[0].set_offloads(Offloads {
+        unmap: true,
+        ..none
+    });
+    assert_eq!(sense(&f.run(&n, 0, &[0; 6], &[])), (6, 0x3F, 0x03));
+    good(&f.run(&n, 0, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &unmap_list));
+    assert_eq!(f.devices[0].space().allocated_bytes, 0);
+    assert_eq!(f.unit(0).counters().delete_blocks, 64);
 }
 
 #[test]

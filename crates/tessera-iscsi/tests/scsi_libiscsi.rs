@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_blockdev::MemoryDevice;
 use tessera_iscsi::scsi::{
-    AluaState, BlockTarget, LogicalUnit, MemoryDatastore, MemoryEnvironment, ScsiTarget,
+    AluaState, BlockTarget, LogicalUnit, MemoryDatastore, MemoryEnvironment, Offloads, ScsiTarget,
     TargetPortGroup, UnitSettings,
 };
 use tessera_iscsi::{serve, ChapCredentials, StaticCatalog, TargetEntry, TargetPortal};
@@ -221,13 +221,99 @@ fn libiscsi_conformance_suites_pass_with_4096_byte_blocks() {
     conformance(true);
 }
 
-fn conformance(blocks_4k: bool) {
-    if !tool_present("iscsi-test-cu") {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
-            "iscsi-test-cu (package libiscsi-bin) is required"
+/// Whether `iscsi-test-cu` can run; false (the test skips) when it is
+/// missing and TESSERA_REQUIRE_TOOLS is not 1.
+fn test_cu_present() -> bool {
+    if tool_present("iscsi-test-cu") {
+        return true;
+    }
+    assert!(
+        std::env::var("TESSERA_REQUIRE_TOOLS").as_deref() != Ok("1"),
+        "iscsi-test-cu (package libiscsi-bin) is required"
+    );
+    eprintln!("skipping: iscsi-test-cu (package libiscsi-bin) is not installed");
+    false
+}
+
+/// The offload suites against a unit whose environment offers no offload:
+/// libiscsi finds each one missing where it looks (INQUIRY, the VPD pages,
+/// REPORT SUPPORTED OPERATION CODES, the command's own refusal) and skips
+/// its tests, and nothing the unit reports contradicts itself (the Inquiry
+/// and ReportSupportedOpcodes suites pass).
+#[test]
+fn libiscsi_finds_offloads_turned_off_missing_and_consistent() {
+    if !test_cu_present() {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let datastore = MemoryDatastore::new();
+    let device = Arc::new(MemoryDevice::new("offloads-off", 64 << 20));
+    datastore.add(device.clone());
+    let environment = Arc::new(MemoryEnvironment::new(datastore));
+    environment.set_offloads(Offloads {
+        compare_and_write: false,
+        extended_copy: false,
+        write_same: false,
+        unmap: false,
+    });
+    let unit = Arc::new(LogicalUnit::new(
+        device,
+        environment,
+        UnitSettings::default(),
+    ));
+    let target = Arc::new(BlockTarget::new());
+    target.insert_unit(0, unit);
+    let portal = start_portal(&runtime, target, 1);
+    let offload_suites = [
+        "CompareAndWrite",
+        "ExtendedCopy",
+        "ReceiveCopyResults",
+        "WriteSame10",
+        "WriteSame16",
+        "Unmap",
+    ];
+    let tests: Vec<String> = offload_suites
+        .iter()
+        .chain(&["Inquiry", "ReportSupportedOpcodes"])
+        .map(|s| format!("SCSI.{s}"))
+        .collect();
+    let output = run_test_cu(&tests.join(","), &[&format!("iscsi://{portal}/{TARGET}/0")]);
+    let summary = summarise(&output);
+    for (suite, [passed, failed, skipped]) in &summary {
+        eprintln!(
+            "offloads off: {suite:28} passed {passed:3} failed {failed:3} skipped {skipped:3}"
         );
-        eprintln!("skipping: iscsi-test-cu (package libiscsi-bin) is not installed");
+    }
+    let mut problems = Vec::new();
+    for suite in offload_suites {
+        match summary.get(suite) {
+            None => problems.push(format!("{suite}: did not run")),
+            Some([_, failed, skipped]) => {
+                if *failed > 0 {
+                    problems.push(format!("{suite}: {failed} failed"));
+                }
+                if *skipped == 0 {
+                    problems.push(format!("{suite}: nothing skipped as unsupported"));
+                }
+            }
+        }
+    }
+    for suite in ["Inquiry", "ReportSupportedOpcodes"] {
+        match summary.get(suite) {
+            Some([passed, 0, _]) if *passed > 0 => {}
+            other => problems.push(format!("{suite}: {other:?} (passed, failed, skipped)")),
+        }
+    }
+    assert!(problems.is_empty(), "{problems:?}\n{output}");
+    runtime.shutdown_timeout(Duration::from_secs(1));
+}
+
+fn conformance(blocks_4k: bool) {
+    if !test_cu_present() {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

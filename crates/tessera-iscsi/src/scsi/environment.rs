@@ -1,6 +1,7 @@
 //! What a logical unit needs from the host it runs on: state shared by every
 //! host and path (reservations), the ALUA layout of target ports, other
-//! units (EXTENDED COPY targets) and datastore space.
+//! units (EXTENDED COPY targets), datastore space and which VAAI offloads
+//! the host offers.
 //!
 //! Owns: the [`UnitEnvironment`] trait and [`MemoryEnvironment`], the
 //! implementation single-host servers and tests use. A cluster host
@@ -67,6 +68,52 @@ pub struct DatastoreSpace {
     pub soft_threshold_percent: Option<u8>,
 }
 
+/// The VAAI offloads a unit offers. Each can be turned off while units
+/// serve (as an array lets its administrator do when an initiator's use of
+/// one misbehaves): a unit then says it lacks the command everywhere an
+/// initiator looks (standard INQUIRY, VPD pages, REPORT SUPPORTED
+/// OPERATION CODES) and refuses it with INVALID COMMAND OPERATION CODE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offloads {
+    /// COMPARE AND WRITE (ATS, the hardware-assisted lock).
+    pub compare_and_write: bool,
+    /// EXTENDED COPY and RECEIVE COPY RESULTS (XCOPY, clone).
+    pub extended_copy: bool,
+    /// WRITE SAME (10) and (16) (block zeroing, and unmapping through it).
+    pub write_same: bool,
+    /// UNMAP (space reclamation, "dead space" deletion).
+    pub unmap: bool,
+}
+
+impl Offloads {
+    /// Every offload offered: the default.
+    pub const ALL: Offloads = Offloads {
+        compare_and_write: true,
+        extended_copy: true,
+        write_same: true,
+        unmap: true,
+    };
+
+    /// Whether the command with operation code `opcode` is offered (every
+    /// command that is not an offload is).
+    pub fn offers(&self, opcode: u8) -> bool {
+        use super::cdb::op;
+        match opcode {
+            op::COMPARE_AND_WRITE => self.compare_and_write,
+            op::EXTENDED_COPY | op::RECEIVE_COPY_RESULTS => self.extended_copy,
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same,
+            op::UNMAP => self.unmap,
+            _ => true,
+        }
+    }
+}
+
+impl Default for Offloads {
+    fn default() -> Self {
+        Offloads::ALL
+    }
+}
+
 /// A version of the shared reservation state.
 #[derive(Debug, Clone)]
 pub struct VersionedReservations {
@@ -118,6 +165,13 @@ pub trait UnitEnvironment: Send + Sync + 'static {
 
     /// Datastore space, when the host knows it.
     fn datastore_space(&self) -> Option<DatastoreSpace>;
+
+    /// The offloads the unit offers now; asked on every command, so it
+    /// should be a read of state the host keeps current. Every offload
+    /// unless the host says otherwise.
+    fn offloads(&self) -> Offloads {
+        Offloads::ALL
+    }
 }
 
 /// Units of one in-memory datastore, for EXTENDED COPY between them and the
@@ -217,6 +271,7 @@ pub struct MemoryEnvironment {
     reservations: LocalReservations,
     port_groups: Mutex<Vec<TargetPortGroup>>,
     datastore: Arc<MemoryDatastore>,
+    offloads: Mutex<Offloads>,
 }
 
 impl MemoryEnvironment {
@@ -231,12 +286,18 @@ impl MemoryEnvironment {
                 ports: vec![1],
             }]),
             datastore,
+            offloads: Mutex::new(Offloads::ALL),
         }
     }
 
     /// Replaces the port groups (ownership moved, a host joined).
     pub fn set_port_groups(&self, groups: Vec<TargetPortGroup>) {
         *self.port_groups.lock() = groups;
+    }
+
+    /// Changes the offloads the unit offers from its next command on.
+    pub fn set_offloads(&self, offloads: Offloads) {
+        *self.offloads.lock() = offloads;
     }
 }
 
@@ -264,5 +325,9 @@ impl UnitEnvironment for MemoryEnvironment {
 
     fn datastore_space(&self) -> Option<DatastoreSpace> {
         self.datastore.space()
+    }
+
+    fn offloads(&self) -> Offloads {
+        *self.offloads.lock()
     }
 }

@@ -2,13 +2,14 @@
 //!
 //! Owns: what the unit says it is (SPC-5 standard INQUIRY data with version
 //! descriptors, VPD 0x00, 0x80, 0x83, 0x86, 0x8F, 0xB0, 0xB1, 0xB2) and the
-//! ALUA port group data.
+//! ALUA port group data; what they say of the VAAI offloads follows the
+//! [`Offloads`] the unit offers at the time.
 //! Invariant: the NAA designator depends only on `DeviceInfo::serial`, so
 //! every host serving a volume reports the same identity and a multipath
 //! initiator joins the paths.
 
 use super::cdb::op;
-use super::environment::TargetPortGroup;
+use super::environment::{Offloads, TargetPortGroup};
 use super::unit::UnitSettings;
 use bytes::{BufMut, Bytes, BytesMut};
 use tessera_blockdev::DeviceInfo;
@@ -43,14 +44,15 @@ fn padded(text: &str, len: usize) -> Vec<u8> {
 }
 
 /// Standard INQUIRY data of a present unit (peripheral qualifier 0) or of a
-/// LUN with no unit (qualifier 3, device type 0x1F).
-pub fn standard(settings: &UnitSettings, present: bool) -> Bytes {
+/// LUN with no unit (qualifier 3, device type 0x1F); `third_party_copy`
+/// sets 3PC (the unit offers EXTENDED COPY).
+pub fn standard(settings: &UnitSettings, present: bool, third_party_copy: bool) -> Bytes {
     let mut d = vec![0u8; 96];
     d[0] = if present { 0x00 } else { 0x7F };
     d[2] = 0x06; // SPC-4
     d[3] = 0x10 | 0x02; // HISUP, response data format 2
     d[4] = (d.len() - 5) as u8;
-    d[5] = 0x10 | 0x08; // TPGS implicit ALUA, 3PC
+    d[5] = 0x10 | if third_party_copy { 0x08 } else { 0 }; // TPGS implicit ALUA, 3PC
     d[6] = 0x10; // MULTIP: one port per host
     d[7] = 0x02; // CMDQUE
     d[8..16].copy_from_slice(&padded(&settings.vendor, 8));
@@ -82,6 +84,18 @@ pub struct VpdContext<'a> {
     pub relative_port: u16,
     /// Port groups of the unit.
     pub port_groups: &'a [TargetPortGroup],
+    /// The offloads the unit offers now.
+    pub offloads: Offloads,
+}
+
+/// The VPD pages a unit offering `offloads` has, ascending: the third-party
+/// copy page only while it offers EXTENDED COPY.
+pub fn vpd_pages(offloads: Offloads) -> Vec<u8> {
+    VPD_PAGES
+        .iter()
+        .copied()
+        .filter(|&p| p != 0x8F || offloads.extended_copy)
+        .collect()
 }
 
 /// The target port group a relative port belongs to (its own number when no
@@ -96,8 +110,11 @@ pub fn group_of(groups: &[TargetPortGroup], relative_port: u16) -> u16 {
 /// A VPD page, or `None` when the unit has no such page.
 pub fn vpd(ctx: &VpdContext<'_>, code: u8) -> Option<Bytes> {
     let s = ctx.settings;
+    let offloads = ctx.offloads;
+    // A limit of 0 says the command is not offered (SBC-4 6.6.4).
+    let offered = |on: bool, limit: u32| if on { limit } else { 0 };
     Some(match code {
-        0x00 => page(0x00, VPD_PAGES),
+        0x00 => page(0x00, &vpd_pages(offloads)),
         0x80 => page(0x80, format!("{:016X}", ctx.info.serial).as_bytes()),
         0x83 => {
             let mut b = BytesMut::new();
@@ -122,20 +139,27 @@ pub fn vpd(ctx: &VpdContext<'_>, code: u8) -> Option<Bytes> {
             b[2] = 0x01; // V_SUP: writes without FUA may sit in a volatile cache
             page(0x86, &b)
         }
-        0x8F => third_party_copy(s),
+        0x8F if offloads.extended_copy => third_party_copy(s),
         0xB0 => {
             let mut b = BytesMut::with_capacity(60);
             b.put_u8(0); // WSNZ 0: a zero-length WRITE SAME covers to the end
-            b.put_u8(s.max_compare_and_write_blocks);
+            b.put_u8(offered(
+                offloads.compare_and_write,
+                s.max_compare_and_write_blocks as u32,
+            ) as u8);
             b.put_u16(1 << s.physical_exponent); // optimal transfer granularity
             b.put_u32(s.max_transfer_blocks);
             b.put_u32(s.optimal_transfer_blocks);
             b.put_u32(s.max_transfer_blocks); // maximum prefetch length
-            b.put_u32(s.max_unmap_blocks);
-            b.put_u32(s.max_unmap_descriptors);
+            b.put_u32(offered(offloads.unmap, s.max_unmap_blocks));
+            b.put_u32(offered(offloads.unmap, s.max_unmap_descriptors));
             b.put_u32(1 << s.physical_exponent); // optimal unmap granularity
             b.put_u32(0x8000_0000); // UGAVALID, alignment 0
-            b.put_u64(s.max_write_same_blocks);
+            b.put_u64(if offloads.write_same {
+                s.max_write_same_blocks
+            } else {
+                0
+            });
             b.put_u32(s.max_atomic_blocks);
             // Any alignment and granularity; no atomic boundaries.
             b.put_slice(&[0u8; 16]);
@@ -146,8 +170,12 @@ pub fn vpd(ctx: &VpdContext<'_>, code: u8) -> Option<Bytes> {
             b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating
             page(0xB1, &b)
         }
-        // LBPU, LBPWS, LBPWS10, LBPRZ=1; thin provisioned.
-        0xB2 => page(0xB2, &[0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00]),
+        // LBPU, LBPWS, LBPWS10 (as offered), LBPRZ=1; thin provisioned.
+        0xB2 => {
+            let unmap = if offloads.unmap { 0x80 } else { 0 };
+            let write_same = if offloads.write_same { 0x40 | 0x20 } else { 0 };
+            page(0xB2, &[0x00, unmap | write_same | 0x04, 0x02, 0x00])
+        }
         _ => return None,
     })
 }
@@ -256,6 +284,7 @@ mod tests {
             settings: &settings,
             relative_port: 2,
             port_groups: &[],
+            offloads: Offloads::ALL,
         };
         for &code in VPD_PAGES {
             let p = vpd(&ctx, code).unwrap();
@@ -268,8 +297,60 @@ mod tests {
         }
         assert_eq!(vpd(&ctx, 0xB0).unwrap().len(), 64);
         assert!(vpd(&ctx, 0x81).is_none());
-        let std = standard(&settings, true);
+        let std = standard(&settings, true, true);
         assert_eq!(std[4] as usize, std.len() - 5);
-        assert_eq!(standard(&settings, false)[0], 0x7F);
+        assert_eq!(std[5] & 0x08, 0x08, "3PC");
+        assert_eq!(standard(&settings, true, false)[5] & 0x08, 0);
+        assert_eq!(standard(&settings, false, false)[0], 0x7F);
+    }
+
+    #[test]
+    fn offloads_turned_off_vanish_from_every_page() {
+        let info = DeviceInfo {
+            name: "v".into(),
+            size_bytes: 1 << 30,
+            logical_block_bytes: 512,
+            preferred_block_bytes: 4096,
+            read_only: false,
+            serial: 7,
+        };
+        let settings = UnitSettings::default();
+        let ctx = |offloads| VpdContext {
+            info: &info,
+            settings: &settings,
+            relative_port: 1,
+            port_groups: &[],
+            offloads,
+        };
+        let none = Offloads {
+            compare_and_write: false,
+            extended_copy: false,
+            write_same: false,
+            unmap: false,
+        };
+        let all = ctx(Offloads::ALL);
+        let off = ctx(none);
+        assert!(vpd(&all, 0x00).unwrap()[4..].contains(&0x8F));
+        assert!(!vpd(&off, 0x00).unwrap()[4..].contains(&0x8F));
+        assert!(vpd(&off, 0x8F).is_none());
+        let limits = vpd(&off, 0xB0).unwrap();
+        assert_eq!(limits[5], 0, "MAXIMUM COMPARE AND WRITE LENGTH");
+        assert_eq!(
+            &limits[20..28],
+            &[0u8; 8],
+            "MAXIMUM UNMAP LBA and descriptor counts"
+        );
+        assert_eq!(&limits[36..44], &[0u8; 8], "MAXIMUM WRITE SAME LENGTH");
+        let on = vpd(&all, 0xB0).unwrap();
+        assert_eq!(on[5], 255);
+        assert_ne!(&on[20..28], &[0u8; 8]);
+        assert_ne!(&on[36..44], &[0u8; 8]);
+        assert_eq!(vpd(&all, 0xB2).unwrap()[5], 0x80 | 0x40 | 0x20 | 0x04);
+        assert_eq!(vpd(&off, 0xB2).unwrap()[5], 0x04, "LBPRZ only");
+        let unmap_only = ctx(Offloads {
+            unmap: true,
+            ..none
+        });
+        assert_eq!(vpd(&unmap_only, 0xB2).unwrap()[5], 0x80 | 0x04);
     }
 }

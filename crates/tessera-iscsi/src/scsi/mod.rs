@@ -30,7 +30,7 @@ pub mod unit;
 
 pub use environment::{
     AluaState, DatastoreSpace, EnvironmentError, LocalReservations, MemoryDatastore,
-    MemoryEnvironment, TargetPortGroup, UnitEnvironment, VersionedReservations,
+    MemoryEnvironment, Offloads, TargetPortGroup, UnitEnvironment, VersionedReservations,
 };
 pub use reservations::ReservationState;
 pub use sense::Sense;

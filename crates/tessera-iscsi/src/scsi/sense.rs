@@ -100,6 +100,8 @@ pub mod asc {
     pub const THIN_PROVISIONING_SOFT_THRESHOLD_REACHED: (u8, u8) = (0x38, 0x07);
     /// 0x39/0x00
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
+    /// 0x3F/0x03
+    pub const INQUIRY_DATA_HAS_CHANGED: (u8, u8) = (0x3F, 0x03);
     /// 0x3F/0x0E
     pub const REPORTED_LUNS_DATA_CHANGED: (u8, u8) = (0x3F, 0x0E);
     /// 0x44/0x00

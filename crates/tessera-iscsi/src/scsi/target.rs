@@ -87,7 +87,7 @@ impl BlockTarget {
             Ok(Cdb::Inquiry {
                 evpd: false, alloc, ..
             }) => {
-                let mut data = inquiry::standard(&self.settings, false);
+                let mut data = inquiry::standard(&self.settings, false, false);
                 data.truncate(alloc as usize);
                 Ok(data)
             }

@@ -13,6 +13,10 @@
 //!   `write_zeroes(MayUnmap)` or `unmap`;
 //! - a reservation conflict, a unit attention or a bad CDB is reported
 //!   before any data moves;
+//! - an offload the environment does not offer (see [`Offloads`]) is
+//!   refused as an unknown operation code before its CDB is looked at, and
+//!   a change of what is offered raises INQUIRY DATA HAS CHANGED on every
+//!   nexus;
 //! - a write-protected unit (a read-only device, or software write protect)
 //!   says so in MODE SENSE (WP) and refuses every command that would change
 //!   its medium, EXTENDED COPY into it included, with DATA PROTECT before
@@ -20,7 +24,7 @@
 
 use super::cdb::{self, Cdb, Transfer};
 use super::copy::{self, CopyLimits, CopyRecord, CopyRequest};
-use super::environment::{EnvironmentError, UnitEnvironment, VersionedReservations};
+use super::environment::{EnvironmentError, Offloads, UnitEnvironment, VersionedReservations};
 use super::inquiry::{self, VpdContext};
 use super::mode::{self, ModeSenseRequest, ModeState};
 use super::reservations::{self, Access, ProutError, ReservationState};
@@ -29,7 +33,7 @@ use super::{Command, Nexus, Reset, Response, Status, TaskAttribute};
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use tessera_blockdev::{BlockDevice, BlockError, ExtentKind, WriteFlags, ZeroMode};
 
@@ -197,6 +201,8 @@ pub struct LogicalUnit {
     counters: Counters,
     last_size: AtomicU64,
     over_threshold: AtomicBool,
+    /// The offloads offered at the last command, as [`offload_bits`].
+    offered: AtomicU8,
     /// SIMPLE commands take it shared, ORDERED ones exclusively.
     ordering: tokio::sync::RwLock<()>,
     /// The latest shared attention this unit has raised (`None` until the
@@ -233,6 +239,7 @@ impl LogicalUnit {
             );
             512
         };
+        let offered = offload_bits(environment.offloads());
         LogicalUnit {
             device,
             block_bytes: block_bytes as u64,
@@ -244,6 +251,7 @@ impl LogicalUnit {
             counters: Counters::default(),
             last_size: AtomicU64::new(size),
             over_threshold: AtomicBool::new(false),
+            offered: AtomicU8::new(offered),
             ordering: tokio::sync::RwLock::new(()),
             seen_attention: Mutex::new(None),
         }
@@ -368,6 +376,7 @@ impl LogicalUnit {
         self.register_nexus(&command.nexus);
         self.catch_up_attentions(!cdb::is_data_transfer(opcode))
             .await;
+        let offloads = self.offloads_now();
         let exempt = matches!(
             opcode,
             cdb::op::INQUIRY | cdb::op::REPORT_LUNS | cdb::op::REQUEST_SENSE
@@ -375,10 +384,10 @@ impl LogicalUnit {
         let outcome = if !exempt {
             match self.take_attention(&command.nexus) {
                 Some(code) => Err(Failure::Check(Sense::new(key::UNIT_ATTENTION, code))),
-                None => self.decode_and_run(command).await,
+                None => self.decode_and_run(command, offloads).await,
             }
         } else {
-            self.decode_and_run(command).await
+            self.decode_and_run(command, offloads).await
         };
         self.respond(command, outcome)
     }
@@ -416,7 +425,22 @@ impl LogicalUnit {
         }
     }
 
-    async fn decode_and_run(&self, command: &Command) -> Outcome {
+    /// The offloads the environment offers now; when they changed since
+    /// the last command, every nexus hears that the INQUIRY data changed
+    /// (so an initiator reads the VPD pages again).
+    fn offloads_now(&self) -> Offloads {
+        let offloads = self.environment.offloads();
+        let bits = offload_bits(offloads);
+        if self.offered.swap(bits, Ordering::Relaxed) != bits {
+            self.raise_attention(asc::INQUIRY_DATA_HAS_CHANGED, None);
+        }
+        offloads
+    }
+
+    async fn decode_and_run(&self, command: &Command, offloads: Offloads) -> Outcome {
+        if !offloads.offers(command.cdb.first().copied().unwrap_or(0xFF)) {
+            return Err(Sense::illegal(asc::INVALID_COMMAND_OPERATION_CODE).into());
+        }
         let cdb = cdb::decode(&command.cdb)?;
         let access = access_of(&cdb);
         if access != Access::Always {
@@ -426,7 +450,7 @@ impl LogicalUnit {
             }
         }
         let writes = access == Access::Write;
-        let result = self.run(command, cdb).await;
+        let result = self.run(command, cdb, offloads).await;
         if writes {
             if let Err(Failure::Check(s)) = &result {
                 if (s.asc, s.ascq) == asc::SPACE_ALLOCATION_FAILED_WRITE_PROTECT {
@@ -509,7 +533,7 @@ impl LogicalUnit {
         }
     }
 
-    async fn run(&self, command: &Command, cdb: Cdb) -> Outcome {
+    async fn run(&self, command: &Command, cdb: Cdb, offloads: Offloads) -> Outcome {
         let nexus = &command.nexus;
         let data = &command.data_out;
         match cdb {
@@ -523,7 +547,10 @@ impl LogicalUnit {
             }
             Cdb::Inquiry { evpd, page, alloc } => {
                 if !evpd {
-                    return Ok(truncate(inquiry::standard(&self.settings, true), alloc));
+                    return Ok(truncate(
+                        inquiry::standard(&self.settings, true, offloads.extended_copy),
+                        alloc,
+                    ));
                 }
                 let info = self.device.info();
                 let groups = self.environment.port_groups();
@@ -532,6 +559,7 @@ impl LogicalUnit {
                     settings: &self.settings,
                     relative_port: nexus.relative_port,
                     port_groups: &groups,
+                    offloads,
                 };
                 inquiry::vpd(&ctx, page)
                     .map(|p| truncate(p, alloc))
@@ -674,7 +702,7 @@ impl LogicalUnit {
                 service_action,
                 alloc,
             } => Ok(truncate(
-                report_supported_opcodes(rctd, options, opcode, service_action)?,
+                report_supported_opcodes(rctd, options, opcode, service_action, offloads)?,
                 alloc,
             )),
             Cdb::ReportTargetPortGroups { extended, alloc } => Ok(truncate(
@@ -1427,12 +1455,22 @@ pub fn parse_unmap(
     Ok(ranges)
 }
 
-/// REPORT SUPPORTED OPERATION CODES data, untruncated.
+/// The offloads as bits, to notice a change with one atomic swap.
+fn offload_bits(o: Offloads) -> u8 {
+    o.compare_and_write as u8
+        | (o.extended_copy as u8) << 1
+        | (o.write_same as u8) << 2
+        | (o.unmap as u8) << 3
+}
+
+/// REPORT SUPPORTED OPERATION CODES data, untruncated: the commands of
+/// [`cdb::COMMANDS`] but the offloads not offered.
 pub fn report_supported_opcodes(
     rctd: bool,
     options: u8,
     opcode: u8,
     service_action: u16,
+    offloads: Offloads,
 ) -> Result<Bytes, Sense> {
     let timeouts = |out: &mut BytesMut, c: &cdb::CommandInfo| {
         out.put_u16(0x0A);
@@ -1445,7 +1483,7 @@ pub fn report_supported_opcodes(
     match options {
         0 => {
             out.put_u32(0);
-            for c in cdb::COMMANDS {
+            for c in cdb::COMMANDS.iter().filter(|c| offloads.offers(c.opcode)) {
                 out.put_u8(c.opcode);
                 out.put_u8(0);
                 out.put_u16(c.service_action.unwrap_or(0));
@@ -1469,7 +1507,7 @@ pub fn report_supported_opcodes(
                 (_, true) => Some(service_action),
                 (_, false) => None,
             };
-            match cdb::lookup(opcode, sa) {
+            match cdb::lookup(opcode, sa).filter(|c| offloads.offers(c.opcode)) {
                 Some(c) => {
                     out.put_u8(0);
                     out.put_u8(if rctd { 0x80 } else { 0 } | 0x03);
