@@ -546,6 +546,16 @@ impl Keyspace {
         self.key(&["settings"])
     }
 
+    /// One host's own values of the settings that may differ per host.
+    pub fn host_settings(&self, host: &HostId) -> Key<HostSettings> {
+        self.key(&["host-settings", host.as_str()])
+    }
+
+    /// Every host's own setting values.
+    pub fn host_settings_all(&self) -> Prefix<HostSettings> {
+        self.prefix(&["host-settings"])
+    }
+
     /// The volumes a host's clients have open, held under the host's lease.
     pub fn attachments(&self, host: &HostId) -> Key<AttachmentRecord> {
         self.key(&["attachments", host.as_str()])
@@ -1037,6 +1047,123 @@ pub struct ClusterSettings {
     /// configuration says otherwise); at most [`REPAIR_DELAY_MAX_S`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_delay_s: Option<u64>,
+    /// Whether iSCSI units offer COMPARE AND WRITE (VAAI ATS, the
+    /// hardware-assisted lock; ESXi's `HardwareAcceleratedLocking`).
+    #[serde(default = "offered")]
+    pub vaai_ats: bool,
+    /// Whether iSCSI units offer EXTENDED COPY (VAAI XCOPY, clones made by
+    /// shared blocks; ESXi's `HardwareAcceleratedMove`).
+    #[serde(default = "offered")]
+    pub vaai_xcopy: bool,
+    /// Whether iSCSI units offer WRITE SAME (VAAI block zeroing; ESXi's
+    /// `HardwareAcceleratedInit`).
+    #[serde(default = "offered")]
+    pub vaai_write_same: bool,
+    /// Whether iSCSI units offer UNMAP (VAAI space reclamation; ESXi's
+    /// `EnableBlockDelete`). NBD's TRIM and WRITE_ZEROES are not affected.
+    #[serde(default = "offered")]
+    pub vaai_unmap: bool,
+}
+
+/// One host's own values of the settings that may differ per host (what a
+/// host does with its memory, its disks and its iSCSI units); a setting it
+/// has no value for follows [`ClusterSettings`]. The datastore's thresholds,
+/// the overcommit limit and the repair delay are the cluster's alone.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostSettings {
+    /// See [`ClusterSettings::read_cache_bytes`] (a number of bytes here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_cache_bytes: Option<u64>,
+    /// See [`ClusterSettings::index_cache_bytes`] (a number of bytes here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_cache_bytes: Option<u64>,
+    /// See [`ClusterSettings::index_prefetch_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_prefetch_bytes: Option<u64>,
+    /// See [`ClusterSettings::scrub_period_h`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub_period_h: Option<u32>,
+    /// See [`ClusterSettings::resync_delay_multiplier`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_delay_multiplier: Option<u32>,
+    /// See [`ClusterSettings::vaai_ats`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vaai_ats: Option<bool>,
+    /// See [`ClusterSettings::vaai_xcopy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vaai_xcopy: Option<bool>,
+    /// See [`ClusterSettings::vaai_write_same`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vaai_write_same: Option<bool>,
+    /// See [`ClusterSettings::vaai_unmap`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vaai_unmap: Option<bool>,
+}
+
+impl HostSettings {
+    /// The names of the settings this host has its own values of.
+    pub fn names(&self) -> Vec<&'static str> {
+        let set = [
+            self.read_cache_bytes.is_some(),
+            self.index_cache_bytes.is_some(),
+            self.index_prefetch_bytes.is_some(),
+            self.scrub_period_h.is_some(),
+            self.resync_delay_multiplier.is_some(),
+            self.vaai_ats.is_some(),
+            self.vaai_xcopy.is_some(),
+            self.vaai_write_same.is_some(),
+            self.vaai_unmap.is_some(),
+        ];
+        HOST_SETTING_NAMES
+            .into_iter()
+            .zip(set)
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect()
+    }
+}
+
+/// The settings a host may have its own value of, as [`HostSettings`]
+/// names its fields.
+pub const HOST_SETTING_NAMES: [&str; 9] = [
+    "read_cache_bytes",
+    "index_cache_bytes",
+    "index_prefetch_bytes",
+    "scrub_period_h",
+    "resync_delay_multiplier",
+    "vaai_ats",
+    "vaai_xcopy",
+    "vaai_write_same",
+    "vaai_unmap",
+];
+
+impl ClusterSettings {
+    /// The settings a host with `own` values follows: its values where it
+    /// has them, the cluster's elsewhere.
+    pub fn for_host(&self, own: &HostSettings) -> ClusterSettings {
+        let mut s = self.clone();
+        if let Some(b) = own.read_cache_bytes {
+            s.read_cache_bytes = Some(b);
+        }
+        if let Some(b) = own.index_cache_bytes {
+            s.index_cache_bytes = Some(b);
+        }
+        s.index_prefetch_bytes = own.index_prefetch_bytes.unwrap_or(s.index_prefetch_bytes);
+        s.scrub_period_h = own.scrub_period_h.unwrap_or(s.scrub_period_h);
+        s.resync_delay_multiplier = own
+            .resync_delay_multiplier
+            .unwrap_or(s.resync_delay_multiplier);
+        s.vaai_ats = own.vaai_ats.unwrap_or(s.vaai_ats);
+        s.vaai_xcopy = own.vaai_xcopy.unwrap_or(s.vaai_xcopy);
+        s.vaai_write_same = own.vaai_write_same.unwrap_or(s.vaai_write_same);
+        s.vaai_unmap = own.vaai_unmap.unwrap_or(s.vaai_unmap);
+        s
+    }
+}
+
+/// Default of the VAAI switches: every offload offered.
+fn offered() -> bool {
+    true
 }
 
 /// The longest [`ClusterSettings::repair_delay_s`]: a week.
@@ -1119,6 +1246,10 @@ impl Default for ClusterSettings {
             scrub_period_h: default_scrub_period_h(),
             resync_delay_multiplier: default_resync_delay_multiplier(),
             repair_delay_s: None,
+            vaai_ats: true,
+            vaai_xcopy: true,
+            vaai_write_same: true,
+            vaai_unmap: true,
         }
     }
 }

@@ -23,6 +23,8 @@
 //! | GET | `/health` | 200 `HealthReport` |
 //! | GET | `/settings` | 200 `ClusterSettings` |
 //! | PATCH | `/settings` (`UpdateSettings`) | 200 `ClusterSettings` |
+//! | GET | `/hosts/{id}/settings` | 200 `HostSettingsView` |
+//! | PATCH | `/hosts/{id}/settings` (`UpdateHostSettings`) | 200 `HostSettingsView` |
 //! | GET | `/hosts` | 200 `[HostView]` |
 //! | GET | `/hosts/{id}` | 200 `HostView` |
 //! | POST | `/hosts/{id}/stop` | 204 |
@@ -75,7 +77,7 @@ use crate::api_access;
 use crate::control::{
     ApiChange, ApiIdentity, CloneVolume, ClusterControl, ControlError, CreatePolicy,
     CreateSnapshot, CreateToken, CreateVolume, Evacuate, InjectFault, IscsiAccess, RekeyRequest,
-    RenameVolume, ResizeVolume, RevertVolume, UpdatePolicy, UpdateSettings,
+    RenameVolume, ResizeVolume, RevertVolume, UpdateHostSettings, UpdatePolicy, UpdateSettings,
 };
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
@@ -103,6 +105,10 @@ pub fn router(control: Control) -> Router {
         .route("/v1/hosts/{id}/faults", post(inject_fault))
         .route("/v1/hosts/{id}/scrub", post(scrub_now))
         .route("/v1/hosts/{id}/rekey", post(rekey))
+        .route(
+            "/v1/hosts/{id}/settings",
+            get(host_settings).patch(update_host_settings),
+        )
         .route("/v1/encryption", get(encryption))
         .route(
             "/v1/hosts/{id}/evacuation",
@@ -523,6 +529,24 @@ async fn settings(State(control): State<Control>) -> Response {
 async fn update_settings(State(control): State<Control>, body: Bytes) -> Response {
     match parse_body::<UpdateSettings>(&body) {
         Ok(change) => respond(StatusCode::OK, control.update_settings(change).await),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn host_settings(State(control): State<Control>, Path(id): Path<String>) -> Response {
+    respond(StatusCode::OK, control.host_settings(&id).await)
+}
+
+async fn update_host_settings(
+    State(control): State<Control>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_body::<UpdateHostSettings>(&body) {
+        Ok(change) => respond(
+            StatusCode::OK,
+            control.update_host_settings(&id, change).await,
+        ),
         Err(e) => error_response(e),
     }
 }

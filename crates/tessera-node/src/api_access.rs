@@ -135,6 +135,8 @@ pub const ROUTES: &[(&str, &str, ApiRole)] = &[
     ("POST", "/v1/hosts/{id}/faults", ApiRole::Admin),
     ("POST", "/v1/hosts/{id}/scrub", ApiRole::Admin),
     ("POST", "/v1/hosts/{id}/rekey", ApiRole::Admin),
+    ("GET", "/v1/hosts/{id}/settings", ApiRole::Viewer),
+    ("PATCH", "/v1/hosts/{id}/settings", ApiRole::Admin),
     ("GET", "/v1/encryption", ApiRole::Viewer),
     ("POST", "/v1/hosts/{id}/evacuation", ApiRole::Admin),
     ("DELETE", "/v1/hosts/{id}/evacuation", ApiRole::Admin),

@@ -12,8 +12,8 @@ pub use crate::activity_history::ActivityHistoryView;
 pub use crate::host::ScrubView;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-pub use tessera_directory::keys::ClusterSettings;
 pub use tessera_directory::keys::{ApiRole, ApiTokenRecord, AuditRecord, PlainNbd};
+pub use tessera_directory::keys::{ClusterSettings, HostSettings, HOST_SETTING_NAMES};
 /// What [`VolumeActivity::io`] holds, and the counters it is read from.
 pub use tessera_object::{IoKind, IoKindSnapshot, VolumeIoStats};
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -469,6 +469,147 @@ pub struct UpdateSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub repair_delay_s: Option<Option<u64>>,
+    /// See [`tessera_directory::keys::ClusterSettings::vaai_ats`].
+    #[serde(default)]
+    pub vaai_ats: Option<bool>,
+    /// See [`tessera_directory::keys::ClusterSettings::vaai_xcopy`].
+    #[serde(default)]
+    pub vaai_xcopy: Option<bool>,
+    /// See [`tessera_directory::keys::ClusterSettings::vaai_write_same`].
+    #[serde(default)]
+    pub vaai_write_same: Option<bool>,
+    /// See [`tessera_directory::keys::ClusterSettings::vaai_unmap`].
+    #[serde(default)]
+    pub vaai_unmap: Option<bool>,
+}
+
+/// A change to one host's own setting values: a value sets the setting for
+/// that host alone, `null` makes the host follow the cluster's value again;
+/// settings not named keep what they are. Only the settings of
+/// [`HostSettings`] may differ per host.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateHostSettings {
+    /// See [`HostSettings::read_cache_bytes`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub read_cache_bytes: Option<Option<u64>>,
+    /// See [`HostSettings::index_cache_bytes`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub index_cache_bytes: Option<Option<u64>>,
+    /// See [`HostSettings::index_prefetch_bytes`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub index_prefetch_bytes: Option<Option<u64>>,
+    /// See [`HostSettings::scrub_period_h`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scrub_period_h: Option<Option<u32>>,
+    /// See [`HostSettings::resync_delay_multiplier`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resync_delay_multiplier: Option<Option<u32>>,
+    /// See [`HostSettings::vaai_ats`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vaai_ats: Option<Option<bool>>,
+    /// See [`HostSettings::vaai_xcopy`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vaai_xcopy: Option<Option<bool>>,
+    /// See [`HostSettings::vaai_write_same`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vaai_write_same: Option<Option<bool>>,
+    /// See [`HostSettings::vaai_unmap`].
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vaai_unmap: Option<Option<bool>>,
+}
+
+/// The settings one host follows and which of them are its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostSettingsView {
+    /// The host.
+    pub host: String,
+    /// What the host follows: its own values over the cluster's.
+    pub settings: ClusterSettings,
+    /// Its own values (the settings it does not follow the cluster in).
+    pub own: HostSettings,
+}
+
+impl UpdateHostSettings {
+    /// `current` (a host's own values) with this change applied, or why it
+    /// is refused: each value must be one the cluster setting of that name
+    /// could take (checked against `cluster` on a host of `memory_bytes`).
+    pub fn apply(
+        &self,
+        cluster: &ClusterSettings,
+        current: &HostSettings,
+        memory_bytes: u64,
+    ) -> Result<HostSettings, ControlError> {
+        let values = UpdateSettings {
+            read_cache_bytes: self.read_cache_bytes.flatten().map(Some),
+            index_cache_bytes: self.index_cache_bytes.flatten().map(Some),
+            index_prefetch_bytes: self.index_prefetch_bytes.flatten(),
+            scrub_period_h: self.scrub_period_h.flatten(),
+            resync_delay_multiplier: self.resync_delay_multiplier.flatten(),
+            vaai_ats: self.vaai_ats.flatten(),
+            vaai_xcopy: self.vaai_xcopy.flatten(),
+            vaai_write_same: self.vaai_write_same.flatten(),
+            vaai_unmap: self.vaai_unmap.flatten(),
+            ..UpdateSettings::default()
+        };
+        values.apply(cluster, memory_bytes)?;
+        fn change<T: Copy>(to: Option<Option<T>>, own: &mut Option<T>) {
+            if let Some(value) = to {
+                *own = value;
+            }
+        }
+        let mut next = current.clone();
+        change(self.read_cache_bytes, &mut next.read_cache_bytes);
+        change(self.index_cache_bytes, &mut next.index_cache_bytes);
+        change(self.index_prefetch_bytes, &mut next.index_prefetch_bytes);
+        change(self.scrub_period_h, &mut next.scrub_period_h);
+        change(
+            self.resync_delay_multiplier,
+            &mut next.resync_delay_multiplier,
+        );
+        change(self.vaai_ats, &mut next.vaai_ats);
+        change(self.vaai_xcopy, &mut next.vaai_xcopy);
+        change(self.vaai_write_same, &mut next.vaai_write_same);
+        change(self.vaai_unmap, &mut next.vaai_unmap);
+        Ok(next)
+    }
 }
 
 /// A field that may be `null`: present (`Some`, holding `None` for `null`)
@@ -1211,6 +1352,15 @@ pub trait ClusterControl: Send + Sync + 'static {
         &self,
         change: UpdateSettings,
     ) -> Result<ClusterSettings, ControlError>;
+    /// The settings host `id` follows, and its own values.
+    async fn host_settings(&self, id: &str) -> Result<HostSettingsView, ControlError>;
+    /// Changes host `id`'s own setting values; refuses values out of range
+    /// and hosts that do not exist.
+    async fn update_host_settings(
+        &self,
+        id: &str,
+        change: UpdateHostSettings,
+    ) -> Result<HostSettingsView, ControlError>;
     /// Creates a policy; refuses a duplicate name or out-of-range values.
     async fn create_policy(&self, request: CreatePolicy) -> Result<Policy, ControlError>;
     /// All policies.
@@ -1687,6 +1837,17 @@ impl UpdateSettings {
                 )));
             }
             next.repair_delay_s = delay;
+        }
+        let switches = [
+            (self.vaai_ats, &mut next.vaai_ats),
+            (self.vaai_xcopy, &mut next.vaai_xcopy),
+            (self.vaai_write_same, &mut next.vaai_write_same),
+            (self.vaai_unmap, &mut next.vaai_unmap),
+        ];
+        for (change, setting) in switches {
+            if let Some(on) = change {
+                *setting = on;
+            }
         }
         if let Some(p) = self.nearly_full_pct {
             next.nearly_full_pct = p;

@@ -638,6 +638,16 @@ impl ControlPlane {
     /// Every host's view with its disk groups: space read live from the
     /// hosts of this process, from their last report for the others;
     /// components and provisioned bytes from the volumes' layouts.
+    /// Host `id`'s own setting values (none when it has no record).
+    async fn own_settings(&self, id: &str) -> Result<HostSettings, ControlError> {
+        let key = self.keys.host_settings(&HostId(id.to_string()));
+        Ok(keys::get(self.directory.as_ref(), &key)
+            .await
+            .map_err(internal)?
+            .map(|r| r.value)
+            .unwrap_or_default())
+    }
+
     fn host_views(&self, state: &ClusterState) -> Vec<HostView> {
         let mut placed: HashMap<(HostId, DiskGroupId), (u64, u64)> = HashMap::new();
         for layout in state.layouts.values() {
@@ -1072,6 +1082,46 @@ impl ClusterControl for ControlPlane {
             .map_err(internal)?;
         tracing::info!(?next, "cluster settings changed");
         Ok(next)
+    }
+
+    async fn host_settings(&self, id: &str) -> Result<HostSettingsView, ControlError> {
+        let host = self.host(id).await?;
+        let cluster = self.read_state().await?.settings;
+        let own = self.own_settings(&host.id).await?;
+        Ok(HostSettingsView {
+            settings: cluster.for_host(&own),
+            host: host.id,
+            own,
+        })
+    }
+
+    async fn update_host_settings(
+        &self,
+        id: &str,
+        change: UpdateHostSettings,
+    ) -> Result<HostSettingsView, ControlError> {
+        let host = self.host(id).await?;
+        let _guard = self.changes.lock().await;
+        let cluster = self.read_state().await?.settings;
+        let current = self.own_settings(&host.id).await?;
+        let memory = self
+            .hosts
+            .any()
+            .map_or_else(crate::host::host_memory_bytes, |h| h.memory_bytes());
+        let own = change.apply(&cluster, &current, memory)?;
+        let key = self.keys.host_settings(&HostId(host.id.clone()));
+        let d = self.directory.as_ref();
+        if own == HostSettings::default() {
+            d.delete(key.as_str()).await.map_err(internal)?;
+        } else {
+            keys::put(d, &key, &own, None).await.map_err(internal)?;
+        }
+        tracing::info!(host = %host.id, ?own, "host settings changed");
+        Ok(HostSettingsView {
+            settings: cluster.for_host(&own),
+            host: host.id,
+            own,
+        })
     }
 
     async fn update_policy(

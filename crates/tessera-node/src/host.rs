@@ -112,6 +112,9 @@ pub struct VolumeView {
     pub iscsi_access: RwLock<HashMap<VolumeId, keys::VolumeAccessRecord>>,
     /// Snapshots, by volume and name.
     pub snapshots: RwLock<HashMap<SnapshotKey, keys::SnapshotRecord>>,
+    /// The VAAI offloads this host's iSCSI units offer (the settings
+    /// `vaai_*`).
+    pub offloads: RwLock<tessera_iscsi::scsi::Offloads>,
 }
 
 /// A running host.
@@ -378,12 +381,19 @@ impl Host {
         );
         // Sized from the settings at once; every refresh applies changes.
         let memory_bytes = host_memory_bytes();
-        let settings = keys::get(directory.as_ref(), &keys.settings())
+        let own_settings = keys::get(directory.as_ref(), &keys.host_settings(&id))
             .await
             .ok()
             .flatten()
             .map(|r| r.value)
             .unwrap_or_default();
+        let settings = keys::get(directory.as_ref(), &keys.settings())
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.value)
+            .unwrap_or_default()
+            .for_host(&own_settings);
         let read_cache = ReadCache::new(settings.read_cache_budget(memory_bytes));
         // Blocks are served from memory only while no other host can have
         // taken over this host's volumes: its owner keys live on its lease.

@@ -65,7 +65,7 @@ use tessera_iscsi::catalog::{
     parse_target_name, target_name_for_snapshot, target_name_for_volume, NamedTarget,
 };
 use tessera_iscsi::scsi::environment::{
-    AluaState, DatastoreSpace, EnvironmentError, LocalReservations, TargetPortGroup,
+    AluaState, DatastoreSpace, EnvironmentError, LocalReservations, Offloads, TargetPortGroup,
     UnitEnvironment, VersionedReservations,
 };
 use tessera_iscsi::scsi::inquiry::naa_designator;
@@ -380,6 +380,10 @@ impl UnitEnvironment for VolumeEnvironment {
     fn datastore_space(&self) -> Option<DatastoreSpace> {
         *self.view.datastore.read()
     }
+
+    fn offloads(&self) -> Offloads {
+        *self.view.offloads.read()
+    }
 }
 
 /// The ready volume or the snapshot whose unit has NAA designator
@@ -449,6 +453,10 @@ impl UnitEnvironment for SnapshotEnvironment {
     fn datastore_space(&self) -> Option<DatastoreSpace> {
         // Nothing is ever allocated through a snapshot's unit.
         None
+    }
+
+    fn offloads(&self) -> Offloads {
+        *self.view.offloads.read()
     }
 }
 

@@ -13,13 +13,14 @@
 
 use crate::activity_history::ActivityHistoryView;
 use crate::api_access;
-use crate::control::AuditRecord;
+use crate::control::{AuditRecord, HostSettingsView};
 use crate::control::{
     CloneVolume, ClusterSettings, ControlError, CreatePolicy, CreateSnapshot, CreateToken,
     CreateVolume, CreatedToken, EncryptionView, Evacuate, EvacuationView, EventView, HealthReport,
     HostActivity, HostView, InjectFault, IscsiAccess, IscsiAccessView, ObjectView, RekeyRequest,
     RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView, SnapshotDeleted, SnapshotView,
-    StatusView, TokenView, UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
+    StatusView, TokenView, UpdateHostSettings, UpdatePolicy, UpdateSettings, VerifyReport,
+    VolumeActivity, VolumeView,
 };
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema};
@@ -173,6 +174,20 @@ pub const OPERATIONS: &[Operation] = &[
         "Starts a scrub pass of every disk group of a host.",
         None,
         Answer::Json(202, of::<Vec<ScrubView>>),
+    ),
+    op(
+        "GET",
+        "/v1/hosts/{id}/settings",
+        "The settings a host follows, and which of them are its own.",
+        None,
+        Answer::Json(200, of::<HostSettingsView>),
+    ),
+    op(
+        "PATCH",
+        "/v1/hosts/{id}/settings",
+        "Sets a host's own values of settings (null follows the cluster again).",
+        Some(of::<UpdateHostSettings>),
+        Answer::Json(200, of::<HostSettingsView>),
     ),
     op(
         "POST",

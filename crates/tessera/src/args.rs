@@ -628,14 +628,22 @@ pub enum ObjectCommand {
 /// `tessera settings ...`
 #[derive(Debug, Subcommand)]
 pub enum SettingsCommand {
-    /// Every setting with its value, default and meaning.
+    /// Every setting with its value, default and meaning (`--host`: the
+    /// values that host follows, and which are its own).
     #[command(visible_alias = "list")]
-    Show,
+    Show {
+        /// A host, for the values it follows.
+        #[arg(long, value_name = "HOST")]
+        host: Option<String>,
+    },
     /// One setting with its value, default and meaning (`--json`: the
     /// value alone, as the API holds it).
     Get {
         /// Setting name.
         name: String,
+        /// A host, for the value it follows.
+        #[arg(long, value_name = "HOST")]
+        host: Option<String>,
     },
     /// Change one setting: max_overcommit_ratio, nearly_full_pct, full_pct,
     /// read_cache_bytes (a size, 0 to disable, or `default`),
@@ -644,12 +652,27 @@ pub enum SettingsCommand {
     /// scrub_period_h (hours, 0 to turn the scheduled scrub off),
     /// resync_delay_multiplier (1-256: how much resync yields to guests),
     /// repair_delay_s (seconds before an absent copy is rebuilt elsewhere,
-    /// or `default`).
+    /// or `default`), vaai_ats, vaai_xcopy, vaai_write_same, vaai_unmap
+    /// (on or off: the VAAI offloads iSCSI units offer). With `--host`, for
+    /// that host alone (the caches, scrub, resync multiplier and VAAI
+    /// settings may differ per host).
     Set {
         /// Setting name.
         name: String,
         /// New value.
         value: String,
+        /// A host, to set its own value.
+        #[arg(long, value_name = "HOST")]
+        host: Option<String>,
+    },
+    /// Put one setting back to its default; with `--host`, make that host
+    /// follow the cluster's value again.
+    Reset {
+        /// Setting name.
+        name: String,
+        /// A host whose own value goes.
+        #[arg(long, value_name = "HOST")]
+        host: Option<String>,
     },
 }
 

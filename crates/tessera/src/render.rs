@@ -11,9 +11,9 @@ use crate::table::Table;
 use std::collections::BTreeMap;
 use tessera_node::control::{
     AuditRecord, CapacityView, ClusterSettings, ComponentView, CreatedToken, EncryptionView,
-    EvacuationView, EventView, FillView, Health, HealthCheck, HealthCode, HealthReport, HostView,
-    IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView, Severity, SnapshotDeleted,
-    SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
+    EvacuationView, EventView, FillView, Health, HealthCheck, HealthCode, HealthReport,
+    HostSettingsView, HostView, IscsiAccessView, ObjectView, ResyncState, ResyncView, ScrubView,
+    Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeView,
 };
 use tessera_types::format_size;
 use tessera_types::layout::{ComponentRole, ComponentState};
@@ -207,7 +207,45 @@ fn setting_rows(s: &ClusterSettings) -> Vec<Vec<String>> {
         format!("{}h", d.scrub_period_h),
         "hours in which every stored block is verified once; 0 turns it off".into(),
     ]);
+    let switches = [
+        (
+            "vaai_ats",
+            s.vaai_ats,
+            "iSCSI units offer COMPARE AND WRITE (ATS locking)",
+        ),
+        (
+            "vaai_xcopy",
+            s.vaai_xcopy,
+            "iSCSI units offer EXTENDED COPY (clones by shared blocks)",
+        ),
+        (
+            "vaai_write_same",
+            s.vaai_write_same,
+            "iSCSI units offer WRITE SAME (block zeroing)",
+        ),
+        (
+            "vaai_unmap",
+            s.vaai_unmap,
+            "iSCSI units offer UNMAP (space reclamation)",
+        ),
+    ];
+    for (name, on, meaning) in switches {
+        rows.push(vec![
+            name.into(),
+            on_off(on).into(),
+            "on".into(),
+            meaning.into(),
+        ]);
+    }
     rows
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 /// `tessera settings list`: every setting with its value, default and
@@ -225,6 +263,42 @@ pub fn settings(s: &ClusterSettings) -> String {
 pub fn setting(s: &ClusterSettings, name: &str) -> Option<String> {
     let row = setting_rows(s).into_iter().find(|r| r[0] == name)?;
     let mut t = Table::new(&["SETTING", "VALUE", "DEFAULT", "MEANING"]);
+    t.row(row);
+    Some(t.render())
+}
+
+/// Each setting a host follows, with where its value comes from.
+fn host_setting_rows(view: &HostSettingsView) -> Vec<Vec<String>> {
+    let own = view.own.names();
+    setting_rows(&view.settings)
+        .into_iter()
+        .map(|mut row| {
+            let source = if own.contains(&row[0].as_str()) {
+                format!("host {}", view.host)
+            } else {
+                "cluster".to_string()
+            };
+            row.insert(2, source);
+            row
+        })
+        .collect()
+}
+
+/// `tessera settings list --host HOST`: every setting the host follows,
+/// with where its value comes from (the host's own or the cluster's).
+pub fn host_settings(view: &HostSettingsView) -> String {
+    let mut t = Table::new(&["SETTING", "VALUE", "FROM", "DEFAULT", "MEANING"]);
+    for row in host_setting_rows(view) {
+        t.row(row);
+    }
+    t.render()
+}
+
+/// `tessera settings get NAME --host HOST`: that setting's row, or None
+/// for a name there is no setting of.
+pub fn host_setting(view: &HostSettingsView, name: &str) -> Option<String> {
+    let row = host_setting_rows(view).into_iter().find(|r| r[0] == name)?;
+    let mut t = Table::new(&["SETTING", "VALUE", "FROM", "DEFAULT", "MEANING"]);
     t.row(row);
     Some(t.render())
 }

@@ -21,9 +21,9 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use tessera_node::control::{
     AuditRecord, ClusterSettings, ControlError, CreatedToken, EncryptionView, EvacuationView,
-    EventView, HealthReport, HostView, IscsiAccessView, ObjectView, ResyncView, ScrubView,
-    Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport, VolumeActivity,
-    VolumeView,
+    EventView, HealthReport, HostSettingsView, HostView, IscsiAccessView, ObjectView, ResyncView,
+    ScrubView, Severity, SnapshotDeleted, SnapshotView, StatusView, TokenView, VerifyReport,
+    VolumeActivity, VolumeView, HOST_SETTING_NAMES,
 };
 use tessera_types::policy::Policy;
 
@@ -135,14 +135,37 @@ pub fn run(
                 )));
             }
         }
-        Command::Settings(SettingsCommand::Show) => {
+        Command::Settings(SettingsCommand::Show { host: None }) => {
             let v = client.get("/v1/settings")?;
             output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
         }
-        Command::Settings(SettingsCommand::Get { name }) => {
-            let v = client.get("/v1/settings")?;
-            let settings: ClusterSettings = decode("/v1/settings", v.clone())?;
-            let Some(row) = render::setting(&settings, name) else {
+        Command::Settings(SettingsCommand::Show { host: Some(host) }) => {
+            let path = host_settings_path(host);
+            let v = client.get(&path)?;
+            output.view::<HostSettingsView>(&path, v, render::host_settings)?;
+        }
+        Command::Settings(SettingsCommand::Get { name, host }) => {
+            let (settings, own, v) = match host {
+                None => {
+                    let v = client.get("/v1/settings")?;
+                    (
+                        decode::<ClusterSettings>("/v1/settings", v.clone())?,
+                        None,
+                        v,
+                    )
+                }
+                Some(host) => {
+                    let path = host_settings_path(host);
+                    let view: HostSettingsView = decode(&path, client.get(&path)?)?;
+                    let v = serde_json::to_value(&view.settings).unwrap_or_default();
+                    (view.settings.clone(), Some(view), v)
+                }
+            };
+            let row = match &own {
+                None => render::setting(&settings, name),
+                Some(view) => render::host_setting(view, name),
+            };
+            let Some(row) = row else {
                 return Err(unknown_setting(name));
             };
             if output.json {
@@ -151,10 +174,43 @@ pub fn run(
                 output.text(&row)?;
             }
         }
-        Command::Settings(SettingsCommand::Set { name, value }) => {
+        Command::Settings(SettingsCommand::Set {
+            name,
+            value,
+            host: None,
+        }) => {
             let body = setting_change(name, value)?;
             let v = client.patch_json("/v1/settings", &body)?;
             output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
+        }
+        Command::Settings(SettingsCommand::Set {
+            name,
+            value,
+            host: Some(host),
+        }) => {
+            let body = host_setting_change(name, value, host)?;
+            let path = host_settings_path(host);
+            let v = client.patch_json(&path, &body)?;
+            output.view::<HostSettingsView>(&path, v, render::host_settings)?;
+        }
+        Command::Settings(SettingsCommand::Reset { name, host: None }) => {
+            let defaults = serde_json::to_value(ClusterSettings::default()).unwrap_or_default();
+            if render::setting(&ClusterSettings::default(), name).is_none() {
+                return Err(unknown_setting(name));
+            }
+            // A setting whose default is each host's own has no value.
+            let value = defaults.get(name.as_str()).cloned().unwrap_or(Value::Null);
+            let v = client.patch_json("/v1/settings", &json!({ name.as_str(): value }))?;
+            output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
+        }
+        Command::Settings(SettingsCommand::Reset {
+            name,
+            host: Some(host),
+        }) => {
+            host_scoped(name, host)?;
+            let path = host_settings_path(host);
+            let v = client.patch_json(&path, &json!({ name.as_str(): null }))?;
+            output.view::<HostSettingsView>(&path, v, render::host_settings)?;
         }
         Command::Host(HostCommand::Show { host }) => {
             let path = format!("/v1/hosts/{}", segment(host));
@@ -633,6 +689,14 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a number of seconds (0 rebuilds at once) or default"))?;
             Ok(json!({ "repair_delay_s": secs }))
         }
+        "vaai_ats" | "vaai_xcopy" | "vaai_write_same" | "vaai_unmap" => {
+            let on = match value.to_ascii_lowercase().as_str() {
+                "on" | "true" | "1" | "yes" => true,
+                "off" | "false" | "0" | "no" => false,
+                _ => return Err(bad("on or off")),
+            };
+            Ok(json!({ name: on }))
+        }
         "resync_delay_multiplier" => {
             let m: u32 = value
                 .parse()
@@ -641,6 +705,38 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
         }
         other => Err(unknown_setting(other)),
     }
+}
+
+/// Where host `host`'s settings are.
+fn host_settings_path(host: &str) -> String {
+    format!("/v1/hosts/{}/settings", segment(host))
+}
+
+/// Refuses a setting that cannot differ per host, naming those that can.
+fn host_scoped(name: &str, host: &str) -> Result<(), CliError> {
+    if HOST_SETTING_NAMES.contains(&name) {
+        return Ok(());
+    }
+    if render::setting(&ClusterSettings::default(), name).is_none() {
+        return Err(unknown_setting(name));
+    }
+    Err(CliError::Usage(format!(
+        "{name} is the same on every host and cannot be set for {host} alone; the settings a host may have its own value of are {}",
+        HOST_SETTING_NAMES.join(", ")
+    )))
+}
+
+/// The body of `PATCH /v1/hosts/HOST/settings` for one setting typed on
+/// the command line.
+fn host_setting_change(name: &str, value: &str, host: &str) -> Result<Value, CliError> {
+    host_scoped(name, host)?;
+    let body = setting_change(name, value)?;
+    if body.get(name).is_some_and(Value::is_null) {
+        return Err(CliError::Usage(format!(
+            "a host's own {name} is a value; `tessera settings reset {name} --host {host}` makes {host} follow the cluster's again"
+        )));
+    }
+    Ok(body)
 }
 
 /// The usage error for a setting name there is no setting of.

@@ -5,8 +5,9 @@
 //! a watch ended, and when the control plane asks for a fresh view), then
 //! applying each change the watch reports: host records and liveness (to
 //! [`crate::peers::Peers`]), volumes, owners, layouts, snapshots and iSCSI
-//! access (to the host's `VolumeView`), the read cache budget and resync delay
-//! multiplier of the cluster settings, policies (the QoS of the volumes the
+//! access (to the host's `VolumeView`), the cluster settings with this host's
+//! own values over them (applied to its caches, scrubber, scheduler, control
+//! core and iSCSI units), policies (the QoS of the volumes the
 //! host coordinates, set in its I/O scheduler), the disk groups being
 //! evacuated (for the control loop), disk group records
 //! (their health for the control loop, their space summed as the
@@ -26,8 +27,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tessera_directory::keys::{
-    self, ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, OwnerRecord, Prefix,
-    ReclaimRecord, SnapshotName, SnapshotRecord, VolumeAccessRecord, VolumeRecord,
+    ClusterSettings, DiskGroupRecord, EvacuationRecord, HostRecord, HostSettings, OwnerRecord,
+    Prefix, ReclaimRecord, SnapshotName, SnapshotRecord, VolumeAccessRecord, VolumeRecord,
 };
 use tessera_directory::{Keyspace, Revision, WatchEvent, WatchEventKind};
 use tessera_iscsi::scsi::environment::DatastoreSpace;
@@ -54,6 +55,8 @@ pub(super) struct DirectoryMirror {
     evacuations: Mutex<HashMap<HostId, EvacuationRecord>>,
     /// The setting `nearly_full_pct` (0 until the settings are read).
     nearly_full_pct: std::sync::atomic::AtomicU8,
+    /// The cluster's settings and this host's own values, as last read.
+    settings: Mutex<(ClusterSettings, HostSettings)>,
     /// Held by a full listing from before it reads until the view is
     /// replaced, and by each change applied: a change the watch reports
     /// meanwhile waits, then applies over the listing (or is skipped when
@@ -135,7 +138,9 @@ impl Host {
             .collect();
         self.sum_datastore();
         self.apply_qos();
-        self.apply_settings(loaded.settings.unwrap_or_default());
+        let own = loaded.host_settings.remove(&self.id).unwrap_or_default();
+        *self.mirror.settings.lock() = (loaded.settings.unwrap_or_default(), own);
+        self.apply_settings();
         self.mirror
             .listed
             .fetch_max(listing.revision, Ordering::SeqCst);
@@ -217,10 +222,21 @@ impl Host {
         self.scheduler.set_volume_qos(volume, &qos);
     }
 
-    /// Applies the cluster settings this host follows: the read cache's
-    /// budget, the scrub period, the repair delay and the resync delay
-    /// multiplier.
-    fn apply_settings(&self, settings: keys::ClusterSettings) {
+    /// Applies the settings this host follows (the cluster's, with its own
+    /// values over them): the read cache's budget, the scrub period, the
+    /// repair delay, the resync delay multiplier and the VAAI offloads its
+    /// iSCSI units offer.
+    fn apply_settings(&self) {
+        let settings = {
+            let (cluster, own) = &*self.mirror.settings.lock();
+            cluster.for_host(own)
+        };
+        *self.view.offloads.write() = tessera_iscsi::scsi::Offloads {
+            compare_and_write: settings.vaai_ats,
+            extended_copy: settings.vaai_xcopy,
+            write_same: settings.vaai_write_same,
+            unmap: settings.vaai_unmap,
+        };
         self.scrubber.set_period_h(settings.scrub_period_h);
         self.mirror
             .nearly_full_pct
@@ -273,6 +289,7 @@ trait RecordSink {
     fn evacuation(&mut self, host: HostId, record: Option<EvacuationRecord>);
     fn reclaim(&mut self, key: &str, record: Option<ReclaimRecord>);
     fn settings(&mut self, settings: ClusterSettings);
+    fn host_settings(&mut self, host: HostId, record: Option<HostSettings>);
 }
 
 /// Sends one put or delete to the sink method of its key's kind; keys of
@@ -314,6 +331,9 @@ fn route(keys: &Keyspace, event: &WatchEvent, sink: &mut impl RecordSink) {
         sink.reclaim(key, decoded(&keys.reclaims(), event));
     } else if under(&keys.disk_groups(), key).is_some() {
         sink.disk_group(key, decoded(&keys.disk_groups(), event));
+    } else if let Some(name) = under(&keys.host_settings_all(), key) {
+        let record = decoded(&keys.host_settings_all(), event);
+        sink.host_settings(HostId(name.to_string()), record);
     } else if key == keys.settings().as_str() {
         match event.kind {
             WatchEventKind::Put => match serde_json::from_slice(&event.kv.value) {
@@ -340,6 +360,7 @@ struct Loaded {
     evacuations: HashMap<HostId, EvacuationRecord>,
     reclaims: HashMap<String, ReclaimRecord>,
     settings: Option<ClusterSettings>,
+    host_settings: HashMap<HostId, HostSettings>,
 }
 
 /// Puts `value` at `key` of `map`, or removes the key for `None`.
@@ -388,6 +409,9 @@ impl RecordSink for Loaded {
     }
     fn settings(&mut self, settings: ClusterSettings) {
         self.settings = Some(settings);
+    }
+    fn host_settings(&mut self, host: HostId, record: Option<HostSettings>) {
+        set(&mut self.host_settings, host, record);
     }
 }
 
@@ -441,7 +465,15 @@ impl RecordSink for LiveView<'_> {
         }
     }
     fn settings(&mut self, settings: ClusterSettings) {
-        self.0.apply_settings(settings);
+        self.0.mirror.settings.lock().0 = settings;
+        self.0.apply_settings();
+    }
+    fn host_settings(&mut self, host: HostId, record: Option<HostSettings>) {
+        // Only this host's: the others follow their own.
+        if host == self.0.id {
+            self.0.mirror.settings.lock().1 = record.unwrap_or_default();
+            self.0.apply_settings();
+        }
     }
 }
 

@@ -16,10 +16,10 @@ use tessera_node::control::{
     ApiChange, ApiIdentity, ApiRole, ApiTokenRecord, AuditRecord, CapacityView, CloneVolume,
     ClusterControl, ClusterSettings, ComponentView, ControlError, CreatePolicy, CreateSnapshot,
     CreateToken, CreateVolume, CreatedToken, DiskGroupView, Divergence, EncryptionView, EventView,
-    FillView, Health, HostActivity, HostView, IscsiAccess, IscsiAccessView, ObjectView,
-    ReadCacheView, RekeyRequest, RenameVolume, ResizeVolume, ResyncView, RevertVolume, ScrubView,
-    SnapshotView, StatusView, TokenView, UpdatePolicy, UpdateSettings, VerifyReport,
-    VolumeActivity, VolumeView,
+    FillView, Health, HostActivity, HostSettings, HostSettingsView, HostView, IscsiAccess,
+    IscsiAccessView, ObjectView, ReadCacheView, RekeyRequest, RenameVolume, ResizeVolume,
+    ResyncView, RevertVolume, ScrubView, SnapshotView, StatusView, TokenView, UpdateHostSettings,
+    UpdatePolicy, UpdateSettings, VerifyReport, VolumeActivity, VolumeView,
 };
 use tessera_types::layout::{ComponentRole, ComponentState};
 use tessera_types::policy::Policy;
@@ -51,6 +51,8 @@ struct Records {
     resyncs: Vec<ResyncView>,
     iscsi_access: BTreeMap<String, IscsiAccess>,
     settings: ClusterSettings,
+    /// Each host's own setting values.
+    host_settings: BTreeMap<String, HostSettings>,
     /// Snapshots by (volume, name), in the order taken.
     snapshots: Vec<SnapshotView>,
     /// API tokens, as the directory keeps them.
@@ -107,6 +109,7 @@ impl MemoryControl {
                 resyncs: Vec::new(),
                 iscsi_access: BTreeMap::new(),
                 settings: ClusterSettings::default(),
+                host_settings: BTreeMap::new(),
                 snapshots: Vec::new(),
                 tokens: vec![admin.record],
                 tokens_made: 1,
@@ -385,6 +388,34 @@ impl ClusterControl for MemoryControl {
         let mut r = self.records.lock().expect("records lock");
         r.settings = change.apply(&r.settings, 16 << 30)?;
         Ok(r.settings.clone())
+    }
+
+    async fn host_settings(&self, id: &str) -> Result<HostSettingsView, ControlError> {
+        let host = self.host(id).await?;
+        let r = self.records.lock().expect("records lock");
+        let own = r.host_settings.get(&host.id).cloned().unwrap_or_default();
+        Ok(HostSettingsView {
+            settings: r.settings.for_host(&own),
+            host: host.id,
+            own,
+        })
+    }
+
+    async fn update_host_settings(
+        &self,
+        id: &str,
+        change: UpdateHostSettings,
+    ) -> Result<HostSettingsView, ControlError> {
+        let host = self.host(id).await?;
+        let mut r = self.records.lock().expect("records lock");
+        let current = r.host_settings.get(&host.id).cloned().unwrap_or_default();
+        let own = change.apply(&r.settings, &current, 16 << 30)?;
+        r.host_settings.insert(host.id.clone(), own.clone());
+        Ok(HostSettingsView {
+            settings: r.settings.for_host(&own),
+            host: host.id,
+            own,
+        })
     }
 
     async fn create_volume(&self, request: CreateVolume) -> Result<VolumeView, ControlError> {
