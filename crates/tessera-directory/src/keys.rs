@@ -1047,6 +1047,14 @@ pub struct ClusterSettings {
     /// configuration says otherwise); at most [`REPAIR_DELAY_MAX_S`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_delay_s: Option<u64>,
+    /// Milliseconds a host that stops answering the directory keeps its
+    /// volumes (its liveness lease's time to live): shorter fails over
+    /// sooner, longer rides out longer pauses. Applied live: each host
+    /// moves its keys to a lease of the new time to live without letting
+    /// go of its volumes. None: each host's configured `lease_ttl_ms`;
+    /// [`LEASE_TTL_MIN_MS`] to [`LEASE_TTL_MAX_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
     /// Whether iSCSI units offer COMPARE AND WRITE (VAAI ATS, the
     /// hardware-assisted lock; ESXi's `HardwareAcceleratedLocking`).
     #[serde(default = "offered")]
@@ -1166,6 +1174,12 @@ fn offered() -> bool {
     true
 }
 
+/// The shortest [`ClusterSettings::lease_ttl_ms`]: half a second.
+pub const LEASE_TTL_MIN_MS: u64 = 500;
+
+/// The longest [`ClusterSettings::lease_ttl_ms`]: five minutes.
+pub const LEASE_TTL_MAX_MS: u64 = 300_000;
+
 /// The longest [`ClusterSettings::repair_delay_s`]: a week.
 pub const REPAIR_DELAY_MAX_S: u64 = 7 * 24 * 3600;
 
@@ -1246,6 +1260,7 @@ impl Default for ClusterSettings {
             scrub_period_h: default_scrub_period_h(),
             resync_delay_multiplier: default_resync_delay_multiplier(),
             repair_delay_s: None,
+            lease_ttl_ms: None,
             vaai_ats: true,
             vaai_xcopy: true,
             vaai_write_same: true,

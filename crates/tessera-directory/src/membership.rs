@@ -10,12 +10,18 @@
 //! Must not touch: what absence means for components (the object layer
 //! decides about dirty regions, resync and rebuild).
 //!
-//! Invariant: a [`HostSession`] reports itself lost as soon as the directory
+//! Invariants: a [`HostSession`] reports itself lost as soon as the directory
 //! says its lease is gone, or when no renewal succeeded for a whole time to
-//! live; it never reports live on a lease it cannot prove alive.
+//! live; it never reports live on a lease it cannot prove alive. A session
+//! whose time to live changes moves every key of its old lease (liveness,
+//! owner keys, open volumes) to a new lease in one transaction that holds
+//! only while the old lease does, so the host is never absent on the way
+//! and no owner key is left on a lease that then ends; meanwhile
+//! [`LeaseHeld`] counts on the shorter of the two leases.
 
-use crate::keys::{self, HostLiveness, HostRecord, Keyspace};
-use crate::{Directory, DirectoryError, Lease, LeaseId, Result};
+use crate::keys::{self, AttachmentRecord, HostLiveness, HostRecord, Keyspace, OwnerRecord};
+use crate::{Directory, DirectoryError, Lease, LeaseId, Result, Txn};
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_types::HostId;
@@ -44,10 +50,18 @@ pub enum SessionState {
 /// [`stop`]: HostSession::stop
 pub struct HostSession {
     host: HostId,
-    lease: Lease,
+    current: Mutex<SessionLease>,
     held: LeaseHeld,
     directory: Arc<dyn Directory>,
     state: watch::Receiver<SessionState>,
+    /// Shared with the renewer, so a renewer replaced by a new lease's does
+    /// not end the session.
+    state_tx: Arc<watch::Sender<SessionState>>,
+}
+
+/// The lease a session holds now and the task renewing it.
+struct SessionLease {
+    lease: Lease,
     renewer: JoinHandle<()>,
 }
 
@@ -55,7 +69,7 @@ impl std::fmt::Debug for HostSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostSession")
             .field("host", &self.host)
-            .field("lease", &self.lease)
+            .field("lease", &self.current.lock().lease)
             .field("state", &*self.state.borrow())
             .finish_non_exhaustive()
     }
@@ -70,12 +84,12 @@ impl HostSession {
     /// The session lease (use it for the host's owner keys, so ownership
     /// ends when the host does).
     pub fn lease(&self) -> LeaseId {
-        self.lease.id
+        self.current.lock().lease.id
     }
 
     /// The lease's time to live as granted.
     pub fn ttl(&self) -> Duration {
-        self.lease.ttl
+        self.current.lock().lease.ttl
     }
 
     /// Tells, at any time, whether the lease is certainly still held.
@@ -97,18 +111,112 @@ impl HostSession {
 
     /// Leaves the cluster: stops renewing and revokes the lease, deleting the
     /// liveness key (and any owner keys on the lease) now.
-    pub async fn stop(self) -> Result<()> {
-        self.renewer.abort();
-        match self.directory.revoke_lease(self.lease.id).await {
+    pub async fn stop(&self) -> Result<()> {
+        let lease = {
+            let current = self.current.lock();
+            current.renewer.abort();
+            current.lease.id
+        };
+        match self.directory.revoke_lease(lease).await {
             Ok(()) | Err(DirectoryError::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Moves the session to a new lease of `ttl`: grants it, moves the
+    /// host's liveness key, its owner keys and its open-volume record to it
+    /// in one transaction (which holds only if none of them changed since
+    /// read, so only while the old lease lives), then revokes the old lease.
+    /// Answers whether it moved: false when the time to live is already
+    /// `ttl`, or when a key changed meanwhile (nothing changed then; ask
+    /// again). The caller must not attach keys to the session's lease while
+    /// this runs, or they would end with the old lease.
+    pub async fn change_ttl(&self, keys: &Keyspace, ttl: Duration) -> Result<bool> {
+        let old = self.current.lock().lease;
+        if ttl == old.ttl {
+            return Ok(false);
+        }
+        let asked = tokio::time::Instant::now();
+        let lease = self.directory.grant_lease(ttl).await?;
+        // From the moment the keys may move, they live no longer than the
+        // new lease promises (counted from when it was asked for); the old
+        // lease's renewals lift this again if they stay where they are.
+        self.held.restart(asked, lease.ttl);
+        let moved = self.move_keys(keys, old.id, lease.id).await;
+        if !matches!(moved, Ok(true)) {
+            let _ = self.directory.revoke_lease(lease.id).await;
+            return moved;
+        }
+        let renewer = tokio::spawn(renew_session(
+            self.directory.clone(),
+            self.host.clone(),
+            lease,
+            self.state_tx.clone(),
+            self.held.clone(),
+        ));
+        {
+            let mut current = self.current.lock();
+            current.renewer.abort();
+            *current = SessionLease { lease, renewer };
+        }
+        match self.directory.revoke_lease(old.id).await {
+            Ok(()) | Err(DirectoryError::LeaseNotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(host = %self.host, lease = %old.id, error = %e, "cannot revoke the old session lease; it lapses on its own")
+            }
+        }
+        tracing::info!(host = %self.host, lease = %lease.id, ttl_ms = lease.ttl.as_millis() as u64, "session moved to a lease with a new time to live");
+        Ok(true)
+    }
+
+    /// The transaction of [`HostSession::change_ttl`]: every key of this
+    /// host on lease `from` put again on lease `to`, if none changed.
+    async fn move_keys(&self, keys: &Keyspace, from: LeaseId, to: LeaseId) -> Result<bool> {
+        let d = self.directory.as_ref();
+        let liveness_key = keys.liveness(&self.host);
+        let Some(liveness) = keys::get(d, &liveness_key).await? else {
+            return Ok(false);
+        };
+        if liveness.value.lease != from {
+            return Ok(false);
+        }
+        let mut compares = vec![liveness_key.at_revision(liveness.mod_revision)];
+        let mut ops = vec![liveness_key.put_op(
+            &HostLiveness {
+                host: self.host.clone(),
+                lease: to,
+            },
+            Some(to),
+        )?];
+        for owner in keys::list(d, &keys.owners()).await?.records {
+            if owner.value.host != self.host || owner.value.lease != from {
+                continue;
+            }
+            let key = keys.owner(&owner.value.volume);
+            compares.push(key.at_revision(owner.mod_revision));
+            ops.push(key.put_op(
+                &OwnerRecord {
+                    lease: to,
+                    ..owner.value
+                },
+                Some(to),
+            )?);
+        }
+        let attachments_key = keys.attachments(&self.host);
+        if let Some(open) = keys::get::<AttachmentRecord>(d, &attachments_key).await? {
+            if open.lease == Some(from) {
+                compares.push(attachments_key.at_revision(open.mod_revision));
+                ops.push(attachments_key.put_op(&open.value, Some(to))?);
+            }
+        }
+        let outcome = d.txn(Txn::new().when(compares).and_then(ops)).await?;
+        Ok(outcome.succeeded)
     }
 }
 
 impl Drop for HostSession {
     fn drop(&mut self) {
-        self.renewer.abort();
+        self.current.lock().renewer.abort();
     }
 }
 
@@ -137,12 +245,22 @@ impl LeaseHeld {
         held
     }
 
-    fn renewed(&self, sent: tokio::time::Instant, ttl: Duration) {
-        let until = (sent + ttl.saturating_sub(LEASE_HELD_MARGIN))
+    fn until(&self, sent: tokio::time::Instant, ttl: Duration) -> u64 {
+        (sent + ttl.saturating_sub(LEASE_HELD_MARGIN))
             .saturating_duration_since(self.base)
-            .as_nanos() as u64;
+            .as_nanos() as u64
+    }
+
+    fn renewed(&self, sent: tokio::time::Instant, ttl: Duration) {
         self.until_nanos
-            .fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+            .fetch_max(self.until(sent, ttl), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts from a new lease asked for at `asked`, whose time to live may
+    /// be shorter than the old one's: held no longer than it promises.
+    fn restart(&self, asked: tokio::time::Instant, ttl: Duration) {
+        self.until_nanos
+            .fetch_min(self.until(asked, ttl), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// True while the lease is certainly held.
@@ -187,21 +305,22 @@ pub async fn register_host(
         return Err(e);
     }
     let (state_tx, state) = watch::channel(SessionState::Live);
+    let state_tx = Arc::new(state_tx);
     let renewer = tokio::spawn(renew_session(
         directory.clone(),
         host.clone(),
         lease,
-        state_tx,
+        state_tx.clone(),
         held.clone(),
     ));
     tracing::info!(%host, lease = %lease.id, ttl_ms = lease.ttl.as_millis() as u64, "host registered");
     Ok(HostSession {
         host,
-        lease,
+        current: Mutex::new(SessionLease { lease, renewer }),
         held,
         directory,
         state,
-        renewer,
+        state_tx,
     })
 }
 
@@ -209,7 +328,7 @@ async fn renew_session(
     directory: Arc<dyn Directory>,
     host: HostId,
     lease: Lease,
-    state: watch::Sender<SessionState>,
+    state: Arc<watch::Sender<SessionState>>,
     held: LeaseHeld,
 ) {
     let interval = lease.ttl / KEEPALIVES_PER_TTL;

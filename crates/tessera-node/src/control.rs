@@ -273,6 +273,11 @@ pub struct HostView {
     /// Its read cache. Known for the hosts this control plane runs.
     #[serde(default)]
     pub read_cache: Option<ReadCacheView>,
+    /// The time to live of its liveness lease now (ms): how long it keeps
+    /// its volumes once it stops answering (the setting `lease_ttl_ms`).
+    /// Known for the hosts this control plane runs while they are up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
     /// Components no record names any more that wait for this host to
     /// delete them (it does once it is up: its reclaim records).
     #[serde(default)]
@@ -469,6 +474,14 @@ pub struct UpdateSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub repair_delay_s: Option<Option<u64>>,
+    /// See [`tessera_directory::keys::ClusterSettings::lease_ttl_ms`]:
+    /// milliseconds, or `null` for each host's configured lease.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lease_ttl_ms: Option<Option<u64>>,
     /// See [`tessera_directory::keys::ClusterSettings::vaai_ats`].
     #[serde(default)]
     pub vaai_ats: Option<bool>,
@@ -1838,6 +1851,18 @@ impl UpdateSettings {
             }
             next.repair_delay_s = delay;
         }
+        if let Some(ttl) = self.lease_ttl_ms {
+            let (min, max) = (
+                tessera_directory::keys::LEASE_TTL_MIN_MS,
+                tessera_directory::keys::LEASE_TTL_MAX_MS,
+            );
+            if let Some(ms) = ttl.filter(|ms| !(min..=max).contains(ms)) {
+                return Err(ControlError::Invalid(format!(
+                    "lease_ttl_ms must be between {min} and {max} (five minutes), not {ms}"
+                )));
+            }
+            next.lease_ttl_ms = ttl;
+        }
         let switches = [
             (self.vaai_ats, &mut next.vaai_ats),
             (self.vaai_xcopy, &mut next.vaai_xcopy),
@@ -1905,6 +1930,73 @@ impl UpdatePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_s_own_values_are_checked_like_the_cluster_s_and_null_lets_them_go() {
+        let parse = |text: &str| serde_json::from_str::<UpdateHostSettings>(text).unwrap();
+        let cluster = ClusterSettings {
+            vaai_unmap: false,
+            ..ClusterSettings::default()
+        };
+        let memory = 8u64 << 30;
+        let own = parse(r#"{"vaai_unmap":true,"scrub_period_h":24}"#)
+            .apply(&cluster, &HostSettings::default(), memory)
+            .unwrap();
+        assert_eq!(own.names(), ["scrub_period_h", "vaai_unmap"]);
+        let follows = cluster.for_host(&own);
+        assert!(follows.vaai_unmap && follows.scrub_period_h == 24);
+        assert_eq!(follows.vaai_ats, cluster.vaai_ats, "not its own: the cluster's");
+        // Out of range as the cluster setting would be: refused, unchanged.
+        for bad in [
+            r#"{"resync_delay_multiplier":0}"#,
+            r#"{"read_cache_bytes":8589934592}"#,
+            r#"{"index_prefetch_bytes":1099511627776}"#,
+        ] {
+            assert!(matches!(
+                parse(bad).apply(&cluster, &own, memory),
+                Err(ControlError::Invalid(_))
+            ));
+        }
+        // A setting that is the cluster's alone is not a field here.
+        for alone in [
+            r#"{"repair_delay_s":5}"#,
+            r#"{"full_pct":90}"#,
+            r#"{"lease_ttl_ms":1000}"#,
+        ] {
+            assert!(serde_json::from_str::<UpdateHostSettings>(alone).is_err());
+        }
+        // null: back to the cluster's value; absent: kept.
+        let back = parse(r#"{"vaai_unmap":null}"#)
+            .apply(&cluster, &own, memory)
+            .unwrap();
+        assert_eq!(back.names(), ["scrub_period_h"]);
+        assert!(!cluster.for_host(&back).vaai_unmap);
+    }
+
+    #[test]
+    fn the_lease_setting_takes_half_a_second_to_five_minutes_or_the_default() {
+        let parse = |text: &str| serde_json::from_str::<UpdateSettings>(text).unwrap();
+        let current = ClusterSettings::default();
+        let set = parse(r#"{"lease_ttl_ms":1500}"#)
+            .apply(&current, 1 << 30)
+            .unwrap();
+        assert_eq!(set.lease_ttl_ms, Some(1500));
+        for bad in [499, 300_001] {
+            let err = parse(&format!(r#"{{"lease_ttl_ms":{bad}}}"#))
+                .apply(&set, 1 << 30)
+                .unwrap_err();
+            assert_eq!(
+                err,
+                ControlError::Invalid(format!(
+                    "lease_ttl_ms must be between 500 and 300000 (five minutes), not {bad}"
+                ))
+            );
+        }
+        let reset = parse(r#"{"lease_ttl_ms":null}"#)
+            .apply(&set, 1 << 30)
+            .unwrap();
+        assert_eq!(reset.lease_ttl_ms, None);
+    }
 
     #[test]
     fn the_read_cache_setting_is_set_reset_to_its_default_or_refused() {

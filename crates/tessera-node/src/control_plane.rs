@@ -795,6 +795,7 @@ impl ControlPlane {
                 owned_volumes,
                 capacity,
                 read_cache,
+                lease_ttl_ms: running.as_ref().and_then(|host| host.lease_ttl_ms()),
             });
         }
         out

@@ -341,6 +341,7 @@ mod tests {
             owned_volumes: Vec::new(),
             capacity: CapacityView::default(),
             read_cache: None,
+            lease_ttl_ms: None,
             reclaim_components: 0,
             reclaim_bytes: 0,
         }

@@ -127,7 +127,10 @@ pub struct Host {
     replica: Arc<ReplicaService>,
     transport: Arc<Transport>,
     peers: Arc<Peers>,
-    session: Mutex<Option<HostSession>>,
+    session: Mutex<Option<Arc<HostSession>>>,
+    /// The liveness lease's time to live the settings ask for (ms); the
+    /// control loop moves the session to it.
+    lease_ttl_ms: std::sync::atomic::AtomicU64,
     owned: Owned,
     view: Arc<VolumeView>,
     board: Arc<ResyncBoard>,
@@ -347,11 +350,28 @@ impl Host {
             host: id.clone(),
             source,
         };
+        // The settings size the caches and the lease at once; every
+        // refresh applies changes.
+        let memory_bytes = host_memory_bytes();
+        let own_settings = keys::get(directory.as_ref(), &keys.host_settings(&id))
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.value)
+            .unwrap_or_default();
+        let settings = keys::get(directory.as_ref(), &keys.settings())
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.value)
+            .unwrap_or_default()
+            .for_host(&own_settings);
+        let lease_ttl_ms = settings.lease_ttl_ms.unwrap_or(config.lease_ttl_ms);
         let session = tessera_directory::register_host(
             Arc::clone(&directory),
             &keys,
             record.clone(),
-            Duration::from_millis(config.lease_ttl_ms),
+            Duration::from_millis(lease_ttl_ms),
         )
         .await
         .map_err(dir_error)?;
@@ -379,21 +399,6 @@ impl Host {
             )
             .with_secrets(config.secrets().map_err(NodeError::Config)?),
         );
-        // Sized from the settings at once; every refresh applies changes.
-        let memory_bytes = host_memory_bytes();
-        let own_settings = keys::get(directory.as_ref(), &keys.host_settings(&id))
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.value)
-            .unwrap_or_default();
-        let settings = keys::get(directory.as_ref(), &keys.settings())
-            .await
-            .ok()
-            .flatten()
-            .map(|r| r.value)
-            .unwrap_or_default()
-            .for_host(&own_settings);
         let read_cache = ReadCache::new(settings.read_cache_budget(memory_bytes));
         // Blocks are served from memory only while no other host can have
         // taken over this host's volumes: its owner keys live on its lease.
@@ -415,7 +420,8 @@ impl Host {
             replica,
             transport,
             peers,
-            session: Mutex::new(Some(session)),
+            session: Mutex::new(Some(Arc::new(session))),
+            lease_ttl_ms: std::sync::atomic::AtomicU64::new(lease_ttl_ms),
             owned,
             view,
             board,
@@ -1089,6 +1095,15 @@ pub async fn run_config_file(
     }
     host.stop(true).await;
     Ok(())
+}
+
+impl Host {
+    /// The time to live of the host's liveness lease now (ms), while it
+    /// has one.
+    pub fn lease_ttl_ms(&self) -> Option<u64> {
+        let session = self.session.lock();
+        Some(session.as_ref()?.ttl().as_millis() as u64)
+    }
 }
 
 /// The read cache's ownership check for a session: its lease is certainly

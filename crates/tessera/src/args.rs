@@ -652,7 +652,8 @@ pub enum SettingsCommand {
     /// scrub_period_h (hours, 0 to turn the scheduled scrub off),
     /// resync_delay_multiplier (1-256: how much resync yields to guests),
     /// repair_delay_s (seconds before an absent copy is rebuilt elsewhere,
-    /// or `default`), vaai_ats, vaai_xcopy, vaai_write_same, vaai_unmap
+    /// or `default`), lease_ttl_ms (milliseconds a silent host keeps its
+    /// volumes, or `default`), vaai_ats, vaai_xcopy, vaai_write_same, vaai_unmap
     /// (on or off: the VAAI offloads iSCSI units offer). With `--host`, for
     /// that host alone (the caches, scrub, resync multiplier and VAAI
     /// settings may differ per host).

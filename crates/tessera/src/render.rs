@@ -193,6 +193,16 @@ fn setting_rows(s: &ClusterSettings) -> Vec<Vec<String>> {
             .into(),
     ]);
     rows.push(vec![
+        "lease_ttl_ms".into(),
+        match s.lease_ttl_ms {
+            None => "default".to_string(),
+            Some(ms) => format!("{ms} ms"),
+        },
+        "each host's configured lease (4000 ms unless set)".into(),
+        "how long a host that stops answering keeps its volumes before others take them over"
+            .into(),
+    ]);
+    rows.push(vec![
         "resync_delay_multiplier".into(),
         s.resync_delay_multiplier.to_string(),
         d.resync_delay_multiplier.to_string(),
@@ -358,6 +368,7 @@ fn host_table(hosts: &[HostView]) -> String {
         "PROVISIONED",
         "TOTAL",
         "OWNED VOLUMES",
+        "LEASE",
     ]);
     for h in hosts {
         let used: u64 = h.disk_groups.iter().map(|d| d.capacity.used_bytes).sum();
@@ -381,6 +392,8 @@ fn host_table(hosts: &[HostView]) -> String {
             format_size(provisioned),
             format_size(total),
             h.owned_volumes.len().to_string(),
+            h.lease_ttl_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("{ms} ms")),
         ]);
     }
     t.render()
@@ -1562,6 +1575,7 @@ mod tests {
                 hit_rate: Some(0.75),
                 host_memory_bytes: 16 << 30,
             }),
+            lease_ttl_ms: Some(4_000),
         };
         let text = hosts(&[h]);
         assert!(

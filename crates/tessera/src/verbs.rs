@@ -689,6 +689,16 @@ fn setting_change(name: &str, value: &str) -> Result<Value, CliError> {
                 .map_err(|_| bad("a number of seconds (0 rebuilds at once) or default"))?;
             Ok(json!({ "repair_delay_s": secs }))
         }
+        "lease_ttl_ms" => {
+            if value.eq_ignore_ascii_case("default") {
+                return Ok(json!({ "lease_ttl_ms": null }));
+            }
+            let ms: u64 = value
+                .trim_end_matches("ms")
+                .parse()
+                .map_err(|_| bad("a number of milliseconds (500 to 300000) or default"))?;
+            Ok(json!({ "lease_ttl_ms": ms }))
+        }
         "vaai_ats" | "vaai_xcopy" | "vaai_write_same" | "vaai_unmap" => {
             let on = match value.to_ascii_lowercase().as_str() {
                 "on" | "true" | "1" | "yes" => true,

@@ -4,13 +4,14 @@
 //! through each host, and `iscsi-test-cu` finds UNMAP refused), one host
 //! may keep its own value (`settings set --host`), a host keeps it across a
 //! restart, and `settings reset` undoes both; values and names that cannot
-//! be taken are refused with nothing changed. Skips without libiscsi's
-//! tools.
+//! be taken are refused with nothing changed. The liveness lease's time to
+//! live changes on every host while fio writes and verifies, without a
+//! volume changing owner. Skips without libiscsi's tools (fio).
 
 mod common;
 
 use common::have;
-use common::up::{tessera, UpCluster};
+use common::up::{expect_success, fio, object, tessera, UpCluster};
 use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -252,4 +253,80 @@ fn vaai_switches_apply_live_on_every_host_and_one_host_may_keep_its_own() {
     assert!(ok, "{text}");
     wait_unmap(&every, true);
     assert_eq!(setting(&up.api, "vaai_unmap", None), true);
+}
+
+/// Each present host's lease time to live, as `host list` shows it.
+fn leases(api: &str) -> Vec<(String, Option<u64>)> {
+    let (ok, text) = tessera(api, &["--json", "host", "list"]);
+    assert!(ok, "{text}");
+    let hosts: Value = serde_json::from_str(&text).unwrap();
+    hosts
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["state"] == "present")
+        .map(|h| {
+            (
+                h["id"].as_str().unwrap().to_string(),
+                h["lease_ttl_ms"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until every present host's lease has `ms` (10 s).
+fn wait_leases(api: &str, ms: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = leases(api);
+        if now.len() >= 2 && now.iter().all(|(_, l)| *l == Some(ms)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leases still {now:?}, not {ms} ms"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_new_lease_time_to_live_applies_live_and_no_volume_changes_owner() {
+    if !have("fio") {
+        return;
+    }
+    let up = UpCluster::start(103, &[]);
+    let (view, uri) = up.create_volume("vm1", "64M", None);
+    let (owner, epoch) = (view["owner"].clone(), view["epoch"].clone());
+    assert!(owner.is_string() && epoch.is_u64(), "{view:#}");
+    wait_leases(&up.api, 4_000);
+    let writer = fio(
+        &uri,
+        &[
+            "--rw=randwrite",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--loops=3",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (ok, text) = tessera(&up.api, &["settings", "set", "lease_ttl_ms", "1500"]);
+    assert!(ok, "{text}");
+    wait_leases(&up.api, 1_500);
+    let (ok, text) = tessera(&up.api, &["settings", "set", "lease_ttl_ms", "100"]);
+    assert!(!ok && text.contains("must be between 500"), "{text}");
+    // Renewed at the new pace: still every host present well past 1.5 s.
+    std::thread::sleep(Duration::from_secs(4));
+    wait_leases(&up.api, 1_500);
+    expect_success(writer, "writes and verifies across the lease change");
+    let after = object(&up.api, "vm1");
+    assert_eq!(after["owner"], owner, "{after:#}");
+    assert_eq!(after["epoch"], epoch, "{after:#}");
+    let (ok, text) = tessera(&up.api, &["--json", "events", "--limit", "200"]);
+    assert!(ok, "{text}");
+    assert!(!text.contains("LEASE_LOST"), "{text}");
+    let (ok, text) = tessera(&up.api, &["settings", "reset", "lease_ttl_ms"]);
+    assert!(ok, "{text}");
+    wait_leases(&up.api, 4_000);
 }

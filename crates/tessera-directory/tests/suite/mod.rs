@@ -56,7 +56,8 @@ macro_rules! directory_suite {
         $crate::directory_suite!(@cases $make;
             kv_revisions, txn_compare_and_swap, txn_lease_attachment, watch_in_order,
             lease_expiry_deletes_keys, lease_keep_alive_and_revoke, concurrent_cas_counter,
-            typed_records, typed_watch, owner_contenders, owner_epochs_rise, host_liveness);
+            typed_records, typed_watch, owner_contenders, owner_epochs_rise, host_liveness,
+            session_ttl_change);
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn watch_after_compaction() {
             if let Some(env) = $make("watch_after_compaction", true).await {
@@ -823,6 +824,114 @@ pub async fn host_liveness(env: Env) -> Result<()> {
     tokio::time::timeout(EXPIRY_WAIT, s1.lost())
         .await
         .map_err(|_| anyhow!("the session did not notice its lease was gone"))?;
+    ensure!(live_hosts(&*d, &ks).await?.is_empty());
+    Ok(())
+}
+
+/// A session's time to live changes while the host stays live: its
+/// liveness key, owner key and open-volume record move to the new lease
+/// (the owner record naming it, its epoch kept), the old lease is revoked,
+/// the new one is renewed past its own time to live, and when the host
+/// crashes its keys go after the new time to live; a key another writer
+/// changed meanwhile makes the change refuse with nothing moved.
+pub async fn session_ttl_change(env: Env) -> Result<()> {
+    let d = env.directory.clone();
+    let ks = Keyspace::new(&env.cluster)?;
+    let host = HostId("h1".into());
+    let session = register_host(
+        d.clone(),
+        &ks,
+        host_record("h1", "fd-a", 7001),
+        LEASE_TTL * 4,
+    )
+    .await?;
+    let old = session.lease();
+    let volume = VolumeId::new("v1")?;
+    let owned = acquire_owner(&*d, &ks, &volume, &host, old).await?;
+    let open = keys::AttachmentRecord {
+        host: host.clone(),
+        volumes: [(volume.clone(), 1)].into_iter().collect(),
+    };
+    keys::put(&*d, &ks.attachments(&host), &open, Some(old)).await?;
+    // Another host's owner key on a lease of its own stays where it is.
+    let other_lease = d.grant_lease(LEASE_TTL * 10).await?;
+    let other = VolumeId::new("v2")?;
+    acquire_owner(&*d, &ks, &other, &HostId("h2".into()), other_lease.id).await?;
+
+    ensure!(
+        !session.change_ttl(&ks, LEASE_TTL * 4).await?,
+        "same TTL: no move"
+    );
+    ensure!(session.change_ttl(&ks, LEASE_TTL).await?);
+    let new = session.lease();
+    ensure!(new != old && session.ttl() == LEASE_TTL);
+    let owner = keys::get(&*d, &ks.owner(&volume)).await?.context("owner")?;
+    ensure!(owner.value.lease == new && owner.lease == Some(new));
+    ensure!(
+        owner.value.epoch == owned.epoch,
+        "ownership moved without a new epoch"
+    );
+    let liveness = keys::get(&*d, &ks.liveness(&host))
+        .await?
+        .context("liveness")?;
+    ensure!(liveness.value.lease == new && liveness.lease == Some(new));
+    let attached = keys::get(&*d, &ks.attachments(&host))
+        .await?
+        .context("open")?;
+    ensure!(attached.lease == Some(new) && attached.value == open);
+    let untouched = keys::get(&*d, &ks.owner(&other)).await?.context("other")?;
+    ensure!(untouched.lease == Some(other_lease.id));
+    ensure!(d.keep_alive(old).await.is_err(), "the old lease is revoked");
+    // Acquiring again under the new lease is the same ownership.
+    ensure!(acquire_owner(&*d, &ks, &volume, &host, new).await?.epoch == owned.epoch);
+
+    // Renewed past its own time to live.
+    tokio::time::sleep(LEASE_TTL * 3).await;
+    ensure!(session.state() == tessera_directory::membership::SessionState::Live);
+    ensure!(session.held().now());
+    ensure!(keys::get(&*d, &ks.owner(&volume)).await?.is_some());
+
+    // A key changed by another writer between the read and the move: the
+    // move refuses, and everything stays on the lease it was on.
+    let before = session.lease();
+    let moved = {
+        let change = session.change_ttl(&ks, LEASE_TTL * 2);
+        keys::put(&*d, &ks.attachments(&host), &open, Some(before)).await?;
+        change.await?
+    };
+    // Depending on the order, the move either saw the new revision or not;
+    // either way every key sits on the session's lease.
+    let now = session.lease();
+    ensure!(moved == (now != before));
+    for lease in [
+        keys::get(&*d, &ks.owner(&volume))
+            .await?
+            .context("owner")?
+            .lease,
+        keys::get(&*d, &ks.liveness(&host))
+            .await?
+            .context("liveness")?
+            .lease,
+        keys::get(&*d, &ks.attachments(&host))
+            .await?
+            .context("open")?
+            .lease,
+    ] {
+        ensure!(lease == Some(now), "a key left on another lease");
+    }
+
+    // The host crashes: its keys go after the time to live it has now.
+    let ttl = session.ttl();
+    drop(session);
+    let crashed = Instant::now();
+    wait_until(EXPIRY_WAIT, || async {
+        Ok(keys::get(&*d, &ks.owner(&volume)).await?.is_none())
+    })
+    .await?;
+    ensure!(
+        crashed.elapsed() >= ttl / 3,
+        "the owner key vanished too early"
+    );
     ensure!(live_hosts(&*d, &ks).await?.is_empty());
     Ok(())
 }

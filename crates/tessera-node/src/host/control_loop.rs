@@ -138,6 +138,10 @@ impl Host {
                 c.refresh_space().await;
             }
         }
+        // Before anything is attached to the lease this turn: a key
+        // attached to the old lease while the session moves would end
+        // with it.
+        self.follow_lease_setting().await;
         self.publish_attachments().await;
         let mut actions = VecDeque::new();
         {
@@ -386,6 +390,37 @@ impl Host {
         None
     }
 
+    /// Moves the session to a lease of the time to live the settings ask
+    /// for, if it has another (and tries again next turn if it could not).
+    async fn follow_lease_setting(&self) {
+        let wanted = std::time::Duration::from_millis(
+            self.lease_ttl_ms.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let Some(session) = self.session.lock().clone() else {
+            return;
+        };
+        if session.ttl() == wanted
+            || session.state() == tessera_directory::membership::SessionState::Lost
+        {
+            return;
+        }
+        match session.change_ttl(&self.keys, wanted).await {
+            Ok(true) => {
+                tracing::info!(host = %self.id, ttl_ms = wanted.as_millis() as u64, "liveness lease now has the time to live the settings ask for");
+                // The open-volume record moved with it; publish it again in
+                // case it changed meanwhile.
+                self.attachments_published
+                    .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(false) => {
+                tracing::debug!(host = %self.id, "liveness lease not moved yet; trying again")
+            }
+            Err(e) => {
+                tracing::warn!(host = %self.id, error = %e, "cannot move to a lease of the new time to live yet")
+            }
+        }
+    }
+
     /// Registers again with a new lease: a host that was frozen or cut off
     /// comes back as a host without volumes, and owners resync its copies.
     async fn rejoin(&self) {
@@ -393,7 +428,7 @@ impl Host {
             Arc::clone(&self.directory),
             &self.keys,
             self.record.clone(),
-            Duration::from_millis(self.config.lease_ttl_ms),
+            Duration::from_millis(self.lease_ttl_ms.load(std::sync::atomic::Ordering::Relaxed)),
         )
         .await;
         match rejoined {
@@ -408,7 +443,7 @@ impl Host {
                     ),
                 );
                 self.read_cache.set_ownership_check(lease_check(&session));
-                *self.session.lock() = Some(session);
+                *self.session.lock() = Some(Arc::new(session));
                 // The old lease took the open-volume record with it.
                 self.attachments_published
                     .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);

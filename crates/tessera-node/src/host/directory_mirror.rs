@@ -248,6 +248,10 @@ impl Host {
                 .unwrap_or(self.config.repair_delay_s),
         );
         self.control.lock().core.set_repair_delay(repair_delay);
+        self.lease_ttl_ms.store(
+            settings.lease_ttl_ms.unwrap_or(self.config.lease_ttl_ms),
+            Ordering::Relaxed,
+        );
         self.scheduler
             .set_resync_multiplier(settings.resync_delay_multiplier);
         let budget = settings.read_cache_budget(self.memory_bytes);

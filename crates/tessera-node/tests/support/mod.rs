@@ -261,6 +261,7 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 hit_rate: Some(0.75),
                 host_memory_bytes: 16 << 30,
             }),
+            lease_ttl_ms: (!r.stopped[i]).then_some(r.settings.lease_ttl_ms.unwrap_or(4_000)),
         })
         .collect()
 }
