@@ -1945,7 +1945,10 @@ mod tests {
         assert_eq!(own.names(), ["scrub_period_h", "vaai_unmap"]);
         let follows = cluster.for_host(&own);
         assert!(follows.vaai_unmap && follows.scrub_period_h == 24);
-        assert_eq!(follows.vaai_ats, cluster.vaai_ats, "not its own: the cluster's");
+        assert_eq!(
+            follows.vaai_ats, cluster.vaai_ats,
+            "not its own: the cluster's"
+        );
         // Out of range as the cluster setting would be: refused, unchanged.
         for bad in [
             r#"{"resync_delay_multiplier":0}"#,
