@@ -1110,6 +1110,12 @@ pub struct HostSettings {
 }
 
 impl HostSettings {
+    /// Whether the host has no value of its own (it follows the cluster in
+    /// everything).
+    pub fn is_empty(&self) -> bool {
+        *self == HostSettings::default()
+    }
+
     /// The names of the settings this host has its own values of.
     pub fn names(&self) -> Vec<&'static str> {
         let set = [

@@ -278,6 +278,10 @@ pub struct HostView {
     /// Known for the hosts this control plane runs while they are up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl_ms: Option<u64>,
+    /// Its own values of settings (`tessera settings set --host`); those
+    /// it has none of follow the cluster's.
+    #[serde(default, skip_serializing_if = "HostSettings::is_empty")]
+    pub own_settings: HostSettings,
     /// Components no record names any more that wait for this host to
     /// delete them (it does once it is up: its reclaim records).
     #[serde(default)]
@@ -1247,6 +1251,9 @@ pub enum HealthCode {
     DatastoreFull,
     /// More bytes are provisioned than the devices hold.
     Overcommitted,
+    /// Hosts have their own values of settings: they do not all behave
+    /// alike (vSAN's "advanced configuration in sync" check).
+    SettingsDiffer,
 }
 
 /// One problem the cluster has: what, how bad, what it affects, what to do.

@@ -506,6 +506,17 @@ impl ControlPlane {
             .map_err(internal)?
             .map(|r| r.value)
             .unwrap_or_default();
+        let own_prefix = self.keys.host_settings_all();
+        let host_settings = keys::list(d, &own_prefix)
+            .await
+            .map_err(internal)?
+            .records
+            .into_iter()
+            .filter_map(|r| {
+                let host = r.key.strip_prefix(own_prefix.as_str())?;
+                Some((HostId(host.to_string()), r.value))
+            })
+            .collect();
         let stopped_here: HashSet<HostId> = self
             .hosts
             .slots
@@ -541,6 +552,7 @@ impl ControlPlane {
                 .flat_map(|r| r.value.places())
                 .collect(),
             settings,
+            host_settings,
             reclaims: reclaims.records.into_iter().map(|r| r.value).collect(),
         })
     }
@@ -796,6 +808,7 @@ impl ControlPlane {
                 capacity,
                 read_cache,
                 lease_ttl_ms: running.as_ref().and_then(|host| host.lease_ttl_ms()),
+                own_settings: state.host_settings.get(&h.id).cloned().unwrap_or_default(),
             });
         }
         out
@@ -998,6 +1011,8 @@ struct ClusterState {
     /// Disk groups being evacuated.
     evacuating: HashSet<(HostId, DiskGroupId)>,
     settings: ClusterSettings,
+    /// Each host's own setting values, for the hosts that have any.
+    host_settings: HashMap<HostId, HostSettings>,
     /// Components waiting for their hosts to delete them.
     reclaims: Vec<keys::ReclaimRecord>,
 }

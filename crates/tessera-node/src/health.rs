@@ -304,6 +304,30 @@ pub fn checks(inputs: &HealthInputs<'_>) -> Vec<HealthCheck> {
             });
         }
     }
+    let own: Vec<(&str, Vec<&str>)> = inputs
+        .hosts
+        .iter()
+        .filter(|h| !h.own_settings.is_empty())
+        .map(|h| (h.id.as_str(), h.own_settings.names()))
+        .collect();
+    if !own.is_empty() {
+        out.push(HealthCheck {
+            code: HealthCode::SettingsDiffer,
+            severity: Severity::Info,
+            summary: format!(
+                "{} of {} hosts have their own values of settings: {}",
+                own.len(),
+                inputs.hosts.len(),
+                own.iter()
+                    .map(|(h, names)| format!("{h} ({})", names.join(", ")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            affects: own.iter().map(|(h, _)| h.to_string()).collect(),
+            remedy: "nothing to do if those hosts are meant to differ; else `tessera settings reset NAME --host HOST` makes a host follow the cluster's value again (`tessera settings list --host HOST` shows which values are its own)".into(),
+            seconds_left: None,
+        });
+    }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.code.cmp(&b.code)));
     out
 }
@@ -342,6 +366,7 @@ mod tests {
             capacity: CapacityView::default(),
             read_cache: None,
             lease_ttl_ms: None,
+            own_settings: Default::default(),
             reclaim_components: 0,
             reclaim_bytes: 0,
         }
@@ -467,6 +492,18 @@ mod tests {
                 vec![],
                 capacity(1000, 850, 100),
                 HealthCode::DatastoreNearlyFull,
+            ),
+            (
+                vec![HostView {
+                    own_settings: crate::control::HostSettings {
+                        vaai_unmap: Some(false),
+                        ..Default::default()
+                    },
+                    ..host("host-2", "present", "healthy")
+                }],
+                vec![],
+                cap,
+                HealthCode::SettingsDiffer,
             ),
             (
                 ok.to_vec(),

@@ -268,6 +268,25 @@ pub fn settings(s: &ClusterSettings) -> String {
     t.render()
 }
 
+/// Under `tessera settings list`: the hosts that do not follow the cluster
+/// in everything, and in what (nothing when all do).
+pub fn hosts_own_settings(hosts: &[HostView]) -> String {
+    let mut out = String::new();
+    for h in hosts.iter().filter(|h| !h.own_settings.is_empty()) {
+        out.push_str(&format!(
+            "{} has its own {} (tessera settings list --host {})\n",
+            h.id,
+            h.own_settings.names().join(", "),
+            h.id
+        ));
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("\n{out}")
+    }
+}
+
 /// `tessera settings get NAME`: that setting's row, or None for a name
 /// there is no setting of.
 pub fn setting(s: &ClusterSettings, name: &str) -> Option<String> {
@@ -1576,6 +1595,7 @@ mod tests {
                 host_memory_bytes: 16 << 30,
             }),
             lease_ttl_ms: Some(4_000),
+            own_settings: Default::default(),
         };
         let text = hosts(&[h]);
         assert!(

@@ -137,7 +137,17 @@ pub fn run(
         }
         Command::Settings(SettingsCommand::Show { host: None }) => {
             let v = client.get("/v1/settings")?;
-            output.view::<ClusterSettings>("/v1/settings", v, render::settings)?;
+            if output.json {
+                output.json(&v)?;
+            } else {
+                let settings: ClusterSettings = decode("/v1/settings", v)?;
+                let hosts: Vec<HostView> = decode("/v1/hosts", client.get("/v1/hosts")?)?;
+                output.text(&format!(
+                    "{}{}",
+                    render::settings(&settings),
+                    render::hosts_own_settings(&hosts)
+                ))?;
+            }
         }
         Command::Settings(SettingsCommand::Show { host: Some(host) }) => {
             let path = host_settings_path(host);

@@ -71,6 +71,27 @@ fn unmap_suite(url: &str) -> (u32, u32) {
     (tests.saturating_sub(skipped), skipped)
 }
 
+/// The hosts the health check `SETTINGS_DIFFER` names, if it is raised.
+fn settings_differ(api: &str) -> Option<Vec<String>> {
+    let (ok, text) = tessera(api, &["--json", "health"]);
+    assert!(ok, "{text}");
+    let health: Value = serde_json::from_str(&text).unwrap();
+    let check = health["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["code"] == "SETTINGS_DIFFER")?;
+    assert_eq!(check["severity"], "info", "{check}");
+    Some(
+        check["affects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_string())
+            .collect(),
+    )
+}
+
 /// `tessera --json settings get NAME [--host HOST]`.
 fn setting(api: &str, name: &str, host: Option<&str>) -> Value {
     let mut args = vec!["--json", "settings", "get", name];
@@ -160,6 +181,14 @@ fn vaai_switches_apply_live_on_every_host_and_one_host_may_keep_its_own() {
     );
     let row = text.lines().find(|l| l.starts_with("vaai_ats")).unwrap();
     assert!(row.contains("cluster"), "{text}");
+    // The cluster's list and health say which host differs, and in what.
+    let (ok, text) = tessera(&up.api, &["settings", "list"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("{special} has its own vaai_unmap")),
+        "{text}"
+    );
+    assert_eq!(settings_differ(&up.api), Some(vec![special.clone()]));
 
     // Refused, with nothing changed: a setting that is the cluster's
     // alone, a value that is not one, a host there is not, a cache larger
@@ -249,6 +278,9 @@ fn vaai_switches_apply_live_on_every_host_and_one_host_may_keep_its_own() {
     );
     assert!(ok, "{text}");
     wait_unmap(&[special_url], false);
+    assert_eq!(settings_differ(&up.api), None);
+    let (ok, text) = tessera(&up.api, &["settings", "list"]);
+    assert!(ok && !text.contains("has its own"), "{text}");
     let (ok, text) = tessera(&up.api, &["settings", "reset", "vaai_unmap"]);
     assert!(ok, "{text}");
     wait_unmap(&every, true);

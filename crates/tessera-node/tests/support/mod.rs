@@ -262,6 +262,11 @@ fn host_views(r: &Records) -> Vec<HostView> {
                 host_memory_bytes: 16 << 30,
             }),
             lease_ttl_ms: (!r.stopped[i]).then_some(r.settings.lease_ttl_ms.unwrap_or(4_000)),
+            own_settings: r
+                .host_settings
+                .get(&host_name(i))
+                .cloned()
+                .unwrap_or_default(),
         })
         .collect()
 }
