@@ -221,6 +221,15 @@ fn libiscsi_conformance_suites_pass_with_4096_byte_blocks() {
     conformance(true);
 }
 
+/// The runtime the portals of a test serve on.
+fn two_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Whether `iscsi-test-cu` can run; false (the test skips) when it is
 /// missing and TESSERA_REQUIRE_TOOLS is not 1.
 fn test_cu_present() -> bool {
@@ -245,11 +254,7 @@ fn libiscsi_finds_offloads_turned_off_missing_and_consistent() {
     if !test_cu_present() {
         return;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = two_thread_runtime();
     let datastore = MemoryDatastore::new();
     let device = Arc::new(MemoryDevice::new("offloads-off", 64 << 20));
     datastore.add(device.clone());
@@ -316,11 +321,7 @@ fn conformance(blocks_4k: bool) {
     if !test_cu_present() {
         return;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = two_thread_runtime();
     let datastore = MemoryDatastore::new();
     let device = MemoryDevice::new("conformance", 128 << 20);
     let device = Arc::new(if blocks_4k {

@@ -16,20 +16,11 @@ use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// `iscsi-inq` of VPD page `page` through `url`.
-fn vpd(url: &str, page: u8) -> String {
+/// `iscsi-inq` of VPD page `page` through `url`: its output, or why not.
+fn try_vpd(url: &str, page: u8) -> Result<String, String> {
     let out = Command::new("timeout")
-        .args([
-            "-k",
-            "5",
-            "30",
-            "iscsi-inq",
-            "-e",
-            "1",
-            "-c",
-            &page.to_string(),
-            url,
-        ])
+        .args(["-k", "5", "30", "iscsi-inq", "-e", "1", "-c"])
+        .args([&page.to_string(), url])
         .output()
         .expect("run iscsi-inq");
     let text = format!(
@@ -37,8 +28,16 @@ fn vpd(url: &str, page: u8) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "iscsi-inq {page:#x} {url}: {text}");
-    text
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// `iscsi-inq` of VPD page `page` through `url`, which must answer.
+fn vpd(url: &str, page: u8) -> String {
+    try_vpd(url, page).unwrap_or_else(|e| panic!("iscsi-inq {page:#x} {url}: {e}"))
 }
 
 /// Whether the unit behind `url` offers UNMAP, as its logical block
@@ -245,24 +244,7 @@ fn vaai_switches_apply_live_on_every_host_and_one_host_may_keep_its_own() {
         assert!(ok, "{text}");
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let inq = Command::new("timeout")
-            .args([
-                "-k",
-                "5",
-                "30",
-                "iscsi-inq",
-                "-e",
-                "1",
-                "-c",
-                "178",
-                special_url,
-            ])
-            .output()
-            .expect("run iscsi-inq");
-        if inq.status.success() {
-            break;
-        }
+    while try_vpd(special_url, 0xB2).is_err() {
         assert!(
             Instant::now() < deadline,
             "{special} does not serve iSCSI again"

@@ -268,16 +268,21 @@ mod tests {
         assert_ne!(naa_designator(1), naa_designator(2));
     }
 
-    #[test]
-    fn every_listed_page_exists_and_lengths_match() {
-        let info = DeviceInfo {
+    /// A 1 GiB 512e device with `serial`.
+    fn device_info(serial: u64) -> DeviceInfo {
+        DeviceInfo {
             name: "v".into(),
             size_bytes: 1 << 30,
             logical_block_bytes: 512,
             preferred_block_bytes: 4096,
             read_only: false,
-            serial: 42,
-        };
+            serial,
+        }
+    }
+
+    #[test]
+    fn every_listed_page_exists_and_lengths_match() {
+        let info = device_info(42);
         let settings = UnitSettings::default();
         let ctx = VpdContext {
             info: &info,
@@ -306,14 +311,7 @@ mod tests {
 
     #[test]
     fn offloads_turned_off_vanish_from_every_page() {
-        let info = DeviceInfo {
-            name: "v".into(),
-            size_bytes: 1 << 30,
-            logical_block_bytes: 512,
-            preferred_block_bytes: 4096,
-            read_only: false,
-            serial: 7,
-        };
+        let info = device_info(7);
         let settings = UnitSettings::default();
         let ctx = |offloads| VpdContext {
             info: &info,
