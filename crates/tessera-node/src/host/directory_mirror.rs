@@ -224,8 +224,9 @@ impl Host {
 
     /// Applies the settings this host follows (the cluster's, with its own
     /// values over them): the read cache's budget, the scrub period, the
-    /// repair delay, the resync delay multiplier and the VAAI offloads its
-    /// iSCSI units offer.
+    /// repair delay, the lease's time to live (the control loop moves the
+    /// session to it), the resync delay multiplier and the VAAI offloads
+    /// its iSCSI units offer.
     fn apply_settings(&self) {
         let settings = {
             let (cluster, own) = &*self.mirror.settings.lock();
