@@ -647,19 +647,30 @@ impl ControlPlane {
         out
     }
 
+    /// The memory a change of the caches' settings is checked against: the
+    /// hosts of this process share the machine whose memory bounds the
+    /// read cache; with none here, this process's machine.
+    fn checking_memory(&self) -> u64 {
+        self.hosts
+            .any()
+            .map_or_else(crate::host::host_memory_bytes, |h| h.memory_bytes())
+    }
+
+    /// One read of the cluster and the registered host named `id` in it.
+    async fn state_of_host(&self, id: &str) -> Result<(ClusterState, HostId), ControlError> {
+        let state = self.read_state().await?;
+        let host = state
+            .hosts
+            .iter()
+            .find(|h| h.id.as_str() == id)
+            .map(|h| h.id.clone())
+            .ok_or_else(|| ControlError::NotFound(format!("no host named {id}")))?;
+        Ok((state, host))
+    }
+
     /// Every host's view with its disk groups: space read live from the
     /// hosts of this process, from their last report for the others;
     /// components and provisioned bytes from the volumes' layouts.
-    /// Host `id`'s own setting values (none when it has no record).
-    async fn own_settings(&self, id: &str) -> Result<HostSettings, ControlError> {
-        let key = self.keys.host_settings(&HostId(id.to_string()));
-        Ok(keys::get(self.directory.as_ref(), &key)
-            .await
-            .map_err(internal)?
-            .map(|r| r.value)
-            .unwrap_or_default())
-    }
-
     fn host_views(&self, state: &ClusterState) -> Vec<HostView> {
         let mut placed: HashMap<(HostId, DiskGroupId), (u64, u64)> = HashMap::new();
         for layout in state.layouts.values() {
@@ -1086,13 +1097,7 @@ impl ClusterControl for ControlPlane {
     ) -> Result<ClusterSettings, ControlError> {
         let _guard = self.changes.lock().await;
         let current = self.read_state().await?.settings;
-        // The hosts of this process share the machine whose memory bounds
-        // the read cache; with none here, this process's machine.
-        let memory = self
-            .hosts
-            .any()
-            .map_or_else(crate::host::host_memory_bytes, |h| h.memory_bytes());
-        let next = change.apply(&current, memory)?;
+        let next = change.apply(&current, self.checking_memory())?;
         keys::put(self.directory.as_ref(), &self.keys.settings(), &next, None)
             .await
             .map_err(internal)?;
@@ -1101,12 +1106,11 @@ impl ClusterControl for ControlPlane {
     }
 
     async fn host_settings(&self, id: &str) -> Result<HostSettingsView, ControlError> {
-        let host = self.host(id).await?;
-        let cluster = self.read_state().await?.settings;
-        let own = self.own_settings(&host.id).await?;
+        let (state, host) = self.state_of_host(id).await?;
+        let own = state.host_settings.get(&host).cloned().unwrap_or_default();
         Ok(HostSettingsView {
-            settings: cluster.for_host(&own),
-            host: host.id,
+            settings: state.settings.for_host(&own),
+            host: host.to_string(),
             own,
         })
     }
@@ -1116,26 +1120,21 @@ impl ClusterControl for ControlPlane {
         id: &str,
         change: UpdateHostSettings,
     ) -> Result<HostSettingsView, ControlError> {
-        let host = self.host(id).await?;
         let _guard = self.changes.lock().await;
-        let cluster = self.read_state().await?.settings;
-        let current = self.own_settings(&host.id).await?;
-        let memory = self
-            .hosts
-            .any()
-            .map_or_else(crate::host::host_memory_bytes, |h| h.memory_bytes());
-        let own = change.apply(&cluster, &current, memory)?;
-        let key = self.keys.host_settings(&HostId(host.id.clone()));
+        let (state, host) = self.state_of_host(id).await?;
+        let current = state.host_settings.get(&host).cloned().unwrap_or_default();
+        let own = change.apply(&state.settings, &current, self.checking_memory())?;
+        let key = self.keys.host_settings(&host);
         let d = self.directory.as_ref();
-        if own == HostSettings::default() {
+        if own.is_empty() {
             d.delete(key.as_str()).await.map_err(internal)?;
         } else {
             keys::put(d, &key, &own, None).await.map_err(internal)?;
         }
-        tracing::info!(host = %host.id, ?own, "host settings changed");
+        tracing::info!(%host, ?own, "host settings changed");
         Ok(HostSettingsView {
-            settings: cluster.for_host(&own),
-            host: host.id,
+            settings: state.settings.for_host(&own),
+            host: host.to_string(),
             own,
         })
     }

@@ -313,23 +313,26 @@ fn host_setting_rows(view: &HostSettingsView) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// `tessera settings list --host HOST`: every setting the host follows,
-/// with where its value comes from (the host's own or the cluster's).
-pub fn host_settings(view: &HostSettingsView) -> String {
+/// A table of settings rows with where each value comes from.
+fn host_settings_table(rows: impl IntoIterator<Item = Vec<String>>) -> String {
     let mut t = Table::new(&["SETTING", "VALUE", "FROM", "DEFAULT", "MEANING"]);
-    for row in host_setting_rows(view) {
+    for row in rows {
         t.row(row);
     }
     t.render()
+}
+
+/// `tessera settings list --host HOST`: every setting the host follows,
+/// with where its value comes from (the host's own or the cluster's).
+pub fn host_settings(view: &HostSettingsView) -> String {
+    host_settings_table(host_setting_rows(view))
 }
 
 /// `tessera settings get NAME --host HOST`: that setting's row, or None
 /// for a name there is no setting of.
 pub fn host_setting(view: &HostSettingsView, name: &str) -> Option<String> {
     let row = host_setting_rows(view).into_iter().find(|r| r[0] == name)?;
-    let mut t = Table::new(&["SETTING", "VALUE", "FROM", "DEFAULT", "MEANING"]);
-    t.row(row);
-    Some(t.render())
+    Some(host_settings_table([row]))
 }
 
 /// The names of the settings, in the order `list` shows them.

@@ -155,25 +155,19 @@ pub fn run(
             output.view::<HostSettingsView>(&path, v, render::host_settings)?;
         }
         Command::Settings(SettingsCommand::Get { name, host }) => {
-            let (settings, own, v) = match host {
+            // The row to print, and the values the JSON one is taken from.
+            let (row, v) = match host {
                 None => {
                     let v = client.get("/v1/settings")?;
-                    (
-                        decode::<ClusterSettings>("/v1/settings", v.clone())?,
-                        None,
-                        v,
-                    )
+                    let settings: ClusterSettings = decode("/v1/settings", v.clone())?;
+                    (render::setting(&settings, name), v)
                 }
                 Some(host) => {
                     let path = host_settings_path(host);
                     let view: HostSettingsView = decode(&path, client.get(&path)?)?;
                     let v = serde_json::to_value(&view.settings).unwrap_or_default();
-                    (view.settings.clone(), Some(view), v)
+                    (render::host_setting(&view, name), v)
                 }
-            };
-            let row = match &own {
-                None => render::setting(&settings, name),
-                Some(view) => render::host_setting(view, name),
             };
             let Some(row) = row else {
                 return Err(unknown_setting(name));
