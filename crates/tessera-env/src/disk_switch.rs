@@ -70,6 +70,11 @@ impl Disk for SwitchedDisk {
         self.inner.write_uncached_at(buf, offset)
     }
 
+    fn read_uncached_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.check("read", offset, buf.len() as u64)?;
+        self.inner.read_uncached_at(buf, offset)
+    }
+
     fn size(&self) -> u64 {
         self.inner.size()
     }

@@ -477,7 +477,7 @@ struct Connection {
     pending: Option<RequestHeader>,
     /// The pending WRITE's own payload buffer, when it is large enough to
     /// get one: the socket is read straight into it.
-    payload: Option<Vec<u8>>,
+    payload: Option<payload::PayloadBuffer>,
     out: OutQueue,
     inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
     shutting_down: bool,
@@ -527,7 +527,10 @@ impl Connection {
             let missing = self
                 .pending
                 .map(|h| {
-                    let have = self.payload.as_ref().map_or(self.rbuf.len(), |p| p.len());
+                    let have = self
+                        .payload
+                        .as_ref()
+                        .map_or(self.rbuf.len(), |p| p.filled());
                     (h.payload_bytes() as usize).saturating_sub(have)
                 })
                 .unwrap_or(0);
@@ -560,7 +563,7 @@ impl Connection {
                     let read = match self.payload.as_mut() {
                         Some(payload) => self
                             .link
-                            .try_read_buf(&mut payload.limit(missing.min(PAYLOAD_READ_BYTES))),
+                            .try_read_buf(&mut payload.tail().limit(missing.min(PAYLOAD_READ_BYTES))),
                         None => self.link.try_read_buf(
                             &mut (&mut self.rbuf).limit(missing.max(READ_AHEAD_BYTES)),
                         ),
@@ -644,7 +647,7 @@ impl Connection {
         };
         let need = header.payload_bytes() as usize;
         if let Some(payload) = self.payload.take() {
-            if payload.len() == need {
+            if payload.filled() == need {
                 return Ok(Some((header, payload::freeze(payload))));
             }
             self.payload = Some(payload);

@@ -71,12 +71,8 @@ impl ClusterComponents {
         let Some(addr) = self.peers.transport_addr(&c.host) else {
             return Err(unreachable("no address known for the host".into()));
         };
-        let class = match class {
-            IoClass::Guest => QueueClass::Guest,
-            IoClass::Resync => QueueClass::Resync,
-        };
         self.transport
-            .call(&c.host, addr, class, request)
+            .call(&c.host, addr, queue_class(class), request)
             .await
             .map_err(|e| unreachable(e.to_string()))
     }
@@ -277,7 +273,7 @@ impl ComponentIo for ClusterComponents {
         let component = self.reference(c);
         let data = if self.is_local(c) {
             self.replica
-                .read(&component, lba, blocks)
+                .read(&component, lba, blocks, queue_class(class))
                 .await
                 .map_err(|e| local_error(c, e))?
         } else {
@@ -611,6 +607,14 @@ impl ComponentIo for ClusterComponents {
     }
 }
 
+/// The transport queue (and the replica's read path) of an I/O class.
+fn queue_class(class: IoClass) -> QueueClass {
+    match class {
+        IoClass::Guest => QueueClass::Guest,
+        IoClass::Resync => QueueClass::Resync,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Snapshots and clones reached from one host: of a component on the
@@ -633,8 +637,8 @@ mod tests {
 
     #[async_trait]
     impl RequestHandler for Serve {
-        async fn handle(&self, _from: HostId, request: Request) -> Response {
-            self.0.handle(request).await
+        async fn handle(&self, _from: HostId, class: QueueClass, request: Request) -> Response {
+            self.0.handle(class, request).await
         }
     }
 

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_store::{DiskGroup, StoreError};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba};
-use tessera_wire::{ComponentRef, Request, Response, WireErrorKind};
+use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
 
 /// Why a component operation failed on this host.
 #[derive(Debug, thiserror::Error)]
@@ -212,14 +212,21 @@ impl ReplicaService {
     }
 
     /// Reads `blocks` blocks at `lba`, each verified against its checksum.
+    /// A read for a resync or rebuild (`QueueClass::Resync`) copies the
+    /// blocks elsewhere and reads them once: past the store's content cache
+    /// and the host's page cache.
     pub async fn read(
         &self,
         component: &ComponentRef,
         lba: Lba,
         blocks: u32,
+        class: QueueClass,
     ) -> Result<Bytes, ReplicaError> {
         self.on_group(component, |g| async move {
-            g.read(component.id, lba, blocks).await
+            match class {
+                QueueClass::Guest => g.read(component.id, lba, blocks).await,
+                QueueClass::Resync => g.read_for_copy(component.id, lba, blocks).await,
+            }
         })
         .await
     }
@@ -324,7 +331,7 @@ impl ReplicaService {
 
     /// Serves one component request from another host. Requests that are
     /// not component operations are answered `Invalid`.
-    pub async fn handle(&self, request: Request) -> Response {
+    pub async fn handle(&self, class: QueueClass, request: Request) -> Response {
         let done = |r: Result<(), ReplicaError>| match r {
             Ok(()) => Response::Ok,
             Err(e) => answer_error(e),
@@ -353,7 +360,7 @@ impl ReplicaService {
                 component,
                 lba,
                 blocks,
-            } => match self.read(&component, lba, blocks).await {
+            } => match self.read(&component, lba, blocks, class).await {
                 Ok(data) => Response::Data(data),
                 Err(e) => answer_error(e),
             },

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tessera_replica::ReplicaService;
 use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig, CLONE_BLOCKS_MAX};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, VolumeId, BLOCK_BYTES};
-use tessera_wire::{ComponentRef, Request, Response, WireErrorKind};
+use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
 
 const COMPONENT_BYTES: u64 = 64 << 20;
 
@@ -50,11 +50,14 @@ fn pattern(seed: u8, blocks: u64) -> Bytes {
 
 async fn read(service: &ReplicaService, c: &ComponentRef, lba: u64, blocks: u32) -> Bytes {
     match service
-        .handle(Request::Read {
-            component: c.clone(),
-            lba: Lba(lba),
-            blocks,
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Read {
+                component: c.clone(),
+                lba: Lba(lba),
+                blocks,
+            },
+        )
         .await
     {
         Response::Data(d) => d,
@@ -64,12 +67,15 @@ async fn read(service: &ReplicaService, c: &ComponentRef, lba: u64, blocks: u32)
 
 async fn write(service: &ReplicaService, c: &ComponentRef, lba: u64, data: Bytes) {
     let answer = service
-        .handle(Request::Write {
-            component: c.clone(),
-            lba: Lba(lba),
-            epoch: Epoch(1),
-            data,
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Write {
+                component: c.clone(),
+                lba: Lba(lba),
+                epoch: Epoch(1),
+                data,
+            },
+        )
         .await;
     assert_eq!(answer, Response::Ok, "write to {c}");
 }
@@ -122,12 +128,14 @@ async fn blocks_are_shared_within_a_disk_group_and_refused_across_them() {
     let before = dg0.space();
 
     // Into another volume's component on the same disk group.
-    let answer = service.handle(clone(&gold, 0, &copy, 100, blocks, 1)).await;
+    let answer = service
+        .handle(QueueClass::Guest, clone(&gold, 0, &copy, 100, blocks, 1))
+        .await;
     assert_eq!(answer, Response::Ok);
     assert_eq!(read(&service, &copy, 100, blocks as u32).await, data);
     // Within one component, to a range that does not overlap.
     let answer = service
-        .handle(clone(&gold, 0, &gold, 4096, blocks, 1))
+        .handle(QueueClass::Guest, clone(&gold, 0, &gold, 4096, blocks, 1))
         .await;
     assert_eq!(answer, Response::Ok);
     assert_eq!(read(&service, &gold, 4096, blocks as u32).await, data);
@@ -152,7 +160,9 @@ async fn blocks_are_shared_within_a_disk_group_and_refused_across_them() {
     );
 
     // Across disk groups: refused, nothing changes.
-    let answer = service.handle(clone(&gold, 0, &far, 0, 16, 1)).await;
+    let answer = service
+        .handle(QueueClass::Guest, clone(&gold, 0, &far, 0, 16, 1))
+        .await;
     assert_eq!(
         kind(&answer),
         Some(WireErrorKind::NotColocated),
@@ -171,13 +181,17 @@ async fn blocks_are_shared_within_a_disk_group_and_refused_across_them() {
     );
     // A source this host does not hold, a target it does not hold.
     let elsewhere = component("gold", 99);
-    let answer = service.handle(clone(&elsewhere, 0, &copy, 0, 16, 1)).await;
+    let answer = service
+        .handle(QueueClass::Guest, clone(&elsewhere, 0, &copy, 0, 16, 1))
+        .await;
     assert_eq!(
         kind(&answer),
         Some(WireErrorKind::NotColocated),
         "{answer:?}"
     );
-    let answer = service.handle(clone(&gold, 0, &elsewhere, 0, 16, 1)).await;
+    let answer = service
+        .handle(QueueClass::Guest, clone(&gold, 0, &elsewhere, 0, 16, 1))
+        .await;
     assert_eq!(kind(&answer), Some(WireErrorKind::NotFound), "{answer:?}");
 }
 
@@ -196,33 +210,39 @@ async fn what_the_store_refuses_is_answered_as_for_writes_and_changes_nothing() 
     }
     write(&service, &gold, 0, pattern(3, 64)).await;
     let fence = service
-        .handle(Request::Fence {
-            component: copy.clone(),
-            epoch: Epoch(5),
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Fence {
+                component: copy.clone(),
+                epoch: Epoch(5),
+            },
+        )
         .await;
     assert_eq!(fence, Response::Ok);
 
-    let stale = service.handle(clone(&gold, 0, &copy, 0, 64, 4)).await;
+    let stale = service
+        .handle(QueueClass::Guest, clone(&gold, 0, &copy, 0, 64, 4))
+        .await;
     assert_eq!(
         kind(&stale),
         Some(WireErrorKind::StaleEpoch { highest: Epoch(5) })
     );
     let past_the_end = service
-        .handle(clone(
-            &gold,
-            0,
-            &copy,
-            COMPONENT_BYTES / BLOCK_BYTES - 8,
-            64,
-            5,
-        ))
+        .handle(
+            QueueClass::Guest,
+            clone(&gold, 0, &copy, COMPONENT_BYTES / BLOCK_BYTES - 8, 64, 5),
+        )
         .await;
     assert_eq!(kind(&past_the_end), Some(WireErrorKind::OutOfRange));
-    let overlapping = service.handle(clone(&gold, 0, &gold, 32, 64, 5)).await;
+    let overlapping = service
+        .handle(QueueClass::Guest, clone(&gold, 0, &gold, 32, 64, 5))
+        .await;
     assert_eq!(kind(&overlapping), Some(WireErrorKind::Invalid));
     let too_many = service
-        .handle(clone(&gold, 0, &copy, 0, CLONE_BLOCKS_MAX + 1, 5))
+        .handle(
+            QueueClass::Guest,
+            clone(&gold, 0, &copy, 0, CLONE_BLOCKS_MAX + 1, 5),
+        )
         .await;
     assert_eq!(kind(&too_many), Some(WireErrorKind::Invalid));
     assert_eq!(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tessera_replica::{ReplicaError, ReplicaService};
 use tessera_store::{DeviceSpec, DiskGroup, DiskGroupConfig, StoreError};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, VolumeId, BLOCK_BYTES};
-use tessera_wire::{ComponentRef, Request, Response, WireErrorKind};
+use tessera_wire::{ComponentRef, QueueClass, Request, Response, WireErrorKind};
 
 const COMPONENT_BYTES: u64 = 64 << 20;
 const BLOCKS: u64 = 256;
@@ -52,11 +52,14 @@ fn pattern(seed: u8, blocks: u64) -> Bytes {
 
 async fn read(service: &ReplicaService, c: &ComponentRef) -> Bytes {
     match service
-        .handle(Request::Read {
-            component: c.clone(),
-            lba: Lba(0),
-            blocks: BLOCKS as u32,
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Read {
+                component: c.clone(),
+                lba: Lba(0),
+                blocks: BLOCKS as u32,
+            },
+        )
         .await
     {
         Response::Data(d) => d,
@@ -99,7 +102,10 @@ async fn a_snapshot_keeps_its_point_in_time_and_refuses_changes() {
         .create(&live, None, COMPONENT_BYTES, 0)
         .await
         .unwrap();
-    assert_eq!(service.handle(write(&live, 1, 1)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&live, 1, 1)).await,
+        Response::Ok
+    );
 
     // One through the typed API (and again: idempotent), one through the
     // wire.
@@ -107,13 +113,26 @@ async fn a_snapshot_keeps_its_point_in_time_and_refuses_changes() {
     let wired = component(3);
     service.snapshot(&live, typed.id, Epoch(1)).await.unwrap();
     service.snapshot(&live, typed.id, Epoch(1)).await.unwrap();
-    assert_eq!(service.handle(snapshot(&live, 3, 1)).await, Response::Ok);
-    assert_eq!(service.handle(snapshot(&live, 3, 1)).await, Response::Ok);
+    assert_eq!(
+        service
+            .handle(QueueClass::Guest, snapshot(&live, 3, 1))
+            .await,
+        Response::Ok
+    );
+    assert_eq!(
+        service
+            .handle(QueueClass::Guest, snapshot(&live, 3, 1))
+            .await,
+        Response::Ok
+    );
     assert!(dg0.is_snapshot(typed.id).unwrap());
     assert!(dg0.is_snapshot(wired.id).unwrap());
 
     // The source changes; the snapshots do not.
-    assert_eq!(service.handle(write(&live, 2, 1)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&live, 2, 1)).await,
+        Response::Ok
+    );
     assert_eq!(read(&service, &live).await, pattern(2, BLOCKS));
     assert_eq!(read(&service, &typed).await, pattern(1, BLOCKS));
     assert_eq!(read(&service, &wired).await, pattern(1, BLOCKS));
@@ -135,7 +154,7 @@ async fn a_snapshot_keeps_its_point_in_time_and_refuses_changes() {
         "{err:?}"
     );
     assert_eq!(err.wire_kind(), WireErrorKind::Invalid);
-    let answer = service.handle(write(&wired, 3, 1)).await;
+    let answer = service.handle(QueueClass::Guest, write(&wired, 3, 1)).await;
     assert_eq!(
         answer.error_kind(),
         Some(WireErrorKind::Invalid),
@@ -149,12 +168,15 @@ async fn a_snapshot_keeps_its_point_in_time_and_refuses_changes() {
         "{message}"
     );
     let unmap = service
-        .handle(Request::Unmap {
-            component: wired.clone(),
-            lba: Lba(0),
-            blocks: BLOCKS,
-            epoch: Epoch(1),
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Unmap {
+                component: wired.clone(),
+                lba: Lba(0),
+                blocks: BLOCKS,
+                epoch: Epoch(1),
+            },
+        )
         .await;
     assert_eq!(
         unmap.error_kind(),
@@ -172,18 +194,24 @@ async fn a_snapshot_keeps_its_point_in_time_and_refuses_changes() {
     // Deleted like any component.
     assert_eq!(
         service
-            .handle(Request::DeleteComponent {
-                component: typed.clone()
-            })
+            .handle(
+                QueueClass::Guest,
+                Request::DeleteComponent {
+                    component: typed.clone()
+                }
+            )
             .await,
         Response::Ok
     );
     let gone = service
-        .handle(Request::Read {
-            component: typed.clone(),
-            lba: Lba(0),
-            blocks: 1,
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::Read {
+                component: typed.clone(),
+                lba: Lba(0),
+                blocks: 1,
+            },
+        )
         .await;
     assert_eq!(gone.error_kind(), Some(WireErrorKind::NotFound));
     assert_eq!(read(&service, &wired).await, pattern(1, BLOCKS));
@@ -201,7 +229,10 @@ async fn a_clone_starts_as_its_snapshot_and_changes_alone() {
         .create(&live, None, COMPONENT_BYTES, 0)
         .await
         .unwrap();
-    assert_eq!(service.handle(write(&live, 1, 1)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&live, 1, 1)).await,
+        Response::Ok
+    );
     service.snapshot(&live, snap.id, Epoch(1)).await.unwrap();
 
     let typed = component(3);
@@ -214,36 +245,51 @@ async fn a_clone_starts_as_its_snapshot_and_changes_alone() {
         .clone_snapshot(&snap, typed.id, Epoch(2))
         .await
         .unwrap();
-    assert_eq!(service.handle(clone(&snap, 4, 2)).await, Response::Ok);
-    assert_eq!(service.handle(clone(&snap, 4, 2)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, clone(&snap, 4, 2)).await,
+        Response::Ok
+    );
+    assert_eq!(
+        service.handle(QueueClass::Guest, clone(&snap, 4, 2)).await,
+        Response::Ok
+    );
     assert!(!dg0.is_snapshot(typed.id).unwrap());
     assert_eq!(read(&service, &typed).await, pattern(1, BLOCKS));
     assert_eq!(read(&service, &wired).await, pattern(1, BLOCKS));
 
     // Writable, at the epoch it was made with; each changes alone.
-    assert_eq!(service.handle(write(&typed, 5, 2)).await, Response::Ok);
-    assert_eq!(service.handle(write(&wired, 6, 2)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&typed, 5, 2)).await,
+        Response::Ok
+    );
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&wired, 6, 2)).await,
+        Response::Ok
+    );
     assert_eq!(read(&service, &typed).await, pattern(5, BLOCKS));
     assert_eq!(read(&service, &wired).await, pattern(6, BLOCKS));
     assert_eq!(read(&service, &snap).await, pattern(1, BLOCKS));
     assert_eq!(read(&service, &live).await, pattern(1, BLOCKS));
-    let stale = service.handle(write(&typed, 7, 1)).await;
+    let stale = service.handle(QueueClass::Guest, write(&typed, 7, 1)).await;
     assert_eq!(
         stale.error_kind(),
         Some(WireErrorKind::StaleEpoch { highest: Epoch(2) })
     );
 
     // Only a snapshot is cloned.
-    let answer = service.handle(clone(&live, 9, 2)).await;
+    let answer = service.handle(QueueClass::Guest, clone(&live, 9, 2)).await;
     assert_eq!(
         answer.error_kind(),
         Some(WireErrorKind::Invalid),
         "{answer:?}"
     );
     let gone = service
-        .handle(Request::ComponentStatus {
-            component: component(9),
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::ComponentStatus {
+                component: component(9),
+            },
+        )
         .await;
     assert_eq!(gone.error_kind(), Some(WireErrorKind::NotFound));
 }
@@ -264,19 +310,27 @@ async fn what_cannot_be_snapshotted_is_refused_and_changes_nothing() {
         .create(&far, Some(dg1.id()), COMPONENT_BYTES, 0)
         .await
         .unwrap();
-    assert_eq!(service.handle(write(&live, 1, 1)).await, Response::Ok);
+    assert_eq!(
+        service.handle(QueueClass::Guest, write(&live, 1, 1)).await,
+        Response::Ok
+    );
     assert_eq!(
         service
-            .handle(Request::Fence {
-                component: live.clone(),
-                epoch: Epoch(5),
-            })
+            .handle(
+                QueueClass::Guest,
+                Request::Fence {
+                    component: live.clone(),
+                    epoch: Epoch(5),
+                }
+            )
             .await,
         Response::Ok
     );
 
     // A stale owner takes no snapshot.
-    let stale = service.handle(snapshot(&live, 3, 4)).await;
+    let stale = service
+        .handle(QueueClass::Guest, snapshot(&live, 3, 4))
+        .await;
     assert_eq!(
         stale.error_kind(),
         Some(WireErrorKind::StaleEpoch { highest: Epoch(5) }),
@@ -294,13 +348,19 @@ async fn what_cannot_be_snapshotted_is_refused_and_changes_nothing() {
         "{err:?}"
     );
     // Of a component this host does not hold.
-    let missing = service.handle(snapshot(&component(8), 3, 5)).await;
+    let missing = service
+        .handle(QueueClass::Guest, snapshot(&component(8), 3, 5))
+        .await;
     assert_eq!(missing.error_kind(), Some(WireErrorKind::NotFound));
-    let missing = service.handle(clone(&component(8), 3, 5)).await;
+    let missing = service
+        .handle(QueueClass::Guest, clone(&component(8), 3, 5))
+        .await;
     assert_eq!(missing.error_kind(), Some(WireErrorKind::NotFound));
     // Onto a number another disk group of the host holds: a second
     // component of that number is never made.
-    let taken = service.handle(snapshot(&live, far.id.0, 5)).await;
+    let taken = service
+        .handle(QueueClass::Guest, snapshot(&live, far.id.0, 5))
+        .await;
     assert_eq!(
         taken.error_kind(),
         Some(WireErrorKind::Invalid),
@@ -313,7 +373,9 @@ async fn what_cannot_be_snapshotted_is_refused_and_changes_nothing() {
         .create(&own, Some(dg0.id()), COMPONENT_BYTES, 0)
         .await
         .unwrap();
-    let taken = service.handle(snapshot(&live, own.id.0, 5)).await;
+    let taken = service
+        .handle(QueueClass::Guest, snapshot(&live, own.id.0, 5))
+        .await;
     assert_eq!(
         taken.error_kind(),
         Some(WireErrorKind::Invalid),
@@ -323,9 +385,12 @@ async fn what_cannot_be_snapshotted_is_refused_and_changes_nothing() {
 
     // None of it made a component.
     let status = service
-        .handle(Request::ComponentStatus {
-            component: component(3),
-        })
+        .handle(
+            QueueClass::Guest,
+            Request::ComponentStatus {
+                component: component(3),
+            },
+        )
         .await;
     assert_eq!(status.error_kind(), Some(WireErrorKind::NotFound));
     assert_eq!(read(&service, &live).await, pattern(1, BLOCKS));

@@ -650,18 +650,11 @@ impl EncryptedDisk {
 
 impl Disk for EncryptedDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
-            return Err(self.misaligned("read", offset, buf.len()));
-        }
-        let first = offset / BLOCK as u64;
-        let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
-        self.inner.read_at(buf, offset)?;
-        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
-            if let Some((xts, unit)) = cipher {
-                xts.decrypt(unit, &mut buf[i * BLOCK..(i + 1) * BLOCK]);
-            }
-        });
-        Ok(())
+        self.decrypted_read(buf, offset, |b, o| self.inner.read_at(b, o))
+    }
+
+    fn read_uncached_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
+        self.decrypted_read(buf, offset, |b, o| self.inner.read_uncached_at(b, o))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
@@ -684,6 +677,29 @@ impl Disk for EncryptedDisk {
 
     fn name(&self) -> String {
         self.inner.name()
+    }
+}
+
+impl EncryptedDisk {
+    /// Reads whole blocks with `read` and decrypts them in place.
+    fn decrypted_read(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        read: impl FnOnce(&mut [u8], u64) -> Result<(), DiskError>,
+    ) -> Result<(), DiskError> {
+        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
+            return Err(self.misaligned("read", offset, buf.len()));
+        }
+        let first = offset / BLOCK as u64;
+        let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
+        read(buf, offset)?;
+        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
+            if let Some((xts, unit)) = cipher {
+                xts.decrypt(unit, &mut buf[i * BLOCK..(i + 1) * BLOCK]);
+            }
+        });
+        Ok(())
     }
 }
 

@@ -703,17 +703,15 @@ fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskE
             j += 1;
         }
         let total: usize = records[i..j].iter().map(|r| r.header.record_blocks()).sum();
-        let mut buf = AlignedBuf::zeroed(total * BLOCK);
-        let mut at = 0;
-        {
-            let out = buf.as_mut_slice();
-            for r in &records[i..j] {
-                r.header.encode_into(&mut out[at..at + BLOCK]);
-                at += BLOCK;
-                for d in &r.data {
-                    out[at..at + BLOCK].copy_from_slice(&d[..BLOCK]);
-                    at += BLOCK;
-                }
+        // Built by appending: only header blocks are zeroed before use.
+        let mut buf = AlignedBuf::with_capacity(total * BLOCK);
+        for r in &records[i..j] {
+            let at = buf.len();
+            buf.extend_zeroed(BLOCK);
+            r.header
+                .encode_into(&mut buf.as_mut_slice()[at..at + BLOCK]);
+            for d in &r.data {
+                buf.extend_from_slice(&d[..BLOCK]);
             }
         }
         let offset = (shared.geo.log_start + records[i].vstart % log_blocks) * BLOCK as u64;
@@ -918,10 +916,11 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 break;
             }
         }
-        let mut buf = AlignedBuf::zeroed(n * BLOCK);
-        for (j, &idx) in order[k..k + n].iter().enumerate() {
+        // Every block of the run has its data (`order` keeps only those).
+        let mut buf = AlignedBuf::with_capacity(n * BLOCK);
+        for &idx in &order[k..k + n] {
             if let Some(d) = &items[idx].data {
-                buf.as_mut_slice()[j * BLOCK..(j + 1) * BLOCK].copy_from_slice(&d[..BLOCK]);
+                buf.extend_from_slice(&d[..BLOCK]);
             }
         }
         runs.push((first, buf));
@@ -1081,11 +1080,10 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
                 ..Default::default()
             },
         };
-        let old = match st.cache.get(&key) {
+        let old = match st.cache.get_to_change(&key) {
             Some(p) => {
                 let old = p.page.entries[slot];
                 p.page.entries[slot] = new_entry;
-                p.dirty = true;
                 old
             }
             None => continue,
@@ -1202,7 +1200,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                 continue;
             }
             let empty = match st.cache.peek(&(*c, page_no)) {
-                Some(p) => p.dirty && p.pins == 0 && p.page.entries.iter().all(|e| !e.is_mapped()),
+                Some(p) => {
+                    p.is_dirty() && p.pins == 0 && p.page.entries.iter().all(|e| !e.is_mapped())
+                }
                 None => root.loc.is_none(),
             };
             if !empty {
@@ -1238,9 +1238,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
         if comp.failed.is_some() {
             // A failed component is rebuilt elsewhere; its changes are not
             // written, and must not keep the cache dirty forever.
-            if let Some(p) = st.cache.get(&key) {
-                p.dirty = false;
-            }
+            st.cache.get_to_clean(&key);
             continue;
         }
         let root = comp
@@ -1273,10 +1271,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
                 },
             );
         }
-        if let Some(p) = st.cache.get(&key) {
+        if let Some(p) = st.cache.get_to_clean(&key) {
             p.page.generation = generation;
             p.page.component = family;
-            p.dirty = false;
             p.pins += 1;
             page_writes.push((
                 BlockLoc {

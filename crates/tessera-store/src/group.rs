@@ -26,7 +26,7 @@ use crate::index::LBAS_PER_PAGE;
 use crate::recovery;
 use crate::state::{Component, Request, Source, State};
 use crate::{StoreError, PLACED_WRITE_BYTES_MIN, WRITE_BYTES_MAX};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -930,6 +930,30 @@ impl DiskGroup {
     /// [`StoreError::Checksum`] naming it; no data is returned. At most
     /// 4 x [`WRITE_BYTES_MAX`] bytes per call.
     pub async fn read(&self, id: ComponentId, lba: Lba, blocks: u32) -> Result<Bytes, StoreError> {
+        self.read_blocks(id, lba, blocks, ReadUse::Guest).await
+    }
+
+    /// Reads blocks to copy them to another component (resync, rebuild,
+    /// evacuation), checked as [`DiskGroup::read`] checks them. They are
+    /// read once: they skip the content cache (neither looked up nor kept,
+    /// so a rebuild does not evict what guests share), and runs of blocks on
+    /// a device are read past the host's page cache.
+    pub async fn read_for_copy(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u32,
+    ) -> Result<Bytes, StoreError> {
+        self.read_blocks(id, lba, blocks, ReadUse::Copy).await
+    }
+
+    async fn read_blocks(
+        &self,
+        id: ComponentId,
+        lba: Lba,
+        blocks: u32,
+        read_use: ReadUse,
+    ) -> Result<Bytes, StoreError> {
         let n = blocks as u64;
         if n == 0 {
             return Ok(Bytes::new());
@@ -948,7 +972,7 @@ impl DiskGroup {
         // fresh plan before it counts.
         let mut last_bad = None;
         for _ in 0..2 {
-            let (mut plan, resolved) = self.plan(id, lba, n, true).await?;
+            let (mut plan, resolved) = self.plan(id, lba, n, read_use == ReadUse::Guest).await?;
             let fill = match resolved {
                 Some(r) => {
                     // Blocks another read is fetching: it hands them over
@@ -971,7 +995,7 @@ impl DiskGroup {
                 }
                 None => None,
             };
-            match self.fetch(id, lba, plan, fill).await? {
+            match self.fetch(id, lba, plan, fill, read_use).await? {
                 Ok(out) => return Ok(out),
                 Err(bad) => last_bad = Some(bad),
             }
@@ -992,6 +1016,7 @@ impl DiskGroup {
         lba: Lba,
         plan: Vec<Source>,
         fill: Option<Fill>,
+        read_use: ReadUse,
     ) -> Result<Result<Bytes, Lba>, StoreError> {
         let shared = self.shared.clone();
         let disk_blocks = plan
@@ -1010,7 +1035,7 @@ impl DiskGroup {
         // threads, so they reach the device together and no runtime thread
         // sits blocked in a device read while completions wait for it.
         let result = if disk_blocks == 0 {
-            assemble(&shared, lba, plan, fill)
+            assemble(&shared, lba, plan, fill, read_use)
         } else {
             let first = self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0;
             let _in_flight = ReadInFlight(&self.shared);
@@ -1019,12 +1044,12 @@ impl DiskGroup {
                 self.shared.reads_in_flight.load(Ordering::Acquire) == 1
             };
             if alone {
-                assemble(&shared, lba, plan, fill)
+                assemble(&shared, lba, plan, fill, read_use)
             } else {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let job_shared = shared.clone();
                 self.shared.readers.submit(Box::new(move || {
-                    let _ = tx.send(assemble(&job_shared, lba, plan, fill));
+                    let _ = tx.send(assemble(&job_shared, lba, plan, fill, read_use));
                 }));
                 rx.await.map_err(|_| StoreError::DiskGroupFailed {
                     reason: "a reader thread stopped".into(),
@@ -1743,6 +1768,7 @@ fn assemble(
     lba: Lba,
     plan: Vec<Source>,
     fill: Option<Fill>,
+    read_use: ReadUse,
 ) -> Result<Result<Bytes, Lba>, (u8, String)> {
     let n = plan.len();
     // Fast path: one block.
@@ -1758,23 +1784,27 @@ fn assemble(
             }
             Some(Source::Cached(b)) => Ok(b),
             Some(Source::Lost) => Err(lba),
-            Some(Source::Disk(loc, crc)) => {
-                let mut buf = AlignedBuf::zeroed(BLOCK);
-                read_loc(shared, loc, buf.as_mut_slice())?;
-                if block_crc(buf.as_slice()) != crc {
+            Some(Source::Disk(loc, crc)) => BLOCK_SCRATCH.with_borrow_mut(|scratch| {
+                // Read into this thread's aligned block and copied once into
+                // a buffer of its own: no aligned buffer is allocated and
+                // zeroed per read.
+                let buf = scratch.as_mut_slice();
+                read_loc(shared, loc, buf, read_use)?;
+                Ok(if block_crc(buf) != crc {
                     Err(lba)
                 } else if let Some(mut fill) = fill {
                     // The caller and the cache share one exact 4 KiB buffer.
-                    let b = fill.own_block(buf.as_slice());
+                    let b = fill.own_block(buf);
                     fill.fill(vec![(loc, crc, b.clone())]);
                     Ok(b)
                 } else {
-                    Ok(buf.into_bytes())
-                }
-            }
+                    Ok(Bytes::copy_from_slice(buf))
+                })
+            })?,
         });
     }
-    let mut out = BytesMut::zeroed(n * BLOCK);
+    // Aligned, so runs of blocks on a device are read straight into it.
+    let mut out = AlignedBuf::zeroed(n * BLOCK);
     let mut fills = Vec::new();
     let mut i = 0;
     while i < n {
@@ -1785,9 +1815,9 @@ fn assemble(
                 if block_crc(b) != *crc {
                     return Ok(Err(Lba(lba.0 + i as u64)));
                 }
-                out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b);
+                out.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b);
             }
-            Source::Cached(b) => out[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b),
+            Source::Cached(b) => out.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b),
             Source::Disk(first, _) => {
                 // Coalesce physically adjacent blocks into one read.
                 let mut run = 1;
@@ -1801,18 +1831,17 @@ fn assemble(
                         _ => break,
                     }
                 }
-                let mut buf = AlignedBuf::zeroed(run * BLOCK);
-                read_loc(shared, *first, buf.as_mut_slice())?;
+                let run_bytes = &mut out.as_mut_slice()[i * BLOCK..(i + run) * BLOCK];
+                read_loc(shared, *first, run_bytes, read_use)?;
                 for k in 0..run {
                     let crc = match &plan[i + k] {
                         Source::Disk(_, c) => *c,
                         _ => 0,
                     };
-                    let b = &buf.as_slice()[k * BLOCK..(k + 1) * BLOCK];
+                    let b = &run_bytes[k * BLOCK..(k + 1) * BLOCK];
                     if block_crc(b) != crc {
                         return Ok(Err(Lba(lba.0 + (i + k) as u64)));
                     }
-                    out[(i + k) * BLOCK..(i + k + 1) * BLOCK].copy_from_slice(b);
                     if let Some(fill) = &fill {
                         let loc = BlockLoc {
                             device: first.device,
@@ -1830,15 +1859,40 @@ fn assemble(
     if let Some(mut fill) = fill {
         fill.fill(fills);
     }
-    Ok(Ok(out.freeze()))
+    Ok(Ok(out.into_bytes()))
 }
 
-fn read_loc(shared: &Shared, loc: BlockLoc, buf: &mut [u8]) -> Result<(), (u8, String)> {
+thread_local! {
+    /// One aligned block per reading thread, for single-block reads.
+    static BLOCK_SCRATCH: std::cell::RefCell<AlignedBuf> =
+        std::cell::RefCell::new(AlignedBuf::zeroed(BLOCK));
+}
+
+fn read_loc(
+    shared: &Shared,
+    loc: BlockLoc,
+    buf: &mut [u8],
+    read_use: ReadUse,
+) -> Result<(), (u8, String)> {
     let disk = shared
         .disk(loc.device)
         .ok_or((loc.device, format!("no device {}", loc.device)))?;
-    disk.read_at(buf, loc.block * BLOCK_BYTES)
-        .map_err(|e| (loc.device, e.to_string()))
+    let offset = loc.block * BLOCK_BYTES;
+    match read_use {
+        ReadUse::Guest => disk.read_at(buf, offset),
+        ReadUse::Copy => disk.read_uncached_at(buf, offset),
+    }
+    .map_err(|e| (loc.device, e.to_string()))
+}
+
+/// Who a read is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReadUse {
+    /// A guest (or anything that may read the blocks again): through the
+    /// content cache and the page cache.
+    Guest,
+    /// A copy to another component: each block read once.
+    Copy,
 }
 
 /// Mounts: superblocks, checkpoint, committed index, log replay.

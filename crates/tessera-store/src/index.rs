@@ -106,9 +106,18 @@ pub(crate) type RootBlockKey = (u64, u64);
 /// A cached page.
 pub(crate) struct CachedPage {
     pub(crate) page: IndexPage,
-    pub(crate) dirty: bool,
+    /// Changed since the last checkpoint: set and cleared only through the
+    /// cache, which counts dirty pages.
+    dirty: bool,
     pub(crate) pins: u32,
     last_use: u64,
+}
+
+impl CachedPage {
+    /// Changed since the last checkpoint.
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
 }
 
 /// Key of a page: (component, page number).
@@ -167,6 +176,9 @@ pub(crate) struct IndexCache {
     /// Of those, read ahead.
     pub(crate) prefetched: std::sync::atomic::AtomicU64,
     evicted: u64,
+    /// Pages with `dirty` set: asked before every destage and checkpoint
+    /// decision, so kept rather than counted.
+    dirty_pages: usize,
 }
 
 impl IndexCache {
@@ -181,6 +193,7 @@ impl IndexCache {
             read: Default::default(),
             prefetched: Default::default(),
             evicted: 0,
+            dirty_pages: 0,
         }
     }
 
@@ -236,6 +249,31 @@ impl IndexCache {
         Some(page)
     }
 
+    /// A cached page about to be changed: marked used and dirty.
+    pub(crate) fn get_to_change(&mut self, key: &PageKey) -> Option<&mut CachedPage> {
+        let now = self.tick();
+        let page = self.pages.get_mut(key)?;
+        page.last_use = now;
+        if !page.dirty {
+            page.dirty = true;
+            self.dirty_pages += 1;
+        }
+        Some(page)
+    }
+
+    /// A cached page whose changes are written (or dropped): marked used
+    /// and clean.
+    pub(crate) fn get_to_clean(&mut self, key: &PageKey) -> Option<&mut CachedPage> {
+        let now = self.tick();
+        let page = self.pages.get_mut(key)?;
+        page.last_use = now;
+        if page.dirty {
+            page.dirty = false;
+            self.dirty_pages -= 1;
+        }
+        Some(page)
+    }
+
     /// A cached root table block, marked as used.
     pub(crate) fn roots(&self, key: &RootBlockKey) -> Option<&CachedRoots> {
         let block = self.roots.get(key)?;
@@ -258,23 +296,29 @@ impl IndexCache {
     /// cached copy may be newer) or a new empty page (`dirty`).
     pub(crate) fn insert(&mut self, key: PageKey, page: IndexPage, dirty: bool) {
         let now = self.tick();
-        self.pages.entry(key).or_insert(CachedPage {
-            page,
-            dirty,
-            pins: 0,
-            last_use: now,
-        });
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.pages.entry(key) {
+            slot.insert(CachedPage {
+                page,
+                dirty,
+                pins: 0,
+                last_use: now,
+            });
+            self.dirty_pages += usize::from(dirty);
+        }
         self.evict();
     }
 
     pub(crate) fn remove(&mut self, key: &PageKey) -> Option<CachedPage> {
-        self.pages.remove(key)
+        let page = self.pages.remove(key)?;
+        self.dirty_pages -= usize::from(page.dirty);
+        Some(page)
     }
 
     /// Drops a component's pages and root table blocks.
     pub(crate) fn remove_component(&mut self, component: u64) {
         self.pages.retain(|k, _| k.0 != component);
         self.roots.retain(|k, _| k.0 != component);
+        self.dirty_pages = self.pages.values().filter(|p| p.dirty).count();
     }
 
     pub(crate) fn dirty_keys(&self) -> Vec<PageKey> {
@@ -289,7 +333,11 @@ impl IndexCache {
     }
 
     pub(crate) fn dirty_count(&self) -> usize {
-        self.pages.values().filter(|p| p.dirty).count()
+        debug_assert_eq!(
+            self.dirty_pages,
+            self.pages.values().filter(|p| p.dirty).count()
+        );
+        self.dirty_pages
     }
 
     /// Drops clean pages beyond the budget.

@@ -1263,7 +1263,10 @@ fn replay_snapshot(shared: &Shared, e: &LogEntry) {
                         .get(&src)
                         .and_then(|s| s.roots.get(&r.page_no))
                         .is_some_and(|sr| sr.loc == Some(r.loc))
-                        && st.cache.peek(&(src, r.page_no)).is_some_and(|p| p.dirty)
+                        && st
+                            .cache
+                            .peek(&(src, r.page_no))
+                            .is_some_and(|p| p.is_dirty())
                 })
                 .map(|r| r.page_no)
                 .collect();

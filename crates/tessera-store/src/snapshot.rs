@@ -236,7 +236,7 @@ fn settled(st: &crate::state::State, src: u64) -> Option<Settled> {
         if st
             .cache
             .peek(&(src, *page_no))
-            .is_some_and(|p| p.dirty || p.pins > 0)
+            .is_some_and(|p| p.is_dirty() || p.pins > 0)
         {
             return None;
         }

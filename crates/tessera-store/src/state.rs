@@ -576,14 +576,13 @@ impl State {
                 self.page_shares.remove(&packed);
             }
         }
-        let blocks: Vec<BlockLoc> = match self.cache.get(&key) {
+        let blocks: Vec<BlockLoc> = match self.cache.get_to_change(&key) {
             Some(p) => {
                 for e in p.page.entries.iter_mut() {
                     if e.kind == EntryKind::Plain {
                         e.kind = EntryKind::Shared;
                     }
                 }
-                p.dirty = true;
                 p.page.entries.iter().filter_map(|e| e.block()).collect()
             }
             None => Vec::new(),
@@ -861,7 +860,7 @@ impl State {
             settled &= self
                 .cache
                 .peek(&(s, page_no))
-                .is_some_and(|p| !p.dirty && p.pins == 0);
+                .is_some_and(|p| !p.is_dirty() && p.pins == 0);
         });
         if roots.is_err() || !settled {
             return Ok(None);
@@ -1066,7 +1065,8 @@ impl State {
                 continue;
             }
             self.own_page((c, page_no));
-            let Some(cached) = self.cache.get(&(c, page_no)) else {
+            // `changes` said at least one entry here is cleared.
+            let Some(cached) = self.cache.get_to_change(&(c, page_no)) else {
                 continue;
             };
             for l in lo..hi {
@@ -1079,7 +1079,6 @@ impl State {
                         freed.push(loc);
                     }
                     *e = IndexEntry::default();
-                    cached.dirty = true;
                 }
             }
         }
@@ -1126,11 +1125,10 @@ impl State {
         self.overlay_remove(&(c, lba));
         self.add_ref(loc);
         let slot = (lba % LBAS_PER_PAGE) as usize;
-        let old = match self.cache.get(&key) {
+        let old = match self.cache.get_to_change(&key) {
             Some(p) => {
                 let old = p.page.entries[slot];
                 p.page.entries[slot] = IndexEntry::shared(loc, crc);
-                p.dirty = true;
                 old
             }
             None => return Ok(()),

@@ -105,6 +105,52 @@ async fn eight_clones_of_one_image_read_each_block_from_the_device_once() {
     assert!(after.memory_bytes <= after.budget_bytes);
 }
 
+/// A rebuild or resync copying a clone reads each block once: it neither
+/// finds blocks in the content cache nor leaves any there, so copying a
+/// volume does not push out what the guests share, and it reads what the
+/// index says, logged or destaged, overwritten or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_for_a_rebuild_neither_uses_nor_fills_the_content_cache() {
+    const N: u64 = 256;
+    let rig = Rig::new(2);
+    let dg = rig.create().await;
+    let (image, clone) = (ComponentId(1), ComponentId(2));
+    for c in [image, clone] {
+        dg.create_component(c, N * 4096, 0).await.unwrap();
+    }
+    let original = data(1, 0, N, 1);
+    dg.write(image, Lba(0), original.clone(), E).await.unwrap();
+    dg.clone_blocks(image, Lba(0), clone, Lba(0), N, E)
+        .await
+        .unwrap();
+    dg.settle().await.unwrap();
+    // A guest of the image warms the cache with its first half.
+    dg.read(image, Lba(0), (N / 2) as u32).await.unwrap();
+    // The clone's copy changes a few blocks (still in the log).
+    let changed = data(2, 8, 4, 2);
+    dg.write(clone, Lba(8), changed.clone(), E).await.unwrap();
+    let mut expected = original.to_vec();
+    expected[8 * 4096..12 * 4096].copy_from_slice(&changed);
+    let before = dg.content_cache_stats();
+    for start in (0..N).step_by(64) {
+        let got = dg.read_for_copy(clone, Lba(start), 64).await.unwrap();
+        assert_eq!(
+            &got[..],
+            &expected[(start * 4096) as usize..((start + 64) * 4096) as usize],
+            "LBA {start}"
+        );
+    }
+    let single = dg.read_for_copy(clone, Lba(N - 1), 1).await.unwrap();
+    assert_eq!(&single[..], &expected[((N - 1) * 4096) as usize..]);
+    let after = dg.content_cache_stats();
+    assert_eq!(delta(after, before), (0, 0), "{after:?}");
+    assert_eq!(after.entries, before.entries, "{after:?}");
+    // A guest read still finds what the image's guest left there.
+    dg.read(clone, Lba(16), 16).await.unwrap();
+    let guest = delta(dg.content_cache_stats(), after);
+    assert_eq!(guest, (16, 0));
+}
+
 /// Eight clones boot at once: each reads the image in the same runs at the
 /// same time as the others, from a device slow enough that their reads of
 /// a run overlap. A read that misses blocks another read is already

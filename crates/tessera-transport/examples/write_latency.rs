@@ -26,7 +26,7 @@ struct NullReplica;
 
 #[async_trait]
 impl RequestHandler for NullReplica {
-    async fn handle(&self, _from: HostId, _request: Request) -> Response {
+    async fn handle(&self, _from: HostId, _class: QueueClass, _request: Request) -> Response {
         Response::Ok
     }
 }

@@ -60,9 +60,10 @@ pub const CONNECT_ATTEMPTS_PER_CALL: usize = 2;
 /// Serves the requests peers send to this host.
 #[async_trait]
 pub trait RequestHandler: Send + Sync + 'static {
-    /// Handles one request from host `from` and returns its answer. Failures
-    /// are answers too (`Response::Error`). Called concurrently.
-    async fn handle(&self, from: HostId, request: Request) -> Response;
+    /// Handles one request from host `from`, sent in queue `class`, and
+    /// returns its answer. Failures are answers too (`Response::Error`).
+    /// Called concurrently.
+    async fn handle(&self, from: HostId, class: QueueClass, request: Request) -> Response;
 }
 
 /// What a partitioned call does.

@@ -258,7 +258,10 @@ async fn serve_connection(
             let response = match request {
                 Request::Ping => Response::Pong,
                 request => {
-                    let response = context.handler.handle(peer.clone(), request).await;
+                    let response = context
+                        .handler
+                        .handle(peer.clone(), header.class, request)
+                        .await;
                     bump(&context.counters.requests_served);
                     response
                 }

@@ -122,7 +122,7 @@ impl RecordingReplica {
 
 #[async_trait]
 impl RequestHandler for RecordingReplica {
-    async fn handle(&self, from: HostId, request: Request) -> Response {
+    async fn handle(&self, from: HostId, _class: QueueClass, request: Request) -> Response {
         self.seen.lock().push((from, request.clone()));
         match &request {
             Request::Read { lba, .. } if lba.0 == SLOW_LBA => tokio::time::sleep(SLOW_ANSWER).await,

@@ -14,7 +14,7 @@ use tessera_object::Coordinator;
 use tessera_replica::ReplicaService;
 use tessera_transport::RequestHandler;
 use tessera_types::{HostId, VolumeId};
-use tessera_wire::{Request, Response, WireErrorKind};
+use tessera_wire::{QueueClass, Request, Response, WireErrorKind};
 
 /// The host's answer to the transport's requests.
 pub(super) struct HostHandler {
@@ -35,7 +35,7 @@ impl HostHandler {
 
 #[async_trait]
 impl RequestHandler for HostHandler {
-    async fn handle(&self, _from: HostId, request: Request) -> Response {
+    async fn handle(&self, _from: HostId, class: QueueClass, request: Request) -> Response {
         let volume = match &request {
             Request::VolumeRead { volume, .. }
             | Request::VolumeWrite { volume, .. }
@@ -50,7 +50,7 @@ impl RequestHandler for HostHandler {
             | Request::VolumeReleaseWrites { volume, .. }
             | Request::VolumeSnapshotHeld { volume, .. } => volume.clone(),
             Request::Ping => return Response::Pong,
-            _ => return self.replica.handle(request).await,
+            _ => return self.replica.handle(class, request).await,
         };
         match self.coordinator(&volume) {
             Ok(c) => crate::routing::execute(&c, request).await,
