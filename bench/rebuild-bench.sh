@@ -76,7 +76,8 @@
 # (default 1000), HOST_CAPACITY (default 8G), BENCH_DIR (where
 # the clusters' devices go, default /work: each rebuild cluster needs about
 # 3 x RB_SIZE + 2 x FG_SIZE + 4 GiB of it), CARGO_TARGET_DIR (default
-# target).
+# target), TESSERA_BIN (a `tessera` binary to run instead of building this
+# tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,8 +102,12 @@ for tool in fio python3; do
 done
 has_part() { [[ " $PARTS " == *" $1 "* ]]; }
 
-cargo build --release -q -p tessera
-tessera="$CARGO_TARGET_DIR/release/tessera"
+# TESSERA_BIN runs another build (e.g. the commit before a change, for a
+# same-machine comparison) instead of building this tree.
+if [ -z "${TESSERA_BIN:-}" ]; then
+  cargo build --release -q -p tessera
+fi
+tessera=${TESSERA_BIN:-$CARGO_TARGET_DIR/release/tessera}
 
 work=$(mktemp -d -p "${BENCH_DIR:-/work}" tessera-rebuild-bench.XXXXXX)
 pids=()

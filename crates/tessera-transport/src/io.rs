@@ -6,7 +6,8 @@
 
 use std::io::IoSlice;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
+use tessera_env::DISK_ALIGN;
 use tessera_wire::{
     decode_frame, frame_bytes_needed, EncodedFrame, Frame, WireError, HEADER_BYTES,
 };
@@ -36,6 +37,10 @@ pub(crate) fn split_tcp(stream: tokio::net::TcpStream) -> (LinkReader, LinkWrite
 /// Bytes asked of the kernel per read when no larger frame is pending:
 /// enough for many small frames per system call.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Frames of at least this many bytes are read so that they end on a
+/// [`DISK_ALIGN`] boundary (see `FrameReader::end_frame_aligned`): large
+/// writes, whose data the store writes past the page cache.
+const ALIGNED_FRAME_MIN_BYTES: usize = 64 * 1024;
 
 /// Largest frame accepted before the handshake: a `Hello` is tens of bytes,
 /// so a peer that has not introduced itself cannot make a host reserve
@@ -137,6 +142,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.limit = limit.min(tessera_wire::MAX_FRAME_BYTES);
     }
 
+    /// Makes the pending frame of `len` bytes end on a [`DISK_ALIGN`]
+    /// boundary once it is read, moving what is buffered of it to a new
+    /// buffer if it would not. The data of a write (and of a read's answer)
+    /// is a multiple of 4 KiB at the end of its frame, so it then starts
+    /// aligned and the store writes it past the page cache as it is,
+    /// without copying it into an aligned buffer first.
+    fn end_frame_aligned(&mut self, len: usize) {
+        let ends_at = self.buf.as_ptr() as usize + len;
+        if ends_at.is_multiple_of(DISK_ALIGN) && self.buf.capacity() >= len {
+            return;
+        }
+        let mut fresh = BytesMut::with_capacity(len + DISK_ALIGN);
+        let pad = (DISK_ALIGN - (fresh.as_ptr() as usize + len) % DISK_ALIGN) % DISK_ALIGN;
+        fresh.resize(pad, 0);
+        fresh.advance(pad);
+        fresh.extend_from_slice(&self.buf);
+        self.buf = fresh;
+    }
+
     /// The next frame, or `None` when the peer closed the stream cleanly.
     pub(crate) async fn next(&mut self) -> Result<Option<Frame>, ReadFailure> {
         loop {
@@ -155,7 +179,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 }));
             }
             let missing = needed.saturating_sub(self.buf.len());
-            self.buf.reserve(missing.max(READ_CHUNK_BYTES));
+            if needed >= ALIGNED_FRAME_MIN_BYTES {
+                // Room for the whole frame, ending aligned: `reserve` must
+                // not move it again (it would, for more room).
+                self.end_frame_aligned(needed);
+            } else {
+                self.buf.reserve(missing.max(READ_CHUNK_BYTES));
+            }
             let n = self
                 .stream
                 .read_buf(&mut self.buf)
@@ -168,6 +198,76 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     Err(ReadFailure::Truncated)
                 };
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tessera_types::{ComponentId, Epoch, Lba, VolumeId};
+    use tessera_wire::{encode_frame, ComponentRef, Message, QueueClass, Request, WireVersion};
+    use tokio::io::AsyncWriteExt;
+
+    fn write_frame(data: Bytes, id: u64) -> Vec<u8> {
+        let message = Message::Request(Request::Write {
+            component: ComponentRef {
+                volume: VolumeId::new("vm1").unwrap(),
+                id: ComponentId(7),
+            },
+            lba: Lba(id),
+            epoch: Epoch(1),
+            data,
+        });
+        let frame = encode_frame(WireVersion::CURRENT, id, QueueClass::Resync, &message).unwrap();
+        frame
+            .chunks()
+            .iter()
+            .flat_map(|c| c.iter().copied())
+            .collect()
+    }
+
+    /// Large writes arrive with their data at an aligned address, however
+    /// the stream is cut and whatever frames come before them, so the store
+    /// can write them past the page cache without a copy; small frames
+    /// around them decode as before.
+    #[tokio::test]
+    async fn the_data_of_a_large_write_frame_is_read_into_aligned_memory() {
+        let sizes = [4096usize, 256 * 1024, 8192, 1 << 20, 64 * 1024, 4096];
+        let mut stream = Vec::new();
+        let mut sent = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let data: Bytes = (0..size).map(|b| (b * 7 + i) as u8).collect();
+            stream.extend(write_frame(data.clone(), i as u64));
+            sent.push(data);
+        }
+        for piece in [1000usize, 4096, 65_537, 1 << 20] {
+            let (mut tx, rx) = tokio::io::duplex(piece);
+            let bytes = stream.clone();
+            let writer = tokio::spawn(async move {
+                for chunk in bytes.chunks(piece) {
+                    tx.write_all(chunk).await.unwrap();
+                }
+            });
+            let mut reader = FrameReader::new(rx);
+            for (i, data) in sent.iter().enumerate() {
+                let frame = reader.next().await.unwrap().expect("a frame");
+                let Message::Request(Request::Write { data: got, lba, .. }) = frame.message else {
+                    panic!("not a write");
+                };
+                assert_eq!(lba, Lba(i as u64));
+                assert_eq!(&got, data, "frame {i}, pieces of {piece}");
+                if got.len() >= ALIGNED_FRAME_MIN_BYTES {
+                    assert!(
+                        (got.as_ptr() as usize).is_multiple_of(DISK_ALIGN),
+                        "frame {i} of {} bytes, pieces of {piece}: data not aligned",
+                        got.len()
+                    );
+                }
+            }
+            writer.await.unwrap();
+            assert!(reader.next().await.unwrap().is_none());
         }
     }
 }
