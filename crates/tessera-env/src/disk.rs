@@ -425,17 +425,22 @@ mod tests {
         assert!(err.to_string().contains("dev0"), "{err}");
     }
 
-    #[test]
-    fn an_uncached_write_is_read_back_through_the_page_cache() {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = FileDisk::open(
-            &dir.path().join("dev0"),
+    /// A 1 MiB file device `dev0` in `dir`.
+    fn one_mib_disk(dir: &Path) -> FileDisk {
+        FileDisk::open(
+            &dir.join("dev0"),
             FileDiskOptions {
                 create_bytes: Some(1 << 20),
                 ..Default::default()
             },
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn an_uncached_write_is_read_back_through_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = one_mib_disk(dir.path());
         let mut old = AlignedBuf::zeroed(8192);
         old.as_mut_slice().fill(0x11);
         disk.write_at(old.as_slice(), 8192).unwrap();
@@ -459,14 +464,7 @@ mod tests {
     #[test]
     fn an_uncached_read_sees_writes_still_in_the_page_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let disk = FileDisk::open(
-            &dir.path().join("dev0"),
-            FileDiskOptions {
-                create_bytes: Some(1 << 20),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let disk = one_mib_disk(dir.path());
         // Dirty in the page cache, not synced: the read past it must still
         // see it (the kernel writes the range back first).
         let written: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
