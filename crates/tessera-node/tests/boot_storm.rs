@@ -845,11 +845,27 @@ async fn fio_verify_sees_the_newest_pass_through_every_host_while_the_owner_move
         after.hits > before.hits,
         "the owner served reads from its read cache: {after:?}"
     );
-    // The copies move to the capacity tier and are compared, which reads
-    // each copy through its disk group's content cache.
+    // The copies move to the capacity tier and are compared. A verify reads
+    // each block once, past the disk groups' content caches: it neither
+    // finds blocks there nor leaves any for the guests to lose theirs to.
     settle(&cluster).await;
+    let content_before = content_cache(&cluster);
     let report = cluster.control.verify_object("vm").await.unwrap();
     assert!(report.identical, "copies differ: {report:?}");
+    let content_after = content_cache(&cluster);
+    assert_eq!(
+        (
+            content_after.hits,
+            content_after.misses,
+            content_after.inserted
+        ),
+        (
+            content_before.hits,
+            content_before.misses,
+            content_before.inserted
+        ),
+        "a verify went through the content caches"
+    );
 
     // The owner stops; the host of the other copy takes over.
     cluster.control.stop_host(&first).await.unwrap();
@@ -863,7 +879,8 @@ async fn fio_verify_sees_the_newest_pass_through_every_host_while_the_owner_move
     assert!(second_epoch > first_epoch, "the epoch rises with the owner");
     eprintln!("ownership moved from {first} ({first_epoch}) to {second} ({second_epoch})");
     // Pass 1 is intact. The new owner has nothing in its read cache, so
-    // its disk groups serve the reads, from their content caches.
+    // its disk groups serve the reads, through their content caches, which
+    // keep what they read.
     let content_before = content_cache(&cluster);
     let before = read_cache_of(&cluster, &second).await;
     fio_through(&cluster, &second, Content::Pass(1), Phases::Verify).await;
@@ -875,8 +892,9 @@ async fn fio_verify_sees_the_newest_pass_through_every_host_while_the_owner_move
         content_after.misses - content_before.misses
     );
     assert!(
-        content_after.hits > content_before.hits,
-        "the disk groups served blocks from their content caches"
+        content_after.misses > content_before.misses
+            && content_after.inserted > content_before.inserted,
+        "the disk groups served blocks through their content caches: {content_after:?}"
     );
     assert!(after.misses > before.misses, "{after:?}");
 
