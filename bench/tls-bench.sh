@@ -19,6 +19,7 @@
 # Profiles (issue target: TLS >= 0.9x of plain):
 #   mixed     "Iometer mixed": 4 KiB random, 70% read, 8 jobs x iodepth 8 (IOPS)
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8 (MiB/s)
+#   qd1write  4 KiB random write, 1 job, iodepth 1 (IOPS: 1 / latency)
 #
 # Environment: RUNTIME (seconds per run, default 15), ROUNDS (default 3),
 # WARMUP (unmeasured runs of each path before a profile's rounds, default
@@ -134,6 +135,7 @@ profile_args() {
   case $1 in
     mixed) echo --rw=randrw --rwmixread=70 --bs=4k --numjobs=8 --iodepth=8 ;;
     seqwrite) echo --rw=write --bs=256k --numjobs=1 --iodepth=8 ;;
+    qd1write) echo --rw=randwrite --bs=4k --numjobs=1 --iodepth=1 ;;
   esac
 }
 cpu_us() {
@@ -154,7 +156,7 @@ text = open(sys.argv[1]).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 r, w = job["read"], job["write"]
 moved = r["io_bytes"] + w["io_bytes"]
-figure = r["iops"] + w["iops"] if sys.argv[2] == "mixed" else (w["bw"] / 1024)
+figure = (w["bw"] / 1024) if sys.argv[2] == "seqwrite" else r["iops"] + w["iops"]
 cpu_per_gib = int(sys.argv[3]) / 1e6 / max(moved / 2**30, 1e-9)
 print(f"{figure:.0f} {cpu_per_gib:.2f}")
 PY

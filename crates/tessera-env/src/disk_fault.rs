@@ -3,7 +3,10 @@
 //! Owns: the fault model of a single device. It keeps two images: what the
 //! device would return now (`current`) and what would survive a power cut
 //! (`durable`); writes land in `current` and in a list of unsynced writes;
-//! [`Disk::sync`] moves them to `durable`. Faults:
+//! [`Disk::sync`] moves them to `durable`. A write made with
+//! [`Disk::write_durable_at`] is durable at once and survives every power
+//! cut, over whatever older unsynced writes to its range do; writes after
+//! it are unsynced as usual. Faults:
 //! - I/O errors on byte ranges (reads, writes or both);
 //! - a power cut ([`FaultDisk::power_cut`]): every unsynced write survives or
 //!   not at random, and the last one is torn at a 512-byte sector boundary;
@@ -44,7 +47,9 @@ pub enum FaultOps {
 struct FaultState {
     current: Vec<u8>,
     durable: Vec<u8>,
-    unsynced: Vec<(u64, Vec<u8>)>,
+    /// Writes since the last sync, in the order they completed: (offset,
+    /// data, made durable on its own by [`Disk::write_durable_at`]).
+    unsynced: Vec<(u64, Vec<u8>, bool)>,
     errors: Vec<(Range<u64>, FaultOps)>,
     misdirect: Option<(u64, u64)>,
     full: bool,
@@ -141,9 +146,13 @@ impl FaultDisk {
         let mut s = self.state.lock();
         let unsynced = std::mem::take(&mut s.unsynced);
         let n = unsynced.len();
-        for (i, (offset, data)) in unsynced.into_iter().enumerate() {
+        for (i, (offset, data, durable)) in unsynced.into_iter().enumerate() {
             let start = offset as usize;
-            let keep = if i + 1 == n {
+            // A durable write is on the media; replaying it here keeps it
+            // over older unsynced writes to its range that survived.
+            let keep = if durable {
+                data.len()
+            } else if i + 1 == n {
                 let sectors = data.len().div_ceil(TEAR_SECTOR_BYTES);
                 rng.gen_range(0..=sectors) * TEAR_SECTOR_BYTES
             } else if rng.gen_bool(0.5) {
@@ -223,6 +232,29 @@ impl FaultDisk {
         Ok(())
     }
 
+    /// A write as it lands: where a misdirection sends it, in `current` and
+    /// the unsynced list, and in `durable` too when `durable`.
+    fn land_write(&self, buf: &[u8], offset: u64, durable: bool) -> Result<(), DiskError> {
+        self.delay(Some((offset, buf.len() as u64)));
+        let mut s = self.state.lock();
+        self.check(&s, "write", offset, buf.len() as u64)?;
+        let mut target = offset;
+        if let Some((intended, actual)) = s.misdirect {
+            if intended == offset && actual + buf.len() as u64 <= self.size {
+                target = actual;
+                s.misdirect = None;
+            }
+        }
+        let start = target as usize;
+        s.current[start..start + buf.len()].copy_from_slice(buf);
+        if durable {
+            s.durable[start..start + buf.len()].copy_from_slice(buf);
+        }
+        s.unsynced.push((target, buf.to_vec(), durable));
+        s.writes += 1;
+        Ok(())
+    }
+
     /// Sleeps for the device's delay, plus the slow-write delay when `write`
     /// (offset, length) touches the slow range.
     fn delay(&self, write: Option<(u64, u64)>) {
@@ -255,21 +287,11 @@ impl Disk for FaultDisk {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
-        self.delay(Some((offset, buf.len() as u64)));
-        let mut s = self.state.lock();
-        self.check(&s, "write", offset, buf.len() as u64)?;
-        let mut target = offset;
-        if let Some((intended, actual)) = s.misdirect {
-            if intended == offset && actual + buf.len() as u64 <= self.size {
-                target = actual;
-                s.misdirect = None;
-            }
-        }
-        let start = target as usize;
-        s.current[start..start + buf.len()].copy_from_slice(buf);
-        s.unsynced.push((target, buf.to_vec()));
-        s.writes += 1;
-        Ok(())
+        self.land_write(buf, offset, false)
+    }
+
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.land_write(buf, offset, true)
     }
 
     fn sync(&self) -> Result<(), DiskError> {
@@ -277,7 +299,7 @@ impl Disk for FaultDisk {
         let mut s = self.state.lock();
         self.check(&s, "sync", 0, 0)?;
         let unsynced = std::mem::take(&mut s.unsynced);
-        for (offset, data) in unsynced {
+        for (offset, data, _) in unsynced {
             let start = offset as usize;
             s.durable[start..start + data.len()].copy_from_slice(&data);
         }
@@ -314,6 +336,32 @@ mod tests {
         let twos = buf[4096..].iter().take_while(|&&b| b == 2).count();
         assert_eq!(twos % TEAR_SECTOR_BYTES, 0);
         assert!(buf[4096 + twos..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_durable_write_survives_every_power_cut_over_older_unsynced_writes() {
+        for seed in 0..64 {
+            let d = FaultDisk::new("t", 1 << 16);
+            // Older, unsynced, same range: whether or not it survives, the
+            // durable write after it must be what comes back.
+            d.write_at(&[1u8; 8192], 0).unwrap();
+            d.write_durable_at(&[2u8; 4096], 0).unwrap();
+            // After it, unsynced as usual: survives whole, torn or not at all.
+            d.write_at(&[3u8; 4096], 8192).unwrap();
+            assert_eq!(d.counters(), (3, 0), "a durable write is no sync");
+            d.power_cut(seed);
+            let back = d.restart();
+            let mut buf = vec![0u8; 3 * 4096];
+            back.read_at(&mut buf, 0).unwrap();
+            assert!(buf[..4096].iter().all(|&b| b == 2), "seed {seed}");
+            assert!(
+                buf[4096..8192].iter().all(|&b| b == 0 || b == 1),
+                "seed {seed}"
+            );
+            let threes = buf[8192..].iter().take_while(|&&b| b == 3).count();
+            assert_eq!(threes % TEAR_SECTOR_BYTES, 0, "seed {seed}");
+            assert!(buf[8192 + threes..].iter().all(|&b| b == 0), "seed {seed}");
+        }
     }
 
     #[test]

@@ -65,6 +65,11 @@ impl Disk for SwitchedDisk {
         self.inner.sync()
     }
 
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.check("write", offset, buf.len() as u64)?;
+        self.inner.write_durable_at(buf, offset)
+    }
+
     fn write_uncached_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.check("write", offset, buf.len() as u64)?;
         self.inner.write_uncached_at(buf, offset)

@@ -1070,6 +1070,9 @@ pub struct DiskGroupLogActivity {
     pub group_commits: u64,
     /// Syncs of its log device (one covers every commit before it).
     pub log_syncs: u64,
+    /// Group commits written durable on their own, needing no sync (a
+    /// commit made while nothing else was in flight).
+    pub durable_commits: u64,
     /// Large writes stored straight on the capacity tier, past the log.
     pub placed_writes: u64,
     /// Bytes those writes held.

@@ -1892,6 +1892,7 @@ impl ClusterControl for ControlPlane {
                                 disk_group: g.id().to_string(),
                                 group_commits: log.group_commits,
                                 log_syncs: log.syncs,
+                                durable_commits: log.durable_commits,
                                 placed_writes: log.placed_writes,
                                 placed_bytes: log.placed_blocks * tessera_types::BLOCK_BYTES,
                             }

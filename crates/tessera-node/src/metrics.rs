@@ -427,6 +427,12 @@ fn host_activity_families(activity: &[HostActivity]) -> Vec<Family> {
             Counter,
         ),
         Family::new(
+            "disk_group_log_durable_commits",
+            "Group commits written durable on their own, needing no sync.",
+            None,
+            Counter,
+        ),
+        Family::new(
             "disk_group_placed_writes",
             "Large writes stored straight on the capacity tier, past the log.",
             None,
@@ -453,6 +459,7 @@ fn host_activity_families(activity: &[HostActivity]) -> Vec<Family> {
             let values = [
                 g.group_commits,
                 g.log_syncs,
+                g.durable_commits,
                 g.placed_writes,
                 g.placed_bytes,
             ];

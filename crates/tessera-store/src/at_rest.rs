@@ -667,6 +667,12 @@ impl Disk for EncryptedDisk {
         })
     }
 
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
+        self.encrypted_write(buf, offset, "write", |b, o| {
+            self.inner.write_durable_at(b, o)
+        })
+    }
+
     fn sync(&self) -> Result<(), DiskError> {
         self.inner.sync()
     }

@@ -9,17 +9,22 @@
 //! runs. A syncer's `fdatasync` covers every batch written before it began;
 //! batches are acknowledged strictly in log order, so the number of syncs per
 //! write falls as the queue grows and no write waits for a sync that began
-//! before it was written. The destager copies logged blocks to newly
-//! allocated capacity blocks (never over a block the committed index points
-//! to; several writes in flight), updates the index pages in the cache, and
-//! checkpoints: dirty pages to their alternate slots, capacity devices
-//! synced, then the checkpoint record, then the log tail moves and replaced
-//! blocks become free.
+//! before it was written. A lone request (nothing else queued, written or
+//! syncing) is committed on its caller's thread instead, its records
+//! written durable on their own (`O_DSYNC`) with no `fdatasync`.
+//!
+//! The destager copies logged blocks to newly allocated capacity blocks
+//! (never over a block the committed index points to; several writes in
+//! flight), updates the index pages in the cache, and checkpoints: dirty
+//! pages to their alternate slots, capacity devices synced, then the
+//! checkpoint record, then the log tail moves and replaced blocks become
+//! free.
 //!
 //! Invariants: a request is acknowledged only after an `fdatasync` that began
-//! after its record was written returned (unless the test-only
-//! `ack_before_durable` switch is on, which exists to prove the crash tests
-//! can fail); a checkpoint's log tail never passes the durable head.
+//! after its record was written returned, or after the durable write of its
+//! record returned (unless the test-only `ack_before_durable` switch is on,
+//! which exists to prove the crash tests can fail); a checkpoint's log tail
+//! never passes the durable head.
 
 use crate::index::{CachedRoots, RootEntry, LBAS_PER_PAGE};
 use crate::state::{Fetch, LoggedRecord, Request, State, WrittenBatch};
@@ -317,7 +322,7 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
         let mut reqs: Vec<Request> = Vec::new();
         take_queued(&mut st, &mut reqs, COMMIT_BLOCKS_MAX);
         st.log_writing = true;
-        let (_st, written) = write_batch(&shared, st, reqs);
+        let (_st, written) = write_batch(&shared, st, reqs, LogWrite::Plain);
         if written.is_some() {
             shared.sync_work.notify_one();
         }
@@ -358,14 +363,17 @@ fn take_queued(st: &mut State, reqs: &mut Vec<Request>, max_blocks: u64) {
     }
 }
 
-/// Writes and syncs one request, with the requests that queued behind it
-/// since it was staged, as one group commit on the calling thread, exactly
-/// as the log writer and a syncer would (same layout, same records,
-/// acknowledgement after the sync): this saves the two thread hand-offs,
-/// each of which costs about as much as the write itself on a fast device.
-/// Requests that arrive meanwhile queue for the log writer, which writes
-/// them while this sync runs. The caller set `log_writing` (see
-/// [`can_commit_inline`]).
+/// Writes one request, with the requests that queued behind it since it
+/// was staged, as one group commit on the calling thread, with the layout
+/// and records the log writer would give it: this saves the two thread
+/// hand-offs to the log writer and a syncer, each of which costs about as
+/// much as the write itself on a fast device. Nothing else is unsynced (see
+/// [`can_commit_inline`]), so the batch is written durable on its own
+/// ([`Disk::write_durable_at`]) and acknowledged without an `fdatasync`:
+/// one system call where the write and the sync took two, and the device's
+/// cache flush issued from the write's completion. Requests that arrive
+/// meanwhile queue for the log writer, which writes them once this batch is
+/// written. The caller set `log_writing`.
 pub(crate) fn commit_inline(shared: &Shared, req: Request) {
     let mut st = shared.state.lock();
     let mut reqs = vec![req];
@@ -375,15 +383,25 @@ pub(crate) fn commit_inline(shared: &Shared, req: Request) {
     let used = st.written_vhead - st.vtail;
     let room = (shared.geo.log_blocks / 2).saturating_sub(used);
     take_queued(&mut st, &mut reqs, room.min(COMMIT_BLOCKS_MAX));
-    let (mut st, written) = write_batch(shared, st, reqs);
+    let (mut st, written) = write_batch(shared, st, reqs, LogWrite::Durable);
     let Some(first_seq) = written else {
         return;
     };
-    if st.sync_uncovered_seq <= first_seq {
-        let target = st.unsynced.back().map_or(first_seq, |b| b.first_seq);
-        st = sync_and_acknowledge(shared, st, target);
-    }
-    drop(st);
+    // The log writer waited for `log_writing`: this batch is the only one
+    // written and not yet acknowledged, and no sync needs to cover it.
+    debug_assert_eq!(st.unsynced.len(), 1);
+    st.sync_uncovered_seq = st.sync_uncovered_seq.max(first_seq + 1);
+    st.log_stats.durable_commits += 1;
+    drop(acknowledge_durable(shared, st, first_seq));
+}
+
+/// How a group commit's records are written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LogWrite {
+    /// Plain writes; a syncer makes them durable.
+    Plain,
+    /// Each write durable on its own when it returns.
+    Durable,
 }
 
 /// Lays out `reqs` as the next group commit and writes it; the batch then
@@ -394,6 +412,7 @@ fn write_batch<'a>(
     shared: &'a Shared,
     mut st: parking_lot::MutexGuard<'a, State>,
     mut reqs: Vec<Request>,
+    how: LogWrite,
 ) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
     let log_blocks = shared.geo.log_blocks;
     // Lay the records out; wait for log space if the tail is too close.
@@ -448,7 +467,7 @@ fn write_batch<'a>(
             }
         }
     }
-    let result = write_records(shared, &records);
+    let result = write_records(shared, &records, how);
     let mut st = shared.state.lock();
     st.log_writing = false;
     // Requests that queued while this batch was written are the writer's
@@ -555,6 +574,17 @@ fn sync_and_acknowledge<'a>(
         shared.log_space.notify_all();
         return st;
     }
+    acknowledge_durable(shared, st, target)
+}
+
+/// Hands the records of every batch up to the one that starts at `target`,
+/// all durable now, to the destager and acknowledges their requests in log
+/// order.
+fn acknowledge_durable<'a>(
+    shared: &'a Shared,
+    mut st: parking_lot::MutexGuard<'a, State>,
+    target: u64,
+) -> parking_lot::MutexGuard<'a, State> {
     let mut done: Vec<Request> = Vec::new();
     let destage_was_empty = st.destage.is_empty();
     while st.unsynced.front().is_some_and(|b| b.first_seq <= target) {
@@ -688,8 +718,12 @@ fn plan_records(
 }
 
 /// Writes records with as few positional writes as the wrap allows (the
-/// syncer makes them durable).
-fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskError> {
+/// syncer makes them durable, unless `how` says each write is).
+fn write_records(
+    shared: &Shared,
+    records: &[PlannedRecord],
+    how: LogWrite,
+) -> Result<(), DiskError> {
     let log_blocks = shared.geo.log_blocks;
     let disk = shared.cache_disk();
     let mut i = 0;
@@ -715,7 +749,10 @@ fn write_records(shared: &Shared, records: &[PlannedRecord]) -> Result<(), DiskE
             }
         }
         let offset = (shared.geo.log_start + records[i].vstart % log_blocks) * BLOCK as u64;
-        disk.write_at(buf.as_slice(), offset)?;
+        match how {
+            LogWrite::Plain => disk.write_at(buf.as_slice(), offset)?,
+            LogWrite::Durable => disk.write_durable_at(buf.as_slice(), offset)?,
+        }
         i = j;
     }
     Ok(())

@@ -180,6 +180,9 @@ pub struct LogStats {
     pub overlapped_commits: u64,
     /// `fdatasync` calls of the log; one covers every commit written before it.
     pub syncs: u64,
+    /// Group commits written durable on their own (`O_DSYNC`), needing no
+    /// sync: a commit made while nothing else was in flight.
+    pub durable_commits: u64,
     /// Writes stored straight on the capacity tier, bypassing the log (see
     /// [`crate::PLACED_WRITE_BYTES_MIN`]).
     pub placed_writes: u64,

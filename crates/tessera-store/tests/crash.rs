@@ -306,6 +306,7 @@ async fn power_cut_cycles_on(
         log.group_commits += stats.group_commits;
         log.overlapped_commits += stats.overlapped_commits;
         log.syncs += stats.syncs;
+        log.durable_commits += stats.durable_commits;
         log.placed_writes += stats.placed_writes;
         log.placed_blocks += stats.placed_blocks;
         if at_rest == AtRest::Rekeying && dg.encryption().unwrap().rekey.is_some() {
@@ -356,8 +357,9 @@ async fn power_cuts_lose_no_acknowledged_write() {
 }
 
 /// One writer, one write at a time: every write is committed on the
-/// writer's own thread (nothing else is in flight), and the power goes at
-/// random moments of that path.
+/// writer's own thread (nothing else is in flight), its log records written
+/// durable on their own with no sync, and the power goes at random moments
+/// of that path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
     let n = cycles();
@@ -373,6 +375,10 @@ async fn power_cuts_at_queue_depth_one_lose_no_acknowledged_write() {
     .await;
     println!("power cut, one writer: {n} cycles, {acked} writes acknowledged, {log:?}, violations: {v:?}");
     assert!(acked > 0, "nothing was acknowledged");
+    assert!(
+        log.durable_commits > 0,
+        "no commit was written durable on its own: {log:?}"
+    );
     assert_eq!(v.total(), 0, "{v:?}");
 }
 
