@@ -486,37 +486,51 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn an_uncached_write_is_read_back_through_the_page_cache() {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = one_mib_disk(dir.path());
+    /// Writes 0x11s at 8 KiB and reads them (so they are cached), writes
+    /// 0x22s over them with `write` (then syncs) and checks that reads see
+    /// the 0x22s; then, where `unaligned` says the device takes them, an
+    /// unaligned buffer of 0x33s at 0 the same way.
+    fn write_replaces_what_reads_see(
+        disk: &FileDisk,
+        unaligned: bool,
+        write: impl Fn(&FileDisk, &[u8], u64) -> Result<(), DiskError>,
+    ) {
         let mut old = AlignedBuf::zeroed(8192);
         old.as_mut_slice().fill(0x11);
         disk.write_at(old.as_slice(), 8192).unwrap();
-        // Cached now: the uncached write must replace what a read sees.
         let mut back = AlignedBuf::zeroed(8192);
         disk.read_at(back.as_mut_slice(), 8192).unwrap();
         let mut new = AlignedBuf::zeroed(8192);
         new.as_mut_slice().fill(0x22);
-        disk.write_uncached_at(new.as_slice(), 8192).unwrap();
+        write(disk, new.as_slice(), 8192).unwrap();
         disk.sync().unwrap();
         disk.read_at(back.as_mut_slice(), 8192).unwrap();
         assert_eq!(back.as_slice(), new.as_slice());
-        // An unaligned buffer falls back to the page cache.
-        let unaligned = vec![0x33u8; 4097];
-        disk.write_uncached_at(&unaligned[1..], 0).unwrap();
-        let mut first = AlignedBuf::zeroed(4096);
-        disk.read_at(first.as_mut_slice(), 0).unwrap();
-        assert!(first.as_slice().iter().all(|&b| b == 0x33));
+        if unaligned {
+            let bytes = vec![0x33u8; 4097];
+            write(disk, &bytes[1..], 0).unwrap();
+            let mut first = AlignedBuf::zeroed(4096);
+            disk.read_at(first.as_mut_slice(), 0).unwrap();
+            assert!(first.as_slice().iter().all(|&b| b == 0x33));
+        }
+    }
+
+    #[test]
+    fn an_uncached_write_is_read_back_through_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        // Cached first: the uncached write must replace what a read sees;
+        // an unaligned buffer falls back to the page cache.
+        write_replaces_what_reads_see(&one_mib_disk(dir.path()), true, |d, b, o| {
+            d.write_uncached_at(b, o)
+        });
     }
 
     #[test]
     fn a_durable_write_is_read_back_whatever_the_descriptor() {
         let dir = tempfile::tempdir().unwrap();
         for direct_io in [false, true] {
-            let path = dir.path().join(format!("dev-{direct_io}"));
             let disk = FileDisk::open(
-                &path,
+                &dir.path().join(format!("dev-{direct_io}")),
                 FileDiskOptions {
                     create_bytes: Some(1 << 20),
                     direct_io,
@@ -524,25 +538,9 @@ mod tests {
                 },
             )
             .unwrap();
-            let mut cached = AlignedBuf::zeroed(8192);
-            cached.as_mut_slice().fill(0x11);
-            disk.write_at(cached.as_slice(), 8192).unwrap();
-            let mut back = AlignedBuf::zeroed(8192);
-            disk.read_at(back.as_mut_slice(), 8192).unwrap();
-            let mut new = AlignedBuf::zeroed(8192);
-            new.as_mut_slice().fill(0x22);
-            disk.write_durable_at(new.as_slice(), 8192).unwrap();
-            disk.read_at(back.as_mut_slice(), 8192).unwrap();
-            assert_eq!(back.as_slice(), new.as_slice(), "direct_io {direct_io}");
-            if direct_io {
-                continue;
-            }
-            // An unaligned buffer on a cached device: written, then synced.
-            let unaligned = vec![0x33u8; 4097];
-            disk.write_durable_at(&unaligned[1..], 0).unwrap();
-            let mut first = AlignedBuf::zeroed(4096);
-            disk.read_at(first.as_mut_slice(), 0).unwrap();
-            assert!(first.as_slice().iter().all(|&b| b == 0x33));
+            // A device opened O_DIRECT takes aligned buffers only; a cached
+            // one writes an unaligned buffer, then syncs.
+            write_replaces_what_reads_see(&disk, !direct_io, |d, b, o| d.write_durable_at(b, o));
         }
     }
 
