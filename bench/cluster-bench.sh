@@ -12,7 +12,8 @@
 #               and not from the page cache, as Tessera's reads of data
 #               written in large writes do (placed writes go past it)
 #   raw         fio on a file of its own, no network: O_DIRECT, and for
-#               writes an fdatasync after each (the device's own bound)
+#               writes an fdatasync after each (the device's own bound; its
+#               QD 1 latency is the time per write and fdatasync)
 #   raw x2      for seqwrite, two such fio jobs at once on two files: what
 #               the disk gives two copies, halved (every mirrored byte is
 #               written twice to the same disk here)
@@ -95,14 +96,19 @@ profile_args() { # profile
 }
 
 # Prints "iops lat_us bw_kib" from fio's JSON output in $work/fio.json.
-fio_figures() {
-  python3 - "$work/fio.json" <<'PY'
+# With "cycle", the latency is the time per operation (1 / IOPS, for one
+# job at queue depth 1): for raw writes it then counts the fdatasync after
+# each write, which fio's write latency leaves out.
+fio_figures() { # [cycle]
+  python3 - "$work/fio.json" "${1:-}" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 r, w = job["read"], job["write"]
 iops = r["iops"] + w["iops"]
 lat = w["lat_ns"]["mean"] / 1000 if w["io_bytes"] else r["lat_ns"]["mean"] / 1000
+if sys.argv[2] == "cycle" and iops > 0:
+    lat = 1e6 / iops
 bw = r["bw"] + w["bw"]
 print(f"{iops:.0f} {lat:.1f} {bw:.0f}")
 PY
@@ -124,7 +130,7 @@ run_raw() { # profile
   fio --name=bench --filename="$work/raw.img" --ioengine=libaio --direct=1 --fdatasync=1 \
       $(profile_args "$1") --size="$SIZE" --time_based --runtime="$RUNTIME" \
       --group_reporting --output-format=json > "$work/fio.json"
-  fio_figures
+  fio_figures cycle
 }
 
 # Two raw jobs at once, each on a file of its own: the disk's bandwidth for
