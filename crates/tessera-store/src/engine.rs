@@ -388,9 +388,9 @@ pub(crate) fn commit_inline(shared: &Shared, req: Request) {
         return;
     };
     // The log writer waited for `log_writing`: this batch is the only one
-    // written and not yet acknowledged, and no sync needs to cover it.
+    // written and not yet acknowledged, and it leaves `unsynced` here, so no
+    // syncer ever sees it.
     debug_assert_eq!(st.unsynced.len(), 1);
-    st.sync_uncovered_seq = st.sync_uncovered_seq.max(first_seq + 1);
     st.log_stats.durable_commits += 1;
     drop(acknowledge_durable(shared, st, first_seq));
 }
