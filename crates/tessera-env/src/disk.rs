@@ -132,14 +132,52 @@ pub trait Disk: Send + Sync + 'static {
     fn read_uncached_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
         self.read_at(buf, offset)
     }
+    /// Appends `len` bytes read at `offset` to `buf`, through the page
+    /// cache or past it as `via` says (see [`Disk::read_uncached_at`]).
+    /// A backend that can read into the buffer's spare room does, so the
+    /// bytes are never zeroed before the device fills them (a 1 MiB read
+    /// for a rebuild spent as much CPU zeroing its buffer as reading it).
+    /// On error `buf` is as it was. By default `buf` grows by `len` zeroed
+    /// bytes that the read then fills.
+    fn read_appending(
+        &self,
+        buf: &mut AlignedBuf,
+        len: usize,
+        offset: u64,
+        via: ReadVia,
+    ) -> Result<(), DiskError> {
+        let at = buf.len();
+        buf.extend_zeroed(len);
+        let dst = &mut buf.as_mut_slice()[at..];
+        let read = match via {
+            ReadVia::PageCache => self.read_at(dst, offset),
+            ReadVia::Uncached => self.read_uncached_at(dst, offset),
+        };
+        if read.is_err() {
+            buf.truncate(at);
+        }
+        read
+    }
     /// Bytes on the device.
     fn size(&self) -> u64;
     /// A name for messages (the path).
     fn name(&self) -> String;
 }
 
+/// Which way a read goes: through the host's page cache
+/// ([`Disk::read_at`]) or past it ([`Disk::read_uncached_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadVia {
+    /// Through the page cache: blocks that may be read again.
+    PageCache,
+    /// Past it where the device allows: blocks read once (a copy).
+    Uncached,
+}
+
 /// A heap buffer whose start is aligned to [`DISK_ALIGN`], as `O_DIRECT`
-/// needs, built without unsafe code by over-allocating and slicing.
+/// needs, built by over-allocating and slicing. Its one unsafe method,
+/// [`AlignedBuf::extend_by_reading`], lets the kernel fill spare room that
+/// was never initialized; every byte below `raw.len()` is initialized.
 pub struct AlignedBuf {
     raw: Vec<u8>,
     start: usize,
@@ -183,6 +221,61 @@ impl AlignedBuf {
         self.reserve(n);
         self.raw.resize(self.raw.len() + n, 0);
         self.len += n;
+    }
+
+    /// Drops every byte past the first `len`.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.raw.truncate(self.start + len);
+            self.len = len;
+        }
+    }
+
+    /// Appends `n` bytes read from `file` at `offset` (`pread`, again after
+    /// a short read), straight into the buffer's spare room, which is never
+    /// zeroed. On error (end of file included) the buffer is as it was.
+    ///
+    /// Safety argument, the only unsafe code of the crate: `pread` is given
+    /// a pointer into this `Vec`'s spare capacity (reserved just before,
+    /// at least `n` bytes, not aliased by any reference) and a length that
+    /// stays inside it; the length of the `Vec` moves past those bytes only
+    /// once the kernel has reported writing all `n` of them, so no byte is
+    /// ever seen uninitialized.
+    #[allow(unsafe_code)]
+    fn extend_by_reading(&mut self, file: &File, n: usize, offset: u64) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        self.reserve(n);
+        let at = self.raw.len();
+        let mut done = 0;
+        while done < n {
+            let spare = &mut self.raw.spare_capacity_mut()[done..n];
+            let position = libc::off_t::try_from(offset + done as u64)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+            // SAFETY: see the method's documentation: the kernel writes at
+            // most `spare.len()` bytes into memory this `Vec` owns.
+            let got = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    spare.as_mut_ptr().cast(),
+                    spare.len(),
+                    position,
+                )
+            };
+            match got {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                g if g < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                g => done += g as usize,
+            }
+        }
+        // SAFETY: bytes `at..at + n` were all written by the reads above.
+        unsafe { self.raw.set_len(at + n) };
+        self.len += n;
+        Ok(())
     }
 
     /// Makes room for `n` more bytes. The start stays aligned: a `Vec` that
@@ -398,6 +491,27 @@ impl Disk for FileDisk {
         }
     }
 
+    fn read_appending(
+        &self,
+        buf: &mut AlignedBuf,
+        len: usize,
+        offset: u64,
+        via: ReadVia,
+    ) -> Result<(), DiskError> {
+        // The destination starts at `buf.len()` past an aligned start.
+        let fits = buf.len().is_multiple_of(DISK_ALIGN)
+            && len.is_multiple_of(DISK_ALIGN)
+            && offset.is_multiple_of(DISK_ALIGN as u64);
+        let file = match (via, &self.uncached) {
+            (ReadVia::Uncached, Some(direct)) if fits => direct,
+            // Where `file` is O_DIRECT itself, a read that does not fit
+            // fails as `read_at` would.
+            _ => &self.file,
+        };
+        buf.extend_by_reading(file, len, offset)
+            .map_err(|e| DiskError::from_io(&self.name(), "read", offset, len as u64, &e))
+    }
+
     fn size(&self) -> u64 {
         self.size
     }
@@ -573,6 +687,53 @@ mod tests {
             .read_uncached_at(back.as_mut_slice(), (1 << 20) - 4096)
             .unwrap_err();
         assert!(err.to_string().contains("dev0"), "{err}");
+    }
+
+    #[test]
+    fn reads_appended_to_a_buffer_see_the_device_and_leave_it_whole_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for direct_io in [false, true] {
+            let disk = FileDisk::open(
+                &dir.path().join(format!("dev-{direct_io}")),
+                FileDiskOptions {
+                    create_bytes: Some(1 << 20),
+                    direct_io,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+            disk.write_at(AlignedBuf::copy_of(&data).as_slice(), 4096)
+                .unwrap();
+            disk.sync().unwrap();
+            // Pieces from memory and from the device, in any order, both
+            // ways, growing past the room the buffer started with.
+            let mut buf = AlignedBuf::with_capacity(4096);
+            buf.extend_from_slice(&[7u8; 4096]);
+            disk.read_appending(&mut buf, 8192, 4096, ReadVia::Uncached)
+                .unwrap();
+            buf.extend_zeroed(4096);
+            disk.read_appending(&mut buf, 4096, 3 * 4096, ReadVia::PageCache)
+                .unwrap();
+            assert_eq!(buf.as_slice().as_ptr() as usize % DISK_ALIGN, 0);
+            assert_eq!(buf.len(), 5 * 4096);
+            assert_eq!(&buf.as_slice()[..4096], &[7u8; 4096][..]);
+            assert_eq!(&buf.as_slice()[4096..3 * 4096], &data[..8192]);
+            assert_eq!(&buf.as_slice()[3 * 4096..4 * 4096], &[0u8; 4096][..]);
+            assert_eq!(&buf.as_slice()[4 * 4096..], &data[8192..]);
+            // Past the end: an error naming the device, the buffer as it was.
+            for via in [ReadVia::Uncached, ReadVia::PageCache] {
+                let err = disk
+                    .read_appending(&mut buf, 8192, (1 << 20) - 4096, via)
+                    .unwrap_err();
+                assert!(
+                    err.to_string().contains(&format!("dev-{direct_io}")),
+                    "{err}"
+                );
+                assert_eq!(buf.len(), 5 * 4096);
+                assert_eq!(&buf.as_slice()[4 * 4096..], &data[8192..]);
+            }
+        }
     }
 
     #[test]

@@ -80,6 +80,17 @@ impl Disk for SwitchedDisk {
         self.inner.read_uncached_at(buf, offset)
     }
 
+    fn read_appending(
+        &self,
+        buf: &mut crate::AlignedBuf,
+        len: usize,
+        offset: u64,
+        via: crate::ReadVia,
+    ) -> Result<(), DiskError> {
+        self.check("read", offset, len as u64)?;
+        self.inner.read_appending(buf, len, offset, via)
+    }
+
     fn size(&self) -> u64 {
         self.inner.size()
     }
@@ -103,10 +114,21 @@ mod tests {
         let block = AlignedBuf::copy_of(&[7u8; 4096]);
         disk.write_at(block.as_slice(), 4096).unwrap();
         disk.sync().unwrap();
+        // Before: an appending read of the fault model (the trait's own
+        // way, zeroed then read) sees the block.
+        let mut appended = AlignedBuf::with_capacity(0);
+        disk.read_appending(&mut appended, 4096, 4096, crate::ReadVia::Uncached)
+            .unwrap();
+        assert_eq!(appended.as_slice(), block.as_slice());
         switch.trip();
         let mut buf = AlignedBuf::zeroed(4096);
         let err = disk.read_at(buf.as_mut_slice(), 4096).unwrap_err();
         assert!(err.to_string().contains("fault injected"), "{err}");
+        let err = disk
+            .read_appending(&mut appended, 4096, 4096, crate::ReadVia::PageCache)
+            .unwrap_err();
+        assert!(err.to_string().contains("fault injected"), "{err}");
+        assert_eq!(appended.len(), 4096);
         assert!(disk.write_at(block.as_slice(), 0).is_err());
         assert!(disk.write_uncached_at(block.as_slice(), 0).is_err());
         assert!(disk.sync().is_err());

@@ -13,7 +13,7 @@ pub mod disk_fault;
 pub mod disk_switch;
 pub mod space;
 
-pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, DISK_ALIGN};
+pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, ReadVia, DISK_ALIGN};
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
 

@@ -43,7 +43,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tessera_env::{AlignedBuf, Disk, DiskError};
+use tessera_env::{AlignedBuf, Disk, DiskError, ReadVia};
 use tessera_format::{Superblock, WrappedKey, BLOCK, DATA_KEY_BYTES, SEALED_KEY_BYTES};
 use zeroize::Zeroizing;
 
@@ -657,6 +657,24 @@ impl Disk for EncryptedDisk {
         self.decrypted_read(buf, offset, |b, o| self.inner.read_uncached_at(b, o))
     }
 
+    fn read_appending(
+        &self,
+        buf: &mut AlignedBuf,
+        len: usize,
+        offset: u64,
+        via: ReadVia,
+    ) -> Result<(), DiskError> {
+        let at = buf.len();
+        if !offset.is_multiple_of(BLOCK as u64) || !len.is_multiple_of(BLOCK) {
+            return Err(self.misaligned("read", offset, len));
+        }
+        let first = offset / BLOCK as u64;
+        let _pieces = self.lock_pieces(first, (len / BLOCK) as u64);
+        self.inner.read_appending(buf, len, offset, via)?;
+        self.decrypt_in_place(first, &mut buf.as_mut_slice()[at..]);
+        Ok(())
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.encrypted_write(buf, offset, "write", |b, o| self.inner.write_at(b, o))
     }
@@ -700,12 +718,17 @@ impl EncryptedDisk {
         let first = offset / BLOCK as u64;
         let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
         read(buf, offset)?;
+        self.decrypt_in_place(first, buf);
+        Ok(())
+    }
+
+    /// Decrypts `buf`, the blocks read from block `first` on, in place.
+    fn decrypt_in_place(&self, first: u64, buf: &mut [u8]) {
         self.each_block(first, buf.len() / BLOCK, |i, cipher| {
             if let Some((xts, unit)) = cipher {
                 xts.decrypt(unit, &mut buf[i * BLOCK..(i + 1) * BLOCK]);
             }
         });
-        Ok(())
     }
 }
 
@@ -1212,6 +1235,42 @@ mod tests {
         (0..BLOCK)
             .map(|i| (block as usize * 31 + i * 7) as u8)
             .collect()
+    }
+
+    /// An appending read (how multi-block reads and copies read) gives
+    /// the plaintext of every block, on both sides of a deep rekey's
+    /// cursor, after what the buffer held; the device holds none of it.
+    #[test]
+    fn appending_reads_decrypt_under_either_key() {
+        let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
+        let blocks = 4 * REKEY_PIECE_BLOCKS;
+        let data_end = blocks - REKEY_PIECE_BLOCKS;
+        let disk = Arc::new(tessera_env::FaultDisk::new("dev", blocks * BLOCK as u64));
+        let cipher = encrypted_device(&disk, &keys, blocks);
+        let dev = cipher.devices[0].clone();
+        for b in CLEAR_BLOCKS..data_end {
+            dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
+        }
+        dev.sync().unwrap();
+        cipher.begin_deep_rekey(&keys).unwrap();
+        dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS).unwrap();
+        for via in [ReadVia::PageCache, ReadVia::Uncached] {
+            let mut buf = AlignedBuf::copy_of(&[9u8; BLOCK]);
+            let len = ((data_end - CLEAR_BLOCKS) * BLOCK as u64) as usize;
+            dev.read_appending(&mut buf, len, CLEAR_BLOCKS * BLOCK as u64, via)
+                .unwrap();
+            assert_eq!(&buf.as_slice()[..BLOCK], &[9u8; BLOCK][..]);
+            for (i, b) in (CLEAR_BLOCKS..data_end).enumerate() {
+                let got = &buf.as_slice()[(i + 1) * BLOCK..(i + 2) * BLOCK];
+                assert!(got == pattern(b), "block {b} read {via:?}");
+                assert!(disk.peek(b * BLOCK as u64, BLOCK) != pattern(b));
+            }
+            let err = dev
+                .read_appending(&mut buf, BLOCK + 1, BLOCK as u64, via)
+                .unwrap_err();
+            assert!(err.to_string().contains("dev"), "{err}");
+            assert_eq!(buf.len(), BLOCK + len);
+        }
     }
 
     /// The power goes while a piece is being rewritten under the next key:

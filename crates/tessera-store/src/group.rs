@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tessera_env::{AlignedBuf, Disk, FileDisk, FileDiskOptions, Rng, SeededRng, DISK_ALIGN};
+use tessera_env::{
+    AlignedBuf, Disk, FileDisk, FileDiskOptions, ReadVia, Rng, SeededRng, DISK_ALIGN,
+};
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
 
@@ -1806,21 +1808,23 @@ fn assemble(
             })?,
         });
     }
-    // Aligned, so runs of blocks on a device are read straight into it.
-    let mut out = AlignedBuf::zeroed(n * BLOCK);
+    // Aligned, so runs of blocks on a device are read straight into it;
+    // built in order by appending, so nothing is zeroed that a device read
+    // fills next.
+    let mut out = AlignedBuf::with_capacity(n * BLOCK);
     let mut fills = Vec::new();
     let mut i = 0;
     while i < n {
         match &plan[i] {
-            Source::Zero => {}
+            Source::Zero => out.extend_zeroed(BLOCK),
             Source::Lost => return Ok(Err(Lba(lba.0 + i as u64))),
             Source::Memory(b, crc) => {
                 if block_crc(b) != *crc {
                     return Ok(Err(Lba(lba.0 + i as u64)));
                 }
-                out.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b);
+                out.extend_from_slice(b);
             }
-            Source::Cached(b) => out.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(b),
+            Source::Cached(b) => out.extend_from_slice(b),
             Source::Disk(first, _) => {
                 // Coalesce physically adjacent blocks into one read.
                 let mut run = 1;
@@ -1834,8 +1838,8 @@ fn assemble(
                         _ => break,
                     }
                 }
-                let run_bytes = &mut out.as_mut_slice()[i * BLOCK..(i + run) * BLOCK];
-                read_loc(shared, *first, run_bytes, read_use)?;
+                read_loc_appending(shared, *first, run, &mut out, read_use)?;
+                let run_bytes = &out.as_slice()[i * BLOCK..(i + run) * BLOCK];
                 for k in 0..run {
                     let crc = match &plan[i + k] {
                         Source::Disk(_, c) => *c,
@@ -1886,6 +1890,25 @@ fn read_loc(
         ReadUse::Copy => disk.read_uncached_at(buf, offset),
     }
     .map_err(|e| (loc.device, e.to_string()))
+}
+
+/// Appends `blocks` blocks read from `loc` on to `out`.
+fn read_loc_appending(
+    shared: &Shared,
+    loc: BlockLoc,
+    blocks: usize,
+    out: &mut AlignedBuf,
+    read_use: ReadUse,
+) -> Result<(), (u8, String)> {
+    let disk = shared
+        .disk(loc.device)
+        .ok_or((loc.device, format!("no device {}", loc.device)))?;
+    let via = match read_use {
+        ReadUse::Guest => ReadVia::PageCache,
+        ReadUse::Copy => ReadVia::Uncached,
+    };
+    disk.read_appending(out, blocks * BLOCK, loc.block * BLOCK_BYTES, via)
+        .map_err(|e| (loc.device, e.to_string()))
 }
 
 /// Who a read is for.

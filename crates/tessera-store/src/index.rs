@@ -160,9 +160,12 @@ pub struct IndexCacheStats {
 
 /// The cache.
 pub(crate) struct IndexCache {
-    pages: HashMap<PageKey, CachedPage>,
+    /// Looked up for every block of every I/O: hashed with foldhash, not
+    /// the standard library's SipHash (a keyed hash against floods of
+    /// chosen keys; these keys are page numbers).
+    pages: HashMap<PageKey, CachedPage, foldhash::fast::RandomState>,
     /// Blocks of snapshots' root tables, sharing the budget with pages.
-    roots: HashMap<RootBlockKey, CachedRoots>,
+    roots: HashMap<RootBlockKey, CachedRoots, foldhash::fast::RandomState>,
     capacity: usize,
     /// Use order of pages and root blocks together (root blocks are looked
     /// up under a shared borrow, hence atomic).
@@ -184,8 +187,8 @@ pub(crate) struct IndexCache {
 impl IndexCache {
     pub(crate) fn new(bytes: u64) -> IndexCache {
         IndexCache {
-            pages: HashMap::new(),
-            roots: HashMap::new(),
+            pages: HashMap::default(),
+            roots: HashMap::default(),
             capacity: capacity_for(bytes),
             clock: AtomicU64::new(0),
             prefetch_pages: INDEX_PREFETCH_PAGES_DEFAULT,
