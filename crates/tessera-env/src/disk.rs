@@ -590,10 +590,15 @@ mod tests {
 
     /// A 1 MiB file device `dev0` in `dir`.
     fn one_mib_disk(dir: &Path) -> FileDisk {
+        one_mib_disk_named(dir, "dev0", false)
+    }
+
+    fn one_mib_disk_named(dir: &Path, name: &str, direct_io: bool) -> FileDisk {
         FileDisk::open(
-            &dir.join("dev0"),
+            &dir.join(name),
             FileDiskOptions {
                 create_bytes: Some(1 << 20),
+                direct_io,
                 ..Default::default()
             },
         )
@@ -643,15 +648,7 @@ mod tests {
     fn a_durable_write_is_read_back_whatever_the_descriptor() {
         let dir = tempfile::tempdir().unwrap();
         for direct_io in [false, true] {
-            let disk = FileDisk::open(
-                &dir.path().join(format!("dev-{direct_io}")),
-                FileDiskOptions {
-                    create_bytes: Some(1 << 20),
-                    direct_io,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let disk = one_mib_disk_named(dir.path(), &format!("dev-{direct_io}"), direct_io);
             // A device opened O_DIRECT takes aligned buffers only; a cached
             // one writes an unaligned buffer, then syncs.
             write_replaces_what_reads_see(&disk, !direct_io, |d, b, o| d.write_durable_at(b, o));
@@ -693,15 +690,7 @@ mod tests {
     fn reads_appended_to_a_buffer_see_the_device_and_leave_it_whole_on_error() {
         let dir = tempfile::tempdir().unwrap();
         for direct_io in [false, true] {
-            let disk = FileDisk::open(
-                &dir.path().join(format!("dev-{direct_io}")),
-                FileDiskOptions {
-                    create_bytes: Some(1 << 20),
-                    direct_io,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let disk = one_mib_disk_named(dir.path(), &format!("dev-{direct_io}"), direct_io);
             let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
             disk.write_at(AlignedBuf::copy_of(&data).as_slice(), 4096)
                 .unwrap();

@@ -1237,6 +1237,23 @@ mod tests {
             .collect()
     }
 
+    /// An encrypted device of `blocks` blocks with [`pattern`] written
+    /// over its data area (blocks past the clear ones, before the
+    /// journal), synced.
+    fn patterned_device(
+        keys: &AtRestKeys,
+        blocks: u64,
+    ) -> (Arc<tessera_env::FaultDisk>, GroupCipher, Arc<EncryptedDisk>) {
+        let disk = Arc::new(tessera_env::FaultDisk::new("dev", blocks * BLOCK as u64));
+        let cipher = encrypted_device(&disk, keys, blocks);
+        let dev = cipher.devices[0].clone();
+        for b in CLEAR_BLOCKS..blocks - REKEY_PIECE_BLOCKS {
+            dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
+        }
+        dev.sync().unwrap();
+        (disk, cipher, dev)
+    }
+
     /// An appending read (how multi-block reads and copies read) gives
     /// the plaintext of every block, on both sides of a deep rekey's
     /// cursor, after what the buffer held; the device holds none of it.
@@ -1245,13 +1262,7 @@ mod tests {
         let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
         let blocks = 4 * REKEY_PIECE_BLOCKS;
         let data_end = blocks - REKEY_PIECE_BLOCKS;
-        let disk = Arc::new(tessera_env::FaultDisk::new("dev", blocks * BLOCK as u64));
-        let cipher = encrypted_device(&disk, &keys, blocks);
-        let dev = cipher.devices[0].clone();
-        for b in CLEAR_BLOCKS..data_end {
-            dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
-        }
-        dev.sync().unwrap();
+        let (disk, cipher, dev) = patterned_device(&keys, blocks);
         cipher.begin_deep_rekey(&keys).unwrap();
         dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS).unwrap();
         for via in [ReadVia::PageCache, ReadVia::Uncached] {
@@ -1282,13 +1293,7 @@ mod tests {
         let blocks = 4 * REKEY_PIECE_BLOCKS;
         let data_end = blocks - REKEY_PIECE_BLOCKS;
         for seed in 0..8u64 {
-            let disk = Arc::new(tessera_env::FaultDisk::new("dev", blocks * BLOCK as u64));
-            let cipher = encrypted_device(&disk, &keys, blocks);
-            let dev = cipher.devices[0].clone();
-            for b in CLEAR_BLOCKS..data_end {
-                dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
-            }
-            dev.sync().unwrap();
+            let (disk, cipher, dev) = patterned_device(&keys, blocks);
             cipher.begin_deep_rekey(&keys).unwrap();
             dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS).unwrap();
             dev.stop_after_rewrite.store(true, Ordering::Release);
