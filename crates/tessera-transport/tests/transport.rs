@@ -643,9 +643,10 @@ async fn one_way_partition_loses_only_one_direction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_probability_is_roughly_honoured() {
-    // Long enough that no delivered call times out on a loaded machine.
+    // Long enough that no delivered call times out on a loaded machine
+    // (the calls run at once: a dropped one costs the test one timeout).
     let config = TransportConfig {
-        call_timeout: Duration::from_millis(1000),
+        call_timeout: Duration::from_millis(3000),
         ..TransportConfig::default()
     };
     let (a, b, faults) = pair(config).await;
@@ -668,6 +669,11 @@ async fn drop_probability_is_roughly_honoured() {
             Ok(Response::Pong) => answered += 1,
             Ok(other) => panic!("unexpected answer {other:?}"),
             Err(TransportError::Timeout { .. }) => {}
+            // A stall of the whole machine can leave the connection with no
+            // frame for a call's timeout: it is closed as possibly dead,
+            // and the calls still on it are lost, as the rule says.
+            Err(TransportError::ConnectionLost { reason, .. })
+                if reason.contains("silent for a whole call timeout") => {}
             Err(other) => panic!("unexpected error {other}"),
         }
     }
