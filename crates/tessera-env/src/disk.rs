@@ -132,6 +132,13 @@ pub trait Disk: Send + Sync + 'static {
     fn read_uncached_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
         self.read_at(buf, offset)
     }
+    /// [`Disk::read_at`] or [`Disk::read_uncached_at`], as `via` says.
+    fn read_via(&self, buf: &mut [u8], offset: u64, via: ReadVia) -> Result<(), DiskError> {
+        match via {
+            ReadVia::PageCache => self.read_at(buf, offset),
+            ReadVia::Uncached => self.read_uncached_at(buf, offset),
+        }
+    }
     /// Appends `len` bytes read at `offset` to `buf`, through the page
     /// cache or past it as `via` says (see [`Disk::read_uncached_at`]).
     /// A backend that can read into the buffer's spare room does, so the
@@ -148,11 +155,7 @@ pub trait Disk: Send + Sync + 'static {
     ) -> Result<(), DiskError> {
         let at = buf.len();
         buf.extend_zeroed(len);
-        let dst = &mut buf.as_mut_slice()[at..];
-        let read = match via {
-            ReadVia::PageCache => self.read_at(dst, offset),
-            ReadVia::Uncached => self.read_uncached_at(dst, offset),
-        };
+        let read = self.read_via(&mut buf.as_mut_slice()[at..], offset, via);
         if read.is_err() {
             buf.truncate(at);
         }

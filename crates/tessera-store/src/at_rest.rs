@@ -650,11 +650,17 @@ impl EncryptedDisk {
 
 impl Disk for EncryptedDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        self.decrypted_read(buf, offset, |b, o| self.inner.read_at(b, o))
+        self.decrypted_read(offset, buf.len(), move || {
+            self.inner.read_at(buf, offset)?;
+            Ok(buf)
+        })
     }
 
     fn read_uncached_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
-        self.decrypted_read(buf, offset, |b, o| self.inner.read_uncached_at(b, o))
+        self.decrypted_read(offset, buf.len(), move || {
+            self.inner.read_uncached_at(buf, offset)?;
+            Ok(buf)
+        })
     }
 
     fn read_appending(
@@ -664,15 +670,11 @@ impl Disk for EncryptedDisk {
         offset: u64,
         via: ReadVia,
     ) -> Result<(), DiskError> {
-        let at = buf.len();
-        if !offset.is_multiple_of(BLOCK as u64) || !len.is_multiple_of(BLOCK) {
-            return Err(self.misaligned("read", offset, len));
-        }
-        let first = offset / BLOCK as u64;
-        let _pieces = self.lock_pieces(first, (len / BLOCK) as u64);
-        self.inner.read_appending(buf, len, offset, via)?;
-        self.decrypt_in_place(first, &mut buf.as_mut_slice()[at..]);
-        Ok(())
+        self.decrypted_read(offset, len, move || {
+            let at = buf.len();
+            self.inner.read_appending(buf, len, offset, via)?;
+            Ok(&mut buf.as_mut_slice()[at..])
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
@@ -705,30 +707,26 @@ impl Disk for EncryptedDisk {
 }
 
 impl EncryptedDisk {
-    /// Reads whole blocks with `read` and decrypts them in place.
-    fn decrypted_read(
+    /// Reads `len` bytes of whole blocks at `offset` with `read`, which
+    /// returns where they landed, and decrypts them there.
+    fn decrypted_read<'b>(
         &self,
-        buf: &mut [u8],
         offset: u64,
-        read: impl FnOnce(&mut [u8], u64) -> Result<(), DiskError>,
+        len: usize,
+        read: impl FnOnce() -> Result<&'b mut [u8], DiskError>,
     ) -> Result<(), DiskError> {
-        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
-            return Err(self.misaligned("read", offset, buf.len()));
+        if !offset.is_multiple_of(BLOCK as u64) || !len.is_multiple_of(BLOCK) {
+            return Err(self.misaligned("read", offset, len));
         }
         let first = offset / BLOCK as u64;
-        let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
-        read(buf, offset)?;
-        self.decrypt_in_place(first, buf);
-        Ok(())
-    }
-
-    /// Decrypts `buf`, the blocks read from block `first` on, in place.
-    fn decrypt_in_place(&self, first: u64, buf: &mut [u8]) {
-        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
+        let _pieces = self.lock_pieces(first, (len / BLOCK) as u64);
+        let read = read()?;
+        self.each_block(first, len / BLOCK, |i, cipher| {
             if let Some((xts, unit)) = cipher {
-                xts.decrypt(unit, &mut buf[i * BLOCK..(i + 1) * BLOCK]);
+                xts.decrypt(unit, &mut read[i * BLOCK..(i + 1) * BLOCK]);
             }
         });
+        Ok(())
     }
 }
 

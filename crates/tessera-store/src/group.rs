@@ -1881,15 +1881,16 @@ fn read_loc(
     buf: &mut [u8],
     read_use: ReadUse,
 ) -> Result<(), (u8, String)> {
-    let disk = shared
+    device_of(shared, loc)?
+        .read_via(buf, loc.block * BLOCK_BYTES, read_use.via())
+        .map_err(|e| (loc.device, e.to_string()))
+}
+
+/// The device `loc` is on.
+fn device_of(shared: &Shared, loc: BlockLoc) -> Result<&Arc<dyn Disk>, (u8, String)> {
+    shared
         .disk(loc.device)
-        .ok_or((loc.device, format!("no device {}", loc.device)))?;
-    let offset = loc.block * BLOCK_BYTES;
-    match read_use {
-        ReadUse::Guest => disk.read_at(buf, offset),
-        ReadUse::Copy => disk.read_uncached_at(buf, offset),
-    }
-    .map_err(|e| (loc.device, e.to_string()))
+        .ok_or((loc.device, format!("no device {}", loc.device)))
 }
 
 /// Appends `blocks` blocks read from `loc` on to `out`.
@@ -1900,14 +1901,8 @@ fn read_loc_appending(
     out: &mut AlignedBuf,
     read_use: ReadUse,
 ) -> Result<(), (u8, String)> {
-    let disk = shared
-        .disk(loc.device)
-        .ok_or((loc.device, format!("no device {}", loc.device)))?;
-    let via = match read_use {
-        ReadUse::Guest => ReadVia::PageCache,
-        ReadUse::Copy => ReadVia::Uncached,
-    };
-    disk.read_appending(out, blocks * BLOCK, loc.block * BLOCK_BYTES, via)
+    device_of(shared, loc)?
+        .read_appending(out, blocks * BLOCK, loc.block * BLOCK_BYTES, read_use.via())
         .map_err(|e| (loc.device, e.to_string()))
 }
 
@@ -1919,6 +1914,16 @@ enum ReadUse {
     Guest,
     /// A copy to another component: each block read once.
     Copy,
+}
+
+impl ReadUse {
+    /// Which way its device reads go: a copy's past the page cache.
+    fn via(self) -> ReadVia {
+        match self {
+            ReadUse::Guest => ReadVia::PageCache,
+            ReadUse::Copy => ReadVia::Uncached,
+        }
+    }
 }
 
 /// Mounts: superblocks, checkpoint, committed index, log replay.
