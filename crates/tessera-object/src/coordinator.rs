@@ -175,7 +175,9 @@ pub enum ResyncError {
 }
 
 struct State {
-    layout: Layout,
+    /// Shared with the operations under way, which each take the layout
+    /// of their turn (a reference, not a copy); changed copy-on-write.
+    layout: Arc<Layout>,
     /// Dirty regions per copy that missed writes, in column blocks.
     dirty: HashMap<ComponentId, DirtyRegions>,
     /// The coarse maps of the data copies that are behind, as the next
@@ -232,6 +234,12 @@ impl Drop for IntentHold<'_> {
 }
 
 impl State {
+    /// The layout to change (copied first if an operation under way
+    /// holds it).
+    fn layout_mut(&mut self) -> &mut Layout {
+        Arc::make_mut(&mut self.layout)
+    }
+
     /// Column blocks of data copy `id` (None for a witness or a stranger).
     fn column_blocks(&self, id: ComponentId) -> Option<u64> {
         self.layout
@@ -525,7 +533,7 @@ impl State {
                 if let (Some(source), ComponentState::Active, true) =
                     (source, c.state, reachable.contains(&c.id))
                 {
-                    let mut without = self.layout.clone();
+                    let mut without = Layout::clone(&self.layout);
                     set_state(&mut without, c.id, ComponentState::Absent);
                     if !has_quorum(&without) {
                         let spans: Vec<(usize, u64, u64)> = intent
@@ -541,7 +549,11 @@ impl State {
                         });
                         continue;
                     }
-                    set_state(&mut self.layout, c.id, ComponentState::Absent);
+                    set_state(
+                        Arc::make_mut(&mut self.layout),
+                        c.id,
+                        ComponentState::Absent,
+                    );
                     changed = true;
                     for (start, count) in intent.ranges() {
                         self.missed(c.id, start, count);
@@ -708,7 +720,7 @@ impl Coordinator {
                 intents: intent_maps(&layout),
                 durable_intents: intent_maps(&layout),
                 intent_use: HashMap::new(),
-                layout,
+                layout: Arc::new(layout),
                 dirty: HashMap::new(),
                 recorded: BTreeMap::new(),
                 durable: BTreeMap::new(),
@@ -768,7 +780,11 @@ impl Coordinator {
                     }
                     Err(_) => {
                         state.behind_by(c.id, record);
-                        if set_state(&mut state.layout, c.id, ComponentState::Absent) {
+                        if set_state(
+                            Arc::make_mut(&mut state.layout),
+                            c.id,
+                            ComponentState::Absent,
+                        ) {
                             changed = true;
                         }
                     }
@@ -878,12 +894,12 @@ impl Coordinator {
     /// guest operation moving `bytes`; the turn lasts while the permit is
     /// held. Taken before any range lock, once per client operation.
     pub async fn guest_turn(&self, bytes: u64) -> IoPermit {
-        self.scheduler.admit(self.client.clone(), bytes).await
+        self.scheduler.admit(&self.client, bytes).await
     }
 
     /// The owner's current layout.
     pub fn layout(&self) -> Layout {
-        self.state.lock().layout.clone()
+        Layout::clone(&self.state.lock().layout)
     }
 
     /// The epoch this coordinator writes with.
@@ -950,7 +966,7 @@ impl Coordinator {
             let mut changed = false;
             for id in ids {
                 let receiving = state.layout.component(id).is_some_and(receives_writes);
-                changed |= set_state(&mut state.layout, id, ComponentState::Absent);
+                changed |= set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Absent);
                 state.behind(id);
                 if receiving {
                     state.departs(id);
@@ -978,7 +994,7 @@ impl Coordinator {
                 .collect();
             let mut changed = false;
             for id in ids {
-                changed |= set_state(&mut state.layout, id, ComponentState::Active);
+                changed |= set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Active);
                 state.caught_up(id);
             }
             changed
@@ -1027,7 +1043,7 @@ impl Coordinator {
         {
             let mut state = self.state.lock();
             let mut replaced = false;
-            for mirror in state.layout.columns.iter_mut() {
+            for mirror in state.layout_mut().columns.iter_mut() {
                 if let Some(slot) = mirror.copies.iter_mut().find(|c| c.id == old) {
                     new.state = ComponentState::Resyncing;
                     new.size_bytes = slot.size_bytes;
@@ -1036,7 +1052,12 @@ impl Coordinator {
                 }
             }
             if !replaced {
-                if let Some(slot) = state.layout.witnesses.iter_mut().find(|c| c.id == old) {
+                if let Some(slot) = state
+                    .layout_mut()
+                    .witnesses
+                    .iter_mut()
+                    .find(|c| c.id == old)
+                {
                     new.state = ComponentState::Active;
                     *slot = new.clone();
                     replaced = true;
@@ -1108,7 +1129,7 @@ impl Coordinator {
         {
             let mut state = self.state.lock();
             let Some(mirror) = state
-                .layout
+                .layout_mut()
                 .columns
                 .iter_mut()
                 .find(|m| m.copies.iter().any(|c| c.id == beside))
@@ -1135,7 +1156,7 @@ impl Coordinator {
             let mut state = self.state.lock();
             let volume = &self.info.name;
             let Some(mirror) = state
-                .layout
+                .layout_mut()
                 .columns
                 .iter_mut()
                 .find(|m| m.copies.iter().any(|c| c.id == id))
@@ -1242,7 +1263,7 @@ impl Coordinator {
             // weights say, before it holds any guest write back.
             let turn = self
                 .scheduler
-                .admit(IoClient::Resync, count * BLOCK_BYTES)
+                .admit(&IoClient::Resync, count * BLOCK_BYTES)
                 .await;
             let began = self.scheduler.clock().monotonic();
             let guard = self.columns[column].lock(start, start + count).await;
@@ -1291,7 +1312,7 @@ impl Coordinator {
         {
             let mut state = self.state.lock();
             state.caught_up(id);
-            set_state(&mut state.layout, id, ComponentState::Active);
+            set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Active);
         }
         self.record().await.map_err(|e| ResyncError::Unavailable {
             volume: volume.clone(),
@@ -1490,7 +1511,7 @@ impl Coordinator {
         let _turn = self.record_turn.lock().await;
         let (layout, dirty) = {
             let mut state = self.state.lock();
-            state.layout.generation += 1;
+            state.layout_mut().generation += 1;
             (state.layout.clone(), state.dirty_record())
         };
         self.recorder
@@ -1509,8 +1530,8 @@ impl Coordinator {
         let _turn = self.record_turn.lock().await;
         let (layout, dirty) = {
             let mut state = self.state.lock();
-            state.layout.generation += 1;
-            let mut layout = state.layout.clone();
+            state.layout_mut().generation += 1;
+            let mut layout = Layout::clone(&state.layout);
             set_state(&mut layout, id, to);
             (layout, state.dirty_record())
         };
@@ -1520,7 +1541,7 @@ impl Coordinator {
             .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
         let mut state = self.state.lock();
         state.recorded_as(dirty);
-        set_state(&mut state.layout, id, to);
+        set_state(Arc::make_mut(&mut state.layout), id, to);
         Ok(())
     }
 
@@ -1623,7 +1644,7 @@ impl Coordinator {
     /// Reads whole blocks `[start, end)` of the volume (byte offsets
     /// aligned): the blocks the host read cache holds from it, the others
     /// from the copies, which then fill the cache.
-    async fn read_aligned(&self, start: u64, end: u64) -> Result<BytesMut, BlockError> {
+    async fn read_aligned(&self, start: u64, end: u64) -> Result<Bytes, BlockError> {
         if !self.cache.enabled() {
             return self.read_copies(start, end).await;
         }
@@ -1676,12 +1697,23 @@ impl Coordinator {
             out.extend_from_slice(&data);
             i += n;
         }
-        Ok(out)
+        Ok(out.freeze())
     }
 
-    /// Reads whole blocks `[start, end)` of the volume from the copies.
-    async fn read_copies(&self, start: u64, end: u64) -> Result<BytesMut, BlockError> {
+    /// Reads whole blocks `[start, end)` of the volume from the copies. A
+    /// range inside one column (every 4 KiB read) is the copy's answer as it
+    /// came, not copied.
+    async fn read_copies(&self, start: u64, end: u64) -> Result<Bytes, BlockError> {
         let pieces = self.state.lock().layout.map_range(start, end - start);
+        if let [p] = pieces.as_slice() {
+            return self
+                .read_column(
+                    p.column,
+                    p.component_offset / BLOCK_BYTES,
+                    p.len / BLOCK_BYTES,
+                )
+                .await;
+        }
         let reads = join_all(pieces.iter().map(|p| {
             self.read_column(
                 p.column,
@@ -1694,7 +1726,7 @@ impl Coordinator {
         for r in reads {
             out.extend_from_slice(&r?);
         }
-        Ok(out)
+        Ok(out.freeze())
     }
 
     /// Reads column blocks from one Active copy, falling back to the others,
@@ -1714,7 +1746,7 @@ impl Coordinator {
         }
         let mut checksum_failed: Vec<ComponentPlacement> = Vec::new();
         let mut last_error = None;
-        for c in &copies {
+        for c in copies.iter() {
             match self
                 .io
                 .read(c, Lba(block), count as u32, IoClass::Guest)
@@ -1776,8 +1808,9 @@ impl Coordinator {
         };
         let Some(good) = self
             .readable_copies(column, block)
-            .into_iter()
+            .iter()
             .find(|c| !bad_copies.iter().any(|b| b.id == c.id))
+            .cloned()
         else {
             return;
         };
@@ -1816,22 +1849,28 @@ impl Coordinator {
     /// `block` tries them: a copy on this host first, else the copy the
     /// block's 1 MiB region is assigned to (region `r` to the `r mod n`-th
     /// Active copy), then the others.
-    fn readable_copies(&self, column: usize, block: u64) -> Vec<ComponentPlacement> {
-        let state = self.state.lock();
-        let mut copies: Vec<ComponentPlacement> = state.layout.columns[column]
+    fn readable_copies(&self, column: usize, block: u64) -> ReadableCopies {
+        let layout = Arc::clone(&self.state.lock().layout);
+        let mut order: Vec<usize> = layout.columns[column]
             .copies
             .iter()
-            .filter(|c| c.state == ComponentState::Active)
-            .cloned()
+            .enumerate()
+            .filter(|(_, c)| c.state == ComponentState::Active)
+            .map(|(i, _)| i)
             .collect();
-        if copies.len() > 1 {
-            let first = copies
+        if order.len() > 1 {
+            let copies = &layout.columns[column].copies;
+            let first = order
                 .iter()
-                .position(|c| self.io.is_local(c))
-                .unwrap_or(((block / READ_REGION_BLOCKS) % copies.len() as u64) as usize);
-            copies.rotate_left(first);
+                .position(|&i| self.io.is_local(&copies[i]))
+                .unwrap_or(((block / READ_REGION_BLOCKS) % order.len() as u64) as usize);
+            order.rotate_left(first);
         }
-        copies
+        ReadableCopies {
+            layout,
+            column,
+            order,
+        }
     }
 
     fn superseded_by(&self, highest: Epoch) -> BlockError {
@@ -1855,7 +1894,7 @@ impl Coordinator {
                 current,
                 Some(ComponentState::Active | ComponentState::Resyncing)
             ) {
-                set_state(&mut state.layout, id, ComponentState::Absent);
+                set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Absent);
                 state.departs(id);
             }
         }
@@ -1864,69 +1903,33 @@ impl Coordinator {
     /// Writes whole blocks at aligned volume offset `start`; the caller holds
     /// the range locks.
     async fn write_aligned(&self, start: u64, data: Bytes) -> Result<(), BlockError> {
-        self.apply(
-            start,
-            data.len() as u64,
-            |c, lba, _blocks, piece: Option<Bytes>| {
-                let io = Arc::clone(&self.io);
-                let epoch = self.epoch;
-                async move {
-                    match piece {
-                        Some(d) => io.write(&c, lba, d, epoch, IoClass::Guest).await,
-                        None => Ok(()),
-                    }
-                }
-            },
-            Some(data),
-        )
-        .await
+        let len = data.len() as u64;
+        self.apply(start, len, CopyChange::Write(data)).await
     }
 
     /// Unmaps whole blocks at aligned volume offset `start`.
     async fn unmap_aligned(&self, start: u64, len: u64) -> Result<(), BlockError> {
-        self.apply(
-            start,
-            len,
-            |c, lba, blocks, _piece: Option<Bytes>| {
-                let io = Arc::clone(&self.io);
-                let epoch = self.epoch;
-                async move { io.unmap(&c, lba, blocks, epoch, IoClass::Guest).await }
-            },
-            None,
-        )
-        .await
+        self.apply(start, len, CopyChange::Unmap).await
     }
 
-    /// Runs `op` on every copy that receives writes, for each column piece of
-    /// `[start, start+len)`, and settles the outcome: copies that failed
-    /// become Absent with the range dirty, absent copies get the range dirty,
-    /// and the result is acknowledged only with quorum and a copy per column.
-    async fn apply<F, Fut>(
-        &self,
-        start: u64,
-        len: u64,
-        op: F,
-        data: Option<Bytes>,
-    ) -> Result<(), BlockError>
-    where
-        F: Fn(ComponentPlacement, Lba, u64, Option<Bytes>) -> Fut,
-        Fut: std::future::Future<Output = Result<(), ComponentError>>,
-    {
+    /// Makes `change` on every copy that receives writes, for each column
+    /// piece of `[start, start+len)`, and settles the outcome: copies that
+    /// failed become Absent with the range dirty, absent copies get the
+    /// range dirty, and the result is acknowledged only with quorum and a
+    /// copy per column. The copies are those of the layout when the change
+    /// starts, borrowed from it, not copied.
+    async fn apply(&self, start: u64, len: u64, change: CopyChange) -> Result<(), BlockError> {
         self.check_usable()?;
         // Dropped on the way out, once the copies are done with the change
         // (or it was abandoned), before it is acknowledged.
         let _invalidate = self
             .cache
             .change(start / BLOCK_BYTES, len.div_ceil(BLOCK_BYTES));
-        let (pieces, targets, skipped, intents) = {
+        let (pieces, layout, skipped, intents) = {
             let mut state = self.state.lock();
             let pieces = state.layout.map_range(start, len);
-            let targets: Vec<Vec<ComponentPlacement>> = state
-                .layout
-                .columns
-                .iter()
-                .map(|m| m.copies.clone())
-                .collect();
+            let layout = Arc::clone(&state.layout);
+            let targets = |column: usize| &layout.columns[column].copies;
             // Copies that do not receive the change miss it: marked in the
             // same turn as the targets are read, so a resync that makes such
             // a copy Resyncing afterwards finds these blocks dirty.
@@ -1935,11 +1938,11 @@ impl Coordinator {
             for p in &pieces {
                 let block = p.component_offset / BLOCK_BYTES;
                 let count = p.len / BLOCK_BYTES;
-                for c in targets[p.column].iter().filter(|c| !receives_writes(c)) {
+                for c in targets(p.column).iter().filter(|c| !receives_writes(c)) {
                     state.missed(c.id, block, count);
                     skipped.push((c.id, block, count));
                 }
-                if targets[p.column]
+                if targets(p.column)
                     .iter()
                     .filter(|c| receives_writes(c))
                     .count()
@@ -1954,7 +1957,7 @@ impl Coordinator {
                 spans,
                 settled: false,
             };
-            (pieces, targets, skipped, intents)
+            (pieces, layout, skipped, intents)
         };
         // Recorded before any copy has the change: an owner that dies with
         // the change on some copies leaves a record that names it, as a
@@ -1968,17 +1971,25 @@ impl Coordinator {
         for p in &pieces {
             let block = p.component_offset / BLOCK_BYTES;
             let count = p.len / BLOCK_BYTES;
-            for c in targets[p.column].iter().filter(|c| receives_writes(c)) {
-                let piece = data
-                    .as_ref()
-                    .map(|d| d.slice(p.buffer_offset as usize..(p.buffer_offset + p.len) as usize));
-                let c2 = c.clone();
-                let fut = op(c.clone(), Lba(block), count, piece);
+            for c in layout.columns[p.column]
+                .copies
+                .iter()
+                .filter(|c| receives_writes(c))
+            {
+                let fut = match &change {
+                    CopyChange::Write(data) => {
+                        let piece = data
+                            .slice(p.buffer_offset as usize..(p.buffer_offset + p.len) as usize);
+                        self.io
+                            .write(c, Lba(block), piece, self.epoch, IoClass::Guest)
+                    }
+                    CopyChange::Unmap => {
+                        self.io
+                            .unmap(c, Lba(block), count, self.epoch, IoClass::Guest)
+                    }
+                };
                 let local = self.io.is_local(c);
-                calls.push((
-                    local,
-                    async move { (c2, p.column, block, count, fut.await) },
-                ));
+                calls.push((local, async move { (c, p.column, block, count, fut.await) }));
             }
         }
         // Copies on other hosts first: `join_all` polls in order, and the
@@ -1988,7 +1999,7 @@ impl Coordinator {
         let results = join_all(calls.into_iter().map(|(_, call)| call)).await;
         intents.settled();
         let mut state_changed = false;
-        let mut acked_columns = vec![false; targets.len()];
+        let mut acked_columns = vec![false; layout.columns.len()];
         let mut failure: Option<BlockError> = None;
         for (c, column, block, count, result) in results {
             match result {
@@ -2030,6 +2041,33 @@ impl Coordinator {
         }
         self.check_usable()
     }
+}
+
+/// The Active copies of a column in the order a read tries them, in the
+/// layout of the read's turn (see [`Coordinator::readable_copies`]).
+struct ReadableCopies {
+    layout: Arc<Layout>,
+    column: usize,
+    order: Vec<usize>,
+}
+
+impl ReadableCopies {
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &ComponentPlacement> {
+        let copies = &self.layout.columns[self.column].copies;
+        self.order.iter().map(move |&i| &copies[i])
+    }
+}
+
+/// What [`Coordinator::apply`] does to each copy.
+enum CopyChange {
+    /// Writes these bytes (the whole range's).
+    Write(Bytes),
+    /// Unmaps the range.
+    Unmap,
 }
 
 /// Whether copy `c` receives writes (it is Active, or Resyncing and so
@@ -2076,7 +2114,7 @@ impl BlockDevice for Coordinator {
         }
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
-        let blocks = self.read_aligned(start, end).await?.freeze();
+        let blocks = self.read_aligned(start, end).await?;
         let skip = (offset - start) as usize;
         Ok(blocks.slice(skip..skip + len as usize))
     }
@@ -2152,7 +2190,7 @@ impl BlockDevice for Coordinator {
         let mut extents = Vec::new();
         for p in pieces {
             let b0 = p.component_offset / BLOCK_BYTES;
-            let Some(copy) = self.readable_copies(p.column, b0).into_iter().next() else {
+            let Some(copy) = self.readable_copies(p.column, b0).iter().next().cloned() else {
                 return Err(bad(format!("volume {}: no readable copy", self.info.name)));
             };
             let count = p.len / BLOCK_BYTES;

@@ -242,14 +242,15 @@ impl IoScheduler {
     }
 
     /// Waits for `client`'s turn to run an operation moving `bytes`.
-    pub async fn admit(&self, client: IoClient, bytes: u64) -> IoPermit {
+    /// The client is cloned, and a channel made, only when the operation
+    /// has to queue: the common case allocates nothing.
+    pub async fn admit(&self, client: &IoClient, bytes: u64) -> IoPermit {
         let scheduler = self.myself.upgrade().expect("a scheduler in use is alive");
         if matches!(client, IoClient::Volume(_)) {
             self.last_guest_ns
                 .store(self.now_ns().max(1), Ordering::Relaxed);
         }
-        let (tx, rx) = oneshot::channel();
-        let ticket = {
+        let (ticket, rx) = {
             let mut inner = self.inner.lock();
             let now = self.now_ns();
             let Some(m) = inner.mclock.as_mut() else {
@@ -257,15 +258,16 @@ impl IoScheduler {
             };
             // The common case on a host that is not saturated: no queue,
             // no limit, nothing to decide.
-            if m.try_start_now(&client) {
+            if m.try_start_now(client) {
                 return IoPermit { scheduler };
             }
-            let ticket = m.enqueue(client, bytes, now);
+            let ticket = m.enqueue(client.clone(), bytes, now);
+            let (tx, rx) = oneshot::channel();
             inner.waiting.insert(ticket, tx);
             if self.start_due(&mut inner, Some(ticket)) {
                 return IoPermit { scheduler };
             }
-            ticket
+            (ticket, rx)
         };
         let mut waiter = Waiter {
             scheduler: Arc::clone(&scheduler),
@@ -352,7 +354,7 @@ mod tests {
         );
         let began = Instant::now();
         for _ in 0..41 {
-            drop(s.admit(IoClient::Volume(volume("slow")), 4096).await);
+            drop(s.admit(&IoClient::Volume(volume("slow")), 4096).await);
         }
         // 40 intervals of 5 ms; a timer may fire late, never early.
         assert!(
@@ -370,7 +372,7 @@ mod tests {
         assert_eq!(s.resync_pause(step), Duration::ZERO, "no guest yet");
         s.set_resync_multiplier(6);
         assert_eq!(s.resync_pause(step), Duration::ZERO, "an idle host");
-        drop(s.admit(IoClient::Volume(volume("a")), 4096).await);
+        drop(s.admit(&IoClient::Volume(volume("a")), 4096).await);
         assert_eq!(s.resync_pause(step), Duration::from_millis(50));
         s.set_resync_multiplier(1);
         assert_eq!(s.resync_pause(step), Duration::ZERO);
@@ -379,10 +381,10 @@ mod tests {
     #[tokio::test]
     async fn callers_beyond_the_depth_wait_and_one_that_gives_up_frees_nothing_twice() {
         let s = IoScheduler::new(1);
-        let held = s.admit(IoClient::Resync, 1 << 20).await;
+        let held = s.admit(&IoClient::Resync, 1 << 20).await;
         let gave_up = tokio::time::timeout(
             Duration::from_millis(20),
-            s.admit(IoClient::Volume(volume("a")), 4096),
+            s.admit(&IoClient::Volume(volume("a")), 4096),
         )
         .await;
         assert!(gave_up.is_err(), "the only slot was taken");
@@ -390,7 +392,7 @@ mod tests {
         let waiting = {
             let (s, ran) = (Arc::clone(&s), Arc::clone(&ran));
             tokio::spawn(async move {
-                let _p = s.admit(IoClient::Volume(volume("b")), 4096).await;
+                let _p = s.admit(&IoClient::Volume(volume("b")), 4096).await;
                 ran.fetch_add(1, Ordering::SeqCst);
             })
         };

@@ -1890,7 +1890,7 @@ fn read_loc(
 fn device_of(shared: &Shared, loc: BlockLoc) -> Result<&Arc<dyn Disk>, (u8, String)> {
     shared
         .disk(loc.device)
-        .ok_or((loc.device, format!("no device {}", loc.device)))
+        .ok_or_else(|| (loc.device, format!("no device {}", loc.device)))
 }
 
 /// Appends `blocks` blocks read from `loc` on to `out`.

@@ -251,7 +251,11 @@ async fn pass(host: &Arc<Host>, period: Option<Duration>) {
         let scheduler = Arc::clone(&host.scheduler);
         let scrubbing = group.scrub_with(from, rate, move |blocks| {
             let scheduler = Arc::clone(&scheduler);
-            async move { scheduler.admit(IoClient::Scrub, blocks * BLOCK_BYTES).await }
+            async move {
+                scheduler
+                    .admit(&IoClient::Scrub, blocks * BLOCK_BYTES)
+                    .await
+            }
         });
         tokio::pin!(scrubbing);
         let outcome = loop {

@@ -455,7 +455,7 @@ impl Coordinator {
                 let step = (lba.0 + n - at).min(RESYNC_STEP_BLOCKS);
                 let turn = self
                     .scheduler
-                    .admit(crate::io_scheduler::IoClient::Resync, step * BLOCK_BYTES)
+                    .admit(&crate::io_scheduler::IoClient::Resync, step * BLOCK_BYTES)
                     .await;
                 let bytes = self
                     .copy_range(from, to, at, step)
@@ -516,7 +516,7 @@ impl Coordinator {
             let mut state = self.state.lock();
             let at = place.copy();
             let column = state
-                .layout
+                .layout_mut()
                 .columns
                 .iter_mut()
                 .find(|m| m.copies.iter().any(|c| c.id == at))
@@ -612,7 +612,7 @@ impl Coordinator {
                     "component {id} is not a data copy of volume {volume}"
                 )));
             };
-            let mirror = &mut state.layout.columns[column];
+            let mirror = &mut state.layout_mut().columns[column];
             if !mirror
                 .copies
                 .iter()
@@ -653,7 +653,7 @@ impl Coordinator {
         let _turn = self.record_turn.lock().await;
         let (layout, dirty) = {
             let mut state = self.state.lock();
-            state.layout.generation += 1;
+            state.layout_mut().generation += 1;
             (state.layout.clone(), state.dirty_record())
         };
         let gone = self
