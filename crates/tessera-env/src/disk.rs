@@ -24,6 +24,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Alignment of every offset, length and buffer address (the logical block
 /// size `O_DIRECT` needs on the devices we run on).
@@ -160,6 +161,16 @@ pub trait Disk: Send + Sync + 'static {
             buf.truncate(at);
         }
         read
+    }
+    /// Reads `buf.len()` bytes at `offset` only if that takes no wait for
+    /// the device: true when the host's page cache held them all and `buf`
+    /// has them; false (and `buf` undefined) when the device would have to
+    /// be read, or the backend cannot tell. A caller that must not block
+    /// (a runtime thread serving many clients) reads what is cached at
+    /// once and hands the rest to a thread that may wait. By default false.
+    fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
+        let _ = (buf, offset);
+        Ok(false)
     }
     /// Bytes on the device.
     fn size(&self) -> u64;
@@ -347,6 +358,9 @@ pub struct FileDisk {
     durable: Option<File>,
     /// Whether `file` is opened with `O_DIRECT` (so `durable` is too).
     direct: bool,
+    /// The kernel refused `RWF_NOWAIT` once: [`Disk::read_at_if_cached`]
+    /// says false from then on without asking.
+    no_wait_refused: AtomicBool,
     path: PathBuf,
     size: u64,
 }
@@ -429,6 +443,7 @@ impl FileDisk {
             uncached,
             durable,
             direct,
+            no_wait_refused: AtomicBool::new(false),
             path: path.to_path_buf(),
             size,
         })
@@ -513,6 +528,40 @@ impl Disk for FileDisk {
         };
         buf.extend_by_reading(file, len, offset)
             .map_err(|e| DiskError::from_io(&self.name(), "read", offset, len as u64, &e))
+    }
+
+    /// `preadv2` with `RWF_NOWAIT`: the kernel copies from the page cache
+    /// and answers `EAGAIN` (or a short read) where a page is missing,
+    /// instead of reading the device. A descriptor opened with `O_DIRECT`
+    /// would read the device, so it is never asked.
+    fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
+        if self.direct || buf.is_empty() || self.no_wait_refused.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let len = buf.len();
+        let read = rustix::io::preadv2(
+            &self.file,
+            &mut [std::io::IoSliceMut::new(buf)],
+            offset,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        );
+        match read {
+            Ok(n) => Ok(n == len),
+            Err(rustix::io::Errno::AGAIN) => Ok(false),
+            // A kernel or file system without it: the caller's other way
+            // (a read that may wait) is always right.
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                self.no_wait_refused.store(true, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(DiskError::from_io(
+                &self.name(),
+                "read",
+                offset,
+                len as u64,
+                &std::io::Error::from(e),
+            )),
+        }
     }
 
     fn size(&self) -> u64 {
@@ -656,6 +705,37 @@ mod tests {
             // one writes an unaligned buffer, then syncs.
             write_replaces_what_reads_see(&disk, !direct_io, |d, b, o| d.write_durable_at(b, o));
         }
+    }
+
+    #[test]
+    fn a_read_that_would_wait_for_the_device_is_left_to_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = one_mib_disk(dir.path());
+        let data: Vec<u8> = (0..4096).map(|i| (i % 249) as u8).collect();
+        disk.write_at(&data, 8192).unwrap();
+        disk.sync().unwrap();
+        // Just written: in the page cache.
+        let mut buf = vec![0u8; 4096];
+        assert!(disk.read_at_if_cached(&mut buf, 8192).unwrap());
+        assert_eq!(buf, data);
+        // Dropped from the page cache (clean once synced): the device would
+        // have to be read, so the caller is told to read it its own way.
+        rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        let mut missed = vec![0u8; 4096];
+        assert!(!disk.read_at_if_cached(&mut missed, 8192).unwrap());
+        // Which brings it back.
+        disk.read_at(&mut missed, 8192).unwrap();
+        assert!(disk.read_at_if_cached(&mut buf, 8192).unwrap());
+        assert_eq!(buf, data);
+        // Past the end: not served here; the caller's read reports it.
+        assert!(!disk.read_at_if_cached(&mut buf, 1 << 20).unwrap());
+        // A device opened O_DIRECT always reads the device.
+        let direct = one_mib_disk_named(dir.path(), "direct", true);
+        direct
+            .write_at(AlignedBuf::copy_of(&data).as_slice(), 0)
+            .unwrap();
+        let mut aligned = AlignedBuf::zeroed(4096);
+        assert!(!direct.read_at_if_cached(aligned.as_mut_slice(), 0).unwrap());
     }
 
     #[test]

@@ -91,6 +91,11 @@ impl Disk for SwitchedDisk {
         self.inner.read_appending(buf, len, offset, via)
     }
 
+    fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
+        self.check("read", offset, buf.len() as u64)?;
+        self.inner.read_at_if_cached(buf, offset)
+    }
+
     fn size(&self) -> u64 {
         self.inner.size()
     }
@@ -129,6 +134,7 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("fault injected"), "{err}");
         assert_eq!(appended.len(), 4096);
+        assert!(disk.read_at_if_cached(buf.as_mut_slice(), 4096).is_err());
         assert!(disk.write_at(block.as_slice(), 0).is_err());
         assert!(disk.write_uncached_at(block.as_slice(), 0).is_err());
         assert!(disk.sync().is_err());

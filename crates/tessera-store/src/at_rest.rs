@@ -677,6 +677,16 @@ impl Disk for EncryptedDisk {
         })
     }
 
+    fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
+        let mut cached = false;
+        self.decrypted_read(offset, buf.len(), || {
+            cached = self.inner.read_at_if_cached(buf, offset)?;
+            // Nothing to decrypt when the device was not read.
+            Ok(if cached { buf } else { &mut [] })
+        })?;
+        Ok(cached)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.encrypted_write(buf, offset, "write", |b, o| self.inner.write_at(b, o))
     }
@@ -708,7 +718,8 @@ impl Disk for EncryptedDisk {
 
 impl EncryptedDisk {
     /// Reads `len` bytes of whole blocks at `offset` with `read`, which
-    /// returns where they landed, and decrypts them there.
+    /// returns where they landed (nothing, if it read nothing), and
+    /// decrypts them there.
     fn decrypted_read<'b>(
         &self,
         offset: u64,
@@ -721,7 +732,7 @@ impl EncryptedDisk {
         let first = offset / BLOCK as u64;
         let _pieces = self.lock_pieces(first, (len / BLOCK) as u64);
         let read = read()?;
-        self.each_block(first, len / BLOCK, |i, cipher| {
+        self.each_block(first, read.len() / BLOCK, |i, cipher| {
             if let Some((xts, unit)) = cipher {
                 xts.decrypt(unit, &mut read[i * BLOCK..(i + 1) * BLOCK]);
             }
@@ -1180,11 +1191,7 @@ mod tests {
 
     /// One device's worth of an encrypted group, its superblock made by
     /// hand: `blocks` blocks, the last [`REKEY_PIECE_BLOCKS`] the journal.
-    fn encrypted_device(
-        disk: &Arc<tessera_env::FaultDisk>,
-        keys: &AtRestKeys,
-        blocks: u64,
-    ) -> GroupCipher {
+    fn encrypted_device(disk: Arc<dyn Disk>, keys: &AtRestKeys, blocks: u64) -> GroupCipher {
         use tessera_format::{DeviceRole, SuperblockEncryption, CIPHER_AES256_XTS};
         let uuid = 0x5eed;
         let sb = Superblock {
@@ -1220,7 +1227,7 @@ mod tests {
         two.extend_from_slice(&sb.encode());
         disk.write_at(&two, 0).unwrap();
         disk.sync().unwrap();
-        GroupCipher::open(&[disk.clone() as Arc<dyn Disk>], vec![sb], keys).unwrap()
+        GroupCipher::open(&[disk], vec![sb], keys).unwrap()
     }
 
     fn reopen(disk: &Arc<tessera_env::FaultDisk>, keys: &AtRestKeys) -> GroupCipher {
@@ -1243,7 +1250,7 @@ mod tests {
         blocks: u64,
     ) -> (Arc<tessera_env::FaultDisk>, GroupCipher, Arc<EncryptedDisk>) {
         let disk = Arc::new(tessera_env::FaultDisk::new("dev", blocks * BLOCK as u64));
-        let cipher = encrypted_device(&disk, keys, blocks);
+        let cipher = encrypted_device(disk.clone(), keys, blocks);
         let dev = cipher.devices[0].clone();
         for b in CLEAR_BLOCKS..blocks - REKEY_PIECE_BLOCKS {
             dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
@@ -1280,6 +1287,42 @@ mod tests {
             assert!(err.to_string().contains("dev"), "{err}");
             assert_eq!(buf.len(), BLOCK + len);
         }
+    }
+
+    /// A read served from the page cache only when it holds the block
+    /// decrypts what it serves, and says so when the device would have to
+    /// be read.
+    #[test]
+    fn a_read_from_the_page_cache_alone_decrypts_what_it_serves() {
+        let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let blocks = 2 * REKEY_PIECE_BLOCKS;
+        let file = tessera_env::FileDisk::open(
+            &dir.path().join("dev"),
+            tessera_env::FileDiskOptions {
+                create_bytes: Some(blocks * BLOCK as u64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let cipher = encrypted_device(Arc::new(file), &keys, blocks);
+        let dev = cipher.devices[0].clone();
+        let b = CLEAR_BLOCKS + 3;
+        dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
+        dev.sync().unwrap();
+        let mut buf = vec![0u8; BLOCK];
+        assert!(dev.read_at_if_cached(&mut buf, b * BLOCK as u64).unwrap());
+        assert!(buf == pattern(b));
+        let mut raw = vec![0u8; BLOCK];
+        dev.inner.read_at(&mut raw, b * BLOCK as u64).unwrap();
+        assert!(raw != pattern(b));
+        // Not held (the kernel dropped the clean pages): nothing served.
+        let path = dir.path().join("dev");
+        let f = std::fs::File::open(&path).unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        assert!(!dev.read_at_if_cached(&mut buf, b * BLOCK as u64).unwrap());
+        // Misaligned: refused, as every encrypted read is.
+        assert!(dev.read_at_if_cached(&mut buf[..100], 0).is_err());
     }
 
     /// The power goes while a piece is being rewritten under the next key:
@@ -1332,7 +1375,7 @@ mod tests {
     fn a_shallow_rekey_leaves_only_the_new_key_able_to_open_the_group() {
         let old = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
         let disk = Arc::new(tessera_env::FaultDisk::new("dev", 1024 * BLOCK as u64));
-        let cipher = encrypted_device(&disk, &old, 1024);
+        let cipher = encrypted_device(disk.clone(), &old, 1024);
         cipher.devices[0]
             .write_at(&pattern(9), 9 * BLOCK as u64)
             .unwrap();

@@ -1020,7 +1020,7 @@ impl DiskGroup {
         id: ComponentId,
         lba: Lba,
         plan: Vec<Source>,
-        fill: Option<Fill>,
+        mut fill: Option<Fill>,
         read_use: ReadUse,
     ) -> Result<Result<Bytes, Lba>, StoreError> {
         let shared = self.shared.clone();
@@ -1030,7 +1030,10 @@ impl DiskGroup {
             .count();
         // Only blocks the content cache did not hold count: a read served
         // from memory never waits for a reader thread.
-        // A lone read runs on the calling thread: handing it to a reader
+        // A guest's one-block read whose block the host's page cache holds
+        // is served on the calling thread at once, busy or not: the kernel
+        // copies it out or says it would have to read the device.
+        // Otherwise a lone read runs on the calling thread: handing it to a reader
         // thread and back costs two cross-core wake-ups, more than the read.
         // It yields once first, so the reads its task starts next (a
         // connection polls its requests one after another in one task) count
@@ -1041,6 +1044,9 @@ impl DiskGroup {
         // sits blocked in a device read while completions wait for it.
         let result = if disk_blocks == 0 {
             assemble(&shared, lba, plan, fill, read_use)
+        } else if let Some(done) = read_block_if_cached(&shared, lba, &plan, &mut fill, read_use) {
+            // The page cache had it: no hand-off, whatever else is in flight.
+            done
         } else {
             let first = self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0;
             let _in_flight = ReadInFlight(&self.shared);
@@ -1795,16 +1801,7 @@ fn assemble(
                 // zeroed per read.
                 let buf = scratch.as_mut_slice();
                 read_loc(shared, loc, buf, read_use)?;
-                Ok(if block_crc(buf) != crc {
-                    Err(lba)
-                } else if let Some(mut fill) = fill {
-                    // The caller and the cache share one exact 4 KiB buffer.
-                    let b = fill.own_block(buf);
-                    fill.fill(vec![(loc, crc, b.clone())]);
-                    Ok(b)
-                } else {
-                    Ok(Bytes::copy_from_slice(buf))
-                })
+                Ok(checked_block(buf, loc, crc, lba, fill))
             })?,
         });
     }
@@ -1891,6 +1888,54 @@ fn device_of(shared: &Shared, loc: BlockLoc) -> Result<&Arc<dyn Disk>, (u8, Stri
     shared
         .disk(loc.device)
         .ok_or_else(|| (loc.device, format!("no device {}", loc.device)))
+}
+
+/// A block read from a device, checked against its CRC and given a buffer
+/// of its own, which the content cache shares through `fill`.
+fn checked_block(
+    buf: &[u8],
+    loc: BlockLoc,
+    crc: u32,
+    lba: Lba,
+    fill: Option<Fill>,
+) -> Result<Bytes, Lba> {
+    if block_crc(buf) != crc {
+        Err(lba)
+    } else if let Some(mut fill) = fill {
+        // The caller and the cache share one exact 4 KiB buffer.
+        let b = fill.own_block(buf);
+        fill.fill(vec![(loc, crc, b.clone())]);
+        Ok(b)
+    } else {
+        Ok(Bytes::copy_from_slice(buf))
+    }
+}
+
+/// A guest's read of one block on a device, served on the calling thread
+/// if the host's page cache holds the block (`Disk::read_at_if_cached`):
+/// `None`, with nothing done, when the device would have to be read.
+fn read_block_if_cached(
+    shared: &Shared,
+    lba: Lba,
+    plan: &[Source],
+    fill: &mut Option<Fill>,
+    read_use: ReadUse,
+) -> Option<Result<Result<Bytes, Lba>, (u8, String)>> {
+    let ([Source::Disk(loc, crc)], ReadUse::Guest) = (plan, read_use) else {
+        return None;
+    };
+    BLOCK_SCRATCH.with_borrow_mut(|scratch| {
+        let buf = scratch.as_mut_slice();
+        let cached = device_of(shared, *loc).and_then(|disk| {
+            disk.read_at_if_cached(buf, loc.block * BLOCK_BYTES)
+                .map_err(|e| (loc.device, e.to_string()))
+        });
+        match cached {
+            Ok(false) => None,
+            Ok(true) => Some(Ok(checked_block(buf, *loc, *crc, lba, fill.take()))),
+            Err(e) => Some(Err(e)),
+        }
+    })
 }
 
 /// Appends `blocks` blocks read from `loc` on to `out`.
