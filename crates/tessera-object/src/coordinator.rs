@@ -549,11 +549,7 @@ impl State {
                         });
                         continue;
                     }
-                    set_state(
-                        Arc::make_mut(&mut self.layout),
-                        c.id,
-                        ComponentState::Absent,
-                    );
+                    set_state(self.layout_mut(), c.id, ComponentState::Absent);
                     changed = true;
                     for (start, count) in intent.ranges() {
                         self.missed(c.id, start, count);
@@ -780,11 +776,7 @@ impl Coordinator {
                     }
                     Err(_) => {
                         state.behind_by(c.id, record);
-                        if set_state(
-                            Arc::make_mut(&mut state.layout),
-                            c.id,
-                            ComponentState::Absent,
-                        ) {
+                        if set_state(state.layout_mut(), c.id, ComponentState::Absent) {
                             changed = true;
                         }
                     }
@@ -966,7 +958,7 @@ impl Coordinator {
             let mut changed = false;
             for id in ids {
                 let receiving = state.layout.component(id).is_some_and(receives_writes);
-                changed |= set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Absent);
+                changed |= set_state(state.layout_mut(), id, ComponentState::Absent);
                 state.behind(id);
                 if receiving {
                     state.departs(id);
@@ -994,7 +986,7 @@ impl Coordinator {
                 .collect();
             let mut changed = false;
             for id in ids {
-                changed |= set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Active);
+                changed |= set_state(state.layout_mut(), id, ComponentState::Active);
                 state.caught_up(id);
             }
             changed
@@ -1312,7 +1304,7 @@ impl Coordinator {
         {
             let mut state = self.state.lock();
             state.caught_up(id);
-            set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Active);
+            set_state(state.layout_mut(), id, ComponentState::Active);
         }
         self.record().await.map_err(|e| ResyncError::Unavailable {
             volume: volume.clone(),
@@ -1541,7 +1533,7 @@ impl Coordinator {
             .map_err(|e| bad(format!("volume {}: recording layout: {e}", self.info.name)))?;
         let mut state = self.state.lock();
         state.recorded_as(dirty);
-        set_state(Arc::make_mut(&mut state.layout), id, to);
+        set_state(state.layout_mut(), id, to);
         Ok(())
     }
 
@@ -1894,7 +1886,7 @@ impl Coordinator {
                 current,
                 Some(ComponentState::Active | ComponentState::Resyncing)
             ) {
-                set_state(Arc::make_mut(&mut state.layout), id, ComponentState::Absent);
+                set_state(state.layout_mut(), id, ComponentState::Absent);
                 state.departs(id);
             }
         }
