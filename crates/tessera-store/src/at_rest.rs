@@ -30,8 +30,9 @@
 //! XTS is built here from the `aes` crate's block cipher (the mode is a few
 //! lines: a tweak multiplied by x in GF(2^128) between blocks) because the
 //! crates that offer the mode encrypt one 16-byte block at a time, about
-//! 0.8 GB/s on these machines; handing all 256 blocks of a 4 KiB unit to
-//! AES-NI at once runs several times faster. Tests hold it to the IEEE
+//! 0.8 GB/s on these machines; handing the blocks of a 4 KiB unit to AES-NI
+//! eight at a time, with the tweak XORs in vector registers, runs several
+//! times faster (0.46 s of CPU per GiB against 0.31 for the rounds alone). Tests hold it to the IEEE
 //! 1619 vectors and to the `xts-mode` crate on random input.
 
 use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
@@ -358,61 +359,87 @@ impl Xts {
         }
     }
 
-    /// The tweaks of the unit's 256 blocks: the encrypted unit number, then
-    /// multiplied by x in GF(2^128) (little-endian) from block to block.
-    /// (Four chains stepping by x^4 side by side, through a table, measured
-    /// 20% slower than this one chain.)
-    fn tweaks(&self, unit: u128) -> [u128; LANES] {
+    /// The tweak of a unit's first block: the unit number encrypted with
+    /// the tweak key.
+    fn first_tweak(&self, unit: u128) -> u128 {
         let mut t = Block::from(unit.to_le_bytes());
         self.tweak.encrypt_block(&mut t);
-        let mut tweak = u128::from_le_bytes(t.into());
-        let mut all = [0u128; LANES];
-        for slot in all.iter_mut() {
-            *slot = tweak;
-            tweak = mul_x(tweak);
-        }
-        all
+        u128::from_le_bytes(t.into())
     }
 
-    fn xor_tweaks(blocks: &mut [Block], tweaks: &[u128; LANES]) {
-        for (b, t) in blocks.iter_mut().zip(tweaks) {
-            let v = u128::from_le_bytes((*b).into()) ^ t;
-            *b = Block::from(v.to_le_bytes());
+    /// XTS over one 4 KiB unit: each block is XORed with its tweak, passed
+    /// through `rounds` (the cipher's encryption or decryption) and XORed
+    /// again; the tweak is multiplied by x in GF(2^128) from block to block.
+    /// The input is `src`, or `blocks` itself when there is none. Blocks go
+    /// to AES-NI [`RUN`] at a time with their tweaks beside them, so a run
+    /// stays in L1 between the two XORs and the unit is read and written
+    /// once. (Four tweak chains stepping by x^4 through a table, and RUN
+    /// chains stepping by x^RUN, measured no faster than this one chain.)
+    fn unit(
+        &self,
+        unit: u128,
+        blocks: &mut [Block],
+        src: Option<&[Block]>,
+        rounds: impl Fn(&Aes256, &mut [Block]),
+    ) {
+        debug_assert!(blocks.len() == LANES && src.is_none_or(|s| s.len() == LANES));
+        let mut tweak = self.first_tweak(unit);
+        for (r, run) in blocks.chunks_exact_mut(RUN).enumerate() {
+            let mut tweaks = [Block::default(); RUN];
+            for t in tweaks.iter_mut() {
+                *t = Block::from(tweak.to_le_bytes());
+                tweak = mul_x(tweak);
+            }
+            match src {
+                Some(src) => xor_into(run, &src[r * RUN..(r + 1) * RUN], &tweaks),
+                None => xor_in_place(run, &tweaks),
+            }
+            rounds(&self.data, run);
+            xor_in_place(run, &tweaks);
         }
     }
 
     /// Encrypts one 4 KiB unit from `plain` into `out` (one pass over the
     /// source instead of a copy and then an encryption in place).
     fn encrypt_into(&self, unit: u128, plain: &[u8], out: &mut [u8]) {
-        let tweaks = self.tweaks(unit);
         let (src, _) = Block::slice_as_chunks(plain);
-        let (blocks, rest) = Block::slice_as_chunks_mut(out);
-        debug_assert!(rest.is_empty() && blocks.len() == LANES && src.len() == LANES);
-        for ((b, s), t) in blocks.iter_mut().zip(src).zip(&tweaks) {
-            *b = Block::from((u128::from_le_bytes((*s).into()) ^ t).to_le_bytes());
-        }
-        self.data.encrypt_blocks(blocks);
-        Self::xor_tweaks(blocks, &tweaks);
+        let (blocks, _) = Block::slice_as_chunks_mut(out);
+        self.unit(unit, blocks, Some(src), |aes, run| aes.encrypt_blocks(run));
     }
 
     /// Encrypts one 4 KiB unit in place.
     pub(crate) fn encrypt(&self, unit: u128, buf: &mut [u8]) {
-        let tweaks = self.tweaks(unit);
-        let (blocks, rest) = Block::slice_as_chunks_mut(buf);
-        debug_assert!(rest.is_empty() && blocks.len() == LANES);
-        Self::xor_tweaks(blocks, &tweaks);
-        self.data.encrypt_blocks(blocks);
-        Self::xor_tweaks(blocks, &tweaks);
+        let (blocks, _) = Block::slice_as_chunks_mut(buf);
+        self.unit(unit, blocks, None, |aes, run| aes.encrypt_blocks(run));
     }
 
     /// Decrypts one 4 KiB unit in place.
     pub(crate) fn decrypt(&self, unit: u128, buf: &mut [u8]) {
-        let tweaks = self.tweaks(unit);
-        let (blocks, rest) = Block::slice_as_chunks_mut(buf);
-        debug_assert!(rest.is_empty() && blocks.len() == LANES);
-        Self::xor_tweaks(blocks, &tweaks);
-        self.data.decrypt_blocks(blocks);
-        Self::xor_tweaks(blocks, &tweaks);
+        let (blocks, _) = Block::slice_as_chunks_mut(buf);
+        self.unit(unit, blocks, None, |aes, run| aes.decrypt_blocks(run));
+    }
+}
+
+/// Blocks handed to AES-NI at once (its eight-block pipeline).
+const RUN: usize = 8;
+
+/// `run[i] ^= tweaks[i]`, byte-wise so the compiler keeps it in vector
+/// registers (as u128 it went through general registers, and AES-NI then
+/// loaded each block half-written from the store buffer).
+fn xor_in_place(run: &mut [Block], tweaks: &[Block; RUN]) {
+    for (b, t) in run.iter_mut().zip(tweaks) {
+        for (x, y) in b.iter_mut().zip(t.iter()) {
+            *x ^= y;
+        }
+    }
+}
+
+/// `run[i] = src[i] ^ tweaks[i]`.
+fn xor_into(run: &mut [Block], src: &[Block], tweaks: &[Block; RUN]) {
+    for ((b, s), t) in run.iter_mut().zip(src).zip(tweaks) {
+        for ((x, y), z) in b.iter_mut().zip(s.iter()).zip(t.iter()) {
+            *x = y ^ z;
+        }
     }
 }
 
