@@ -32,8 +32,9 @@
 //! crates that offer the mode encrypt one 16-byte block at a time, about
 //! 0.8 GB/s on these machines; handing the blocks of a 4 KiB unit to AES-NI
 //! eight at a time, with the tweak XORs in vector registers, runs several
-//! times faster (0.46 s of CPU per GiB against 0.31 for the rounds alone). Tests hold it to the IEEE
-//! 1619 vectors and to the `xts-mode` crate on random input.
+//! times faster (0.46 s of CPU per GiB against 0.31 for the rounds alone).
+//! Tests hold it to the IEEE 1619 vectors and to the `xts-mode` crate on
+//! random input.
 
 use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
 use aes::{Aes256, Block};
@@ -375,7 +376,7 @@ impl Xts {
     /// stays in L1 between the two XORs and the unit is read and written
     /// once. (Four tweak chains stepping by x^4 through a table, and RUN
     /// chains stepping by x^RUN, measured no faster than this one chain.)
-    fn unit(
+    fn crypt_unit(
         &self,
         unit: u128,
         blocks: &mut [Block],
@@ -404,19 +405,19 @@ impl Xts {
     fn encrypt_into(&self, unit: u128, plain: &[u8], out: &mut [u8]) {
         let (src, _) = Block::slice_as_chunks(plain);
         let (blocks, _) = Block::slice_as_chunks_mut(out);
-        self.unit(unit, blocks, Some(src), |aes, run| aes.encrypt_blocks(run));
+        self.crypt_unit(unit, blocks, Some(src), |aes, run| aes.encrypt_blocks(run));
     }
 
     /// Encrypts one 4 KiB unit in place.
     pub(crate) fn encrypt(&self, unit: u128, buf: &mut [u8]) {
         let (blocks, _) = Block::slice_as_chunks_mut(buf);
-        self.unit(unit, blocks, None, |aes, run| aes.encrypt_blocks(run));
+        self.crypt_unit(unit, blocks, None, |aes, run| aes.encrypt_blocks(run));
     }
 
     /// Decrypts one 4 KiB unit in place.
     pub(crate) fn decrypt(&self, unit: u128, buf: &mut [u8]) {
         let (blocks, _) = Block::slice_as_chunks_mut(buf);
-        self.unit(unit, blocks, None, |aes, run| aes.decrypt_blocks(run));
+        self.crypt_unit(unit, blocks, None, |aes, run| aes.decrypt_blocks(run));
     }
 }
 
