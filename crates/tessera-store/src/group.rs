@@ -1033,8 +1033,9 @@ impl DiskGroup {
         // A guest's one-block read whose block the host's page cache holds
         // is served on the calling thread at once, busy or not: the kernel
         // copies it out or says it would have to read the device.
-        // Otherwise a lone read runs on the calling thread: handing it to a reader
-        // thread and back costs two cross-core wake-ups, more than the read.
+        // Otherwise a lone read runs on the calling thread: handing it to a
+        // reader thread and back costs two cross-core wake-ups, more than
+        // the read.
         // It yields once first, so the reads its task starts next (a
         // connection polls its requests one after another in one task) count
         // as in flight before it decides, instead of each finding itself
