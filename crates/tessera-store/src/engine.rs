@@ -139,12 +139,18 @@ pub(crate) struct Shared {
     /// Reads of the capacity devices in flight, inline or on reader threads
     /// (see `DiskGroup::fetch`).
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
+    /// Placed writes between their block allocation and their
+    /// acknowledgement (see `DiskGroup::write_placed`): while any is, no
+    /// commit is made on a caller's thread ([`can_commit_inline`]).
+    pub(crate) placed_in_flight: std::sync::atomic::AtomicUsize,
     /// Threads that read the capacity devices for clients (and write the
     /// blocks of placed writes).
     pub(crate) readers: crate::device_threads::DeviceThreads,
     /// Threads that write capacity blocks with the destager and the
     /// checkpoint.
     pub(crate) writers: crate::device_threads::DeviceThreads,
+    /// The syncs placed writes share, one per device (by device index).
+    pub(crate) placed_syncs: Vec<crate::shared_sync::SharedSync>,
     pub(crate) scrub: ScrubCounters,
     /// Verified capacity blocks kept in memory (see `crate::content`).
     pub(crate) content: Arc<crate::content::ContentCache>,
@@ -334,8 +340,18 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
 /// written or being synced, so the caller would otherwise only wake the log
 /// writer and a syncer and wait for both. The caller then sets
 /// `log_writing` under the same lock.
+///
+/// Never while a placed write is in flight: the commit's durable write
+/// then waits behind large data writes in the device's queue (1.5 ms for a
+/// 4 KiB commit behind six 256 KiB writes, measured on a virtio disk), and
+/// a caller's thread is a runtime thread serving a whole connection, whose
+/// next requests (the next large writes among them) would not even be read
+/// meanwhile: a stream of large writes then reaches the devices about one
+/// at a time. The log writer and a syncer commit it instead, off the
+/// runtime.
 pub(crate) fn can_commit_inline(shared: &Shared, st: &State) -> bool {
-    !st.log_writing
+    shared.placed_in_flight.load(Ordering::Acquire) == 0
+        && !st.log_writing
         && st.queue.is_empty()
         && st.unsynced.is_empty()
         && st.syncs_running == 0

@@ -24,6 +24,7 @@ use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
 use crate::recovery;
+use crate::shared_sync::SharedSync;
 use crate::state::{Component, Request, Source, State};
 use crate::{StoreError, PLACED_WRITE_BYTES_MIN, WRITE_BYTES_MAX};
 use bytes::Bytes;
@@ -825,6 +826,7 @@ impl DiskGroup {
         let Some(locs) = locs else {
             return Ok(false);
         };
+        let _in_flight = PlacedInFlight::new(&self.shared);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (shared, job_data, job_locs) = (self.shared.clone(), data.clone(), locs.clone());
         self.shared.readers.submit(Box::new(move || {
@@ -1657,6 +1659,22 @@ fn write_request(
     (req, rx)
 }
 
+/// One placed write counted in `placed_in_flight` until it is dropped.
+struct PlacedInFlight<'a>(&'a Shared);
+
+impl<'a> PlacedInFlight<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.placed_in_flight.fetch_add(1, Ordering::AcqRel);
+        PlacedInFlight(shared)
+    }
+}
+
+impl Drop for PlacedInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.placed_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One read counted in `reads_in_flight` until it is dropped.
 struct ReadInFlight<'a>(&'a Shared);
 
@@ -1746,9 +1764,11 @@ fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> Result<Vec<u
         }
         i += n;
     }
+    // One sync begun after the writes, shared with the placed writes
+    // waiting on the same device meanwhile.
     for d in devices {
-        if let Some(disk) = shared.disk(d) {
-            disk.sync().map_err(|e| (d, e.to_string()))?;
+        if let (Some(disk), Some(syncs)) = (shared.disk(d), shared.placed_syncs.get(d as usize)) {
+            syncs.sync(disk.as_ref()).map_err(|e| (d, e.to_string()))?;
         }
     }
     Ok(crcs)
@@ -1978,6 +1998,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
     let ck = recovery::read_checkpoint(&devices[0], &geo)?;
     let content = Arc::new(ContentCache::new(crate::CONTENT_CACHE_BYTES_DEFAULT));
     let state = recovery::load_state(&devices, &geo, &ck, index_cache_bytes, content.clone());
+    let placed_syncs = devices.iter().map(|_| SharedSync::default()).collect();
     let shared = Arc::new(Shared {
         devices,
         geo,
@@ -1989,10 +2010,12 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         stop: AtomicBool::new(false),
         ack_before_durable: AtomicBool::new(false),
         reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
+        placed_in_flight: std::sync::atomic::AtomicUsize::new(0),
         readers: DeviceThreads::start("store-read", READER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,
         writers: DeviceThreads::start("store-write", WRITER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the writer threads: {e}")))?,
+        placed_syncs,
         scrub: ScrubCounters::default(),
         content,
     });

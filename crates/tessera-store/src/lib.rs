@@ -47,6 +47,7 @@ mod group;
 mod index;
 mod recovery;
 mod scrub;
+mod shared_sync;
 mod shares;
 mod snapshot;
 mod state;

@@ -7,6 +7,7 @@ mod common;
 
 use common::{bytes_of, payload, Rig};
 use tessera_store::{DiskGroupHealth, StoreError};
+use std::time::Duration;
 use tessera_types::{ComponentId, Epoch, Lba};
 
 const C: ComponentId = ComponentId(7);
@@ -299,6 +300,53 @@ async fn requests_started_together_by_one_task_share_group_commits() {
         .enumerate()
     {
         assert_eq!(r.unwrap(), payload(C.0, lba as u64, 2), "LBA {lba}");
+    }
+}
+
+/// While a large write's data is on its way to the capacity device, a small
+/// write is not committed on its caller's thread (which would block a
+/// runtime thread serving a connection behind the large write's device
+/// traffic) but by the log writer and a syncer; it is acknowledged without
+/// waiting for the large write, and both read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_are_not_committed_inline_while_a_placed_write_is_in_flight() {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    // A lone small write is committed inline, durable on its own.
+    let before = dg.log_stats();
+    dg.write(C, Lba(0), bytes_of(&[payload(C.0, 0, 1)]), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!(dg.log_stats().durable_commits, before.durable_commits + 1);
+
+    rig.capacity[0].slow_writes_in(0..common::CAPACITY_BYTES, Duration::from_secs(2));
+    const LARGE_LBA: u64 = 1024;
+    let large: Vec<Vec<u8>> = (0..64).map(|i| payload(C.0, LARGE_LBA + i, 1)).collect();
+    let large = tokio::spawn({
+        let dg = dg.clone();
+        async move { dg.write(C, Lba(LARGE_LBA), bytes_of(&large), Epoch(1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = dg.log_stats();
+    dg.write(C, Lba(1), bytes_of(&[payload(C.0, 1, 1)]), Epoch(1))
+        .await
+        .unwrap();
+    let after = dg.log_stats();
+    assert!(!large.is_finished(), "the large write's data is still held");
+    assert_eq!(
+        after.durable_commits, before.durable_commits,
+        "the small write was committed on its caller's thread"
+    );
+    assert!(after.group_commits > before.group_commits);
+    large.await.unwrap().unwrap();
+    assert_eq!(dg.log_stats().placed_writes, before.placed_writes + 1);
+    for lba in (0..2).chain(LARGE_LBA..LARGE_LBA + 64) {
+        assert_eq!(
+            dg.read(C, Lba(lba), 1).await.unwrap(),
+            payload(C.0, lba, 1),
+            "LBA {lba}"
+        );
     }
 }
 
