@@ -16,10 +16,10 @@
 //! Invariant: [`SharedSync::sync`] returns `Ok` only once a sync of the
 //! device that *began after the call* has succeeded, so every write that
 //! finished before the call is durable; a call that a failed sync was to
-//! cover gets that sync's error. At most one sync of the
-//! device runs at a time through it; a caller that finds one running waits
-//! for it to end and then, if it is not covered, leads the next one for
-//! every caller waiting by then.
+//! cover gets that sync's error. At most one sync of the device runs at a
+//! time through it; a caller that finds one running waits for it to end
+//! and then, if it is not covered, leads the next one for every caller
+//! waiting by then.
 
 use parking_lot::{Condvar, Mutex};
 use tessera_env::disk::{Disk, DiskError};
