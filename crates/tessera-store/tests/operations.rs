@@ -6,8 +6,8 @@
 mod common;
 
 use common::{bytes_of, payload, Rig};
-use tessera_store::{DiskGroupHealth, StoreError};
 use std::time::Duration;
+use tessera_store::{DiskGroupHealth, StoreError};
 use tessera_types::{ComponentId, Epoch, Lba};
 
 const C: ComponentId = ComponentId(7);
@@ -325,7 +325,10 @@ async fn small_writes_are_not_committed_inline_while_a_placed_write_is_in_flight
     let large: Vec<Vec<u8>> = (0..64).map(|i| payload(C.0, LARGE_LBA + i, 1)).collect();
     let large = tokio::spawn({
         let dg = dg.clone();
-        async move { dg.write(C, Lba(LARGE_LBA), bytes_of(&large), Epoch(1)).await }
+        async move {
+            dg.write(C, Lba(LARGE_LBA), bytes_of(&large), Epoch(1))
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = dg.log_stats();
