@@ -30,7 +30,7 @@ use crate::{StoreError, PLACED_WRITE_BYTES_MIN, WRITE_BYTES_MAX};
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -826,7 +826,7 @@ impl DiskGroup {
         let Some(locs) = locs else {
             return Ok(false);
         };
-        let _in_flight = PlacedInFlight::new(&self.shared);
+        let _in_flight = InFlight::count(&self.shared.placed_in_flight);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (shared, job_data, job_locs) = (self.shared.clone(), data.clone(), locs.clone());
         self.shared.readers.submit(Box::new(move || {
@@ -1051,8 +1051,8 @@ impl DiskGroup {
             // The page cache had it: no hand-off, whatever else is in flight.
             done
         } else {
-            let first = self.shared.reads_in_flight.fetch_add(1, Ordering::AcqRel) == 0;
-            let _in_flight = ReadInFlight(&self.shared);
+            let (_in_flight, before) = InFlight::count(&self.shared.reads_in_flight);
+            let first = before == 0;
             let alone = first && disk_blocks == 1 && {
                 tokio::task::yield_now().await;
                 self.shared.reads_in_flight.load(Ordering::Acquire) == 1
@@ -1659,28 +1659,21 @@ fn write_request(
     (req, rx)
 }
 
-/// One placed write counted in `placed_in_flight` until it is dropped.
-struct PlacedInFlight<'a>(&'a Shared);
+/// One operation counted in an in-flight counter (`reads_in_flight`,
+/// `placed_in_flight`) until it is dropped.
+struct InFlight<'a>(&'a AtomicUsize);
 
-impl<'a> PlacedInFlight<'a> {
-    fn new(shared: &'a Shared) -> Self {
-        shared.placed_in_flight.fetch_add(1, Ordering::AcqRel);
-        PlacedInFlight(shared)
+impl<'a> InFlight<'a> {
+    /// Counts one more; returns the guard and the count before it.
+    fn count(counter: &'a AtomicUsize) -> (Self, usize) {
+        let before = counter.fetch_add(1, Ordering::AcqRel);
+        (InFlight(counter), before)
     }
 }
 
-impl Drop for PlacedInFlight<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.placed_in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// One read counted in `reads_in_flight` until it is dropped.
-struct ReadInFlight<'a>(&'a Shared);
-
-impl Drop for ReadInFlight<'_> {
-    fn drop(&mut self) {
-        self.0.reads_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -39,10 +39,10 @@ struct SyncState {
     covered: u64,
     /// A sync is running.
     running: bool,
-    /// The last sync that failed: the calls it was to cover (after the
-    /// first, up to the last) and its error. Those calls fail even if a
-    /// later sync succeeds: after a failed flush the kernel may have
-    /// dropped what it could not write.
+    /// The last sync that failed: the calls it was to cover (numbers
+    /// above the first field, up to the second) and its error. Those calls
+    /// fail even if a later sync succeeds: after a failed flush the kernel
+    /// may have dropped what it could not write.
     failed: Option<(u64, u64, DiskError)>,
 }
 
