@@ -54,6 +54,7 @@ use crate::read_cache::{ReadCache, VolumeCache};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -1236,69 +1237,40 @@ impl Coordinator {
         progress.left_bytes.store(dirty_total, Ordering::Relaxed);
         let mut copied = 0u64;
         let mut steps = 0u64;
+        // Steps in flight, in the order of their ranges from `cursor` back.
+        let mut running = FuturesUnordered::new();
+        let mut cursor = 0u64;
         loop {
             if let Some(reason) = self.superseded() {
                 return Err(ResyncError::Unavailable { volume, reason });
             }
+            while running.len() < self.scheduler.resync_steps_at_once() {
+                let next = {
+                    let state = self.state.lock();
+                    let dirty = state.dirty.get(&id);
+                    // Past the last range, start again from the first only
+                    // once nothing is in flight: a range marked again
+                    // behind the cursor (a write the copy missed) is never
+                    // one a running step holds.
+                    dirty
+                        .and_then(|d| d.first_from(cursor, RESYNC_STEP_BLOCKS))
+                        .or_else(|| {
+                            dirty
+                                .filter(|_| running.is_empty())
+                                .and_then(|d| d.first(RESYNC_STEP_BLOCKS))
+                        })
+                };
+                let Some((start, count)) = next else { break };
+                cursor = start + count;
+                running.push(self.resync_step(id, column, &target, start, count, progress));
+            }
+            let Some(step) = running.next().await else {
+                break;
+            };
+            copied += step?;
             steps += 1;
             if steps.is_multiple_of(RESYNC_STEPS_PER_RECORD) {
                 self.record_resync_cursor(id).await;
-            }
-            let next = self
-                .state
-                .lock()
-                .dirty
-                .get(&id)
-                .and_then(|d| d.first(RESYNC_STEP_BLOCKS));
-            let Some((start, count)) = next else { break };
-            // Resync waits its turn behind guest I/O as the scheduler's
-            // weights say, before it holds any guest write back.
-            let turn = self
-                .scheduler
-                .admit(&IoClient::Resync, count * BLOCK_BYTES)
-                .await;
-            let began = self.scheduler.clock().monotonic();
-            let guard = self.columns[column].lock(start, start + count).await;
-            let source = self
-                .pick_source(column, id)
-                .ok_or_else(|| ResyncError::NoSource {
-                    volume: volume.clone(),
-                    component: id,
-                })?;
-            let step = self.copy_range(&source, &target, start, count).await;
-            match step {
-                Ok(bytes) => {
-                    copied += bytes;
-                    progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    self.counters
-                        .resynced_bytes
-                        .fetch_add(bytes, Ordering::Relaxed);
-                    let mut state = self.state.lock();
-                    if let Some(d) = state.dirty.get_mut(&id) {
-                        d.remove(start, count);
-                        progress
-                            .left_bytes
-                            .store(d.blocks() * BLOCK_BYTES, Ordering::Relaxed);
-                    }
-                    progress
-                        .done_bytes
-                        .fetch_add(count * BLOCK_BYTES, Ordering::Relaxed);
-                }
-                Err((failed, e)) => {
-                    if failed == id {
-                        self.mark_missed(&[id], start, count);
-                        let _ = self.record().await;
-                    }
-                    return Err(fail(e));
-                }
-            }
-            drop(guard);
-            drop(turn);
-            // While guests use the host, the multiplier spaces the steps.
-            let took = self.scheduler.clock().monotonic().saturating_sub(began);
-            let pause = self.scheduler.resync_pause(took);
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
             }
         }
         {
@@ -1315,6 +1287,76 @@ impl Coordinator {
             dirty_bytes: dirty_total,
             copied_bytes: copied,
         })
+    }
+
+    /// One step of `id`'s resync: `[start, start + count)` of its column
+    /// copied from an Active copy in its turn behind guest I/O (as the
+    /// scheduler's weights say, before it holds any guest write back),
+    /// under the range's lock, which also covers taking the range out of
+    /// the dirty map (or, when the target failed, marking it missed), so a
+    /// write the target misses meanwhile is never forgotten. While guests
+    /// use the host, the multiplier's pause follows, with the range and
+    /// the turn released. Returns the bytes of data copied.
+    async fn resync_step(
+        &self,
+        id: ComponentId,
+        column: usize,
+        target: &ComponentPlacement,
+        start: u64,
+        count: u64,
+        progress: &ResyncProgress,
+    ) -> Result<u64, ResyncError> {
+        let turn = self
+            .scheduler
+            .admit(&IoClient::Resync, count * BLOCK_BYTES)
+            .await;
+        let began = self.scheduler.clock().monotonic();
+        let guard = self.columns[column].lock(start, start + count).await;
+        let volume = &self.info.name;
+        let Some(source) = self.pick_source(column, id) else {
+            return Err(ResyncError::NoSource {
+                volume: volume.clone(),
+                component: id,
+            });
+        };
+        let step = match self.copy_range(&source, target, start, count).await {
+            Ok(bytes) => {
+                progress.copied_bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.counters
+                    .resynced_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
+                let mut state = self.state.lock();
+                if let Some(d) = state.dirty.get_mut(&id) {
+                    d.remove(start, count);
+                    progress
+                        .left_bytes
+                        .store(d.blocks() * BLOCK_BYTES, Ordering::Relaxed);
+                }
+                progress
+                    .done_bytes
+                    .fetch_add(count * BLOCK_BYTES, Ordering::Relaxed);
+                Ok(bytes)
+            }
+            Err((failed, e)) => {
+                if failed == id {
+                    self.mark_missed(&[id], start, count);
+                    let _ = self.record().await;
+                }
+                Err(ResyncError::Component {
+                    volume: volume.clone(),
+                    component: id,
+                    source: e,
+                })
+            }
+        };
+        drop(guard);
+        drop(turn);
+        let took = self.scheduler.clock().monotonic().saturating_sub(began);
+        let pause = self.scheduler.resync_pause(took);
+        if step.is_ok() && !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        step
     }
 
     /// Drops from `id`'s recorded map the regions its resync has finished,

@@ -144,6 +144,21 @@ impl DirtyRegions {
             .map(|(&s, &e)| (s, (e - s).min(max_blocks.max(1))))
     }
 
+    /// The first dirty range at or after block `from` (a range that
+    /// begins before `from` and reaches past it counts from `from`), split
+    /// to at most `max_blocks`.
+    pub fn first_from(&self, from: u64, max_blocks: u64) -> Option<(u64, u64)> {
+        let straddling = self
+            .ranges
+            .range(..from)
+            .next_back()
+            .filter(|(_, &e)| e > from)
+            .map(|(_, &e)| (from, e));
+        straddling
+            .or_else(|| self.ranges.range(from..).next().map(|(&s, &e)| (s, e)))
+            .map(|(s, e)| (s, (e - s).min(max_blocks.max(1))))
+    }
+
     /// Halves the number of ranges by merging each pair of neighbours (and
     /// the gap between them): more blocks to resync, bounded memory.
     fn coarsen(&mut self) {
@@ -186,6 +201,15 @@ mod tests {
                 prop_assert!(bounded.len() <= limit);
             }
             prop_assert_eq!(exact.blocks(), model.len() as u64);
+            for from in [0u64, 1, 7, 100, 333, 511, 600] {
+                let first = model.range(from..).next().copied();
+                let got = exact.first_from(from, 5);
+                prop_assert_eq!(got.map(|(s, _)| s), first);
+                if let Some((s, n)) = got {
+                    prop_assert!((1..=5).contains(&n));
+                    prop_assert!((s..s + n).all(|b| model.contains(&b)));
+                }
+            }
             for b in 0..600 {
                 prop_assert_eq!(exact.contains(b), model.contains(&b));
                 prop_assert_eq!(exact.any_in(b, 7), (b..b + 7).any(|x| model.contains(&x)));

@@ -70,6 +70,9 @@ struct Inner {
     timer_at_ns: Option<u64>,
 }
 
+/// Resync steps one resync runs at once while nothing spaces them.
+pub const RESYNC_STEPS_AT_ONCE: usize = 2;
+
 /// How recently a guest operation must have started for the host to count
 /// as busy, when resync steps are spaced out.
 pub const GUEST_BUSY_WINDOW: Duration = Duration::from_secs(1);
@@ -226,14 +229,32 @@ impl IoScheduler {
     /// [`GUEST_BUSY_WINDOW`], none on a host no guest uses (vSAN's
     /// `DOMResyncDelayMultiplier`: the delay between resync operations).
     pub fn resync_pause(&self, step: Duration) -> Duration {
-        let m = self.multiplier.load(Ordering::Relaxed);
-        let last = self.last_guest_ns.load(Ordering::Relaxed);
-        let busy =
-            last != 0 && self.now_ns().saturating_sub(last) < GUEST_BUSY_WINDOW.as_nanos() as u64;
-        if m <= 1 || !busy {
+        if !self.resync_spaced() {
             return Duration::ZERO;
         }
-        step.saturating_mul(m - 1)
+        step.saturating_mul(self.multiplier.load(Ordering::Relaxed) - 1)
+    }
+
+    /// Resync steps one resync may run at once: [`RESYNC_STEPS_AT_ONCE`]
+    /// while nothing spaces them (multiplier 1, or no guest busy), so that
+    /// one step's read of its source overlaps another's durable write on
+    /// the target instead of each waiting for the other's round trips; one
+    /// while the multiplier spaces them, so a pause follows each step.
+    pub fn resync_steps_at_once(&self) -> usize {
+        if self.resync_spaced() {
+            1
+        } else {
+            RESYNC_STEPS_AT_ONCE
+        }
+    }
+
+    /// The multiplier spaces resync steps now: above 1, and a guest
+    /// operation started within [`GUEST_BUSY_WINDOW`].
+    fn resync_spaced(&self) -> bool {
+        let last = self.last_guest_ns.load(Ordering::Relaxed);
+        self.multiplier.load(Ordering::Relaxed) > 1
+            && last != 0
+            && self.now_ns().saturating_sub(last) < GUEST_BUSY_WINDOW.as_nanos() as u64
     }
 
     /// The host's clock, for callers that time their steps.
@@ -370,12 +391,20 @@ mod tests {
         let s = IoScheduler::new(4);
         let step = Duration::from_millis(10);
         assert_eq!(s.resync_pause(step), Duration::ZERO, "no guest yet");
+        assert_eq!(s.resync_steps_at_once(), RESYNC_STEPS_AT_ONCE);
         s.set_resync_multiplier(6);
         assert_eq!(s.resync_pause(step), Duration::ZERO, "an idle host");
+        assert_eq!(s.resync_steps_at_once(), RESYNC_STEPS_AT_ONCE);
         drop(s.admit(&IoClient::Volume(volume("a")), 4096).await);
         assert_eq!(s.resync_pause(step), Duration::from_millis(50));
+        assert_eq!(
+            s.resync_steps_at_once(),
+            1,
+            "each step followed by its pause"
+        );
         s.set_resync_multiplier(1);
         assert_eq!(s.resync_pause(step), Duration::ZERO);
+        assert_eq!(s.resync_steps_at_once(), RESYNC_STEPS_AT_ONCE);
     }
 
     #[tokio::test]

@@ -50,6 +50,11 @@ struct Components {
     /// Calls of `allocated` that succeed before every further one fails
     /// (a source copy lost in the middle of a resync).
     allocated_budget: Mutex<Option<u64>>,
+    /// How long each read takes, when set (none: at once).
+    read_delay: Mutex<Option<std::time::Duration>>,
+    /// Reads under way now, and the most there were at once.
+    reads_now: std::sync::atomic::AtomicUsize,
+    reads_most: std::sync::atomic::AtomicUsize,
 }
 
 impl Components {
@@ -180,6 +185,13 @@ impl ComponentIo for Components {
         _class: IoClass,
     ) -> Result<Bytes, ComponentError> {
         self.check(c)?;
+        let delay = *self.read_delay.lock();
+        if let Some(delay) = delay {
+            let now = self.reads_now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.reads_most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            self.reads_now.fetch_sub(1, Ordering::SeqCst);
+        }
         let all = self.replicas.lock();
         let empty = Replica::default();
         let r = all.get(&c.id).unwrap_or(&empty);
@@ -698,10 +710,10 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
     let (layout, dirty) = rec.latest();
     drop(first);
     let second = next_owner(layout, dirty, Epoch(2), &comps, &rec).await;
-    // The last record was taken before step 64: 63 regions were done.
+    // The last record was taken when step 64 ended: 64 regions were done.
     assert_eq!(
         second.dirty_bytes(),
-        vec![(ComponentId(2), BIG - (63 << 20))]
+        vec![(ComponentId(2), BIG - (64 << 20))]
     );
     let report = second
         .resync(ComponentId(2), &ResyncProgress::default())
@@ -709,12 +721,38 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
         .unwrap();
     // The record is coarse: whole regions to examine, but only the
     // blocks the source holds are copied.
-    assert_eq!(report.dirty_bytes, BIG - (63 << 20));
-    assert_eq!(report.copied_bytes, (256 - 63) * 4096);
+    assert_eq!(report.dirty_bytes, BIG - (64 << 20));
+    assert_eq!(report.copied_bytes, (256 - 64) * 4096);
     assert_eq!(
         comps.contents(ComponentId(1)),
         comps.contents(ComponentId(2))
     );
+}
+
+/// With nothing to space them (multiplier 1), a resync runs two steps at
+/// once, and every region still arrives.
+#[tokio::test]
+async fn a_resync_reads_the_source_of_two_steps_at_once() {
+    const BIG: u64 = 16 << 20;
+    let (comps, _rec, coord) = setup(ftt1_layout_of(BIG)).await;
+    comps.down.lock().insert(HostId("h2".into()));
+    for i in 0..(BIG >> 20) {
+        coord
+            .write(i << 20, pattern(i as u8, 8192), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    comps.down.lock().clear();
+    *comps.read_delay.lock() = Some(std::time::Duration::from_millis(20));
+    let progress = ResyncProgress::default();
+    let report = coord.resync(ComponentId(2), &progress).await.unwrap();
+    assert_eq!(report.copied_bytes, 16 * 8192);
+    assert_eq!(comps.reads_most.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+    assert_eq!(coord.dirty_bytes(), vec![]);
 }
 
 /// A degraded write whose dirty region cannot be recorded is refused
