@@ -677,6 +677,24 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
     assert_eq!(third.dirty_bytes(), vec![(ComponentId(2), SIZE)]);
 }
 
+/// Writes `len` bytes at the start of every 1 MiB region of a
+/// `size`-byte volume while h2 (the second copy's host) is down.
+async fn write_every_mib_while_h2_is_down(
+    comps: &Components,
+    coord: &Coordinator,
+    size: u64,
+    len: usize,
+) {
+    comps.down.lock().insert(HostId("h2".into()));
+    for i in 0..(size >> 20) {
+        coord
+            .write(i << 20, pattern(i as u8, len), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    comps.down.lock().clear();
+}
+
 /// A resync records how far it got: when it stops half way (its source
 /// lost), the next owner continues from the last record instead of
 /// starting again.
@@ -684,14 +702,9 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
 async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
     const BIG: u64 = 256 << 20;
     let (comps, rec, first) = setup(ftt1_layout_of(BIG)).await;
-    comps.down.lock().insert(HostId("h2".into()));
     // One block in every 1 MiB region while the copy is away.
-    for i in 0..(BIG >> 20) {
-        first
-            .write(i << 20, pattern(i as u8, 4096), WriteFlags::default())
-            .await
-            .unwrap();
-    }
+    write_every_mib_while_h2_is_down(&comps, &first, BIG, 4096).await;
+    comps.down.lock().insert(HostId("h2".into()));
     // Time passes: the write intents of the first write (sent to both
     // copies) settle.
     first.settle_intents().await.unwrap();
@@ -735,14 +748,7 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
 async fn a_resync_reads_the_source_of_two_steps_at_once() {
     const BIG: u64 = 16 << 20;
     let (comps, _rec, coord) = setup(ftt1_layout_of(BIG)).await;
-    comps.down.lock().insert(HostId("h2".into()));
-    for i in 0..(BIG >> 20) {
-        coord
-            .write(i << 20, pattern(i as u8, 8192), WriteFlags::default())
-            .await
-            .unwrap();
-    }
-    comps.down.lock().clear();
+    write_every_mib_while_h2_is_down(&comps, &coord, BIG, 8192).await;
     *comps.read_delay.lock() = Some(std::time::Duration::from_millis(20));
     let progress = ResyncProgress::default();
     let report = coord.resync(ComponentId(2), &progress).await.unwrap();
