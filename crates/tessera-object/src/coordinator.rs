@@ -1237,7 +1237,8 @@ impl Coordinator {
         progress.left_bytes.store(dirty_total, Ordering::Relaxed);
         let mut copied = 0u64;
         let mut steps = 0u64;
-        // Steps in flight, in the order of their ranges from `cursor` back.
+        // Steps in flight; each range claimed lies before `cursor`, where
+        // the next claim looks from.
         let mut running = FuturesUnordered::new();
         let mut cursor = 0u64;
         loop {
