@@ -77,7 +77,12 @@
 # (each limit/minimum volume, default 512M), FG_MAX (longest with-fg
 # window, default 90), MULTIPLIERS (default "1 6 64"), PARTS (default "rebuild
 # multiplier limit minimum"), IOPS_LIMIT (default 2000), IOPS_MINIMUM
-# (default 1000), HOST_CAPACITY (default 8G), BENCH_DIR (where
+# (default 1000), REBUILD_ROUNDS (default 1: with more, the rebuild part
+# runs the rebuild alone and the rebuild beside fg at multiplier 1 that
+# many times in turns, each pair's ratios taken within the pair, and the
+# summary gives their medians: on a shared machine whose speed moves
+# between one cluster and the next by more than the effect measured, one
+# pair says little), HOST_CAPACITY (default 8G), BENCH_DIR (where
 # the clusters' devices go, default /work: each rebuild cluster needs about
 # 3 x RB_SIZE + 2 x FG_SIZE + 4 GiB of it), CARGO_TARGET_DIR (default
 # target), TESSERA_BIN (a `tessera` binary to run instead of building this
@@ -96,6 +101,7 @@ PARTS=${PARTS:-rebuild multiplier limit minimum}
 HOST_CAPACITY=${HOST_CAPACITY:-8G}
 IOPS_LIMIT=${IOPS_LIMIT:-2000}
 IOPS_MINIMUM=${IOPS_MINIMUM:-1000}
+REBUILD_ROUNDS=${REBUILD_ROUNDS:-1}
 # Seconds for a change of space (a create, a delete, a fill) to reach the
 # directory that placement reads: hosts publish their usage every 2 s.
 SETTLE=2.5
@@ -409,9 +415,24 @@ if has_part multiplier; then
 elif has_part rebuild; then
   multipliers=(1)
 fi
+# Per round of the rebuild part: the rebuild alone (MiB/s, CPU ms per
+# MiB) and, at multiplier 1, fg's ratio and the rebuild's ratio.
+rounds_alone=() rounds_cpu=() rounds_fg=() rounds_rb=()
 if has_part rebuild || has_part multiplier; then
   run_rebuild alone
   for m in "${multipliers[@]}"; do run_rebuild "$m"; done
+fi
+if has_part rebuild && [ "$REBUILD_ROUNDS" -gt 1 ]; then
+  for round in $(seq "$REBUILD_ROUNDS"); do
+    if [ "$round" -gt 1 ]; then
+      echo "round $round of $REBUILD_ROUNDS:"
+      run_rebuild alone
+      run_rebuild 1
+    fi
+    rounds_alone+=("$(mib "$rate_alone")"); rounds_cpu+=("$cpu_alone")
+    rounds_fg+=("$(ratio "${fg_during[1]}" "${fg_before[1]}")")
+    rounds_rb+=("$(ratio "${rb_rate[1]}" "$rate_alone")")
+  done
 fi
 
 # --- QoS -----------------------------------------------------------------------
@@ -506,6 +527,16 @@ for m in "${multipliers[@]}"; do
   row "m=$m rebuild MiB/s with fg / alone" "$(mib "${rb_rate[$m]}")" "$(mib "$rate_alone")" \
     "$(ratio "${rb_rate[$m]}" "$rate_alone")" "$t_rb"
 done
+if [ "${#rounds_fg[@]}" -gt 1 ]; then
+  median() { python3 -c 'import sys, statistics; v = [float(x) for x in sys.argv[1:] if x != "-"]; print(f"{statistics.median(v):.2f}" if v else "-")' "$@"; }
+  echo "rounds (rebuild alone MiB/s, CPU ms per MiB; m=1 fg ratio, rebuild ratio):"
+  for i in "${!rounds_fg[@]}"; do
+    echo "  $((i + 1)): ${rounds_alone[$i]} MiB/s, ${rounds_cpu[$i]} ms; ${rounds_fg[$i]}, ${rounds_rb[$i]}"
+  done
+  row "rebuild alone, MiB/s (median of ${#rounds_fg[@]})" "$(median "${rounds_alone[@]}")" - - -
+  row "m=1 fg ratio (median of ${#rounds_fg[@]} rounds)" - - "$(median "${rounds_fg[@]}")" "[>= 0.9]"
+  row "m=1 rebuild ratio (median of ${#rounds_fg[@]} rounds)" - - "$(median "${rounds_rb[@]}")" "[>= 0.5]"
+fi
 if has_part limit; then
   row "limit: limited volume IOPS / limit" "$limit_iops" "$IOPS_LIMIT" "$(ratio "$limit_iops" "$IOPS_LIMIT")" "[0.95-1.05]"
   row "limit: neighbour IOPS (no QoS)" "$limit_neighbour" - - -
