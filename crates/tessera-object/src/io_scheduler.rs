@@ -8,7 +8,8 @@
 //! (a client with a tenth of a volume's weight), by the mClock rules of
 //! [`mclock`]; the timer that wakes operations held back by a limit; the
 //! pause between resync steps while guests are busy (the multiplier
-//! again), since one resync stream rarely fills the queue by itself.
+//! again), since one resync stream rarely fills the queue by itself, and
+//! how many steps one resync runs at once (two, or one while paused).
 //! Must not touch: the operations themselves (a caller holds an
 //! [`IoPermit`] while its operation runs) or where QoS comes from (the node
 //! sets it from the directory).
