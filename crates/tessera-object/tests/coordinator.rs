@@ -678,21 +678,14 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
 }
 
 /// Writes `len` bytes at the start of every 1 MiB region of a
-/// `size`-byte volume while h2 (the second copy's host) is down.
-async fn write_every_mib_while_h2_is_down(
-    comps: &Components,
-    coord: &Coordinator,
-    size: u64,
-    len: usize,
-) {
-    comps.down.lock().insert(HostId("h2".into()));
+/// `size`-byte volume.
+async fn write_every_mib(coord: &Coordinator, size: u64, len: usize) {
     for i in 0..(size >> 20) {
         coord
             .write(i << 20, pattern(i as u8, len), WriteFlags::default())
             .await
             .unwrap();
     }
-    comps.down.lock().clear();
 }
 
 /// A resync records how far it got: when it stops half way (its source
@@ -702,9 +695,9 @@ async fn write_every_mib_while_h2_is_down(
 async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
     const BIG: u64 = 256 << 20;
     let (comps, rec, first) = setup(ftt1_layout_of(BIG)).await;
-    // One block in every 1 MiB region while the copy is away.
-    write_every_mib_while_h2_is_down(&comps, &first, BIG, 4096).await;
     comps.down.lock().insert(HostId("h2".into()));
+    // One block in every 1 MiB region while the copy is away.
+    write_every_mib(&first, BIG, 4096).await;
     // Time passes: the write intents of the first write (sent to both
     // copies) settle.
     first.settle_intents().await.unwrap();
@@ -748,7 +741,9 @@ async fn a_new_owner_continues_a_resync_from_where_the_last_record_left_it() {
 async fn a_resync_reads_the_source_of_two_steps_at_once() {
     const BIG: u64 = 16 << 20;
     let (comps, _rec, coord) = setup(ftt1_layout_of(BIG)).await;
-    write_every_mib_while_h2_is_down(&comps, &coord, BIG, 8192).await;
+    comps.down.lock().insert(HostId("h2".into()));
+    write_every_mib(&coord, BIG, 8192).await;
+    comps.down.lock().clear();
     *comps.read_delay.lock() = Some(std::time::Duration::from_millis(20));
     let progress = ResyncProgress::default();
     let report = coord.resync(ComponentId(2), &progress).await.unwrap();
