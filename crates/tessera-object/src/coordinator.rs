@@ -1270,6 +1270,8 @@ impl Coordinator {
             };
             copied += step?;
             steps += 1;
+            // A step still in flight waits, holding its range, while the
+            // cursor is recorded: a directory write every 64 steps.
             if steps.is_multiple_of(RESYNC_STEPS_PER_RECORD) {
                 self.record_resync_cursor(id).await;
             }
