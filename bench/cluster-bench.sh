@@ -17,6 +17,15 @@
 #   raw x2      for seqwrite, two such fio jobs at once on two files: what
 #               the disk gives two copies, halved (every mirrored byte is
 #               written twice to the same disk here)
+#   bound       for qd1write, what the hardware allows a mirrored 4 KiB
+#               write with both copies on this disk: the time of two durable
+#               8 KiB writes at once (fio, two jobs, O_DIRECT + O_DSYNC, on
+#               written files: a 4 KiB write's log record is a header block
+#               and its data block) plus two loopback round trips (client to
+#               owner, owner to the second copy), each timed as a 4 KiB QD 1
+#               write to nbdkit's null plugin; nbdkit-fua's own bound is one
+#               durable 4 KiB write plus one round trip. Printed with the
+#               share of Tessera's latency above the bound (ours to remove)
 #
 # Profiles (issue targets in brackets, against nbdkit-fua unless said):
 #   seqwrite  256 KiB sequential write, 1 job, iodepth 8           [MB/s >= 0.6x]
@@ -146,6 +155,38 @@ run_raw_two_copies() {
   echo $(( bw / 2 ))
 }
 
+# What the hardware allows a QD 1 write: prints "two one rtt" in us, the
+# time per write of two jobs at once each writing 8 KiB durable (O_DSYNC)
+# on a written file of its own, of one job writing 4 KiB durable, and of a
+# 4 KiB write to nbdkit's null plugin (a loopback round trip through a
+# server that keeps nothing).
+qd1_write_bound() {
+  local two one rtt
+  fio --name=layout --directory="$work" --filename_format='bound.$jobnum' --numjobs=2 \
+      --rw=write --bs=1m --direct=1 --size=256M --output-format=terse >/dev/null
+  fio --name=bench --directory="$work" --filename_format='bound.$jobnum' --numjobs=2 \
+      --rw=randwrite --bs=8k --iodepth=1 --direct=1 --sync=dsync --size=256M \
+      --time_based --runtime="$RUNTIME" --group_reporting --output-format=json > "$work/fio.json"
+  read -r _ two _ <<<"$(fio_figures)"
+  fio --name=bench --filename="$work/bound.0" --rw=randwrite --bs=4k --iodepth=1 --direct=1 \
+      --sync=dsync --size=256M --time_based --runtime="$RUNTIME" --output-format=json \
+      > "$work/fio.json"
+  read -r _ one _ <<<"$(fio_figures)"
+  rm -f "$work"/bound.*
+  local null_port
+  null_port=$(free_port)
+  nbdkit --foreground --exit-with-parent --port "$null_port" --ipaddr 127.0.0.1 null size=1G &
+  local null_pid=$!
+  wait_port 127.0.0.1 "$null_port"
+  # shellcheck disable=SC2046
+  fio --name=bench --ioengine=nbd --uri="nbd://127.0.0.1:$null_port" $(profile_args qd1write) \
+      --size=1G --time_based --runtime="$RUNTIME" --output-format=json > "$work/fio.json"
+  read -r _ rtt _ <<<"$(fio_figures)"
+  kill "$null_pid" 2>/dev/null || true
+  wait "$null_pid" 2>/dev/null || true
+  echo "$two $one $rtt"
+}
+
 fill() { # uri
   fio --name=fill --ioengine=nbd --uri="$1" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
       --output-format=terse >/dev/null
@@ -272,6 +313,19 @@ for profile in $PROFILES; do
     "$t" "$unit" "$n" "$unit" "$f" "$unit" "$d" "$unit" "$r" "$unit" \
     "$(ratio "$t" "$n")" "$(ratio "$t" "$f")" "$(ratio "$t" "$d")" "$(ratio "$t" "$r")" \
     "$cpu_per_io" "$fua_cpu" "$dev_cpu" "$target"
+  if [ "$profile" = qd1write ]; then
+    read -r two one rtt <<<"$(qd1_write_bound)"
+    python3 - "$t_lat" "$f_lat" "$two" "$one" "$rtt" <<'PY'
+import sys
+t, f, two, one, rtt = map(float, sys.argv[1:])
+bound, fua_bound = two + 2 * rtt, one + rtt
+print(f"qd1write  bound: two durable 8 KiB writes at once {two:.1f} us + 2 x loopback round trip {rtt:.1f} us"
+      f" = {bound:.1f} us; tessera / bound {t / bound:.2f}, above it {t - bound:.1f} us"
+      f" ({(t - bound) / t:.0%} of its latency);"
+      f" nbdkit-fua / its bound ({one:.1f} + {rtt:.1f} us) {f / fua_bound:.2f};"
+      f" at best tessera / nbdkit-fua = {bound / f:.2f}")
+PY
+  fi
   if [ "$profile" = seqwrite ]; then
     two=$(run_raw_two_copies)
     echo "seqwrite  raw x2: $two KiB/s per copy with two copies at once on this disk; tessera / that: $(ratio "$t_bw" "$two")"
