@@ -172,6 +172,16 @@ pub trait Disk: Send + Sync + 'static {
         let _ = (buf, offset);
         Ok(false)
     }
+    /// The descriptor through which a write of `len` bytes at `offset`
+    /// can be submitted without blocking ([`crate::IoRing`]) with the effect
+    /// of [`Disk::write_durable_at`]: durable when it completes. `None`
+    /// where that cannot be (a device in memory, a range `O_DIRECT`
+    /// refuses): the caller then uses [`Disk::write_durable_at`]. The
+    /// descriptor stays open as long as the device.
+    fn durable_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        let _ = (len, offset);
+        None
+    }
     /// Bytes on the device.
     fn size(&self) -> u64;
     /// A name for messages (the path).
@@ -480,6 +490,15 @@ impl Disk for FileDisk {
                 self.write_at(buf, offset)?;
                 self.sync()
             }
+        }
+    }
+
+    fn durable_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let fits = len.is_multiple_of(DISK_ALIGN) && offset.is_multiple_of(DISK_ALIGN as u64);
+        match &self.durable {
+            Some(dsync) if !self.direct || fits => Some(dsync.as_raw_fd()),
+            _ => None,
         }
     }
 

@@ -96,6 +96,14 @@ impl Disk for SwitchedDisk {
         self.inner.read_at_if_cached(buf, offset)
     }
 
+    fn durable_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        // A tripped device takes no write, by this way either.
+        if self.switch.is_tripped() {
+            return None;
+        }
+        self.inner.durable_write_fd(len, offset)
+    }
+
     fn size(&self) -> u64 {
         self.inner.size()
     }

@@ -11,11 +11,13 @@
 pub mod disk;
 pub mod disk_fault;
 pub mod disk_switch;
+pub mod io_ring;
 pub mod space;
 
 pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, ReadVia, DISK_ALIGN};
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
+pub use io_ring::{IoRing, WriteDone};
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

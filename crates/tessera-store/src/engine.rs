@@ -33,7 +33,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_env::{AlignedBuf, Disk, DiskError};
+use tessera_env::{AlignedBuf, Disk, DiskError, WriteDone};
 use tessera_format::{
     BlockLoc, Checkpoint, ComponentRecord, EntryKind, IndexEntry, IndexPage, LogEntry, LogOp,
     LogRecordHeader, PageRoot, BLOCK, LOG_ENTRIES_MAX,
@@ -154,6 +154,10 @@ pub(crate) struct Shared {
     pub(crate) scrub: ScrubCounters,
     /// Verified capacity blocks kept in memory (see `crate::content`).
     pub(crate) content: Arc<crate::content::ContentCache>,
+    /// Where a lone commit's durable write is submitted without blocking
+    /// its caller's thread; `None` where the kernel has no io_uring or the
+    /// group was opened outside a runtime: the caller writes it itself.
+    pub(crate) ring: Option<tessera_env::IoRing>,
 }
 
 impl Shared {
@@ -387,10 +391,13 @@ fn take_queued(st: &mut State, reqs: &mut Vec<Request>, max_blocks: u64) {
 /// [`can_commit_inline`]), so the batch is written durable on its own
 /// ([`Disk::write_durable_at`]) and acknowledged without an `fdatasync`:
 /// one system call where the write and the sync took two, and the device's
-/// cache flush issued from the write's completion. Requests that arrive
+/// cache flush issued from the write's completion. With the group's ring
+/// the write is submitted and this returns at once: the ring's reaper
+/// finishes and acknowledges the batch when the device answers, so the
+/// caller's runtime thread never waits for the device. Requests that arrive
 /// meanwhile queue for the log writer, which writes them once this batch is
 /// written. The caller set `log_writing`.
-pub(crate) fn commit_inline(shared: &Shared, req: Request) {
+pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
     let mut st = shared.state.lock();
     let mut reqs = vec![req];
     // Followers only while the whole batch surely fits in the log's free
@@ -399,7 +406,53 @@ pub(crate) fn commit_inline(shared: &Shared, req: Request) {
     let used = st.written_vhead - st.vtail;
     let room = (shared.geo.log_blocks / 2).saturating_sub(used);
     take_queued(&mut st, &mut reqs, room.min(COMMIT_BLOCKS_MAX));
-    let (mut st, written) = write_batch(shared, st, reqs, LogWrite::Durable);
+    let Some(ring) = &shared.ring else {
+        let (st, written) = write_batch(shared, st, reqs, LogWrite::Durable);
+        acknowledge_inline(shared, st, written);
+        return;
+    };
+    let Some(batch) = lay_out_batch(shared, st, reqs) else {
+        return;
+    };
+    let mut writes = record_writes(shared, &batch.records);
+    if writes.len() != 1 {
+        // A batch that wraps around the log's end: two writes, which must
+        // both be durable before it is; written here, as without a ring.
+        let result = writes.iter().try_for_each(|(offset, buf)| {
+            shared
+                .cache_disk()
+                .write_durable_at(buf.as_slice(), *offset)
+        });
+        let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
+        acknowledge_inline(shared, st, written);
+        return;
+    }
+    let Some((offset, buf)) = writes.pop() else {
+        return;
+    };
+    let len = buf.len() as u64;
+    let for_completion = Arc::clone(shared);
+    let on_done: WriteDone = Box::new(move |result| {
+        let shared = &for_completion;
+        let result = result
+            .map_err(|e| DiskError::from_io(&shared.cache_disk().name(), "write", offset, len, &e));
+        let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
+        acknowledge_inline(shared, st, written);
+    });
+    // The thread goes back to serving at once; the write's completion
+    // acknowledges the batch from the ring's reaper, on the runtime.
+    if let Err((buf, on_done)) = ring.write_durable(shared.cache_disk(), buf, offset, on_done) {
+        let result = shared.cache_disk().write_durable_at(buf.as_slice(), offset);
+        on_done(result.map_err(|e| std::io::Error::new(e.kind, e.message)));
+    }
+}
+
+/// Acknowledges a batch committed durable by [`commit_inline`].
+fn acknowledge_inline(
+    shared: &Shared,
+    mut st: parking_lot::MutexGuard<'_, State>,
+    written: Option<u64>,
+) {
     let Some(first_seq) = written else {
         return;
     };
@@ -420,16 +473,52 @@ enum LogWrite {
     Durable,
 }
 
+/// A group commit laid out in the log (its place and sequences taken) and
+/// not yet written.
+struct LaidOutBatch {
+    records: Vec<PlannedRecord>,
+    reqs: Vec<Request>,
+    first_seq: u64,
+    vend: u64,
+    end_seq: u64,
+    blocks: u64,
+    /// Another batch was being synced when this one was laid out.
+    overlapped: bool,
+}
+
 /// Lays out `reqs` as the next group commit and writes it; the batch then
 /// waits for a sync ([`sync_and_acknowledge`]). The caller set
 /// `log_writing`; this clears it once the batch is written (or failed).
 /// Returns the lock and the batch's first sequence if it was written.
 fn write_batch<'a>(
     shared: &'a Shared,
-    mut st: parking_lot::MutexGuard<'a, State>,
-    mut reqs: Vec<Request>,
+    st: parking_lot::MutexGuard<'a, State>,
+    reqs: Vec<Request>,
     how: LogWrite,
 ) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
+    let Some(mut batch) = lay_out_batch(shared, st, reqs) else {
+        return (shared.state.lock(), None);
+    };
+    if shared.ack_before_durable.load(Ordering::Relaxed) {
+        for r in batch.reqs.iter_mut() {
+            if let Some(done) = r.done.take() {
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+    let result = write_records(shared, &batch.records, how);
+    finish_batch(shared, shared.state.lock(), batch, result)
+}
+
+/// Takes the next place and sequences in the log for `reqs` (waiting for
+/// log space if the tail is too close) and releases the lock. `None` when
+/// the group failed or closed meanwhile: the requests got the error and
+/// `log_writing` is cleared.
+fn lay_out_batch(
+    shared: &Shared,
+    mut st: parking_lot::MutexGuard<'_, State>,
+    mut reqs: Vec<Request>,
+) -> Option<LaidOutBatch> {
     let log_blocks = shared.geo.log_blocks;
     // Lay the records out; wait for log space if the tail is too close.
     let records = loop {
@@ -464,27 +553,47 @@ fn write_batch<'a>(
         st.log_writing = false;
         drop(st);
         fail_requests(reqs, &reason);
-        return (shared.state.lock(), None);
+        return None;
     };
     let first_seq = st.written_seq;
     let end_seq = records
         .last()
         .map(|r| r.header.seq + 1)
         .unwrap_or(first_seq);
-    let batch_blocks = vend - st.written_vhead;
+    let blocks = vend - st.written_vhead;
     st.written_vhead = vend;
     st.written_seq = end_seq;
     let overlapped = !st.unsynced.is_empty() || st.syncs_running > 0;
-    drop(st);
-    if shared.ack_before_durable.load(Ordering::Relaxed) {
-        for r in reqs.iter_mut() {
-            if let Some(done) = r.done.take() {
-                let _ = done.send(Ok(()));
-            }
-        }
-    }
-    let result = write_records(shared, &records, how);
-    let mut st = shared.state.lock();
+    Some(LaidOutBatch {
+        records,
+        reqs,
+        first_seq,
+        vend,
+        end_seq,
+        blocks,
+        overlapped,
+    })
+}
+
+/// Records the end of a laid-out batch's write, under the lock: written,
+/// it waits for a sync among the unsynced batches; failed, it fails the
+/// group and its requests. Clears `log_writing`. Returns the lock and the
+/// batch's first sequence if it was written.
+fn finish_batch<'a>(
+    shared: &'a Shared,
+    mut st: parking_lot::MutexGuard<'a, State>,
+    batch: LaidOutBatch,
+    result: Result<(), DiskError>,
+) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
+    let LaidOutBatch {
+        records,
+        reqs,
+        first_seq,
+        vend,
+        end_seq,
+        blocks: batch_blocks,
+        overlapped,
+    } = batch;
     st.log_writing = false;
     // Requests that queued while this batch was written are the writer's
     // (a wake-up with nothing queued would only cost two context switches).
@@ -740,8 +849,22 @@ fn write_records(
     records: &[PlannedRecord],
     how: LogWrite,
 ) -> Result<(), DiskError> {
-    let log_blocks = shared.geo.log_blocks;
     let disk = shared.cache_disk();
+    for (offset, buf) in record_writes(shared, records) {
+        match how {
+            LogWrite::Plain => disk.write_at(buf.as_slice(), offset)?,
+            LogWrite::Durable => disk.write_durable_at(buf.as_slice(), offset)?,
+        }
+    }
+    Ok(())
+}
+
+/// The device writes that put `records` in the log: one per run of records
+/// that are adjacent in it (a run ends where the log wraps), as (offset on
+/// the cache device, bytes).
+fn record_writes(shared: &Shared, records: &[PlannedRecord]) -> Vec<(u64, AlignedBuf)> {
+    let log_blocks = shared.geo.log_blocks;
+    let mut writes = Vec::with_capacity(1);
     let mut i = 0;
     while i < records.len() {
         let mut j = i + 1;
@@ -765,13 +888,10 @@ fn write_records(
             }
         }
         let offset = (shared.geo.log_start + records[i].vstart % log_blocks) * BLOCK as u64;
-        match how {
-            LogWrite::Plain => disk.write_at(buf.as_slice(), offset)?,
-            LogWrite::Durable => disk.write_durable_at(buf.as_slice(), offset)?,
-        }
+        writes.push((offset, buf));
         i = j;
     }
-    Ok(())
+    writes
 }
 
 /// One block the destager moves.

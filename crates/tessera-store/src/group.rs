@@ -1686,12 +1686,12 @@ impl Drop for InFlight<'_> {
 /// this one and go out in its group commit; alone, it is committed with
 /// no hand-off to the log writer and a syncer.
 struct InlineCommit<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     req: Option<Request>,
 }
 
 impl<'a> InlineCommit<'a> {
-    fn new(shared: &'a Shared, req: Request) -> Self {
+    fn new(shared: &'a Arc<Shared>, req: Request) -> Self {
         InlineCommit {
             shared,
             req: Some(req),
@@ -1985,6 +1985,18 @@ impl ReadUse {
     }
 }
 
+/// The ring lone commits are written through, if this kernel and runtime
+/// offer one (see `tessera_env::IoRing`).
+fn open_ring() -> Option<tessera_env::IoRing> {
+    match tessera_env::IoRing::new() {
+        Ok(ring) => Some(ring),
+        Err(e) => {
+            tracing::info!(error = %e, "no io_uring: lone commits are written on their caller's thread");
+            None
+        }
+    }
+}
+
 /// Mounts: superblocks, checkpoint, committed index, log replay.
 fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shared>, StoreError> {
     let (geo, _uuid, _name): (Geometry, u128, String) = recovery::read_geometry(&devices)?;
@@ -2011,6 +2023,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         placed_syncs,
         scrub: ScrubCounters::default(),
         content,
+        ring: open_ring(),
     });
     let replayed = recovery::replay(&shared)?;
     let cleared = recovery::clear_unsynced_records(&shared)?;

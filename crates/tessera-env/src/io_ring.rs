@@ -1,0 +1,503 @@
+//! Device writes that do not block the thread that asks for them: one
+//! io_uring per disk group, its completions reaped on the async runtime.
+//!
+//! Owns: the ring, the buffers and devices of the writes in flight, and the
+//! task that reaps completions. A runtime thread that commits a lone write
+//! would otherwise wait in `pwrite` for the device (a few hundred
+//! microseconds on a disk with a volatile cache), and while it waits no
+//! thread of a two-core host watches the sockets: the second copy's answer
+//! waits for it. Handing the write to a log thread instead costs two thread
+//! wake-ups. Submitted here, the write is in the device's queue when the
+//! call returns, the thread goes on serving, and the completion wakes the
+//! runtime through an eventfd it already polls.
+//!
+//! Must not touch: what the bytes mean, when a write is acknowledged (the
+//! caller's `on_done` decides).
+//!
+//! Invariants (the module's whole unsafe surface rests on the first):
+//! - A buffer handed to the kernel is neither moved, freed nor touched
+//!   until the kernel has answered for it: the ring keeps the buffer (a heap
+//!   allocation, which does not move when its owner does) and the device
+//!   (so its descriptor stays open) in the operation's slot until its
+//!   completion is reaped; a ring dropped with operations in flight waits
+//!   for them, and leaks (never frees) what it could not wait for. A
+//!   reaper dropped before its ring (its runtime shut down) waits for them
+//!   too, so their `on_done` run and what they hold is released.
+//! - Every accepted operation's `on_done` runs exactly once: on the reaper
+//!   task with the kernel's answer, or at once with the error when the
+//!   ring could not submit it. A short write is reported as an error.
+//! - At most [`IoRing::IN_FLIGHT_MAX`] operations are in flight, fewer than
+//!   the completion queue holds, so completions never overflow it.
+//! - Where io_uring is missing (an old kernel, a sandbox that forbids it)
+//!   or there is no runtime, [`IoRing::new`] fails and callers keep their
+//!   blocking path; a device that cannot take a write this way
+//!   ([`Disk::durable_write_fd`] is `None`) gets the write back.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::{AlignedBuf, Disk};
+
+/// What runs when a write ends: the number of bytes written (all of them)
+/// or why not.
+pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
+
+/// A write the kernel holds.
+struct InFlight {
+    /// Kept only so the kernel's pointer stays valid.
+    _buf: AlignedBuf,
+    /// Kept only so the descriptor stays open.
+    _device: Arc<dyn Disk>,
+    len: usize,
+    /// Taken when it ran (at submission, if submitting failed).
+    on_done: Option<WriteDone>,
+}
+
+struct Slots {
+    ring: io_uring::IoUring,
+    ops: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    in_flight: usize,
+}
+
+struct Ring {
+    slots: Mutex<Slots>,
+    /// The eventfd the kernel signals on each completion; the reaper holds
+    /// the other reference, so neither closes it under the other.
+    wakeup: Arc<OwnedFd>,
+}
+
+/// The eventfd as the runtime's reactor sees it.
+struct Wakeup(Arc<OwnedFd>);
+
+impl AsRawFd for Wakeup {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// One disk group's ring. Cheap to share by reference; dropping it waits
+/// for the writes in flight.
+pub struct IoRing {
+    ring: Arc<Ring>,
+}
+
+impl IoRing {
+    /// Writes in flight at most (the completion queue holds twice the
+    /// submission queue's entries, this many).
+    pub const IN_FLIGHT_MAX: usize = 64;
+
+    /// A ring whose completions are reaped on the current tokio runtime.
+    /// Fails where the kernel has no io_uring (or forbids it) or outside a
+    /// runtime with I/O enabled.
+    pub fn new() -> std::io::Result<IoRing> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        let ring = io_uring::IoUring::new(Self::IN_FLIGHT_MAX as u32)?;
+        let wakeup = Arc::new(rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+        )?);
+        ring.submitter().register_eventfd(wakeup.as_raw_fd())?;
+        let watched = register(Wakeup(Arc::clone(&wakeup)))?;
+        let shared = Arc::new(Ring {
+            slots: Mutex::new(Slots {
+                ring,
+                ops: Vec::new(),
+                free: Vec::new(),
+                in_flight: 0,
+            }),
+            wakeup,
+        });
+        runtime.spawn(reap_completions(Arc::downgrade(&shared), watched));
+        Ok(IoRing { ring: shared })
+    }
+
+    /// Starts writing `buf` at `offset` of `device`, durable when it
+    /// completes (as [`Disk::write_durable_at`]), and returns at once;
+    /// `on_done` runs when the write ends. Gives `buf` and `on_done` back,
+    /// having started nothing, when the device cannot take the write this
+    /// way or too many writes are in flight: the caller then writes with
+    /// the blocking call.
+    #[allow(unsafe_code)]
+    pub fn write_durable(
+        &self,
+        device: &Arc<dyn Disk>,
+        buf: AlignedBuf,
+        offset: u64,
+        on_done: WriteDone,
+    ) -> Result<(), (AlignedBuf, WriteDone)> {
+        let Some(fd) = device.durable_write_fd(buf.len(), offset) else {
+            return Err((buf, on_done));
+        };
+        let Ok(len32) = u32::try_from(buf.len()) else {
+            return Err((buf, on_done));
+        };
+        let mut slots = self.ring.slots.lock();
+        if slots.in_flight >= Self::IN_FLIGHT_MAX {
+            return Err((buf, on_done));
+        }
+        let slot = match slots.free.pop() {
+            Some(slot) => slot,
+            None => {
+                slots.ops.push(None);
+                slots.ops.len() - 1
+            }
+        };
+        let entry =
+            io_uring::opcode::Write::new(io_uring::types::Fd(fd), buf.as_slice().as_ptr(), len32)
+                .offset(offset)
+                .build()
+                .user_data(slot as u64);
+        let len = buf.len();
+        slots.ops[slot] = Some(InFlight {
+            _buf: buf,
+            _device: Arc::clone(device),
+            len,
+            on_done: Some(on_done),
+        });
+        slots.in_flight += 1;
+        // SAFETY: the entry points into the buffer now kept in
+        // `ops[slot]`, with its length; the buffer and the device whose
+        // descriptor it names stay there until the completion carrying
+        // `slot` is reaped (or, if it never comes, until the ring is
+        // dropped, which waits for it or leaks them): see the module's
+        // invariants.
+        let pushed = unsafe { slots.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            // The submission queue holds at least IN_FLIGHT_MAX entries and
+            // every entry is submitted before the lock is released, so it is
+            // never full here; give the write back all the same.
+            slots.in_flight -= 1;
+            let taken = slots.ops[slot].take();
+            slots.free.push(slot);
+            drop(slots);
+            let op = taken.expect("the slot was just filled");
+            let on_done = op.on_done.expect("not run yet");
+            return Err((op._buf, on_done));
+        }
+        if let Err(e) = submit_all(&mut slots.ring) {
+            // The kernel may still hold the entry: its buffer stays in the
+            // slot (freed when a completion comes, leaked with the ring
+            // otherwise), and the write ends now with the error.
+            let on_done = slots.ops[slot].as_mut().and_then(|op| op.on_done.take());
+            drop(slots);
+            if let Some(on_done) = on_done {
+                on_done(Err(e));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Registers the eventfd with the current runtime's reactor; an error
+/// (not a panic) where that runtime has no I/O driver.
+#[allow(unsafe_code)]
+fn register(wakeup: Wakeup) -> std::io::Result<AsyncFd<Wakeup>> {
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `Wakeup` holds a reference to the eventfd's `OwnedFd`,
+        // so the descriptor stays open, and the same, for as long as the
+        // `AsyncFd` that owns it.
+        unsafe { AsyncFd::register_with_interest(wakeup, Interest::READABLE) }
+    }));
+    match registered {
+        Ok(Ok(fd)) => Ok(fd),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(std::io::Error::other("the runtime has no I/O driver")),
+    }
+}
+
+/// Submits every queued entry; retries an interrupted or busy call (the
+/// kernel consumed nothing then).
+fn submit_all(ring: &mut io_uring::IoUring) -> std::io::Result<()> {
+    loop {
+        match ring.submit() {
+            Ok(_) if ring.submission().is_empty() => return Ok(()),
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) =>
+            {
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Ring {
+    /// Takes every completion the kernel posted and runs their `on_done`
+    /// (outside the lock: they take the store's).
+    fn reap(&self) {
+        let mut ended: Vec<(InFlight, i32)> = Vec::new();
+        {
+            let mut guard = self.slots.lock();
+            let slots = &mut *guard;
+            for cqe in slots.ring.completion() {
+                let slot = cqe.user_data() as usize;
+                if let Some(op) = slots.ops.get_mut(slot).and_then(Option::take) {
+                    slots.free.push(slot);
+                    slots.in_flight -= 1;
+                    ended.push((op, cqe.result()));
+                }
+            }
+        }
+        for (mut op, result) in ended {
+            let outcome = match result {
+                r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
+                r if r as usize == op.len => Ok(()),
+                r => Err(std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    format!("short write: {r} of {} bytes", op.len),
+                )),
+            };
+            if let Some(on_done) = op.on_done.take() {
+                on_done(outcome);
+            }
+        }
+    }
+}
+
+impl Ring {
+    /// Waits (blocking) for the writes in flight and runs their `on_done`;
+    /// what it cannot wait for (the kernel refuses to wait) is leaked, never
+    /// freed, so the kernel never writes from freed memory.
+    fn wait_in_flight(&self) {
+        for _ in 0..10_000 {
+            {
+                let slots = self.slots.lock();
+                if slots.in_flight == 0 || slots.ring.submit_and_wait(1).is_err() {
+                    break;
+                }
+            }
+            self.reap();
+        }
+        let mut slots = self.slots.lock();
+        if slots.in_flight > 0 {
+            slots.in_flight = 0;
+            for op in slots.ops.drain(..).flatten() {
+                std::mem::forget(op);
+            }
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Wake the reaper so that it sees the ring gone and ends.
+        let _ = rustix::io::write(self.wakeup.as_fd(), &1u64.to_ne_bytes());
+        self.wait_in_flight();
+    }
+}
+
+/// Finishes the writes in flight when the reaper is dropped before its
+/// ring (its runtime shut down): their `on_done` still run, and what they
+/// hold (a disk group's devices and locks among them) is released.
+struct ReaperGone(Weak<Ring>);
+
+impl Drop for ReaperGone {
+    fn drop(&mut self) {
+        if let Some(ring) = self.0.upgrade() {
+            ring.wait_in_flight();
+        }
+    }
+}
+
+/// Reaps completions each time the kernel signals the eventfd, until the
+/// ring is dropped.
+async fn reap_completions(ring: Weak<Ring>, wakeup: AsyncFd<Wakeup>) {
+    let _gone = ReaperGone(ring.clone());
+    loop {
+        let Ok(mut ready) = wakeup.readable().await else {
+            return;
+        };
+        // Cleared before the counter is read and the queue drained: a
+        // completion posted after the drain signals again.
+        ready.clear_ready();
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(wakeup.get_ref().0.as_fd(), &mut counter);
+        let Some(ring) = ring.upgrade() else {
+            return;
+        };
+        ring.reap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FileDisk, FileDiskOptions};
+    use tokio::sync::oneshot;
+
+    fn open(dir: &tempfile::TempDir) -> Arc<dyn Disk> {
+        Arc::new(
+            FileDisk::open(
+                &dir.path().join("dev"),
+                FileDiskOptions {
+                    create_bytes: Some(1 << 20),
+                    direct_io: true,
+                    read_only: false,
+                },
+            )
+            .expect("open"),
+        )
+    }
+
+    async fn write(
+        ring: &IoRing,
+        disk: &Arc<dyn Disk>,
+        fill: u8,
+        offset: u64,
+    ) -> std::io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut buf = AlignedBuf::with_capacity(8192);
+        buf.extend_from_slice(&[fill; 8192]);
+        let on_done: WriteDone = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        match ring.write_durable(disk, buf, offset, on_done) {
+            Ok(()) => rx.await.expect("on_done ran"),
+            // Beyond IN_FLIGHT_MAX the write comes back, as to a caller,
+            // which writes it itself.
+            Err((buf, _)) => disk
+                .write_durable_at(buf.as_slice(), offset)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_land_where_asked_and_concurrent_ones_all_complete() {
+        let Ok(ring) = IoRing::new() else {
+            eprintln!("io_uring unavailable here; the blocking path is the one in use");
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = open(&dir);
+        let writes = (0..100u64).map(|i| write(&ring, &disk, i as u8 + 1, (i % 100) * 8192));
+        for result in futures::future::join_all(writes).await {
+            result.expect("write");
+        }
+        let mut back = AlignedBuf::zeroed(8192);
+        for i in 0..100u64 {
+            disk.read_at(back.as_mut_slice(), i * 8192).expect("read");
+            assert!(
+                back.as_slice().iter().all(|&b| b == i as u8 + 1),
+                "block {i}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_misaligned_write_is_given_back_and_a_failed_one_reports_its_error() {
+        let Ok(ring) = IoRing::new() else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = open(&dir);
+        // A misaligned offset cannot go to an O_DIRECT descriptor: the
+        // caller gets the write back for its blocking path.
+        let mut buf = AlignedBuf::with_capacity(4096);
+        buf.extend_from_slice(&[7; 4096]);
+        let given_back = ring.write_durable(&disk, buf, 100, Box::new(|_| {}));
+        assert!(given_back.is_err());
+        // A bad descriptor's error reaches on_done.
+        let (tx, rx) = oneshot::channel();
+        let closed: Arc<dyn Disk> = Arc::new(ClosedDisk);
+        let mut buf = AlignedBuf::with_capacity(4096);
+        buf.extend_from_slice(&[7; 4096]);
+        let accepted = ring.write_durable(
+            &closed,
+            buf,
+            0,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        assert!(accepted.is_ok());
+        let err = rx.await.expect("on_done ran").expect_err("bad descriptor");
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_dropped_with_writes_in_flight_waits_for_them() {
+        let Ok(ring) = IoRing::new() else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = open(&dir);
+        for i in 0..32u64 {
+            let mut buf = AlignedBuf::with_capacity(8192);
+            buf.extend_from_slice(&[0xA5; 8192]);
+            assert!(ring
+                .write_durable(&disk, buf, i * 8192, Box::new(|_| {}))
+                .is_ok());
+        }
+        drop(ring);
+        let mut back = AlignedBuf::zeroed(8192);
+        for i in 0..32u64 {
+            disk.read_at(back.as_mut_slice(), i * 8192).expect("read");
+            assert!(back.as_slice().iter().all(|&b| b == 0xA5), "block {i}");
+        }
+    }
+
+    #[test]
+    fn every_on_done_runs_once_even_when_the_runtime_stops_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let Ok(ring) = runtime.block_on(async { IoRing::new() }) else {
+            return;
+        };
+        let disk = open(&dir);
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut accepted = 0;
+        for i in 0..16u64 {
+            let mut buf = AlignedBuf::with_capacity(8192);
+            buf.extend_from_slice(&[3; 8192]);
+            let ran = Arc::clone(&ran);
+            let on_done: WriteDone = Box::new(move |r| {
+                r.expect("write");
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+            if ring.write_durable(&disk, buf, i * 8192, on_done).is_ok() {
+                accepted += 1;
+            }
+        }
+        drop(runtime);
+        drop(ring);
+        assert_eq!(accepted, 16);
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 16);
+    }
+
+    /// A device whose descriptor is not open.
+    struct ClosedDisk;
+
+    impl Disk for ClosedDisk {
+        fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), crate::DiskError> {
+            unreachable!()
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> Result<(), crate::DiskError> {
+            unreachable!()
+        }
+        fn sync(&self) -> Result<(), crate::DiskError> {
+            unreachable!()
+        }
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn name(&self) -> String {
+            "closed".into()
+        }
+        fn durable_write_fd(&self, _: usize, _: u64) -> Option<RawFd> {
+            Some(-1)
+        }
+    }
+}
