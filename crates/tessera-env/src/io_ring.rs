@@ -14,7 +14,9 @@
 //! Must not touch: what the bytes mean, when a write is acknowledged (the
 //! caller's `on_done` decides).
 //!
-//! Invariants (the module's whole unsafe surface rests on the first):
+//! Invariants (the submission's `unsafe` rests on the first; the eventfd's
+//! registration on the ring's holding the eventfd open as long as the
+//! reactor watches it):
 //! - A buffer handed to the kernel is neither moved, freed nor touched
 //!   until the kernel has answered for it: the ring keeps the buffer (a heap
 //!   allocation, which does not move when its owner does) and the device
@@ -42,8 +44,8 @@ use tokio::io::Interest;
 
 use crate::{AlignedBuf, Disk};
 
-/// What runs when a write ends: the number of bytes written (all of them)
-/// or why not.
+/// What runs when a write ends: `Ok` once every byte is written and
+/// durable, or why not.
 pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
 
 /// A write the kernel holds.
