@@ -1985,9 +1985,12 @@ impl ReadUse {
     }
 }
 
-/// The ring lone commits are written through, if this kernel and runtime
-/// offer one (see `tessera_env::IoRing`).
-fn open_ring() -> Option<tessera_env::IoRing> {
+/// The ring lone commits are written through, if the cache device can
+/// take writes that way (a file or block device: not one in memory, nor
+/// one that encrypts what it writes) and this kernel and runtime offer one
+/// (see `tessera_env::IoRing`).
+fn open_ring(cache: &Arc<dyn Disk>) -> Option<tessera_env::IoRing> {
+    cache.durable_write_fd(BLOCK, 0)?;
     match tessera_env::IoRing::new() {
         Ok(ring) => Some(ring),
         Err(e) => {
@@ -2004,6 +2007,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
     let content = Arc::new(ContentCache::new(crate::CONTENT_CACHE_BYTES_DEFAULT));
     let state = recovery::load_state(&devices, &geo, &ck, index_cache_bytes, content.clone());
     let placed_syncs = devices.iter().map(|_| SharedSync::default()).collect();
+    let ring = open_ring(&devices[0]);
     let shared = Arc::new(Shared {
         devices,
         geo,
@@ -2023,7 +2027,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         placed_syncs,
         scrub: ScrubCounters::default(),
         content,
-        ring: open_ring(),
+        ring,
     });
     let replayed = recovery::replay(&shared)?;
     let cleared = recovery::clear_unsynced_records(&shared)?;
