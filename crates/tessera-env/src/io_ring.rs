@@ -50,11 +50,10 @@ pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
 
 /// A write the kernel holds.
 struct InFlight {
-    /// Kept only so the kernel's pointer stays valid.
-    _buf: AlignedBuf,
+    /// The kernel reads from it until the write's completion.
+    buf: AlignedBuf,
     /// Kept only so the descriptor stays open.
     _device: Arc<dyn Disk>,
-    len: usize,
     /// Taken when it ran (at submission, if submitting failed).
     on_done: Option<WriteDone>,
 }
@@ -89,8 +88,8 @@ pub struct IoRing {
 }
 
 impl IoRing {
-    /// Writes in flight at most (the completion queue holds twice the
-    /// submission queue's entries, this many).
+    /// Writes in flight at most: the submission queue's entries (the
+    /// completion queue holds twice as many).
     pub const IN_FLIGHT_MAX: usize = 64;
 
     /// A ring whose completions are reaped on the current tokio runtime.
@@ -154,11 +153,9 @@ impl IoRing {
                 .offset(offset)
                 .build()
                 .user_data(slot as u64);
-        let len = buf.len();
         slots.ops[slot] = Some(InFlight {
-            _buf: buf,
+            buf,
             _device: Arc::clone(device),
-            len,
             on_done: Some(on_done),
         });
         slots.in_flight += 1;
@@ -179,7 +176,7 @@ impl IoRing {
             drop(slots);
             let op = taken.expect("the slot was just filled");
             let on_done = op.on_done.expect("not run yet");
-            return Err((op._buf, on_done));
+            return Err((op.buf, on_done));
         }
         if let Err(e) = submit_all(&mut slots.ring) {
             // The kernel may still hold the entry: its buffer stays in the
@@ -250,12 +247,13 @@ impl Ring {
             }
         }
         for (mut op, result) in ended {
+            let len = op.buf.len();
             let outcome = match result {
                 r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
-                r if r as usize == op.len => Ok(()),
+                r if r as usize == len => Ok(()),
                 r => Err(std::io::Error::new(
                     std::io::ErrorKind::WriteZero,
-                    format!("short write: {r} of {} bytes", op.len),
+                    format!("short write: {r} of {len} bytes"),
                 )),
             };
             if let Some(on_done) = op.on_done.take() {

@@ -155,8 +155,10 @@ pub(crate) struct Shared {
     /// Verified capacity blocks kept in memory (see `crate::content`).
     pub(crate) content: Arc<crate::content::ContentCache>,
     /// Where a lone commit's durable write is submitted without blocking
-    /// its caller's thread; `None` where the kernel has no io_uring or the
-    /// group was opened outside a runtime: the caller writes it itself.
+    /// its caller's thread; `None` where the cache device cannot take
+    /// writes that way (in memory, encrypting), the kernel has no io_uring
+    /// or the group was opened outside a runtime: the caller writes it
+    /// itself.
     pub(crate) ring: Option<tessera_env::IoRing>,
 }
 
@@ -414,22 +416,19 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
     let Some(batch) = lay_out_batch(shared, st, reqs) else {
         return;
     };
-    let mut writes = record_writes(shared, &batch.records);
-    if writes.len() != 1 {
-        // A batch that wraps around the log's end: two writes, which must
-        // both be durable before it is; written here, as without a ring.
-        let result = writes.iter().try_for_each(|(offset, buf)| {
-            shared
-                .cache_disk()
-                .write_durable_at(buf.as_slice(), *offset)
-        });
-        let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
-        acknowledge_inline(shared, st, written);
-        return;
-    }
-    let Some((offset, buf)) = writes.pop() else {
-        return;
-    };
+    let [(offset, buf)]: [(u64, AlignedBuf); 1] =
+        match record_writes(shared, &batch.records).try_into() {
+            Ok(one) => one,
+            Err(writes) => {
+                // A batch that wraps around the log's end: two writes, which
+                // must both be durable before it is; written here, as
+                // without a ring.
+                let result = write_records(shared, &writes, LogWrite::Durable);
+                let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
+                acknowledge_inline(shared, st, written);
+                return;
+            }
+        };
     let len = buf.len() as u64;
     let for_completion = Arc::clone(shared);
     let on_done: WriteDone = Box::new(move |result| {
@@ -506,7 +505,7 @@ fn write_batch<'a>(
             }
         }
     }
-    let result = write_records(shared, &batch.records, how);
+    let result = write_records(shared, &record_writes(shared, &batch.records), how);
     finish_batch(shared, shared.state.lock(), batch, result)
 }
 
@@ -842,15 +841,16 @@ fn plan_records(
     out
 }
 
-/// Writes records with as few positional writes as the wrap allows (the
-/// syncer makes them durable, unless `how` says each write is).
+/// Writes the log writes of a batch ([`record_writes`]); the syncer makes
+/// them durable, unless `how` says each write is.
 fn write_records(
     shared: &Shared,
-    records: &[PlannedRecord],
+    writes: &[(u64, AlignedBuf)],
     how: LogWrite,
 ) -> Result<(), DiskError> {
     let disk = shared.cache_disk();
-    for (offset, buf) in record_writes(shared, records) {
+    for (offset, buf) in writes {
+        let offset = *offset;
         match how {
             LogWrite::Plain => disk.write_at(buf.as_slice(), offset)?,
             LogWrite::Durable => disk.write_durable_at(buf.as_slice(), offset)?,
