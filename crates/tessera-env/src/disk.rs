@@ -182,10 +182,43 @@ pub trait Disk: Send + Sync + 'static {
         let _ = (len, offset);
         None
     }
+    /// Readies `buf` to be written at `offset` by a caller that submits
+    /// the write to the kernel itself ([`crate::IoRing`]): the descriptor,
+    /// the bytes as the device stores them, and what must stay held until
+    /// the write has completed. `Err` gives `buf` back unchanged, for
+    /// [`Disk::write_durable_at`]. By default the bytes go as they are
+    /// through [`Disk::durable_write_fd`]; a device that transforms what it
+    /// stores (encryption) does that here.
+    fn prepare_durable_write(
+        &self,
+        buf: AlignedBuf,
+        offset: u64,
+    ) -> Result<PreparedWrite, AlignedBuf> {
+        match self.durable_write_fd(buf.len(), offset) {
+            Some(fd) => Ok(PreparedWrite {
+                fd,
+                buf,
+                hold: None,
+            }),
+            None => Err(buf),
+        }
+    }
     /// Bytes on the device.
     fn size(&self) -> u64;
     /// A name for messages (the path).
     fn name(&self) -> String;
+}
+
+/// A durable write ready for the kernel ([`Disk::prepare_durable_write`]).
+pub struct PreparedWrite {
+    /// Where to write: durable when the write completes, open as long as
+    /// the device.
+    pub fd: std::os::fd::RawFd,
+    /// The bytes to write, as the device stores them.
+    pub buf: AlignedBuf,
+    /// Dropped only once the write has completed (an encrypted device's
+    /// claim on the pieces it wrote, which a deep rekey waits for).
+    pub hold: Option<Box<dyn Send>>,
 }
 
 /// Which way a read goes: through the host's page cache

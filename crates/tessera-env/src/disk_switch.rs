@@ -8,7 +8,7 @@
 //! that was already durable, it only stops answering.
 //! Invariant: a call that starts after [`FailSwitch::trip`] returned fails.
 
-use crate::disk::{Disk, DiskError};
+use crate::disk::{AlignedBuf, Disk, DiskError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -102,6 +102,17 @@ impl Disk for SwitchedDisk {
             return None;
         }
         self.inner.durable_write_fd(len, offset)
+    }
+
+    fn prepare_durable_write(
+        &self,
+        buf: AlignedBuf,
+        offset: u64,
+    ) -> Result<crate::PreparedWrite, AlignedBuf> {
+        if self.switch.is_tripped() {
+            return Err(buf);
+        }
+        self.inner.prepare_durable_write(buf, offset)
     }
 
     fn size(&self) -> u64 {

@@ -54,6 +54,8 @@ struct InFlight {
     buf: AlignedBuf,
     /// Kept only so the descriptor stays open.
     _device: Arc<dyn Disk>,
+    /// What the device asked to hold until the write completes.
+    _hold: Option<Box<dyn Send>>,
     /// Taken when it ran (at submission, if submitting failed).
     on_done: Option<WriteDone>,
 }
@@ -119,10 +121,10 @@ impl IoRing {
 
     /// Starts writing `buf` at `offset` of `device`, durable when it
     /// completes (as [`Disk::write_durable_at`]), and returns at once;
-    /// `on_done` runs when the write ends. Gives `buf` and `on_done` back,
-    /// having started nothing, when the device cannot take the write this
-    /// way or too many writes are in flight: the caller then writes with
-    /// the blocking call.
+    /// `on_done` runs when the write ends. Gives `buf` (unchanged) and
+    /// `on_done` back, having started nothing, when the device cannot take
+    /// the write this way ([`Disk::prepare_durable_write`]) or too many
+    /// writes are in flight: the caller then writes with the blocking call.
     #[allow(unsafe_code)]
     pub fn write_durable(
         &self,
@@ -131,16 +133,27 @@ impl IoRing {
         offset: u64,
         on_done: WriteDone,
     ) -> Result<(), (AlignedBuf, WriteDone)> {
-        let Some(fd) = device.durable_write_fd(buf.len(), offset) else {
-            return Err((buf, on_done));
-        };
         let Ok(len32) = u32::try_from(buf.len()) else {
             return Err((buf, on_done));
         };
-        let mut slots = self.ring.slots.lock();
-        if slots.in_flight >= Self::IN_FLIGHT_MAX {
-            return Err((buf, on_done));
+        // A place is taken before the device readies the bytes (an
+        // encrypted one encrypts them in place): past that point the
+        // buffer cannot be given back as it came.
+        {
+            let mut slots = self.ring.slots.lock();
+            if slots.in_flight >= Self::IN_FLIGHT_MAX {
+                return Err((buf, on_done));
+            }
+            slots.in_flight += 1;
         }
+        let prepared = match device.prepare_durable_write(buf, offset) {
+            Ok(prepared) => prepared,
+            Err(buf) => {
+                self.ring.slots.lock().in_flight -= 1;
+                return Err((buf, on_done));
+            }
+        };
+        let mut slots = self.ring.slots.lock();
         let slot = match slots.free.pop() {
             Some(slot) => slot,
             None => {
@@ -148,17 +161,20 @@ impl IoRing {
                 slots.ops.len() - 1
             }
         };
-        let entry =
-            io_uring::opcode::Write::new(io_uring::types::Fd(fd), buf.as_slice().as_ptr(), len32)
-                .offset(offset)
-                .build()
-                .user_data(slot as u64);
+        let entry = io_uring::opcode::Write::new(
+            io_uring::types::Fd(prepared.fd),
+            prepared.buf.as_slice().as_ptr(),
+            len32,
+        )
+        .offset(offset)
+        .build()
+        .user_data(slot as u64);
         slots.ops[slot] = Some(InFlight {
-            buf,
+            buf: prepared.buf,
             _device: Arc::clone(device),
+            _hold: prepared.hold,
             on_done: Some(on_done),
         });
-        slots.in_flight += 1;
         // SAFETY: the entry points into the buffer now kept in
         // `ops[slot]`, with its length; the buffer and the device whose
         // descriptor it names stay there until the completion carrying
@@ -166,27 +182,29 @@ impl IoRing {
         // dropped, which waits for it or leaks them): see the module's
         // invariants.
         let pushed = unsafe { slots.ring.submission().push(&entry) };
-        if pushed.is_err() {
+        let failed = match pushed {
+            // After a failed submission the kernel may still hold the
+            // entry: its buffer stays in the slot (freed when a completion
+            // comes, leaked with the ring otherwise).
+            Ok(()) => submit_all(&mut slots.ring).err().map(|e| {
+                let on_done = slots.ops[slot].as_mut().and_then(|op| op.on_done.take());
+                (e, on_done)
+            }),
             // The submission queue holds at least IN_FLIGHT_MAX entries and
             // every entry is submitted before the lock is released, so it is
-            // never full here; give the write back all the same.
-            slots.in_flight -= 1;
-            let taken = slots.ops[slot].take();
-            slots.free.push(slot);
-            drop(slots);
-            let op = taken.expect("the slot was just filled");
-            let on_done = op.on_done.expect("not run yet");
-            return Err((op.buf, on_done));
-        }
-        if let Err(e) = submit_all(&mut slots.ring) {
-            // The kernel may still hold the entry: its buffer stays in the
-            // slot (freed when a completion comes, leaked with the ring
-            // otherwise), and the write ends now with the error.
-            let on_done = slots.ops[slot].as_mut().and_then(|op| op.on_done.take());
-            drop(slots);
-            if let Some(on_done) = on_done {
-                on_done(Err(e));
+            // never full here; the write fails all the same if it is.
+            Err(_) => {
+                slots.in_flight -= 1;
+                slots.free.push(slot);
+                let on_done = slots.ops[slot].take().and_then(|mut op| op.on_done.take());
+                let e = std::io::Error::other("the io_uring submission queue is full");
+                Some((e, on_done))
             }
+        };
+        drop(slots);
+        // The write ends now, with the error.
+        if let Some((e, Some(on_done))) = failed {
+            on_done(Err(e));
         }
         Ok(())
     }

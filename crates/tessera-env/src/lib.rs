@@ -14,7 +14,9 @@ pub mod disk_switch;
 pub mod io_ring;
 pub mod space;
 
-pub use disk::{AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, ReadVia, DISK_ALIGN};
+pub use disk::{
+    AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, PreparedWrite, ReadVia, DISK_ALIGN,
+};
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
 pub use io_ring::{IoRing, WriteDone};

@@ -22,7 +22,10 @@
 //! - Which generation covers a block only changes while the deep rekey holds
 //!   the lock of the piece of the device that holds it
 //!   ([`EncryptedDisk::rekey_piece`]); every read and write holds that lock
-//!   shared for the pieces it touches, so none sees a piece half rekeyed.
+//!   shared for the pieces it touches, so none sees a piece half rekeyed. A
+//!   write submitted to an io_uring holds it while it is encrypted and is
+//!   then counted in the piece until it completes; the rekey waits for that
+//!   count to drain before it takes the lock ([`PieceLock`]).
 //! - A data key is sealed with AES-256-GCM, the disk group's identity and
 //!   the key's generation bound in as associated data: a sealed key copied to
 //!   another group, or passed off as another generation, fails to open.
@@ -43,9 +46,9 @@ use ring::aead;
 use ring::rand::{SecureRandom, SystemRandom};
 use std::fmt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tessera_env::{AlignedBuf, Disk, DiskError, ReadVia};
+use tessera_env::{AlignedBuf, Disk, DiskError, PreparedWrite, ReadVia};
 use tessera_format::{Superblock, WrappedKey, BLOCK, DATA_KEY_BYTES, SEALED_KEY_BYTES};
 use zeroize::Zeroizing;
 
@@ -480,13 +483,56 @@ pub(crate) struct EncryptedDisk {
     device: u8,
     keys: RwLock<DeviceKeys>,
     cursor: AtomicU64,
-    pieces: Vec<RwLock<()>>,
+    pieces: Arc<[PieceLock]>,
     /// The device's superblock as last written (rekeys rewrite it).
     superblock: Mutex<Superblock>,
     /// Tests: the next piece rekeyed stops after its in-place write, before
     /// the sync, as a power cut would find it.
     #[cfg(test)]
     stop_after_rewrite: std::sync::atomic::AtomicBool,
+}
+
+/// The lock of the pieces `p` of a device with `p % REKEY_LOCKS` its
+/// index, and the writes encrypted under it that the kernel still holds.
+///
+/// A write submitted to an io_uring completes on the runtime, so it cannot
+/// keep a guard until then: a rekey waiting for that guard would stop new
+/// readers on runtime threads (the lock lets a waiting writer go first),
+/// and with them the completion that frees it. Such a write counts itself
+/// in `submitted` instead, under the shared lock while it encrypts; the
+/// rekey raises `rekey_waiting`, waits for `submitted` to drain without
+/// holding or awaiting the lock, and only then takes it. A write that sees
+/// `rekey_waiting` is not submitted (its caller writes it blocking, under
+/// the lock as any write).
+#[derive(Default)]
+struct PieceLock {
+    lock: RwLock<()>,
+    submitted: AtomicUsize,
+    rekey_waiting: AtomicBool,
+}
+
+/// The claim of a submitted write on the pieces it encrypted, released
+/// when the write has completed.
+struct SubmittedPieces {
+    pieces: Arc<[PieceLock]>,
+    held: Vec<usize>,
+}
+
+impl Drop for SubmittedPieces {
+    fn drop(&mut self) {
+        for &i in &self.held {
+            self.pieces[i].submitted.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Clears a piece's `rekey_waiting` when its rekey step ends.
+struct RekeyWaiting<'a>(&'a PieceLock);
+
+impl Drop for RekeyWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.rekey_waiting.store(false, Ordering::SeqCst);
+    }
 }
 
 impl EncryptedDisk {
@@ -503,8 +549,9 @@ impl EncryptedDisk {
         )
     }
 
-    /// Shared locks of the pieces `blocks` touches, in lock order.
-    fn lock_pieces(&self, first: u64, blocks: u64) -> Vec<RwLockReadGuard<'_, ()>> {
+    /// The locks of the pieces `blocks` blocks from `first` touch, in lock
+    /// order.
+    fn piece_locks(first: u64, blocks: u64) -> Vec<usize> {
         let first_piece = first / REKEY_PIECE_BLOCKS;
         let last_piece = (first + blocks.max(1) - 1) / REKEY_PIECE_BLOCKS;
         let mut locks: Vec<usize> = (first_piece..=last_piece)
@@ -512,7 +559,15 @@ impl EncryptedDisk {
             .collect();
         locks.sort_unstable();
         locks.dedup();
-        locks.into_iter().map(|i| self.pieces[i].read()).collect()
+        locks
+    }
+
+    /// Shared locks of the pieces `blocks` touches, in lock order.
+    fn lock_pieces(&self, first: u64, blocks: u64) -> Vec<RwLockReadGuard<'_, ()>> {
+        Self::piece_locks(first, blocks)
+            .into_iter()
+            .map(|i| self.pieces[i].lock.read())
+            .collect()
     }
 
     /// Calls `f` for each of `blocks` blocks from device block `first`
@@ -603,8 +658,16 @@ impl EncryptedDisk {
     /// before the cursor moves leaves the journal, which the next open
     /// copies back.
     fn rekey_piece(&self, start: u64, end: u64) -> Result<(), StoreError> {
-        let _piece =
-            self.pieces[((start / REKEY_PIECE_BLOCKS) % REKEY_LOCKS as u64) as usize].write();
+        let piece = &self.pieces[((start / REKEY_PIECE_BLOCKS) % REKEY_LOCKS as u64) as usize];
+        // No write is submitted from here on; those in flight end in one
+        // device write. The lock is taken only once none is left (see
+        // `PieceLock`), so its guard is dropped before this flag is cleared.
+        piece.rekey_waiting.store(true, Ordering::SeqCst);
+        let _waiting = RekeyWaiting(piece);
+        while piece.submitted.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        let _piece = piece.lock.write();
         let len = ((end - start) * BLOCK as u64) as usize;
         let mut buf = AlignedBuf::zeroed(len);
         self.inner
@@ -728,6 +791,48 @@ impl Disk for EncryptedDisk {
     fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.encrypted_write(buf, offset, "write", |b, o| {
             self.inner.write_durable_at(b, o)
+        })
+    }
+
+    /// Encrypts `buf` in place for a write its caller submits, counted in
+    /// the pieces it touches until it completes (see [`PieceLock`]).
+    fn prepare_durable_write(
+        &self,
+        mut buf: AlignedBuf,
+        offset: u64,
+    ) -> Result<PreparedWrite, AlignedBuf> {
+        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
+            return Err(buf);
+        }
+        let Some(fd) = self.inner.durable_write_fd(buf.len(), offset) else {
+            return Err(buf);
+        };
+        let first = offset / BLOCK as u64;
+        let held = Self::piece_locks(first, (buf.len() / BLOCK) as u64);
+        let _guards: Vec<_> = held.iter().map(|&i| self.pieces[i].lock.read()).collect();
+        let claim = SubmittedPieces {
+            pieces: Arc::clone(&self.pieces),
+            held,
+        };
+        for &i in &claim.held {
+            self.pieces[i].submitted.fetch_add(1, Ordering::SeqCst);
+        }
+        if claim
+            .held
+            .iter()
+            .any(|&i| self.pieces[i].rekey_waiting.load(Ordering::SeqCst))
+        {
+            return Err(buf);
+        }
+        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
+            if let Some((xts, unit)) = cipher {
+                xts.encrypt(unit, &mut buf.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK]);
+            }
+        });
+        Ok(PreparedWrite {
+            fd,
+            buf,
+            hold: Some(Box::new(claim)),
         })
     }
 
@@ -873,7 +978,7 @@ impl GroupCipher {
                     next,
                 }),
                 cursor: AtomicU64::new(enc.rekey_cursor),
-                pieces: (0..REKEY_LOCKS).map(|_| RwLock::new(())).collect(),
+                pieces: (0..REKEY_LOCKS).map(|_| PieceLock::default()).collect(),
                 superblock: Mutex::new(sb),
                 #[cfg(test)]
                 stop_after_rewrite: Default::default(),
@@ -1324,17 +1429,7 @@ mod tests {
     fn a_read_from_the_page_cache_alone_decrypts_what_it_serves() {
         let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
         let dir = tempfile::tempdir().unwrap();
-        let blocks = 2 * REKEY_PIECE_BLOCKS;
-        let file = tessera_env::FileDisk::open(
-            &dir.path().join("dev"),
-            tessera_env::FileDiskOptions {
-                create_bytes: Some(blocks * BLOCK as u64),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let cipher = encrypted_device(Arc::new(file), &keys, blocks);
-        let dev = cipher.devices[0].clone();
+        let (_, dev) = file_device(&dir, &keys, 2 * REKEY_PIECE_BLOCKS);
         let b = CLEAR_BLOCKS + 3;
         dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
         dev.sync().unwrap();
@@ -1351,6 +1446,104 @@ mod tests {
         assert!(!dev.read_at_if_cached(&mut buf, b * BLOCK as u64).unwrap());
         // Misaligned: refused, as every encrypted read is.
         assert!(dev.read_at_if_cached(&mut buf[..100], 0).is_err());
+    }
+
+    /// An encrypted device of `blocks` blocks on a file in `dir` (which can
+    /// take submitted writes), and its cipher.
+    fn file_device(
+        dir: &tempfile::TempDir,
+        keys: &AtRestKeys,
+        blocks: u64,
+    ) -> (GroupCipher, Arc<EncryptedDisk>) {
+        let file = tessera_env::FileDisk::open(
+            &dir.path().join("dev"),
+            tessera_env::FileDiskOptions {
+                create_bytes: Some(blocks * BLOCK as u64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let cipher = encrypted_device(Arc::new(file), keys, blocks);
+        let dev = cipher.devices[0].clone();
+        (cipher, dev)
+    }
+
+    /// Writes a prepared write's bytes through its descriptor, as the
+    /// kernel does for a submitted one.
+    fn write_prepared(prepared: &PreparedWrite, offset: u64) {
+        use std::os::fd::BorrowedFd;
+        // SAFETY: the descriptor is the device's, open as long as it is.
+        #[allow(unsafe_code)]
+        let fd = unsafe { BorrowedFd::borrow_raw(prepared.fd) };
+        let written = rustix::io::pwrite(fd, prepared.buf.as_slice(), offset).unwrap();
+        assert_eq!(written, prepared.buf.len());
+    }
+
+    /// A write readied for submission carries the ciphertext a blocking
+    /// write would store, and gives its buffer back unchanged where it
+    /// cannot be submitted.
+    #[test]
+    fn a_prepared_write_stores_ciphertext_that_reads_back_as_written() {
+        let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let (_cipher, dev) = file_device(&dir, &keys, 2 * REKEY_PIECE_BLOCKS);
+        let first = CLEAR_BLOCKS + 5;
+        let mut plain = pattern(first);
+        plain.extend_from_slice(&pattern(first + 1));
+        let prepared = dev
+            .prepare_durable_write(AlignedBuf::copy_of(&plain), first * BLOCK as u64)
+            .unwrap_or_else(|_| panic!("a file device takes submitted writes"));
+        assert!(prepared.buf.as_slice() != &plain[..]);
+        write_prepared(&prepared, first * BLOCK as u64);
+        drop(prepared);
+        let mut back = vec![0u8; 2 * BLOCK];
+        dev.read_at(&mut back, first * BLOCK as u64).unwrap();
+        assert!(back == plain);
+        let misaligned = dev.prepare_durable_write(AlignedBuf::copy_of(&plain), 100);
+        assert!(misaligned.is_err_and(|buf| buf.as_slice() == &plain[..]));
+    }
+
+    /// A deep rekey step waits for the writes submitted into its piece
+    /// (which hold no lock while the kernel has them), refuses new ones
+    /// meanwhile, and rekeys what they wrote: a step that read the piece
+    /// before such a write landed would put the old block back over it.
+    #[test]
+    fn a_rekey_step_waits_for_writes_submitted_into_its_piece() {
+        let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let (cipher, dev) = file_device(&dir, &keys, 2 * REKEY_PIECE_BLOCKS);
+        let b = CLEAR_BLOCKS + 7;
+        let offset = b * BLOCK as u64;
+        dev.write_at(&pattern(b), offset).unwrap();
+        cipher.begin_deep_rekey(&keys).unwrap();
+        let newer = pattern(b + 100);
+        let prepared = dev
+            .prepare_durable_write(AlignedBuf::copy_of(&newer), offset)
+            .unwrap_or_else(|_| panic!("a file device takes submitted writes"));
+        let rekeying = {
+            let dev = dev.clone();
+            std::thread::spawn(move || dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS))
+        };
+        while !dev.pieces[0].rekey_waiting.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!rekeying.is_finished(), "the step did not wait");
+        let refused = dev.prepare_durable_write(AlignedBuf::copy_of(&newer), offset);
+        assert!(refused.is_err_and(|buf| buf.as_slice() == &newer[..]));
+        // Reads of the piece still go on meanwhile.
+        let mut back = vec![0u8; BLOCK];
+        dev.read_at(&mut back, offset).unwrap();
+        assert!(back == pattern(b));
+        write_prepared(&prepared, offset);
+        drop(prepared);
+        rekeying.join().unwrap().unwrap();
+        assert_eq!(dev.cursor.load(Ordering::Acquire), REKEY_PIECE_BLOCKS);
+        dev.read_at(&mut back, offset).unwrap();
+        assert!(back == newer, "the submitted write was lost to the rekey");
+        assert!(dev
+            .prepare_durable_write(AlignedBuf::copy_of(&newer), offset)
+            .is_ok());
     }
 
     /// The power goes while a piece is being rewritten under the next key:

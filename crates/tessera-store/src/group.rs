@@ -1986,11 +1986,14 @@ impl ReadUse {
 }
 
 /// The ring lone commits are written through, if the cache device can
-/// take writes that way (a file or block device: not one in memory, nor
-/// one that encrypts what it writes) and this kernel and runtime offer one
-/// (see `tessera_env::IoRing`).
+/// take writes that way (a file or block device, encrypted or not: not one
+/// in memory) and this kernel and runtime offer one (see
+/// `tessera_env::IoRing`). The device is asked to ready a block, which is
+/// then dropped unwritten.
 fn open_ring(cache: &Arc<dyn Disk>) -> Option<tessera_env::IoRing> {
-    cache.durable_write_fd(BLOCK, 0)?;
+    cache
+        .prepare_durable_write(AlignedBuf::zeroed(BLOCK), 0)
+        .ok()?;
     match tessera_env::IoRing::new() {
         Ok(ring) => Some(ring),
         Err(e) => {
