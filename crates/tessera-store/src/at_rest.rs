@@ -1468,15 +1468,10 @@ mod tests {
         (cipher, dev)
     }
 
-    /// Writes a prepared write's bytes through its descriptor, as the
-    /// kernel does for a submitted one.
-    fn write_prepared(prepared: &PreparedWrite, offset: u64) {
-        use std::os::fd::BorrowedFd;
-        // SAFETY: the descriptor is the device's, open as long as it is.
-        #[allow(unsafe_code)]
-        let fd = unsafe { BorrowedFd::borrow_raw(prepared.fd) };
-        let written = rustix::io::pwrite(fd, prepared.buf.as_slice(), offset).unwrap();
-        assert_eq!(written, prepared.buf.len());
+    /// Writes a prepared write's bytes as they are to the device under the
+    /// encryption, as the kernel does for a submitted one.
+    fn write_prepared(dev: &EncryptedDisk, prepared: &PreparedWrite, offset: u64) {
+        dev.inner.write_at(prepared.buf.as_slice(), offset).unwrap();
     }
 
     /// A write readied for submission carries the ciphertext a blocking
@@ -1494,7 +1489,7 @@ mod tests {
             .prepare_durable_write(AlignedBuf::copy_of(&plain), first * BLOCK as u64)
             .unwrap_or_else(|_| panic!("a file device takes submitted writes"));
         assert!(prepared.buf.as_slice() != &plain[..]);
-        write_prepared(&prepared, first * BLOCK as u64);
+        write_prepared(&dev, &prepared, first * BLOCK as u64);
         drop(prepared);
         let mut back = vec![0u8; 2 * BLOCK];
         dev.read_at(&mut back, first * BLOCK as u64).unwrap();
@@ -1535,7 +1530,7 @@ mod tests {
         let mut back = vec![0u8; BLOCK];
         dev.read_at(&mut back, offset).unwrap();
         assert!(back == pattern(b));
-        write_prepared(&prepared, offset);
+        write_prepared(&dev, &prepared, offset);
         drop(prepared);
         rekeying.join().unwrap().unwrap();
         assert_eq!(dev.cursor.load(Ordering::Acquire), REKEY_PIECE_BLOCKS);
