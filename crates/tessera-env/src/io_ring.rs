@@ -33,7 +33,10 @@
 //! - Where io_uring is missing (an old kernel, a sandbox that forbids it)
 //!   or there is no runtime, [`IoRing::new`] fails and callers keep their
 //!   blocking path; a device that cannot take a write this way
-//!   ([`Disk::durable_write_fd`] is `None`) gets the write back.
+//!   ([`Disk::prepare_durable_write`] gives it back) gets the write back
+//!   unchanged. What a device asks to hold until its write completes (an
+//!   encrypted device's claim on the pieces it wrote) is kept in the slot
+//!   with the buffer, and released with it.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Weak};
