@@ -156,7 +156,7 @@ pub(crate) struct Shared {
     pub(crate) content: Arc<crate::content::ContentCache>,
     /// Where a lone commit's durable write is submitted without blocking
     /// its caller's thread; `None` where the cache device cannot take
-    /// writes that way (in memory, encrypting), the kernel has no io_uring
+    /// writes that way (one in memory), the kernel has no io_uring
     /// or the group was opened outside a runtime: the caller writes it
     /// itself.
     pub(crate) ring: Option<tessera_env::IoRing>,
