@@ -16,7 +16,10 @@
 //! - bit flips in both images ([`FaultDisk::flip_bit`]);
 //! - misdirected writes: the next write meant for one offset lands at another;
 //! - a full device: writes fail with ENOSPC;
-//! - a slow device: every operation sleeps first.
+//! - a slow device: every operation sleeps first;
+//! - a page cache that holds some ranges ([`FaultDisk::hold_in_cache`]):
+//!   [`Disk::read_at_if_cached`] serves those at once and no others, so a
+//!   test decides what the kernel would hold instead of hoping it does.
 //!
 //! Invariant: with no fault armed it behaves exactly like a file that was
 //! synced at every [`Disk::sync`].
@@ -56,6 +59,8 @@ struct FaultState {
     delay: Duration,
     slow_writes: Option<(Range<u64>, Duration)>,
     dead: bool,
+    /// Byte ranges [`Disk::read_at_if_cached`] serves.
+    cached: Vec<Range<u64>>,
     writes: u64,
     syncs: u64,
 }
@@ -106,6 +111,18 @@ impl FaultDisk {
     /// other operations, syncs included, go on meanwhile.
     pub fn slow_writes_in(&self, range: Range<u64>, delay: Duration) {
         self.state.lock().slow_writes = Some((range, delay));
+    }
+
+    /// Has [`Disk::read_at_if_cached`] serve reads inside `range` (a page
+    /// cache holding it); [`FaultDisk::drop_cache`] forgets every range.
+    pub fn hold_in_cache(&self, range: Range<u64>) {
+        self.state.lock().cached.push(range);
+    }
+
+    /// Has [`Disk::read_at_if_cached`] serve nothing (the kernel dropped
+    /// its clean pages).
+    pub fn drop_cache(&self) {
+        self.state.lock().cached.clear();
     }
 
     /// The next write aimed at byte `intended` lands at byte `actual`.
@@ -284,6 +301,18 @@ impl Disk for FaultDisk {
         let start = offset as usize;
         buf.copy_from_slice(&s.current[start..start + buf.len()]);
         Ok(())
+    }
+
+    fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
+        // Served from memory: no device delay.
+        let end = offset + buf.len() as u64;
+        let s = self.state.lock();
+        if buf.is_empty() || !s.cached.iter().any(|r| r.start <= offset && end <= r.end) {
+            return Ok(false);
+        }
+        self.check(&s, "read", offset, buf.len() as u64)?;
+        buf.copy_from_slice(&s.current[offset as usize..end as usize]);
+        Ok(true)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {

@@ -1428,22 +1428,22 @@ mod tests {
     #[test]
     fn a_read_from_the_page_cache_alone_decrypts_what_it_serves() {
         let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
-        let dir = tempfile::tempdir().unwrap();
-        let (_, dev) = file_device(&dir, &keys, 2 * REKEY_PIECE_BLOCKS);
+        let (disk, _cipher, dev) = patterned_device(&keys, 2 * REKEY_PIECE_BLOCKS);
         let b = CLEAR_BLOCKS + 3;
-        dev.write_at(&pattern(b), b * BLOCK as u64).unwrap();
-        dev.sync().unwrap();
+        let at = b * BLOCK as u64;
+        disk.hold_in_cache(at..at + BLOCK as u64);
         let mut buf = vec![0u8; BLOCK];
-        assert!(dev.read_at_if_cached(&mut buf, b * BLOCK as u64).unwrap());
+        assert!(dev.read_at_if_cached(&mut buf, at).unwrap());
         assert!(buf == pattern(b));
-        let mut raw = vec![0u8; BLOCK];
-        dev.inner.read_at(&mut raw, b * BLOCK as u64).unwrap();
-        assert!(raw != pattern(b));
+        assert!(disk.peek(at, BLOCK) != pattern(b));
+        // A range the cache holds only in part: nothing served.
+        let mut two = vec![0u8; 2 * BLOCK];
+        assert!(!dev.read_at_if_cached(&mut two, at).unwrap());
         // Not held (the kernel dropped the clean pages): nothing served.
-        let path = dir.path().join("dev");
-        let f = std::fs::File::open(&path).unwrap();
-        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-        assert!(!dev.read_at_if_cached(&mut buf, b * BLOCK as u64).unwrap());
+        disk.drop_cache();
+        let mut untouched = vec![7u8; BLOCK];
+        assert!(!dev.read_at_if_cached(&mut untouched, at).unwrap());
+        assert!(untouched == vec![7u8; BLOCK]);
         // Misaligned: refused, as every encrypted read is.
         assert!(dev.read_at_if_cached(&mut buf[..100], 0).is_err());
     }
