@@ -1216,6 +1216,17 @@ impl Coordinator {
                 .store(dirty_blocks * BLOCK_BYTES, Ordering::Relaxed);
             (target, column)
         };
+        let fail = |source: ComponentError| ResyncError::Component {
+            volume: volume.clone(),
+            component: id,
+            source,
+        };
+        // Reached first: a copy whose host cannot be reached (its liveness
+        // lease not yet lapsed) stays recorded as away, so a later owner
+        // resyncs it by what it missed, not also by every region a write
+        // was recently under way in (what it takes a Resyncing copy to be
+        // behind by).
+        self.io.fence(&target, self.epoch).await.map_err(fail)?;
         // It receives writes only once the directory says it does: until
         // then a write that skips it records the region it misses, and a
         // later owner that finds it Resyncing takes it as behind by every
@@ -1227,12 +1238,6 @@ impl Coordinator {
                 reason: e.to_string(),
             })?;
         drop(held);
-        let fail = |source: ComponentError| ResyncError::Component {
-            volume: volume.clone(),
-            component: id,
-            source,
-        };
-        self.io.fence(&target, self.epoch).await.map_err(fail)?;
         let dirty_total = self.dirty_blocks(id) * BLOCK_BYTES;
         progress.left_bytes.store(dirty_total, Ordering::Relaxed);
         let mut copied = 0u64;

@@ -677,6 +677,50 @@ async fn a_new_owner_resyncs_only_the_regions_its_predecessor_recorded() {
     assert_eq!(third.dirty_bytes(), vec![(ComponentId(2), SIZE)]);
 }
 
+/// An owner tries to resync a copy whose host still looks alive but cannot
+/// be reached: the attempt fails and leaves the copy recorded as it was
+/// (Absent), so the next owner resyncs only what the copy missed, not the
+/// regions of writes that were under way shortly before it left.
+#[tokio::test]
+async fn a_resync_that_cannot_reach_its_copy_leaves_it_recorded_absent() {
+    let (comps, rec, first) = setup(ftt1_layout()).await;
+    // Written just before the copy leaves: the write intents of these
+    // regions are still recorded.
+    for i in 0..8u64 {
+        first
+            .write(i << 20, pattern(i as u8, 1 << 20), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    comps.down.lock().insert(HostId("h2".into()));
+    first
+        .write(40 << 20, pattern(201, 1 << 20), WriteFlags::default())
+        .await
+        .unwrap();
+    let progress = ResyncProgress::default();
+    let err = first.resync(ComponentId(2), &progress).await.unwrap_err();
+    assert!(err.to_string().contains("unreachable"), "{err}");
+    let (layout, dirty) = rec.latest();
+    assert_eq!(
+        layout.columns[0].copies[1].state,
+        ComponentState::Absent,
+        "a copy no resync reached is recorded as away"
+    );
+    drop(first);
+    comps.down.lock().clear();
+    let second = next_owner(layout, dirty, Epoch(2), &comps, &rec).await;
+    assert_eq!(second.dirty_bytes(), vec![(ComponentId(2), 1 << 20)]);
+    let report = second
+        .resync(ComponentId(2), &ResyncProgress::default())
+        .await
+        .unwrap();
+    assert_eq!(report.copied_bytes, 1 << 20);
+    assert_eq!(
+        comps.contents(ComponentId(1)),
+        comps.contents(ComponentId(2))
+    );
+}
+
 /// Writes `len` bytes at the start of every 1 MiB region of a
 /// `size`-byte volume.
 async fn write_every_mib(coord: &Coordinator, size: u64, len: usize) {
