@@ -686,12 +686,7 @@ async fn a_resync_that_cannot_reach_its_copy_leaves_it_recorded_absent() {
     let (comps, rec, first) = setup(ftt1_layout()).await;
     // Written just before the copy leaves: the write intents of these
     // regions are still recorded.
-    for i in 0..8u64 {
-        first
-            .write(i << 20, pattern(i as u8, 1 << 20), WriteFlags::default())
-            .await
-            .unwrap();
-    }
+    write_every_mib(&first, 8 << 20, 1 << 20).await;
     comps.down.lock().insert(HostId("h2".into()));
     first
         .write(40 << 20, pattern(201, 1 << 20), WriteFlags::default())
