@@ -11,6 +11,7 @@
 pub mod disk;
 pub mod disk_fault;
 pub mod disk_switch;
+pub mod in_flight;
 pub mod io_ring;
 pub mod space;
 
@@ -19,6 +20,7 @@ pub use disk::{
 };
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
+pub use in_flight::InFlight;
 pub use io_ring::{IoRing, WriteDone};
 
 use parking_lot::Mutex;

@@ -25,7 +25,6 @@ use crate::session::{Action, FullFeature, MAX_TASKS};
 use crate::text::TargetLimits;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::{AbortHandle, Abortable, BoxFuture};
-use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +33,7 @@ use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_env::InFlight;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -510,7 +510,7 @@ struct Connection<'a> {
     max_data: u32,
     rbuf: BytesMut,
     out: OutQueue,
-    running: FuturesUnordered<BoxFuture<'static, Done>>,
+    running: InFlight<BoxFuture<'static, Done>>,
     aborts: HashMap<u32, AbortHandle>,
     closing: bool,
     /// The SCSI target was told the nexus ended (at logout).
@@ -537,7 +537,7 @@ impl<'a> Connection<'a> {
             target,
             rbuf: BytesMut::with_capacity(READ_BUFFER_BYTES),
             out: OutQueue::new(),
-            running: FuturesUnordered::new(),
+            running: InFlight::new(),
             aborts: HashMap::new(),
             closing: false,
             nexus_ended: false,

@@ -38,7 +38,6 @@ use crate::request::{
 };
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -47,6 +46,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tessera_blockdev::{BlockDevice, BlockError, WriteFlags};
+use tessera_env::InFlight;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -479,7 +479,7 @@ struct Connection {
     /// get one: the socket is read straight into it.
     payload: Option<payload::PayloadBuffer>,
     out: OutQueue,
-    inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
+    inflight: InFlight<BoxFuture<'static, Completion>>,
     shutting_down: bool,
 }
 
@@ -498,7 +498,7 @@ impl Connection {
             pending: None,
             payload: None,
             out: OutQueue::new(),
-            inflight: FuturesUnordered::new(),
+            inflight: InFlight::new(),
             shutting_down: false,
         }
     }

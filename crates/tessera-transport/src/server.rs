@@ -15,7 +15,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::StreamExt;
+use tessera_env::InFlight;
 use tessera_types::HostId;
 use tessera_wire::{
     encode_frame, EncodedFrame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
@@ -207,7 +208,7 @@ async fn serve_connection(
     // flush) does not hold back the ones behind it. Answers that are ready
     // together (a group commit acknowledges many writes at once) go out
     // together, in one vectored write instead of one each.
-    let mut serving = FuturesUnordered::new();
+    let mut serving = InFlight::new();
     let mut out: Vec<EncodedFrame> = Vec::new();
     loop {
         if !out.is_empty() {

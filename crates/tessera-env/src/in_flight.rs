@@ -1,0 +1,264 @@
+//! The requests one task serves at once (those of one connection), polled
+//! without waking other threads for nothing.
+//!
+//! Owns: [`InFlight`], a set of futures polled by the task that holds it,
+//! yielding each result as it is ready. Must not touch: what the futures
+//! do; it only decides when they are polled.
+//!
+//! Why not `FuturesUnordered` alone: whenever one of its polls has polled
+//! every future it holds and all stay pending, it wakes its own task and
+//! returns, so that a busy set cannot starve the other tasks of its thread.
+//! On tokio's multi-threaded runtime a task that wakes itself while running
+//! counts as yielding: it goes to the back of its worker's queue and another
+//! worker is woken (an eventfd write, an idle CPU brought up, a context
+//! switch) to take it, only to find nothing to do. With one request in
+//! flight, as at queue depth 1, every step of every request pays that.
+//! [`InFlight`] polls the set again at once instead, a bounded number of
+//! times, and only then lets the wake through, so fairness still holds.
+//!
+//! Invariants: no wake is lost. A wake that arrives while the set is being
+//! polled is recorded and answered by polling again (or, past the bound or
+//! after a result, forwarded to the task); any other wake goes straight to
+//! the task that last polled.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures::stream::{FuturesUnordered, Stream};
+use futures::task::AtomicWaker;
+
+/// Times a poll of [`InFlight`] polls its set again, after the set woke
+/// itself, before it hands the wake to the task.
+const REPOLLS_BEFORE_YIELD: usize = 4;
+
+/// Futures in flight inside one task; a [`Stream`] of their results in
+/// the order they finish.
+pub struct InFlight<F> {
+    set: FuturesUnordered<F>,
+    relay: Arc<Relay>,
+    waker: Waker,
+}
+
+/// The waker the set sees: wakes the task, except while the task is
+/// polling the set, when it only notes that the set wants another poll.
+#[derive(Default)]
+struct Relay {
+    task: AtomicWaker,
+    polling: AtomicBool,
+    woken: AtomicBool,
+}
+
+impl Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Noted before `polling` is read: a poller that clears `polling`
+        // and then finds `woken` unset has been seen here as not polling,
+        // and this wake went to the task.
+        self.woken.store(true, SeqCst);
+        if !self.polling.load(SeqCst) {
+            self.task.wake();
+        }
+    }
+}
+
+impl<F> Default for InFlight<F> {
+    fn default() -> Self {
+        InFlight::new()
+    }
+}
+
+impl<F> InFlight<F> {
+    /// An empty set.
+    pub fn new() -> InFlight<F> {
+        let relay = Arc::new(Relay::default());
+        let waker = Waker::from(Arc::clone(&relay));
+        InFlight {
+            set: FuturesUnordered::new(),
+            relay,
+            waker,
+        }
+    }
+
+    /// Futures in the set.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Whether the set holds no future.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// Adds a future; it is first polled by the next poll of the set.
+    pub fn push(&mut self, future: F) {
+        self.set.push(future);
+    }
+}
+
+impl<F: Future> Stream for InFlight<F> {
+    type Item = F::Output;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
+        let this = self.get_mut();
+        let relay = &this.relay;
+        relay.task.register(cx.waker());
+        let mut inner = Context::from_waker(&this.waker);
+        let mut repolls = 0;
+        loop {
+            relay.polling.store(true, SeqCst);
+            // Wakes from before this point are in the set's queue already:
+            // the poll below sees them.
+            relay.woken.store(false, SeqCst);
+            let polled = Pin::new(&mut this.set).poll_next(&mut inner);
+            relay.polling.store(false, SeqCst);
+            let woken = relay.woken.swap(false, SeqCst);
+            match polled {
+                Poll::Ready(item) => {
+                    if woken {
+                        // The caller polls again for the next result, but
+                        // need not: the wake must not be lost.
+                        relay.task.wake();
+                    }
+                    return Poll::Ready(item);
+                }
+                Poll::Pending if !woken => return Poll::Pending,
+                Poll::Pending if repolls == REPOLLS_BEFORE_YIELD => {
+                    relay.task.wake();
+                    return Poll::Pending;
+                }
+                Poll::Pending => repolls += 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    /// Counts the wakes of the task polling the set.
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_set_whose_futures_all_wait_does_not_wake_its_task() {
+        let counter = Arc::new(CountingWaker::default());
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = Context::from_waker(&waker);
+        let (tx, rx) = futures::channel::oneshot::channel::<u32>();
+        let mut set = InFlight::new();
+        set.push(rx);
+        assert!(Pin::new(&mut set).poll_next(&mut cx).is_pending());
+        // `FuturesUnordered` alone would have woken the task here.
+        assert_eq!(counter.0.load(SeqCst), 0);
+        tx.send(7).unwrap();
+        assert_eq!(counter.0.load(SeqCst), 1, "the answer wakes the task");
+        match Pin::new(&mut set).poll_next(&mut cx) {
+            Poll::Ready(Some(Ok(7))) => {}
+            other => panic!("expected the answer, got {other:?}"),
+        }
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn a_future_that_keeps_waking_itself_lets_the_task_yield() {
+        // Always pending, always waking itself: the set must not spin on it
+        // forever, and must not lose its wakes either.
+        struct Restless(usize);
+        impl Future for Restless {
+            type Output = ();
+            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                self.0 += 1;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+        let counter = Arc::new(CountingWaker::default());
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = Context::from_waker(&waker);
+        let mut set = InFlight::new();
+        set.push(Restless(0));
+        assert!(Pin::new(&mut set).poll_next(&mut cx).is_pending());
+        assert_eq!(
+            counter.0.load(SeqCst),
+            1,
+            "the task was woken to poll again"
+        );
+    }
+
+    #[test]
+    fn results_come_in_the_order_the_futures_finish_across_threads() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut set = InFlight::new();
+            for (i, wait) in [30u64, 10, 20].into_iter().enumerate() {
+                set.push(Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    i
+                })
+                    as Pin<Box<dyn Future<Output = usize> + Send>>);
+            }
+            let mut order = Vec::new();
+            while let Some(i) = set.next().await {
+                order.push(i);
+            }
+            assert_eq!(order, vec![1, 2, 0]);
+        });
+    }
+
+    #[test]
+    fn answers_from_other_threads_are_never_lost() {
+        // Many requests answered from another thread while the set is being
+        // polled: every answer arrives (a lost wake would hang the test).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (jobs, queue) =
+                std::sync::mpsc::channel::<futures::channel::oneshot::Sender<u32>>();
+            let answerer = std::thread::spawn(move || {
+                for (n, tx) in queue.into_iter().enumerate() {
+                    let _ = tx.send(n as u32);
+                }
+            });
+            let mut set = InFlight::new();
+            let mut answered = 0;
+            for _ in 0..20_000 {
+                let (tx, rx) = futures::channel::oneshot::channel();
+                jobs.send(tx).unwrap();
+                set.push(rx);
+                if set.len() >= 8 {
+                    set.next().await.unwrap().unwrap();
+                    answered += 1;
+                }
+            }
+            drop(jobs);
+            while let Some(answer) = set.next().await {
+                answer.unwrap();
+                answered += 1;
+            }
+            assert_eq!(answered, 20_000);
+            answerer.join().unwrap();
+        });
+    }
+}
