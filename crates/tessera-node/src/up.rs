@@ -257,12 +257,10 @@ pub async fn start_on(
     ensure_tls(config).map_err(NodeError::Config)?;
     ensure_kek(config).map_err(NodeError::Config)?;
     let board = Arc::new(ResyncBoard::default());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = host_worker_threads(cores, config.hosts);
     let mut slots = Vec::new();
     for k in 1..=config.hosts {
         let host_config = config.host_config(k);
-        let runtime = HostRuntime::new(&host_config.id, workers).map_err(|e| NodeError::Serve {
+        let runtime = HostRuntime::new(&host_config.id).map_err(|e| NodeError::Serve {
             host: host_config.id.clone(),
             what: "runtime",
             detail: e.to_string(),
@@ -322,21 +320,13 @@ struct HostRuntime {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-/// Worker threads of one host's runtime when `hosts` hosts share a machine
-/// of `cores` cores: their share of the cores, at least one. More workers
-/// than that do not serve more: a runtime with idle workers wakes one up
-/// whenever a worker finds more than one task ready, and on a machine
-/// whose cores the hosts already share the woken thread mostly finds its
-/// work taken (with 2 cores and 4 hosts, two workers each cost 10% more
-/// CPU per mirrored write at queue depth 1 and 20% fewer cached reads).
-fn host_worker_threads(cores: usize, hosts: usize) -> usize {
-    (cores / hosts.max(1)).max(1)
-}
+/// Worker threads of one host's runtime.
+const HOST_WORKER_THREADS: usize = 2;
 
 impl HostRuntime {
-    fn new(host: &HostId, workers: usize) -> std::io::Result<HostRuntime> {
+    fn new(host: &HostId) -> std::io::Result<HostRuntime> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
+            .worker_threads(HOST_WORKER_THREADS)
             .thread_name(host.to_string())
             .enable_all()
             .build()?;
@@ -529,15 +519,6 @@ pub fn banner(config: &UpConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_hosts_share_the_cores_and_each_keeps_a_worker() {
-        assert_eq!(host_worker_threads(2, 4), 1);
-        assert_eq!(host_worker_threads(16, 4), 4);
-        assert_eq!(host_worker_threads(6, 4), 1);
-        assert_eq!(host_worker_threads(1, 1), 1);
-        assert_eq!(host_worker_threads(8, 0), 8);
-    }
 
     fn config(bind: Ipv4Addr, api_port: u16) -> UpConfig {
         UpConfig {
