@@ -143,7 +143,6 @@ mod tests {
     use super::*;
     use futures::StreamExt;
     use std::sync::atomic::AtomicUsize;
-    use std::time::Duration;
 
     /// Counts the wakes of the task polling the set.
     #[derive(Default)]
@@ -205,22 +204,35 @@ mod tests {
     fn results_come_in_the_order_the_futures_finish_across_threads() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .enable_time()
             .build()
             .unwrap();
         runtime.block_on(async {
             let mut set = InFlight::new();
-            for (i, wait) in [30u64, 10, 20].into_iter().enumerate() {
-                set.push(Box::pin(async move {
-                    tokio::time::sleep(Duration::from_millis(wait)).await;
+            let mut answers = Vec::new();
+            for i in 0..3usize {
+                let (tx, rx) = futures::channel::oneshot::channel::<()>();
+                answers.push(tx);
+                set.push(async move {
+                    rx.await.unwrap();
                     i
-                })
-                    as Pin<Box<dyn Future<Output = usize> + Send>>);
+                });
             }
+            // All three polled and waiting: the order the set yields them in
+            // is the order they finish, not the order they were added.
+            assert!(futures::poll!(set.next()).is_pending());
+            // Finished in the order 1, 2, 0, from another thread, whether
+            // the set is being polled meanwhile or not.
+            let mut answers: Vec<_> = answers.into_iter().map(Some).collect();
+            let answerer = std::thread::spawn(move || {
+                for i in [1, 2, 0] {
+                    answers[i].take().unwrap().send(()).unwrap();
+                }
+            });
             let mut order = Vec::new();
             while let Some(i) = set.next().await {
                 order.push(i);
             }
+            answerer.join().unwrap();
             assert_eq!(order, vec![1, 2, 0]);
         });
     }
