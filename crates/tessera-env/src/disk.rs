@@ -182,6 +182,17 @@ pub trait Disk: Send + Sync + 'static {
         let _ = (len, offset);
         None
     }
+    /// The descriptor through which a write of `len` bytes at `offset`
+    /// can be submitted past the page cache (`O_DIRECT`) without blocking
+    /// ([`crate::IoRing::write_uncached_durable`], which asks for it to be
+    /// durable), with the effect of [`Disk::write_uncached_at`]. `None`
+    /// where that cannot be (a device in memory, one that transforms what
+    /// it stores, a range `O_DIRECT` refuses): the caller then uses the
+    /// blocking calls. The descriptor stays open as long as the device.
+    fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        let _ = (len, offset);
+        None
+    }
     /// Readies `buf` to be written at `offset` by a caller that submits
     /// the write to the kernel itself ([`crate::IoRing`]): the descriptor,
     /// the bytes as the device stores them, and what must stay held until
@@ -532,6 +543,18 @@ impl Disk for FileDisk {
         match &self.durable {
             Some(dsync) if !self.direct || fits => Some(dsync.as_raw_fd()),
             _ => None,
+        }
+    }
+
+    fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if !len.is_multiple_of(DISK_ALIGN) || !offset.is_multiple_of(DISK_ALIGN as u64) {
+            return None;
+        }
+        match &self.uncached {
+            Some(direct) => Some(direct.as_raw_fd()),
+            None if self.direct => Some(self.file.as_raw_fd()),
+            None => None,
         }
     }
 

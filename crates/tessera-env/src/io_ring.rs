@@ -9,7 +9,9 @@
 //! waits for it. Handing the write to a log thread instead costs two thread
 //! wake-ups. Submitted here, the write is in the device's queue when the
 //! call returns, the thread goes on serving, and the completion wakes the
-//! runtime through an eventfd it already polls.
+//! runtime through an eventfd it already polls. A large write's data goes
+//! the same way, past the page cache and durable on completion, so no
+//! device thread is woken for it and none wakes the caller back.
 //!
 //! Must not touch: what the bytes mean, when a write is acknowledged (the
 //! caller's `on_done` decides).
@@ -19,7 +21,9 @@
 //! reactor watches it):
 //! - A buffer handed to the kernel is neither moved, freed nor touched
 //!   until the kernel has answered for it: the ring keeps the buffer (a heap
-//!   allocation, which does not move when its owner does) and the device
+//!   allocation, which does not move when its owner does; for a placed
+//!   write's data, a share of the payload's buffer, which keeps that
+//!   allocation alive and unmoved whoever else lets go of it) and the device
 //!   (so its descriptor stays open) in the operation's slot until its
 //!   completion is reaped; a ring dropped with operations in flight waits
 //!   for them, and leaks (never frees) what it could not wait for. A
@@ -51,10 +55,34 @@ use crate::{AlignedBuf, Disk};
 /// durable, or why not.
 pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
 
+/// The bytes of a write the kernel holds: a buffer the ring owns, or a
+/// share of one (a reference-counted slice, which keeps its allocation
+/// alive, unmoved, as long as the ring keeps it).
+enum Held {
+    Owned(AlignedBuf),
+    Shared(bytes::Bytes),
+}
+
+impl Held {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Held::Owned(buf) => buf.as_slice().as_ptr(),
+            Held::Shared(bytes) => bytes.as_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Held::Owned(buf) => buf.len(),
+            Held::Shared(bytes) => bytes.len(),
+        }
+    }
+}
+
 /// A write the kernel holds.
 struct InFlight {
     /// The kernel reads from it until the write's completion.
-    buf: AlignedBuf,
+    buf: Held,
     /// Kept only so the descriptor stays open.
     _device: Arc<dyn Disk>,
     /// What the device asked to hold until the write completes.
@@ -128,7 +156,6 @@ impl IoRing {
     /// `on_done` back, having started nothing, when the device cannot take
     /// the write this way ([`Disk::prepare_durable_write`]) or too many
     /// writes are in flight: the caller then writes with the blocking call.
-    #[allow(unsafe_code)]
     pub fn write_durable(
         &self,
         device: &Arc<dyn Disk>,
@@ -136,9 +163,9 @@ impl IoRing {
         offset: u64,
         on_done: WriteDone,
     ) -> Result<(), (AlignedBuf, WriteDone)> {
-        let Ok(len32) = u32::try_from(buf.len()) else {
+        if u32::try_from(buf.len()).is_err() {
             return Err((buf, on_done));
-        };
+        }
         // A place is taken before the device readies the bytes (an
         // encrypted one encrypts them in place): past that point the
         // buffer cannot be given back as it came.
@@ -156,6 +183,79 @@ impl IoRing {
                 return Err((buf, on_done));
             }
         };
+        self.submit(
+            device,
+            prepared.fd,
+            Held::Owned(prepared.buf),
+            offset,
+            0,
+            prepared.hold,
+            on_done,
+        );
+        Ok(())
+    }
+
+    /// Starts writing `data` at `offset` of `device` past the page cache
+    /// (`O_DIRECT`), durable when it completes (`RWF_DSYNC`: the device's
+    /// cache is flushed after it, or the write goes with FUA), and returns
+    /// at once; `on_done` runs when the write ends. The ring keeps `data`
+    /// (a share of its buffer) until then, so the bytes are written where
+    /// they lie, without a copy. Gives `data` and `on_done` back, having
+    /// started nothing, when `data` does not start on a
+    /// [`crate::DISK_ALIGN`] boundary, the device has no descriptor for
+    /// such writes ([`Disk::uncached_write_fd`]: an encrypted device, one
+    /// in memory, a tripped one) or too many writes are in flight: the
+    /// caller then writes with the blocking calls.
+    pub fn write_uncached_durable(
+        &self,
+        device: &Arc<dyn Disk>,
+        data: bytes::Bytes,
+        offset: u64,
+        on_done: WriteDone,
+    ) -> Result<(), (bytes::Bytes, WriteDone)> {
+        if u32::try_from(data.len()).is_err()
+            || !(data.as_ptr() as usize).is_multiple_of(crate::DISK_ALIGN)
+        {
+            return Err((data, on_done));
+        }
+        let Some(fd) = device.uncached_write_fd(data.len(), offset) else {
+            return Err((data, on_done));
+        };
+        {
+            let mut slots = self.ring.slots.lock();
+            if slots.in_flight >= Self::IN_FLIGHT_MAX {
+                return Err((data, on_done));
+            }
+            slots.in_flight += 1;
+        }
+        self.submit(
+            device,
+            fd,
+            Held::Shared(data),
+            offset,
+            libc::RWF_DSYNC,
+            None,
+            on_done,
+        );
+        Ok(())
+    }
+
+    /// Submits a write of `buf` through `fd` (a descriptor of `device`)
+    /// whose place in flight the caller took; `on_done` runs with the
+    /// answer, at once if the ring could not submit it.
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        device: &Arc<dyn Disk>,
+        fd: RawFd,
+        buf: Held,
+        offset: u64,
+        rw_flags: i32,
+        hold: Option<Box<dyn Send>>,
+        on_done: WriteDone,
+    ) {
+        // The callers checked that the length fits.
+        let len32 = buf.len() as u32;
         let mut slots = self.ring.slots.lock();
         let slot = match slots.free.pop() {
             Some(slot) => slot,
@@ -164,18 +264,15 @@ impl IoRing {
                 slots.ops.len() - 1
             }
         };
-        let entry = io_uring::opcode::Write::new(
-            io_uring::types::Fd(prepared.fd),
-            prepared.buf.as_slice().as_ptr(),
-            len32,
-        )
-        .offset(offset)
-        .build()
-        .user_data(slot as u64);
+        let entry = io_uring::opcode::Write::new(io_uring::types::Fd(fd), buf.as_ptr(), len32)
+            .offset(offset)
+            .rw_flags(rw_flags)
+            .build()
+            .user_data(slot as u64);
         slots.ops[slot] = Some(InFlight {
-            buf: prepared.buf,
+            buf,
             _device: Arc::clone(device),
-            _hold: prepared.hold,
+            _hold: hold,
             on_done: Some(on_done),
         });
         // SAFETY: the entry points into the buffer now kept in
@@ -209,7 +306,6 @@ impl IoRing {
         if let Some((e, Some(on_done))) = failed {
             on_done(Err(e));
         }
-        Ok(())
     }
 }
 
@@ -452,6 +548,71 @@ mod tests {
         assert!(accepted.is_ok());
         let err = rx.await.expect("on_done ran").expect_err("bad descriptor");
         assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_slice_is_written_past_the_page_cache_and_read_back_through_it() {
+        let Some((ring, dir)) = ring_and_dir() else {
+            return;
+        };
+        // A device read through the page cache, as capacity devices are.
+        let disk: Arc<dyn Disk> = Arc::new(
+            FileDisk::open(
+                &dir.path().join("dev"),
+                FileDiskOptions {
+                    create_bytes: Some(1 << 20),
+                    direct_io: false,
+                    read_only: false,
+                },
+            )
+            .expect("open"),
+        );
+        if disk.uncached_write_fd(8192, 0).is_none() {
+            eprintln!("no O_DIRECT on this file system: nothing to test");
+            return;
+        }
+        // What was there before is in the page cache: the write must not
+        // leave it stale.
+        disk.write_at(&[1; 8192], 16384).expect("write");
+        let mut back = vec![0u8; 8192];
+        disk.read_at(&mut back, 16384).expect("read");
+        // Two blocks out of the middle of a larger buffer, the way a write
+        // is a slice of the buffer its payload was read into; the caller
+        // lets go of the buffer before the write completes.
+        let mut whole = AlignedBuf::with_capacity(4 * 4096);
+        for b in 0..4u8 {
+            whole.extend_from_slice(&[b + 10; 4096]);
+        }
+        let slice = whole.into_bytes().slice(4096..3 * 4096);
+        let (tx, rx) = oneshot::channel();
+        let accepted = ring.write_uncached_durable(
+            &disk,
+            slice,
+            16384,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        assert!(accepted.is_ok(), "an aligned slice is taken");
+        rx.await.expect("on_done ran").expect("write");
+        disk.read_at(&mut back, 16384).expect("read");
+        assert!(back[..4096].iter().all(|&b| b == 11));
+        assert!(back[4096..].iter().all(|&b| b == 12));
+        // A slice that does not start on a boundary is given back as it is.
+        let mut whole = AlignedBuf::with_capacity(2 * 4096);
+        whole.extend_from_slice(&[5; 2 * 4096]);
+        let odd = whole.into_bytes().slice(512..512 + 4096);
+        match ring.write_uncached_durable(&disk, odd, 0, Box::new(|_| {})) {
+            Err((back, _)) => assert_eq!(back.len(), 4096),
+            Ok(()) => panic!("a misaligned slice was taken"),
+        }
+        // A device without such a descriptor gives it back too.
+        let closed: Arc<dyn Disk> = Arc::new(ClosedDisk);
+        let mut whole = AlignedBuf::with_capacity(4096);
+        whole.extend_from_slice(&[5; 4096]);
+        assert!(ring
+            .write_uncached_durable(&closed, whole.into_bytes(), 0, Box::new(|_| {}))
+            .is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -347,16 +347,19 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
 /// writer and a syncer and wait for both. The caller then sets
 /// `log_writing` under the same lock.
 ///
-/// Never while a placed write is in flight: the commit's durable write
-/// then waits behind large data writes in the device's queue (1.5 ms for a
-/// 4 KiB commit behind six 256 KiB writes, measured on a virtio disk), and
-/// a caller's thread is a runtime thread serving a whole connection, whose
-/// next requests (the next large writes among them) would not even be read
-/// meanwhile: a stream of large writes then reaches the devices about one
-/// at a time. The log writer and a syncer commit it instead, off the
-/// runtime.
+/// Without a ring, never while a placed write is in flight: the commit's
+/// blocking durable write then waits behind large data writes in the
+/// device's queue (1.5 ms for a 4 KiB commit behind six 256 KiB writes,
+/// measured on a virtio disk), and a caller's thread is a runtime thread
+/// serving a whole connection, whose next requests (the next large writes
+/// among them) would not even be read meanwhile: a stream of large writes
+/// then reaches the devices about one at a time. The log writer and a
+/// syncer commit it instead, off the runtime. With the group's ring the
+/// caller never waits for the device, so a placed write's own record (its
+/// data already durable) commits inline too, without the two thread
+/// hand-offs.
 pub(crate) fn can_commit_inline(shared: &Shared, st: &State) -> bool {
-    shared.placed_in_flight.load(Ordering::Acquire) == 0
+    (shared.ring.is_some() || shared.placed_in_flight.load(Ordering::Acquire) == 0)
         && !st.log_writing
         && st.queue.is_empty()
         && st.unsynced.is_empty()
