@@ -15,6 +15,8 @@
 //! flight, as at queue depth 1, every step of every request pays that.
 //! [`InFlight`] polls the set again at once instead, a bounded number of
 //! times, and only then lets the wake through, so fairness still holds.
+//! Each poll is plugged ([`crate::plug`]): what the requests defer to the
+//! end of it (a lone write's commit) runs before it returns.
 //!
 //! Invariants: no wake is lost. A wake that arrives while the set is being
 //! polled is recorded and answered by polling again (or, past the bound or
@@ -106,6 +108,9 @@ impl<F: Future> Stream for InFlight<F> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
         let this = self.get_mut();
+        // Work the requests defer (a lone write's commit) runs when this
+        // poll ends, once every request it polls has been staged.
+        let _plug = crate::Plug::open();
         let relay = &this.relay;
         relay.task.register(cx.waker());
         let mut inner = Context::from_waker(&this.waker);

@@ -13,6 +13,7 @@ pub mod disk_fault;
 pub mod disk_switch;
 pub mod in_flight;
 pub mod io_ring;
+pub mod plug;
 pub mod space;
 
 pub use disk::{
@@ -22,6 +23,7 @@ pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
 pub use in_flight::InFlight;
 pub use io_ring::{IoRing, WriteDone};
+pub use plug::Plug;
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

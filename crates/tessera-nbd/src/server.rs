@@ -586,6 +586,10 @@ impl Connection {
     /// Starts every complete request in the read buffer (up to the in-flight
     /// bound); returns true when the client asked to disconnect.
     async fn start_requests(&mut self) -> Result<bool, Failure> {
+        // Plugged: a lone write's commit waits for the end of this loop, so
+        // the writes started after it share its group commit. Nothing here
+        // suspends (the first polls return at once).
+        let _plug = tessera_env::Plug::open();
         while self.inflight.len() < MAX_IN_FLIGHT {
             if self.out.queued_bytes() >= MAX_QUEUED_REPLY_BYTES {
                 // Send before copying more: replies go out while their data

@@ -1678,13 +1678,14 @@ impl Drop for InFlight<'_> {
 }
 
 /// A request its caller commits on its own thread (`engine::commit_inline`)
-/// after yielding once. A connection serving a queue of requests polls
-/// them one after another in one task: committed at its first poll, each
-/// would find the log idle again, be written and synced alone, and block
-/// the task (and every request behind it) for a device round trip. After
-/// the yield, the requests the task started meanwhile are queued behind
-/// this one and go out in its group commit; alone, it is committed with
-/// no hand-off to the log writer and a syncer.
+/// at the end of its task's plugged poll, or after yielding once. A
+/// connection serving a queue of requests polls them one after another in
+/// one task: committed at its first poll, each would find the log idle
+/// again, be written and synced alone, and block the task (and every
+/// request behind it) for a device round trip. Deferred, the requests the
+/// task starts meanwhile are queued behind this one and go out in its group
+/// commit; alone, it is committed with no hand-off to the log writer and a
+/// syncer.
 struct InlineCommit<'a> {
     shared: &'a Arc<Shared>,
     req: Option<Request>,
@@ -1699,6 +1700,21 @@ impl<'a> InlineCommit<'a> {
     }
 
     async fn run(mut self) {
+        // A plugged poll (a connection's requests, `tessera_env::plug`)
+        // starts the others first and commits this at its end, with no
+        // trip through the scheduler; otherwise the yield gives them the
+        // same chance.
+        if tessera_env::plug::is_open() {
+            if let Some(req) = self.req.take() {
+                let shared = Arc::clone(self.shared);
+                let deferred =
+                    tessera_env::plug::defer(move || engine::commit_inline(&shared, req));
+                if let Err(commit) = deferred {
+                    commit();
+                }
+            }
+            return;
+        }
         tokio::task::yield_now().await;
         if let Some(req) = self.req.take() {
             engine::commit_inline(self.shared, req);

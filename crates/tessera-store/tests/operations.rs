@@ -303,6 +303,73 @@ async fn requests_started_together_by_one_task_share_group_commits() {
     }
 }
 
+/// Polled the way the servers poll a connection's requests (one
+/// `InFlight` set, whose polls are plugged), the writes a poll starts all
+/// go out in the first one's group commit: it is deferred to the end of
+/// that poll, with no yield to the runtime in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_started_in_one_plugged_poll_share_one_group_commit() {
+    use futures::StreamExt;
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    const ROUNDS: u64 = 20;
+    const QUEUE: u64 = 16;
+    let before = dg.log_stats();
+    for round in 0..ROUNDS {
+        let mut set = tessera_env::InFlight::new();
+        for i in 0..QUEUE {
+            let lba = round * QUEUE + i;
+            let dg = dg.clone();
+            set.push(async move {
+                dg.write(C, Lba(lba), bytes_of(&[payload(C.0, lba, 4)]), Epoch(1))
+                    .await
+            });
+        }
+        // The first poll starts all of them and, as it ends, writes their
+        // commit (this rig's log device has no ring: the write is made
+        // before the poll returns). Yielding instead, it would not have
+        // been written yet.
+        let committed = dg.log_stats().group_commits;
+        assert!(futures::poll!(set.next()).is_pending());
+        assert_eq!(
+            dg.log_stats().group_commits,
+            committed + 1,
+            "round {round}: the first poll ended without writing the commit"
+        );
+        while let Some(r) = set.next().await {
+            r.unwrap();
+        }
+    }
+    let commits = dg.log_stats().group_commits - before.group_commits;
+    assert_eq!(
+        commits,
+        ROUNDS,
+        "{} writes in queues of {QUEUE} took {commits} group commits",
+        ROUNDS * QUEUE
+    );
+    // Alone in a plugged poll, a write is committed at once, by itself.
+    let before = dg.log_stats();
+    let mut set = tessera_env::InFlight::new();
+    let lone = dg.clone();
+    set.push(async move {
+        lone.write(C, Lba(1000), bytes_of(&[payload(C.0, 1000, 4)]), Epoch(1))
+            .await
+    });
+    set.next().await.expect("one write").unwrap();
+    let after = dg.log_stats();
+    assert_eq!(after.group_commits, before.group_commits + 1);
+    assert_eq!(after.durable_commits, before.durable_commits + 1);
+    dg.settle().await.unwrap();
+    for lba in (0..ROUNDS * QUEUE).chain([1000]) {
+        assert_eq!(
+            dg.read(C, Lba(lba), 1).await.unwrap(),
+            payload(C.0, lba, 4),
+            "LBA {lba}"
+        );
+    }
+}
+
 /// While a large write's data is on its way to the capacity device, a small
 /// write is not committed on its caller's thread (which would block a
 /// runtime thread serving a connection behind the large write's device
