@@ -1046,7 +1046,8 @@ impl DiskGroup {
         // Otherwise a lone read runs on the calling thread: handing it to a
         // reader thread and back costs two cross-core wake-ups, more than
         // the read.
-        // It yields once first, so the reads its task starts next (a
+        // It decides at the end of its task's plugged poll (or, unplugged,
+        // after yielding once), so the reads its task starts next (a
         // connection polls its requests one after another in one task) count
         // as in flight before it decides, instead of each finding itself
         // alone and blocking the task in turn. As soon as another read is in
@@ -1061,22 +1062,41 @@ impl DiskGroup {
         } else {
             let (_in_flight, before) = InFlight::count(&self.shared.reads_in_flight);
             let first = before == 0;
-            let alone = first && disk_blocks == 1 && {
-                tokio::task::yield_now().await;
-                self.shared.reads_in_flight.load(Ordering::Acquire) == 1
-            };
-            if alone {
-                assemble(&shared, lba, plan, fill, read_use)
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let reader_shared = shared.clone();
+            let read = move || assemble(&reader_shared, lba, plan, fill, read_use);
+            if first && disk_blocks == 1 && tessera_env::plug::is_open() {
+                // Decided at the end of the task's plugged poll, once the
+                // reads it starts next count: no trip through the scheduler.
+                let decided = shared.clone();
+                let decide = move || {
+                    if decided.reads_in_flight.load(Ordering::Acquire) == 1 {
+                        let _ = tx.send(read());
+                    } else {
+                        decided.readers.submit(Box::new(move || {
+                            let _ = tx.send(read());
+                        }));
+                    }
+                };
+                if let Err(decide) = tessera_env::plug::defer(decide) {
+                    decide();
+                }
             } else {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let job_shared = shared.clone();
-                self.shared.readers.submit(Box::new(move || {
-                    let _ = tx.send(assemble(&job_shared, lba, plan, fill, read_use));
-                }));
-                rx.await.map_err(|_| StoreError::DiskGroupFailed {
-                    reason: "a reader thread stopped".into(),
-                })?
+                let alone = first && disk_blocks == 1 && {
+                    tokio::task::yield_now().await;
+                    self.shared.reads_in_flight.load(Ordering::Acquire) == 1
+                };
+                if alone {
+                    let _ = tx.send(read());
+                } else {
+                    self.shared.readers.submit(Box::new(move || {
+                        let _ = tx.send(read());
+                    }));
+                }
             }
+            rx.await.map_err(|_| StoreError::DiskGroupFailed {
+                reason: "a reader thread stopped".into(),
+            })?
         };
         match result {
             Ok(v) => Ok(v),

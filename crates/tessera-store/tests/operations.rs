@@ -308,7 +308,7 @@ async fn requests_started_together_by_one_task_share_group_commits() {
 /// go out in the first one's group commit: it is deferred to the end of
 /// that poll, with no yield to the runtime in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_started_in_one_plugged_poll_share_one_group_commit() {
+async fn requests_started_in_one_plugged_poll_share_one_group_commit_and_all_read_back() {
     use futures::StreamExt;
     let rig = Rig::new(1);
     let dg = rig.create().await;
@@ -361,6 +361,25 @@ async fn writes_started_in_one_plugged_poll_share_one_group_commit() {
     assert_eq!(after.group_commits, before.group_commits + 1);
     assert_eq!(after.durable_commits, before.durable_commits + 1);
     dg.settle().await.unwrap();
+    // Reads polled the same way, from the devices (the rig's page cache
+    // holds nothing, and none of these was read before): a queue of them,
+    // and one alone, which decides at the end of the poll to read on the
+    // polling thread.
+    let queued: Vec<u64> = (0..QUEUE).map(|i| i * 17).collect();
+    for lbas in [queued, vec![1000]] {
+        let queue = lbas.len();
+        let mut set = tessera_env::InFlight::new();
+        for lba in lbas {
+            let dg = dg.clone();
+            set.push(async move { (lba, dg.read(C, Lba(lba), 1).await) });
+        }
+        let mut answered = 0;
+        while let Some((lba, r)) = set.next().await {
+            assert_eq!(r.unwrap(), payload(C.0, lba, 4), "LBA {lba}");
+            answered += 1;
+        }
+        assert_eq!(answered, queue);
+    }
     for lba in (0..ROUNDS * QUEUE).chain([1000]) {
         assert_eq!(
             dg.read(C, Lba(lba), 1).await.unwrap(),
