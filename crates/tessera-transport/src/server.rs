@@ -219,6 +219,11 @@ async fn serve_connection(
         }
         let full = serving.len() >= MAX_IN_FLIGHT_PER_CONNECTION;
         let next = tokio::select! {
+            // Every frame that has arrived is taken before the requests are
+            // polled: the writes among them are then staged in one poll of
+            // the set, and share the group commit of the first (deferred to
+            // the end of that poll, see `tessera_env::plug`).
+            biased;
             // Reading a frame is cancel-safe: bytes read stay in the
             // reader's buffer for the next call.
             next = reader.next(), if !full => next,
