@@ -214,6 +214,29 @@ pub trait Disk: Send + Sync + 'static {
             None => Err(buf),
         }
     }
+    /// Readies a copy of `data` to be written at `offset` past the page
+    /// cache by a caller that submits the write itself
+    /// ([`crate::IoRing::write_uncached_durable_copy`]): the descriptor of
+    /// [`Disk::uncached_write_fd`], the bytes as the device stores them in a
+    /// buffer of their own, and what must stay held until the write has
+    /// completed. `None` where the write cannot go that way (see
+    /// [`Disk::can_prepare_uncached_write`]). By default the bytes are
+    /// copied as they are: for a payload that does not start on a
+    /// [`DISK_ALIGN`] boundary; a device that transforms what it stores
+    /// (encryption) transforms them into the copy instead.
+    fn prepare_uncached_write(&self, data: &[u8], offset: u64) -> Option<PreparedWrite> {
+        let fd = self.uncached_write_fd(data.len(), offset)?;
+        Some(PreparedWrite {
+            fd,
+            buf: AlignedBuf::copy_of(data),
+            hold: None,
+        })
+    }
+    /// Whether [`Disk::prepare_uncached_write`] takes a write of `len`
+    /// bytes at `offset`, asked before its bytes are copied.
+    fn can_prepare_uncached_write(&self, len: usize, offset: u64) -> bool {
+        self.uncached_write_fd(len, offset).is_some()
+    }
     /// Bytes on the device.
     fn size(&self) -> u64;
     /// A name for messages (the path).

@@ -122,6 +122,17 @@ impl Disk for SwitchedDisk {
         self.inner.prepare_durable_write(buf, offset)
     }
 
+    fn prepare_uncached_write(&self, data: &[u8], offset: u64) -> Option<crate::PreparedWrite> {
+        if self.switch.is_tripped() {
+            return None;
+        }
+        self.inner.prepare_uncached_write(data, offset)
+    }
+
+    fn can_prepare_uncached_write(&self, len: usize, offset: u64) -> bool {
+        !self.switch.is_tripped() && self.inner.can_prepare_uncached_write(len, offset)
+    }
+
     fn size(&self) -> u64 {
         self.inner.size()
     }

@@ -11,7 +11,9 @@
 //! call returns, the thread goes on serving, and the completion wakes the
 //! runtime through an eventfd it already polls. A large write's data goes
 //! the same way, past the page cache and durable on completion, so no
-//! device thread is woken for it and none wakes the caller back.
+//! device thread is woken for it and none wakes the caller back: from
+//! where it lies, or from a copy the device makes as it stores the bytes
+//! (an encrypted device encrypts into it).
 //!
 //! Must not touch: what the bytes mean, when a write is acknowledged (the
 //! caller's `on_done` decides).
@@ -169,17 +171,13 @@ impl IoRing {
         // A place is taken before the device readies the bytes (an
         // encrypted one encrypts them in place): past that point the
         // buffer cannot be given back as it came.
-        {
-            let mut slots = self.ring.slots.lock();
-            if slots.in_flight >= Self::IN_FLIGHT_MAX {
-                return Err((buf, on_done));
-            }
-            slots.in_flight += 1;
+        if !self.take_place() {
+            return Err((buf, on_done));
         }
         let prepared = match device.prepare_durable_write(buf, offset) {
             Ok(prepared) => prepared,
             Err(buf) => {
-                self.ring.slots.lock().in_flight -= 1;
+                self.give_place_back();
                 return Err((buf, on_done));
             }
         };
@@ -221,12 +219,8 @@ impl IoRing {
         let Some(fd) = device.uncached_write_fd(data.len(), offset) else {
             return Err((data, on_done));
         };
-        {
-            let mut slots = self.ring.slots.lock();
-            if slots.in_flight >= Self::IN_FLIGHT_MAX {
-                return Err((data, on_done));
-            }
-            slots.in_flight += 1;
+        if !self.take_place() {
+            return Err((data, on_done));
         }
         self.submit(
             device,
@@ -238,6 +232,55 @@ impl IoRing {
             on_done,
         );
         Ok(())
+    }
+
+    /// As [`IoRing::write_uncached_durable`], for bytes that cannot be
+    /// written where they lie: the device writes a copy of `data` as it
+    /// stores them ([`Disk::prepare_uncached_write`]: an encrypted device
+    /// encrypts into the copy, in the same pass), and the ring keeps the
+    /// copy until the write completes. Gives `on_done` back, having started
+    /// nothing, when the device cannot take the write this way or too many
+    /// writes are in flight.
+    pub fn write_uncached_durable_copy(
+        &self,
+        device: &Arc<dyn Disk>,
+        data: &[u8],
+        offset: u64,
+        on_done: WriteDone,
+    ) -> Result<(), WriteDone> {
+        if u32::try_from(data.len()).is_err() || !self.take_place() {
+            return Err(on_done);
+        }
+        let Some(prepared) = device.prepare_uncached_write(data, offset) else {
+            self.give_place_back();
+            return Err(on_done);
+        };
+        self.submit(
+            device,
+            prepared.fd,
+            Held::Owned(prepared.buf),
+            offset,
+            libc::RWF_DSYNC,
+            prepared.hold,
+            on_done,
+        );
+        Ok(())
+    }
+
+    /// Takes a place among the writes in flight; false when they are all
+    /// taken.
+    fn take_place(&self) -> bool {
+        let mut slots = self.ring.slots.lock();
+        if slots.in_flight >= Self::IN_FLIGHT_MAX {
+            return false;
+        }
+        slots.in_flight += 1;
+        true
+    }
+
+    /// Gives back a place taken for a write that was not submitted.
+    fn give_place_back(&self) {
+        self.ring.slots.lock().in_flight -= 1;
     }
 
     /// Submits a write of `buf` through `fd` (a descriptor of `device`)
@@ -465,12 +508,18 @@ mod tests {
     }
 
     fn open(dir: &tempfile::TempDir) -> Arc<dyn Disk> {
+        open_with(dir, true)
+    }
+
+    /// A device of 1 MiB, opened with `O_DIRECT` or (as capacity devices
+    /// are, read through the page cache) without.
+    fn open_with(dir: &tempfile::TempDir, direct_io: bool) -> Arc<dyn Disk> {
         Arc::new(
             FileDisk::open(
                 &dir.path().join("dev"),
                 FileDiskOptions {
                     create_bytes: Some(1 << 20),
-                    direct_io: true,
+                    direct_io,
                     read_only: false,
                 },
             )
@@ -556,17 +605,7 @@ mod tests {
             return;
         };
         // A device read through the page cache, as capacity devices are.
-        let disk: Arc<dyn Disk> = Arc::new(
-            FileDisk::open(
-                &dir.path().join("dev"),
-                FileDiskOptions {
-                    create_bytes: Some(1 << 20),
-                    direct_io: false,
-                    read_only: false,
-                },
-            )
-            .expect("open"),
-        );
+        let disk = open_with(&dir, false);
         if disk.uncached_write_fd(8192, 0).is_none() {
             eprintln!("no O_DIRECT on this file system: nothing to test");
             return;
@@ -613,6 +652,55 @@ mod tests {
         assert!(ring
             .write_uncached_durable(&closed, whole.into_bytes(), 0, Box::new(|_| {}))
             .is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slice_off_the_boundary_is_written_as_a_copy_past_the_page_cache() {
+        let Some((ring, dir)) = ring_and_dir() else {
+            return;
+        };
+        let disk = open_with(&dir, false);
+        if disk.uncached_write_fd(8192, 0).is_none() {
+            eprintln!("no O_DIRECT on this file system: nothing to test");
+            return;
+        }
+        disk.write_at(&[1; 8192], 8192).expect("write");
+        let mut back = vec![0u8; 8192];
+        disk.read_at(&mut back, 8192).expect("read");
+        // Two blocks 512 bytes into a buffer, as a payload read after a
+        // header lies; the caller reuses its buffer as soon as the call
+        // returns, so the ring must have taken a copy.
+        let mut whole = vec![0u8; 512 + 8192];
+        whole[512..512 + 4096].fill(21);
+        whole[512 + 4096..].fill(22);
+        let (tx, rx) = oneshot::channel();
+        let accepted = ring.write_uncached_durable_copy(
+            &disk,
+            &whole[512..],
+            8192,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        assert!(accepted.is_ok(), "a copy is taken");
+        whole.fill(0xEE);
+        rx.await.expect("on_done ran").expect("write");
+        disk.read_at(&mut back, 8192).expect("read");
+        assert!(back[..4096].iter().all(|&b| b == 21));
+        assert!(back[4096..].iter().all(|&b| b == 22));
+        // A device without a descriptor for such writes gives the write
+        // back, having run nothing.
+        let closed: Arc<dyn Disk> = Arc::new(ClosedDisk);
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        let refused = ring.write_uncached_durable_copy(
+            &closed,
+            &[5; 4096],
+            0,
+            Box::new(move |_| flag.store(true, std::sync::atomic::Ordering::SeqCst)),
+        );
+        assert!(refused.is_err());
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

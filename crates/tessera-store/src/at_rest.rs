@@ -374,11 +374,11 @@ impl Xts {
     /// XTS over one 4 KiB unit: each block is XORed with its tweak, passed
     /// through `rounds` (the cipher's encryption or decryption) and XORed
     /// again; the tweak is multiplied by x in GF(2^128) from block to block.
-    /// The input is `src`, or `blocks` itself when there is none. Blocks go
-    /// to AES-NI [`RUN`] at a time with their tweaks beside them, so a run
-    /// stays in L1 between the two XORs and the unit is read and written
-    /// once. (Four tweak chains stepping by x^4 through a table, and RUN
-    /// chains stepping by x^RUN, measured no faster than this one chain.)
+    /// The input is `src`, or `blocks` itself when there is none. The
+    /// whole unit goes to the cipher in one call ([`RUN`]) with its tweaks
+    /// beside it, so it stays in L1 between the two XORs and is read and
+    /// written once. (Four tweak chains stepping by x^4 through a table, and
+    /// RUN chains stepping by x^RUN, measured no faster than this one chain.)
     fn crypt_unit(
         &self,
         unit: u128,
@@ -424,8 +424,13 @@ impl Xts {
     }
 }
 
-/// Blocks handed to AES-NI at once (its eight-block pipeline).
-const RUN: usize = 8;
+/// Blocks handed to the cipher at once: a whole unit. Each call sets up
+/// the cipher's wide registers (the VAES backends broadcast every round key
+/// first) and encrypts whole batches of its width (64 blocks with AVX-512,
+/// 30 with AVX2, 8 with AES-NI) in parallel, the rest block by block. At 8
+/// blocks a call, the VAES-512 backend ran none in parallel: 1.76 GB/s
+/// against 4.16 GB/s for whole units, on the same CPU.
+const RUN: usize = LANES;
 
 /// `run[i] ^= tweaks[i]`, byte-wise so the compiler keeps it in vector
 /// registers (as u128 it went through general registers, and AES-NI then
@@ -808,32 +813,49 @@ impl Disk for EncryptedDisk {
             return Err(buf);
         };
         let first = offset / BLOCK as u64;
-        let held = Self::piece_locks(first, (buf.len() / BLOCK) as u64);
-        let _guards: Vec<_> = held.iter().map(|&i| self.pieces[i].lock.read()).collect();
-        let claim = SubmittedPieces {
-            pieces: Arc::clone(&self.pieces),
-            held,
-        };
-        for &i in &claim.held {
-            self.pieces[i].submitted.fetch_add(1, Ordering::SeqCst);
-        }
-        if claim
-            .held
-            .iter()
-            .any(|&i| self.pieces[i].rekey_waiting.load(Ordering::SeqCst))
-        {
-            return Err(buf);
-        }
-        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
-            if let Some((xts, unit)) = cipher {
-                xts.encrypt(unit, &mut buf.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK]);
-            }
+        let blocks = buf.len() / BLOCK;
+        let sealed = self.sealed_for_submission(first, blocks, || {
+            self.each_block(first, blocks, |i, cipher| {
+                if let Some((xts, unit)) = cipher {
+                    xts.encrypt(unit, &mut buf.as_mut_slice()[i * BLOCK..(i + 1) * BLOCK]);
+                }
+            });
         });
-        Ok(PreparedWrite {
+        match sealed {
+            Some(((), claim)) => Ok(PreparedWrite {
+                fd,
+                buf,
+                hold: Some(Box::new(claim)),
+            }),
+            None => Err(buf),
+        }
+    }
+
+    /// Encrypts `data` into a buffer of its own for a write past the page
+    /// cache its caller submits (a placed write's run), in one pass,
+    /// counted in the pieces it touches until it completes.
+    fn prepare_uncached_write(&self, data: &[u8], offset: u64) -> Option<PreparedWrite> {
+        if !offset.is_multiple_of(BLOCK as u64) || !data.len().is_multiple_of(BLOCK) {
+            return None;
+        }
+        let fd = self.inner.uncached_write_fd(data.len(), offset)?;
+        let first = offset / BLOCK as u64;
+        let (buf, claim) = self.sealed_for_submission(first, data.len() / BLOCK, || {
+            let mut buf = AlignedBuf::zeroed(data.len());
+            self.seal(first, data, buf.as_mut_slice());
+            buf
+        })?;
+        Some(PreparedWrite {
             fd,
             buf,
             hold: Some(Box::new(claim)),
         })
+    }
+
+    fn can_prepare_uncached_write(&self, len: usize, offset: u64) -> bool {
+        offset.is_multiple_of(BLOCK as u64)
+            && len.is_multiple_of(BLOCK)
+            && self.inner.uncached_write_fd(len, offset).is_some()
     }
 
     fn sync(&self) -> Result<(), DiskError> {
@@ -850,6 +872,38 @@ impl Disk for EncryptedDisk {
 }
 
 impl EncryptedDisk {
+    /// Runs `seal` (which encrypts `blocks` blocks from device block
+    /// `first` for a write its caller submits) under the shared locks of
+    /// the pieces they touch, and answers what it made with the write's
+    /// claim on those pieces, which a deep rekey waits for until the write
+    /// has completed. `None`, having sealed nothing, while a rekey step
+    /// waits for one of the pieces: the caller then takes the blocking
+    /// path, which waits for the step.
+    fn sealed_for_submission<T>(
+        &self,
+        first: u64,
+        blocks: usize,
+        seal: impl FnOnce() -> T,
+    ) -> Option<(T, SubmittedPieces)> {
+        let held = Self::piece_locks(first, blocks as u64);
+        let _guards: Vec<_> = held.iter().map(|&i| self.pieces[i].lock.read()).collect();
+        let claim = SubmittedPieces {
+            pieces: Arc::clone(&self.pieces),
+            held,
+        };
+        for &i in &claim.held {
+            self.pieces[i].submitted.fetch_add(1, Ordering::SeqCst);
+        }
+        if claim
+            .held
+            .iter()
+            .any(|&i| self.pieces[i].rekey_waiting.load(Ordering::SeqCst))
+        {
+            return None;
+        }
+        Some((seal(), claim))
+    }
+
     /// Reads `len` bytes of whole blocks at `offset` with `read`, which
     /// returns where they landed (nothing, if it read nothing), and
     /// decrypts them there.

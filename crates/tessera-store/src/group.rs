@@ -1781,22 +1781,25 @@ fn placed_runs(locs: &[BlockLoc]) -> Vec<(usize, usize)> {
 type PlacedAnswer = Result<Vec<u32>, (u8, String)>;
 
 /// Whether every run of a placed write can go through the group's ring:
-/// its bytes lie on a [`DISK_ALIGN`] boundary (as the NBD
-/// server and the transport read large payloads) and each device takes
-/// writes past the page cache without blocking (an encrypted one does not:
-/// it encrypts into a buffer of its own, on a device thread).
+/// each device takes writes past the page cache without blocking, of the
+/// bytes where they lie when they start on a [`DISK_ALIGN`] boundary (as
+/// the NBD server and the transport read large payloads), of a copy
+/// otherwise, and always of a copy on an encrypted device, which encrypts
+/// into it.
 fn can_place_through_ring(shared: &Shared, data: &Bytes, locs: &[BlockLoc]) -> bool {
-    (data.as_ptr() as usize).is_multiple_of(DISK_ALIGN)
-        && placed_runs(locs).iter().all(|&(i, n)| {
-            shared.disk(locs[i].device).is_some_and(|d| {
-                d.uncached_write_fd(n * BLOCK, locs[i].block * BLOCK_BYTES)
-                    .is_some()
-            })
+    let aligned = (data.as_ptr() as usize).is_multiple_of(DISK_ALIGN);
+    placed_runs(locs).iter().all(|&(i, n)| {
+        shared.disk(locs[i].device).is_some_and(|d| {
+            let (len, offset) = (n * BLOCK, locs[i].block * BLOCK_BYTES);
+            (aligned && d.uncached_write_fd(len, offset).is_some())
+                || d.can_prepare_uncached_write(len, offset)
         })
+    })
 }
 
 /// Writes a placed write's blocks to `locs` through the group's ring: each
-/// run submitted at once from the caller's thread, past the page cache and
+/// run submitted at once from the caller's thread (where its bytes lie, or
+/// as a copy: encrypted on an encrypted device), past the page cache and
 /// durable when it completes, so no device thread is woken and none wakes
 /// the caller back (two thread hand-offs per write, each costing about as
 /// much CPU as the write's own system calls on a virtual machine). `tx`
@@ -1835,7 +1838,14 @@ fn place_through_ring(
                 r.map_err(|e| format!("{}: write of {len} bytes at {offset}: {e}", named.name()));
             ended.ended(device, r);
         });
-        if let Err((run, refused)) = ring.write_uncached_durable(disk, run, offset, on_done) {
+        // Where they lie if the device takes them so, else a copy.
+        let submitted = ring
+            .write_uncached_durable(disk, run, offset, on_done)
+            .or_else(|(run, on_done)| {
+                ring.write_uncached_durable_copy(disk, &run, offset, on_done)
+                    .map_err(|on_done| (run, on_done))
+            });
+        if let Err((run, refused)) = submitted {
             drop(refused);
             let ended = Arc::clone(&gather);
             let (shared, disk) = (Arc::clone(shared), Arc::clone(disk));
