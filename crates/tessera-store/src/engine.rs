@@ -359,9 +359,15 @@ pub(crate) fn run_log_writer(shared: Arc<Shared>) {
 /// data already durable) commits inline too, without the two thread
 /// hand-offs.
 pub(crate) fn can_commit_inline(shared: &Shared, st: &State) -> bool {
+    !st.log_writing && st.queue.is_empty() && inline_allowed(shared, st)
+}
+
+/// What a commit on a runtime thread needs besides a log nobody else is
+/// writing: no placed write ahead of it in the device's queue unless the
+/// ring submits it, nothing written and waiting for a sync, room in the
+/// log, and the group open and healthy.
+fn inline_allowed(shared: &Shared, st: &State) -> bool {
     (shared.ring.is_some() || shared.placed_in_flight.load(Ordering::Acquire) == 0)
-        && !st.log_writing
-        && st.queue.is_empty()
         && st.unsynced.is_empty()
         && st.syncs_running == 0
         && st.failed.is_none()
@@ -400,8 +406,11 @@ fn take_queued(st: &mut State, reqs: &mut Vec<Request>, max_blocks: u64) {
 /// the write is submitted and this returns at once: the ring's reaper
 /// finishes and acknowledges the batch when the device answers, so the
 /// caller's runtime thread never waits for the device. Requests that arrive
-/// meanwhile queue for the log writer, which writes them once this batch is
-/// written. The caller set `log_writing`.
+/// meanwhile queue behind it, and the completion commits them the same way
+/// as the next batch ([`commit_queued_inline`]), so under load one durable
+/// write follows another from the runtime, with no thread woken for them;
+/// they go to the log writer and a syncer only where an inline commit
+/// cannot take them. The caller set `log_writing`.
 pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
     let mut st = shared.state.lock();
     let mut reqs = vec![req];
@@ -427,7 +436,13 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
                 // must both be durable before it is; written here, as
                 // without a ring.
                 let result = write_records(shared, &writes, LogWrite::Durable);
-                let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
+                let (st, written) = finish_batch(
+                    shared,
+                    shared.state.lock(),
+                    batch,
+                    result,
+                    AfterBatch::WakeWriter,
+                );
                 acknowledge_inline(shared, st, written);
                 return;
             }
@@ -438,14 +453,43 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
         let shared = &for_completion;
         let result = result
             .map_err(|e| DiskError::from_io(&shared.cache_disk().name(), "write", offset, len, &e));
-        let (st, written) = finish_batch(shared, shared.state.lock(), batch, result);
+        let (st, written) = finish_batch(
+            shared,
+            shared.state.lock(),
+            batch,
+            result,
+            AfterBatch::KeepLog,
+        );
+        let kept = written.is_some();
         acknowledge_inline(shared, st, written);
+        if kept {
+            commit_queued_inline(shared);
+        }
     });
     // The thread goes back to serving at once; the write's completion
     // acknowledges the batch from the ring's reaper, on the runtime.
     if let Err((buf, on_done)) = ring.write_durable(shared.cache_disk(), buf, offset, on_done) {
         let result = shared.cache_disk().write_durable_at(buf.as_slice(), offset);
         on_done(result.map_err(|e| std::io::Error::new(e.kind, e.message)));
+    }
+}
+
+/// After an inline batch written through the ring was acknowledged, with
+/// `log_writing` still held: commits the requests that queued behind it as
+/// the next inline batch, on this thread, when an inline commit may take
+/// them; otherwise lets go of the log, and the log writer takes them.
+fn commit_queued_inline(shared: &Arc<Shared>) {
+    let mut st = shared.state.lock();
+    if inline_allowed(shared, &st) {
+        if let Some(req) = st.queue.pop_front() {
+            drop(st);
+            commit_inline(shared, req);
+            return;
+        }
+    }
+    st.log_writing = false;
+    if !st.queue.is_empty() {
+        shared.log_work.notify_one();
     }
 }
 
@@ -464,6 +508,15 @@ fn acknowledge_inline(
     debug_assert_eq!(st.unsynced.len(), 1);
     st.log_stats.durable_commits += 1;
     drop(acknowledge_durable(shared, st, first_seq));
+}
+
+/// Who writes the log after a batch: whoever the queue wakes (the log
+/// writer), or the batch's own writer, which keeps `log_writing` to commit
+/// what queued behind it ([`commit_queued_inline`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AfterBatch {
+    WakeWriter,
+    KeepLog,
 }
 
 /// How a group commit's records are written.
@@ -509,7 +562,13 @@ fn write_batch<'a>(
         }
     }
     let result = write_records(shared, &record_writes(shared, &batch.records), how);
-    finish_batch(shared, shared.state.lock(), batch, result)
+    finish_batch(
+        shared,
+        shared.state.lock(),
+        batch,
+        result,
+        AfterBatch::WakeWriter,
+    )
 }
 
 /// Takes the next place and sequences in the log for `reqs` (waiting for
@@ -579,13 +638,15 @@ fn lay_out_batch(
 
 /// Records the end of a laid-out batch's write, under the lock: written,
 /// it waits for a sync among the unsynced batches; failed, it fails the
-/// group and its requests. Clears `log_writing`. Returns the lock and the
+/// group and its requests. Clears `log_writing`, except for a batch written
+/// with [`AfterBatch::KeepLog`] that was written. Returns the lock and the
 /// batch's first sequence if it was written.
 fn finish_batch<'a>(
     shared: &'a Shared,
     mut st: parking_lot::MutexGuard<'a, State>,
     batch: LaidOutBatch,
     result: Result<(), DiskError>,
+    after: AfterBatch,
 ) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
     let LaidOutBatch {
         records,
@@ -596,11 +657,18 @@ fn finish_batch<'a>(
         blocks: batch_blocks,
         overlapped,
     } = batch;
-    st.log_writing = false;
-    // Requests that queued while this batch was written are the writer's
-    // (a wake-up with nothing queued would only cost two context switches).
-    if !st.queue.is_empty() {
-        shared.log_work.notify_one();
+    let kept = after == AfterBatch::KeepLog
+        && result.is_ok()
+        && st.failed.is_none()
+        && !shared.stop.load(Ordering::Acquire);
+    if !kept {
+        st.log_writing = false;
+        // Requests that queued while this batch was written are the
+        // writer's (a wake-up with nothing queued would only cost two
+        // context switches).
+        if !st.queue.is_empty() {
+            shared.log_work.notify_one();
+        }
     }
     match result {
         Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {

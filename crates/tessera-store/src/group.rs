@@ -184,7 +184,9 @@ pub struct LogStats {
     /// `fdatasync` calls of the log; one covers every commit written before it.
     pub syncs: u64,
     /// Group commits written durable on their own (`O_DSYNC`), needing no
-    /// sync: a commit made while nothing else was in flight.
+    /// sync: a commit made while nothing else was in flight, or (with the
+    /// group's ring) the requests that queued behind such a commit,
+    /// committed from its completion.
     pub durable_commits: u64,
     /// Writes stored straight on the capacity tier, bypassing the log (see
     /// [`crate::PLACED_WRITE_BYTES_MIN`]).

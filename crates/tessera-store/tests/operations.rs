@@ -303,6 +303,66 @@ async fn requests_started_together_by_one_task_share_group_commits() {
     }
 }
 
+/// On files, whose log device takes writes through the group's io_uring,
+/// the writes that queue behind a commit in flight are committed from its
+/// completion as the next durable commit: under eight writers at once no
+/// log sync runs (the log writer and its syncers are never woken), writes
+/// still share commits, and every acknowledged write reads back, and again
+/// after the process dies without closing the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_behind_a_commit_are_committed_from_its_completion() {
+    const WRITERS: u64 = 8;
+    const EACH: u64 = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::file_config(dir.path(), "dg-chained");
+    let dg = tessera_store::DiskGroup::open_or_create(config.clone())
+        .await
+        .unwrap();
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    let before = dg.log_stats();
+    let writers = (0..WRITERS).map(|w| {
+        let dg = dg.clone();
+        tokio::spawn(async move {
+            for i in 0..EACH {
+                let lba = w * EACH + i;
+                dg.write(C, Lba(lba), bytes_of(&[payload(C.0, lba, 2)]), Epoch(1))
+                    .await
+                    .unwrap();
+            }
+        })
+    });
+    for w in futures::future::join_all(writers).await {
+        w.unwrap();
+    }
+    let after = dg.log_stats();
+    let (commits, durable, syncs) = (
+        after.group_commits - before.group_commits,
+        after.durable_commits - before.durable_commits,
+        after.syncs - before.syncs,
+    );
+    let writes = WRITERS * EACH;
+    assert_eq!(syncs, 0, "{commits} commits of {writes} writes took {syncs} log syncs");
+    assert_eq!(durable, commits, "{durable} of {commits} commits written durable");
+    assert!(commits < writes, "{writes} writes took {commits} commits");
+    for lba in 0..writes {
+        assert_eq!(
+            dg.read(C, Lba(lba), 1).await.unwrap(),
+            payload(C.0, lba, 2),
+            "LBA {lba}"
+        );
+    }
+    // Gone without a settle or a close: the log holds every write.
+    drop(dg);
+    let dg = tessera_store::DiskGroup::open_or_create(config).await.unwrap();
+    for lba in 0..writes {
+        assert_eq!(
+            dg.read(C, Lba(lba), 1).await.unwrap(),
+            payload(C.0, lba, 2),
+            "LBA {lba} after reopening"
+        );
+    }
+}
+
 /// Polled the way the servers poll a connection's requests (one
 /// `InFlight` set, whose polls are plugged), the writes a poll starts all
 /// go out in the first one's group commit: it is deferred to the end of
