@@ -527,6 +527,21 @@ mod tests {
         )
     }
 
+    /// A device read through the page cache, as capacity devices are,
+    /// whose 8 KiB at `offset` are in the page cache (a write past it must
+    /// not leave them stale); `None`, said on stderr, where the file system
+    /// refuses `O_DIRECT`.
+    fn cached_device(dir: &tempfile::TempDir, offset: u64) -> Option<Arc<dyn Disk>> {
+        let disk = open_with(dir, false);
+        if disk.uncached_write_fd(8192, 0).is_none() {
+            eprintln!("no O_DIRECT on this file system: nothing to test");
+            return None;
+        }
+        disk.write_at(&[1; 8192], offset).expect("write");
+        disk.read_at(&mut [0u8; 8192], offset).expect("read");
+        Some(disk)
+    }
+
     async fn write(
         ring: &IoRing,
         disk: &Arc<dyn Disk>,
@@ -604,17 +619,10 @@ mod tests {
         let Some((ring, dir)) = ring_and_dir() else {
             return;
         };
-        // A device read through the page cache, as capacity devices are.
-        let disk = open_with(&dir, false);
-        if disk.uncached_write_fd(8192, 0).is_none() {
-            eprintln!("no O_DIRECT on this file system: nothing to test");
+        let Some(disk) = cached_device(&dir, 16384) else {
             return;
-        }
-        // What was there before is in the page cache: the write must not
-        // leave it stale.
-        disk.write_at(&[1; 8192], 16384).expect("write");
+        };
         let mut back = vec![0u8; 8192];
-        disk.read_at(&mut back, 16384).expect("read");
         // Two blocks out of the middle of a larger buffer, the way a write
         // is a slice of the buffer its payload was read into; the caller
         // lets go of the buffer before the write completes.
@@ -659,14 +667,10 @@ mod tests {
         let Some((ring, dir)) = ring_and_dir() else {
             return;
         };
-        let disk = open_with(&dir, false);
-        if disk.uncached_write_fd(8192, 0).is_none() {
-            eprintln!("no O_DIRECT on this file system: nothing to test");
+        let Some(disk) = cached_device(&dir, 8192) else {
             return;
-        }
-        disk.write_at(&[1; 8192], 8192).expect("write");
+        };
         let mut back = vec![0u8; 8192];
-        disk.read_at(&mut back, 8192).expect("read");
         // Two blocks 512 bytes into a buffer, as a payload read after a
         // header lies; the caller reuses its buffer as soon as the call
         // returns, so the ring must have taken a copy.
