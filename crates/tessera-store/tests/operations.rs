@@ -341,8 +341,14 @@ async fn writes_queued_behind_a_commit_are_committed_from_its_completion() {
         after.syncs - before.syncs,
     );
     let writes = WRITERS * EACH;
-    assert_eq!(syncs, 0, "{commits} commits of {writes} writes took {syncs} log syncs");
-    assert_eq!(durable, commits, "{durable} of {commits} commits written durable");
+    assert_eq!(
+        syncs, 0,
+        "{commits} commits of {writes} writes took {syncs} log syncs"
+    );
+    assert_eq!(
+        durable, commits,
+        "{durable} of {commits} commits written durable"
+    );
     assert!(commits < writes, "{writes} writes took {commits} commits");
     for lba in 0..writes {
         assert_eq!(
@@ -353,7 +359,9 @@ async fn writes_queued_behind_a_commit_are_committed_from_its_completion() {
     }
     // Gone without a settle or a close: the log holds every write.
     drop(dg);
-    let dg = tessera_store::DiskGroup::open_or_create(config).await.unwrap();
+    let dg = tessera_store::DiskGroup::open_or_create(config)
+        .await
+        .unwrap();
     for lba in 0..writes {
         assert_eq!(
             dg.read(C, Lba(lba), 1).await.unwrap(),
