@@ -20,6 +20,86 @@ pub struct UpCluster {
     /// Its data directory (host-K's devices in `host-K/`).
     pub data_dir: std::path::PathBuf,
     nbd_port: u16,
+    /// How it was started, to start it again the same way.
+    launch: Launch,
+    log_path: std::path::PathBuf,
+}
+
+/// The arguments of one `tessera up` but its data directory.
+#[derive(Clone)]
+struct Launch {
+    extra: Vec<String>,
+    bind: String,
+    api_port: u16,
+    nbd_port: u16,
+    iscsi_port: u16,
+    transport_port: u16,
+}
+
+impl Launch {
+    fn spawn(&self, data_dir: &std::path::Path, log_path: &std::path::Path) -> Child {
+        // Appended to: a start again after a kill keeps what came before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .arg("up")
+            .args(if self.extra.iter().any(|a| a == "--host-capacity") {
+                &[][..]
+            } else {
+                &["--host-capacity", "1G"][..]
+            })
+            .args(&self.extra)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--bind", &self.bind])
+            .args(["--api-port", &self.api_port.to_string()])
+            .args(["--nbd-port", &self.nbd_port.to_string()])
+            .args(["--iscsi-port", &self.iscsi_port.to_string()])
+            .args(["--transport-port", &self.transport_port.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("tessera up starts")
+    }
+}
+
+/// The last 20 lines of a log.
+fn log_tail(log_path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log_path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Waits up to 60 s for the API at `api` to answer `tessera status`:
+/// `Ok` once it does, `Err` with the exit status if `child` ended first.
+/// Panics with the log's end past the deadline.
+fn wait_until_answering(
+    child: &mut Child,
+    api: &str,
+    log_path: &std::path::Path,
+) -> Result<(), std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if tessera(api, &["status"]).0 {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "tessera up did not answer in 60 s; its log:\n{}",
+                log_tail(log_path)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 impl Drop for UpCluster {
@@ -52,75 +132,63 @@ impl UpCluster {
         let bind = format!("{net}.1");
         let log_path = dir.path().join("up.log");
         for attempt in 1..=3 {
-            let (api_port, nbd_port) = (free_port(), free_port());
-            let log = std::fs::File::create(&log_path).unwrap();
-            let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-                .arg("up")
-                .args(if extra.contains(&"--host-capacity") {
-                    &[][..]
-                } else {
-                    &["--host-capacity", "1G"][..]
-                })
-                .args(extra)
-                .arg("--data-dir")
-                .arg(dir.path().join(format!("data-{attempt}")))
-                .args(["--bind", &bind])
-                .args(["--api-port", &api_port.to_string()])
-                .args(["--nbd-port", &nbd_port.to_string()])
-                .args(["--iscsi-port", &free_port().to_string()])
-                .args(["--transport-port", &free_port().to_string()])
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("tessera up starts");
-            let api = format!("https://{bind}:{api_port}");
-            // `tessera up` writes its admin token there at its first start.
-            remember_token_file(
-                &api,
-                &dir.path().join(format!("data-{attempt}/admin.token")),
-            );
-            let deadline = Instant::now() + Duration::from_secs(60);
-            let log_tail = || {
-                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                lines[lines.len().saturating_sub(20)..].join("\n")
+            let launch = Launch {
+                extra: extra.iter().map(|a| a.to_string()).collect(),
+                bind: bind.clone(),
+                api_port: free_port(),
+                nbd_port: free_port(),
+                iscsi_port: free_port(),
+                transport_port: free_port(),
             };
-            loop {
-                if tessera(&api, &["status"]).0 {
+            let data_dir = dir.path().join(format!("data-{attempt}"));
+            let mut child = launch.spawn(&data_dir, &log_path);
+            let api = format!("https://{bind}:{}", launch.api_port);
+            // `tessera up` writes its admin token there at its first start.
+            remember_token_file(&api, &data_dir.join("admin.token"));
+            match wait_until_answering(&mut child, &api, &log_path) {
+                Ok(()) => {
                     return UpCluster {
                         child,
-                        data_dir: dir.path().join(format!("data-{attempt}")),
+                        data_dir,
                         _dir: dir,
                         api,
                         net,
-                        nbd_port,
+                        nbd_port: launch.nbd_port,
+                        launch,
+                        log_path,
                     };
                 }
-                if let Ok(Some(status)) = child.try_wait() {
+                Err(status) => {
                     assert!(
                         attempt < 3,
                         "tessera up ended ({status}) at each of 3 starts; its log:\n{}",
-                        log_tail()
+                        log_tail(&log_path)
                     );
                     eprintln!(
                         "tessera up ended ({status}); starting it again:\n{}",
-                        log_tail()
-                    );
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "tessera up did not answer in 60 s; its log:\n{}",
-                        log_tail()
+                        log_tail(&log_path)
                     );
                 }
-                std::thread::sleep(Duration::from_millis(200));
             }
         }
         unreachable!("the third start either answers or fails the test")
+    }
+
+    /// kill -9 of the whole process, every host at once with nothing
+    /// flushed or closed, then `tessera up` again on the same data
+    /// directory, addresses and ports; returns once its API answers.
+    pub fn kill_and_restart(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        self.child = self.launch.spawn(&self.data_dir, &self.log_path);
+        if let Err(status) = wait_until_answering(&mut self.child, &self.api, &self.log_path) {
+            panic!(
+                "tessera up ended ({status}) when started again after kill -9; its log:\n{}",
+                log_tail(&self.log_path)
+            );
+        }
     }
 
     /// The NBD URI of `export` (a volume, or `volume@snapshot`) through
