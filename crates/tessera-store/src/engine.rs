@@ -657,11 +657,11 @@ fn finish_batch<'a>(
         blocks: batch_blocks,
         overlapped,
     } = batch;
-    let kept = after == AfterBatch::KeepLog
-        && result.is_ok()
-        && st.failed.is_none()
-        && !shared.stop.load(Ordering::Acquire);
-    if !kept {
+    // Read once: the log is kept exactly when the batch is taken as
+    // written below (a `stop` seen set by one read and not by another would
+    // leave `log_writing` held with nobody to commit or clear it).
+    let stands = result.is_ok() && st.failed.is_none() && !shared.stop.load(Ordering::Acquire);
+    if !(after == AfterBatch::KeepLog && stands) {
         st.log_writing = false;
         // Requests that queued while this batch was written are the
         // writer's (a wake-up with nothing queued would only cost two
@@ -671,7 +671,7 @@ fn finish_batch<'a>(
         }
     }
     match result {
-        Ok(()) if st.failed.is_none() && !shared.stop.load(Ordering::Acquire) => {
+        Ok(()) if stands => {
             let mut tokens = Vec::new();
             let mut logged = Vec::with_capacity(records.len());
             for r in records {
