@@ -23,6 +23,7 @@
 //!   refuse versions newer than they know.
 
 use std::fmt;
+use tessera_types::checksum::{crc32c, crc32c_append};
 
 pub mod checkpoint;
 pub mod index;
@@ -135,13 +136,13 @@ const CRC_OFFSET: usize = 16;
 
 /// CRC32C of a data block, as stored in log entries and index entries.
 pub fn block_crc(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc32c(data)
 }
 
 fn structure_crc(buf: &[u8]) -> u32 {
-    let head = crc32c::crc32c(&buf[..CRC_OFFSET]);
-    let zeros = crc32c::crc32c_append(head, &[0u8; 4]);
-    crc32c::crc32c_append(zeros, &buf[CRC_OFFSET + 4..])
+    let head = crc32c(&buf[..CRC_OFFSET]);
+    let zeros = crc32c_append(head, &[0u8; 4]);
+    crc32c_append(zeros, &buf[CRC_OFFSET + 4..])
 }
 
 /// Writes `header` into `buf[..HEADER_BYTES]` and seals `buf[..header.length]`

@@ -14,6 +14,7 @@
 //!   passes, checked before any of it is buffered.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use tessera_types::checksum::{crc32c, crc32c_append};
 
 /// Size of the basic header segment.
 pub const BHS_BYTES: usize = 48;
@@ -195,16 +196,13 @@ fn get_lun(b: &[u8]) -> [u8; 8] {
 
 /// Computes the CRC32C digest of the header (and AHS).
 pub fn header_digest(bhs: &[u8], ahs: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(bhs), ahs)
+    crc32c_append(crc32c(bhs), ahs)
 }
 
 /// Computes the CRC32C digest of a data segment and its padding.
 pub fn data_digest(data: &[u8]) -> u32 {
     let pad = [0u8; 3];
-    crc32c::crc32c_append(
-        crc32c::crc32c(data),
-        &pad[..padded(data.len()) - data.len()],
-    )
+    crc32c_append(crc32c(data), &pad[..padded(data.len()) - data.len()])
 }
 
 impl Frame {

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub mod checksum;
 pub mod dirty;
 pub mod layout;
 pub mod policy;

@@ -18,6 +18,7 @@
 //! and never panics on any input.
 
 use bytes::{Buf, Bytes, BytesMut};
+use tessera_types::checksum::{crc32c, crc32c_append};
 
 use crate::codec::{check_kind_in_version, decode_payload, encode_payload, PayloadWriter};
 use crate::message::{Message, MessageKind, QueueClass};
@@ -131,9 +132,9 @@ pub fn encode_frame(
     header[8..16].copy_from_slice(&request_id.to_le_bytes());
     header[16] = class.number();
     header[20..24].copy_from_slice(&(payload_len as u32).to_le_bytes());
-    let mut crc = crc32c::crc32c(&header[..CRC_OFFSET]);
+    let mut crc = crc32c(&header[..CRC_OFFSET]);
     for chunk in &payload {
-        crc = crc32c::crc32c_append(crc, chunk);
+        crc = crc32c_append(crc, chunk);
     }
     header[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
 
@@ -196,8 +197,8 @@ pub fn decode_frame(buf: &mut BytesMut) -> Result<Option<Frame>, WireError> {
         header_bytes[26],
         header_bytes[27],
     ]);
-    let computed = crc32c::crc32c_append(
-        crc32c::crc32c(&header_bytes[..CRC_OFFSET]),
+    let computed = crc32c_append(
+        crc32c(&header_bytes[..CRC_OFFSET]),
         &buf[HEADER_BYTES..total],
     );
     if carried != computed {
