@@ -16,7 +16,11 @@
 #               QD 1 latency is the time per write and fdatasync)
 #   raw x2      for seqwrite, two such fio jobs at once on two files: what
 #               the disk gives two copies, halved (every mirrored byte is
-#               written twice to the same disk here)
+#               written twice to the same disk here); raw x2 / nbdkit-fua is
+#               the best ratio any mirror on this one disk can reach
+#   floor       for randwrite and randread, the CPU per I/O of nbdkit's
+#               null plugin (a server that keeps nothing): what the NBD
+#               protocol over loopback alone costs a server on this machine
 #   bound       for qd1write, what the hardware allows a mirrored 4 KiB
 #               write with both copies on this disk: the time of two durable
 #               8 KiB writes at once (fio, two jobs, O_DIRECT + O_DSYNC, on
@@ -36,7 +40,9 @@
 #   randread  4 KiB random read, iodepth 16: CPU per read             [<= 8 us]
 # and, for Tessera, the CPU time `tessera up` spent per I/O (user + system,
 # from /proc/PID/stat) during each profile. Every volume and file is filled
-# first, so reads find data. Then the resident memory of `tessera up`, idle
+# first, so reads find data; Tessera's volume is written over until
+# HOST_CAPACITY has gone through it, so its hosts' sparse capacity files are
+# written once (see the fill below) and no profile pays ext4's allocation. Then the resident memory of `tessera up`, idle
 # and after writing MEMORY_WRITE bytes (default 40G) to a 4 GiB volume
 # (written over and over, so the disk needs room for two copies of 4 GiB,
 # not of MEMORY_WRITE).
@@ -187,9 +193,25 @@ qd1_write_bound() {
   echo "$two $one $rtt"
 }
 
-fill() { # uri
+# What the NBD protocol alone costs a server on this machine: nbdkit's null
+# plugin (stores nothing, reads zeros) under a profile; prints "iops
+# cpu_per_io" (CPU of the nbdkit process, user + system).
+null_floor() { # profile
+  local port pid before iops
+  port=$(free_port)
+  nbdkit --foreground --exit-with-parent --port "$port" --ipaddr 127.0.0.1 null size="$SIZE" &
+  pid=$!
+  wait_port 127.0.0.1 "$port"
+  before=$(cpu_us "$pid")
+  read -r iops _ _ <<<"$(run_fio "nbd://127.0.0.1:$port" "$1")"
+  echo "$iops $(cpu_per_io "$pid" "$before" "$iops")"
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+fill() { # uri [bytes to write, over and over the volume; default SIZE]
   fio --name=fill --ioengine=nbd --uri="$1" --rw=write --bs=1m --iodepth=8 --size="$SIZE" \
-      --output-format=terse >/dev/null
+      --io_size="${2:-$SIZE}" --output-format=terse >/dev/null
 }
 
 # CPU time (user + system) of a process so far, in microseconds.
@@ -262,7 +284,14 @@ pids+=("$nbdkit_dev_pid")
 wait_port 127.0.0.1 "$nbdkit_dev_port"
 nbdkit_dev_uri="nbd://127.0.0.1:$nbdkit_dev_port"
 
-fill "$tessera_uri"
+# Each reference's file is written once, so none of it is left to allocate.
+# Tessera's devices are files too, sparse at first, and a large write goes
+# to newly allocated capacity blocks, taken in turn across the whole device:
+# until every block of a host's capacity file has been written once, such
+# writes make ext4 allocate blocks and commit its journal (a cost that
+# block devices, and the references' files, do not have). So the volume is
+# written over until that much has gone through each copy.
+fill "$tessera_uri" "$HOST_CAPACITY"
 fill "$nbdkit_uri"
 fill "$nbdkit_fua_uri"
 fill "$nbdkit_dev_uri"
@@ -328,7 +357,11 @@ PY
   fi
   if [ "$profile" = seqwrite ]; then
     two=$(run_raw_two_copies)
-    echo "seqwrite  raw x2: $two KiB/s per copy with two copies at once on this disk; tessera / that: $(ratio "$t_bw" "$two")"
+    echo "seqwrite  raw x2: $two KiB/s per copy with two copies at once on this disk; tessera / that: $(ratio "$t_bw" "$two"); at best tessera / nbdkit-fua = $(ratio "$two" "$f_bw")"
+  fi
+  if [ "$profile" = randwrite ] || [ "$profile" = randread ]; then
+    read -r floor_iops floor_cpu <<<"$(null_floor "$profile")"
+    echo "$profile floor: nbdkit null (keeps nothing) spends $floor_cpu per I/O at $floor_iops IOPS: the NBD protocol over loopback alone; tessera's cpu/io also pays a host-to-host round trip and the devices' I/O"
   fi
 done
 
