@@ -18,7 +18,7 @@
 //! chunk with `shared == 0` is kept; a counter is [`OVERFLOW`] exactly when
 //! the block's count is in `overflow`.
 
-use std::collections::HashMap;
+use crate::state::FastMap;
 use tessera_format::BlockLoc;
 
 /// Blocks one chunk of counters covers (64 MiB of capacity, 16 KiB of
@@ -37,8 +37,8 @@ struct Chunk {
 /// References beyond the first of every shared block.
 #[derive(Default)]
 pub(crate) struct ShareCounts {
-    chunks: HashMap<(u8, u64), Chunk>,
-    overflow: HashMap<u64, u32>,
+    chunks: FastMap<(u8, u64), Chunk>,
+    overflow: FastMap<u64, u32>,
 }
 
 fn place(loc: BlockLoc) -> ((u8, u64), usize) {

@@ -36,6 +36,13 @@ use tessera_format::{
 };
 use tessera_types::{ComponentId, Epoch, Lba, BLOCK_BYTES};
 
+/// A map looked up once per block of a write or a destage, keyed by numbers
+/// the store makes (operation numbers, packed block locations): hashed with
+/// foldhash, as the index cache is, not with the standard library's SipHash
+/// (a keyed hash against floods of chosen keys, which no client chooses
+/// here).
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Index pages (and snapshots' root table blocks) to load before an
 /// operation can go on.
 #[derive(Debug, Default)]
@@ -283,7 +290,7 @@ pub(crate) struct State {
     /// share their source's pages until one of them changes a page, which
     /// then gets a pair of its own (see [`State::own_page`]). A pair absent
     /// here belongs to one component.
-    pub(crate) page_shares: HashMap<u64, u32>,
+    pub(crate) page_shares: FastMap<u64, u32>,
     /// Overlay blocks whose destaging takes a new block (see
     /// [`Pending::new_block`]).
     pub(crate) overlay_new: u64,
@@ -295,7 +302,7 @@ pub(crate) struct State {
     /// Placed blocks not yet in the index nor let go, by operation number,
     /// with their CRC32C. Each holds one reference to its block: taken by
     /// the allocator when a live write placed it, or by replay.
-    pub(crate) placed: HashMap<u64, (BlockLoc, u32)>,
+    pub(crate) placed: FastMap<u64, (BlockLoc, u32)>,
     /// Recovery only: blocks that placed writes still ahead in the log name
     /// (packed location). See [`ReplayHold`].
     pub(crate) replay_holds: HashMap<u64, ReplayHold>,
