@@ -1181,8 +1181,10 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 st.fail_capacity_device(*d, reason);
             }
             let mut need = Vec::new();
-            for it in &items {
-                need.extend(st.missing_pages(it.c, it.lba, it.lba + 1).0);
+            // One look per run of adjacent LBAs (a placed write's blocks
+            // come in order), not per block.
+            for (c, start, end) in lba_runs(&items) {
+                need.extend(st.missing_pages(c, start, end).0);
             }
             need.sort();
             need.dedup();
@@ -1211,6 +1213,19 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
         // A failed page load fails its component; the apply skips it.
         let _ = shared.load_pages_blocking(&need, false);
     }
+}
+
+/// The items' LBAs as runs `(component, first, end)` of adjacent LBAs of
+/// one component, in the items' order.
+fn lba_runs(items: &[DestageItem]) -> Vec<(u64, u64, u64)> {
+    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+    for it in items {
+        match runs.last_mut() {
+            Some((c, _, end)) if *c == it.c && *end == it.lba => *end += 1,
+            _ => runs.push((it.c, it.lba, it.lba + 1)),
+        }
+    }
+    runs
 }
 
 /// Fills the items marked `from_log` with their data as their log record
@@ -1641,5 +1656,38 @@ pub(crate) fn op_entry(
         epoch,
         arg,
         arg2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(c: u64, lba: u64) -> DestageItem {
+        DestageItem {
+            c,
+            lba,
+            op: lba,
+            record: (0, 0),
+            from_log: false,
+            data: None,
+            crc: 0,
+            lost: false,
+            loc: None,
+            placed: true,
+        }
+    }
+
+    #[test]
+    fn lba_runs_join_adjacent_blocks_of_one_component_only() {
+        let items: Vec<DestageItem> = [(1, 8), (1, 9), (1, 10), (1, 12), (2, 13), (2, 14), (1, 15)]
+            .into_iter()
+            .map(|(c, lba)| item(c, lba))
+            .collect();
+        assert_eq!(
+            lba_runs(&items),
+            vec![(1, 8, 11), (1, 12, 13), (2, 13, 15), (1, 15, 16)]
+        );
+        assert!(lba_runs(&[]).is_empty());
     }
 }
