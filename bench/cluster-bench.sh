@@ -361,7 +361,12 @@ PY
   fi
   if [ "$profile" = randwrite ] || [ "$profile" = randread ]; then
     read -r floor_iops floor_cpu <<<"$(null_floor "$profile")"
-    echo "$profile floor: nbdkit null (keeps nothing) spends $floor_cpu per I/O at $floor_iops IOPS: the NBD protocol over loopback alone; tessera's cpu/io also pays a host-to-host round trip and the devices' I/O"
+    if [ "$profile" = randwrite ]; then
+      beyond="a mirrored write also pays a host-to-host round trip and two copies' device writes"
+    else
+      beyond="a read of a region assigned to the other copy also pays a host-to-host round trip"
+    fi
+    echo "$profile floor: nbdkit null (keeps nothing) spends $floor_cpu per I/O at $floor_iops IOPS: the NBD protocol over loopback alone; $beyond"
   fi
 done
 
