@@ -934,6 +934,17 @@ impl State {
         lba: Lba,
         n: u64,
     ) -> Result<(), StoreError> {
+        self.component(id)?;
+        // With room for the most the write could take (a new block for
+        // every LBA, new pages for all of them) the answer needs no look at
+        // each block: a placed write asks this before its data goes out, and
+        // its staging checks the space again, block by block.
+        let pages = n.div_ceil(LBAS_PER_PAGE) + 1;
+        if self.committed_blocks() + n + 2 * pages <= self.usable_blocks
+            && self.roots_total() + pages <= self.roots_max
+        {
+            return Ok(());
+        }
         let growth = self.growth(id, lba.0..lba.0 + n)?;
         self.check_space(id, &growth)
     }
