@@ -41,8 +41,9 @@
 # and, for Tessera, the CPU time `tessera up` spent per I/O (user + system,
 # from /proc/PID/stat) during each profile. Every volume and file is filled
 # first, so reads find data; Tessera's volume is written over until
-# HOST_CAPACITY has gone through it, so its hosts' sparse capacity files are
-# written once (see the fill below) and no profile pays ext4's allocation. Then the resident memory of `tessera up`, idle
+# HOST_CAPACITY has gone through it (at least once whole), so its hosts'
+# sparse capacity files are written once (see the fill below) and no profile
+# pays ext4's allocation. Then the resident memory of `tessera up`, idle
 # and after writing MEMORY_WRITE bytes (default 40G) to a 4 GiB volume
 # (written over and over, so the disk needs room for two copies of 4 GiB,
 # not of MEMORY_WRITE).
@@ -291,7 +292,14 @@ nbdkit_dev_uri="nbd://127.0.0.1:$nbdkit_dev_port"
 # writes make ext4 allocate blocks and commit its journal (a cost that
 # block devices, and the references' files, do not have). So the volume is
 # written over until that much has gone through each copy.
-fill "$tessera_uri" "$HOST_CAPACITY"
+# (At least the whole volume, when it is larger than a host's capacity.)
+fill "$tessera_uri" "$(python3 -c "
+import sys
+units = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}
+def size(text):
+    text = text.strip().upper()
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+print(max(size(sys.argv[1]), size(sys.argv[2])))" "$SIZE" "$HOST_CAPACITY")"
 fill "$nbdkit_uri"
 fill "$nbdkit_fua_uri"
 fill "$nbdkit_dev_uri"
