@@ -39,7 +39,10 @@
 #   randwrite 4 KiB random write, iodepth 16: CPU per mirrored write  [<= 15 us]
 #   randread  4 KiB random read, iodepth 16: CPU per read             [<= 8 us]
 # and, for Tessera, the CPU time `tessera up` spent per I/O (user + system,
-# from /proc/PID/stat) during each profile. Every volume and file is filled
+# from /proc/PID/stat) during each profile, and on the line below it where
+# that time went by kind of thread (from /proc/PID/task/*/stat: the
+# owner's host, the other hosts, store threads, the kernel's io_uring
+# workers). Every volume and file is filled
 # first, so reads find data; Tessera's volume is written over until
 # HOST_CAPACITY has gone through it (at least once whole), so its hosts'
 # sparse capacity files are written once (see the fill below) and no profile
@@ -321,10 +324,55 @@ cpu_per_io() {
   ios=$(python3 -c "print(max(1, round($3 * $RUNTIME)))")
   echo "$(( ($(cpu_us "$1") - $2) / ios ))us"
 }
+# CPU ticks (user + system) of each thread of process $1, as "name ticks"
+# lines (threads that ended meanwhile are missed: the workers and device
+# threads of `tessera up` live as long as it does).
+thread_ticks() {
+  for t in /proc/"$1"/task/*; do
+    awk '{ s = $0; sub(/^[^(]*\(/, "", s); name = s; sub(/\).*$/, "", name);
+           sub(/^.*\) /, "", s); split(s, f, " "); print name, f[12] + f[13] }' "$t/stat" 2>/dev/null
+  done
+}
+# Where `tessera up`'s CPU per I/O went since the ticks in file $2 (taken
+# with thread_ticks), for $3 I/Os per second over RUNTIME: by kind of
+# thread (the owner's host's runtime workers, the other hosts' (the second
+# copy), the destager, store readers, the kernel's io_uring workers
+# (io-wq: operations that cannot complete without blocking, a durable
+# write among them), the rest).
+thread_breakdown() { # pid ticks-before iops process-cpu-us-before
+  thread_ticks "$1" > "$work/ticks-after"
+  python3 - "$2" "$work/ticks-after" "$3" "$RUNTIME" "$(getconf CLK_TCK)" "host-$k" \
+    "$4" "$(cpu_us "$1")" <<'PY'
+import collections, sys
+before_file, after_file, iops, runtime, hz, owner, cpu0, cpu1 = sys.argv[1:]
+ios = max(1.0, float(iops) * float(runtime))
+def kind(name):
+    if name == owner: return "owner's host"
+    if name.startswith("host-"): return "other hosts"
+    if name.startswith("iou-wrk"): return "io_uring workers"
+    if name.startswith("store-"): return name
+    return "other"
+def load(lines):
+    c = collections.Counter()
+    for line in lines:
+        name, _, ticks = line.rstrip("\n").rpartition(" ")
+        if name: c[kind(name)] += int(ticks)
+    return c
+after, before = load(open(after_file)), load(open(before_file))
+us = {k: (after[k] - before[k]) * 1e6 / int(hz) / ios for k in after}
+# The process's own count includes threads that ended during the run (the
+# kernel's io_uring workers end when idle).
+us["threads that ended"] = (int(cpu1) - int(cpu0)) / ios - sum(us.values())
+parts = [f"{k} {v:.0f}" for k, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.5]
+print("  cpu/io by thread (us): " + ", ".join(parts))
+PY
+}
 for profile in $PROFILES; do
   cpu_before=$(cpu_us "$up_pid")
+  thread_ticks "$up_pid" > "$work/ticks"
   read -r t_iops t_lat t_bw <<<"$(run_fio "$tessera_uri" "$profile")"
   cpu_per_io=$(cpu_per_io "$up_pid" "$cpu_before" "$t_iops")
+  breakdown=$(thread_breakdown "$up_pid" "$work/ticks" "$t_iops" "$cpu_before")
   read -r n_iops n_lat n_bw <<<"$(run_fio "$nbdkit_uri" "$profile")"
   cpu_before=$(cpu_us "$nbdkit_fua_pid")
   read -r f_iops f_lat f_bw <<<"$(run_fio "$nbdkit_fua_uri" "$profile")"
@@ -350,6 +398,7 @@ for profile in $PROFILES; do
     "$t" "$unit" "$n" "$unit" "$f" "$unit" "$d" "$unit" "$r" "$unit" \
     "$(ratio "$t" "$n")" "$(ratio "$t" "$f")" "$(ratio "$t" "$d")" "$(ratio "$t" "$r")" \
     "$cpu_per_io" "$fua_cpu" "$dev_cpu" "$target"
+  echo "$breakdown"
   if [ "$profile" = qd1write ]; then
     read -r two one rtt <<<"$(qd1_write_bound)"
     python3 - "$t_lat" "$f_lat" "$two" "$one" "$rtt" <<'PY'
