@@ -193,6 +193,16 @@ pub trait Disk: Send + Sync + 'static {
         let _ = (len, offset);
         None
     }
+    /// The descriptor through which a read of `len` bytes at `offset` can
+    /// be submitted without blocking ([`crate::IoRing::reserve_read`]) with
+    /// the effect of [`Disk::read_at`]. `None` where that cannot be (a
+    /// device in memory, one that transforms what it stores, one opened
+    /// `O_DIRECT`): the caller then uses [`Disk::read_at`]. The descriptor
+    /// stays open as long as the device.
+    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        let _ = (len, offset);
+        None
+    }
     /// Readies `buf` to be written at `offset` by a caller that submits
     /// the write to the kernel itself ([`crate::IoRing`]): the descriptor,
     /// the bytes as the device stores them, and what must stay held until
@@ -567,6 +577,12 @@ impl Disk for FileDisk {
             Some(dsync) if !self.direct || fits => Some(dsync.as_raw_fd()),
             _ => None,
         }
+    }
+
+    fn read_fd(&self, _len: usize, _offset: u64) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        // Through the page cache only, as `read_at` reads.
+        (!self.direct).then(|| self.file.as_raw_fd())
     }
 
     fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {

@@ -104,6 +104,13 @@ impl Disk for SwitchedDisk {
         self.inner.durable_write_fd(len, offset)
     }
 
+    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+        if self.switch.is_tripped() {
+            return None;
+        }
+        self.inner.read_fd(len, offset)
+    }
+
     fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
         if self.switch.is_tripped() {
             return None;

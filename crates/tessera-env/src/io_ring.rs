@@ -1,5 +1,6 @@
-//! Device writes that do not block the thread that asks for them: one
-//! io_uring per disk group, its completions reaped on the async runtime.
+//! Device writes (and reads through the page cache) that do not block the
+//! thread that asks for them: one io_uring per disk group, its completions
+//! reaped on the async runtime.
 //!
 //! Owns: the ring, the buffers and devices of the writes in flight, and the
 //! task that reaps completions. A runtime thread that commits a lone write
@@ -57,6 +58,34 @@ use crate::{AlignedBuf, Disk};
 /// durable, or why not.
 pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
 
+/// What runs when a read ends: the buffer, holding every byte asked for,
+/// or why not.
+pub type ReadDone = Box<dyn FnOnce(std::io::Result<AlignedBuf>) + Send>;
+
+/// What runs when an operation ends.
+enum Done {
+    Write(WriteDone),
+    Read(ReadDone),
+}
+
+impl Done {
+    fn fail(self, e: std::io::Error) {
+        match self {
+            Done::Write(f) => f(Err(e)),
+            Done::Read(f) => f(Err(e)),
+        }
+    }
+}
+
+/// What an operation handed to the kernel does with its buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    /// Writes it.
+    Write,
+    /// Fills it (a buffer the ring owns).
+    Read,
+}
+
 /// The bytes of a write the kernel holds: a buffer the ring owns, or a
 /// share of one (a reference-counted slice, which keeps its allocation
 /// alive, unmoved, as long as the ring keeps it).
@@ -73,6 +102,14 @@ impl Held {
         }
     }
 
+    /// Where the kernel puts what it reads: only a buffer the ring owns.
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Held::Owned(buf) => buf.as_mut_slice().as_mut_ptr(),
+            Held::Shared(_) => std::ptr::null_mut(),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Held::Owned(buf) => buf.len(),
@@ -81,16 +118,17 @@ impl Held {
     }
 }
 
-/// A write the kernel holds.
+/// An operation the kernel holds.
 struct InFlight {
-    /// The kernel reads from it until the write's completion.
+    /// The kernel reads from it (a write) or fills it (a read) until the
+    /// operation's completion.
     buf: Held,
     /// Kept only so the descriptor stays open.
     _device: Arc<dyn Disk>,
     /// What the device asked to hold until the write completes.
     _hold: Option<Box<dyn Send>>,
     /// Taken when it ran (at submission, if submitting failed).
-    on_done: Option<WriteDone>,
+    on_done: Option<Done>,
 }
 
 struct Slots {
@@ -267,6 +305,36 @@ impl IoRing {
         Ok(())
     }
 
+    /// Reserves a place for a read of `len` bytes at `offset` of `device`
+    /// through the host's page cache (as [`Disk::read_at`]), started with
+    /// [`ReadPlace::submit`]: a read that must wait for the device then
+    /// waits in the kernel, which completes it when the page is in,
+    /// instead of on a thread the caller hands it to and that wakes the
+    /// caller back (two cross-core wake-ups per read). `None` when the
+    /// device has no descriptor for such reads ([`Disk::read_fd`]: an
+    /// encrypted device, one in memory, a tripped one) or every place is
+    /// taken: the caller then reads with the blocking call.
+    pub fn reserve_read(
+        &self,
+        device: &Arc<dyn Disk>,
+        len: usize,
+        offset: u64,
+    ) -> Option<ReadPlace<'_>> {
+        u32::try_from(len).ok()?;
+        let fd = device.read_fd(len, offset)?;
+        if !self.take_place() {
+            return None;
+        }
+        Some(ReadPlace {
+            ring: self,
+            device: Arc::clone(device),
+            fd,
+            len,
+            offset,
+            submitted: false,
+        })
+    }
+
     /// Takes a place among the writes in flight; false when they are all
     /// taken.
     fn take_place(&self) -> bool {
@@ -286,7 +354,7 @@ impl IoRing {
     /// Submits a write of `buf` through `fd` (a descriptor of `device`)
     /// whose place in flight the caller took; `on_done` runs with the
     /// answer, at once if the ring could not submit it.
-    #[allow(unsafe_code, clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         device: &Arc<dyn Disk>,
@@ -297,8 +365,21 @@ impl IoRing {
         hold: Option<Box<dyn Send>>,
         on_done: WriteDone,
     ) {
-        // The callers checked that the length fits.
-        let len32 = buf.len() as u32;
+        let op = (OpKind::Write, buf, rw_flags, hold, Done::Write(on_done));
+        self.submit_op(device, fd, offset, op);
+    }
+
+    /// Submits an operation on `buf` through `fd` (a descriptor of
+    /// `device`) whose place in flight the caller took; its `on_done` runs
+    /// with the answer, at once if the ring could not submit it.
+    #[allow(unsafe_code)]
+    fn submit_op(
+        &self,
+        device: &Arc<dyn Disk>,
+        fd: RawFd,
+        offset: u64,
+        (kind, buf, rw_flags, hold, on_done): (OpKind, Held, i32, Option<Box<dyn Send>>, Done),
+    ) {
         let mut slots = self.ring.slots.lock();
         let slot = match slots.free.pop() {
             Some(slot) => slot,
@@ -307,19 +388,31 @@ impl IoRing {
                 slots.ops.len() - 1
             }
         };
-        let entry = io_uring::opcode::Write::new(io_uring::types::Fd(fd), buf.as_ptr(), len32)
-            .offset(offset)
-            .rw_flags(rw_flags)
-            .build()
-            .user_data(slot as u64);
-        slots.ops[slot] = Some(InFlight {
-            buf,
-            _device: Arc::clone(device),
-            _hold: hold,
-            on_done: Some(on_done),
-        });
+        // The buffer is in its slot before the entry points into it.
+        let held = &mut slots.ops[slot]
+            .insert(InFlight {
+                buf,
+                _device: Arc::clone(device),
+                _hold: hold,
+                on_done: Some(on_done),
+            })
+            .buf;
+        // The callers checked that the length fits.
+        let len32 = held.len() as u32;
+        let fd = io_uring::types::Fd(fd);
+        let entry = match kind {
+            OpKind::Write => io_uring::opcode::Write::new(fd, held.as_ptr(), len32)
+                .offset(offset)
+                .rw_flags(rw_flags)
+                .build(),
+            OpKind::Read => io_uring::opcode::Read::new(fd, held.as_mut_ptr(), len32)
+                .offset(offset)
+                .build(),
+        }
+        .user_data(slot as u64);
         // SAFETY: the entry points into the buffer now kept in
-        // `ops[slot]`, with its length; the buffer and the device whose
+        // `ops[slot]` (a read's, which the ring owns and nothing else
+        // touches, for the kernel to fill), with its length; the buffer and the device whose
         // descriptor it names stay there until the completion carrying
         // `slot` is reaped (or, if it never comes, until the ring is
         // dropped, which waits for it or leaks them): see the module's
@@ -345,9 +438,39 @@ impl IoRing {
             }
         };
         drop(slots);
-        // The write ends now, with the error.
+        // The operation ends now, with the error.
         if let Some((e, Some(on_done))) = failed {
-            on_done(Err(e));
+            on_done.fail(e);
+        }
+    }
+}
+
+/// A read with its place in flight taken ([`IoRing::reserve_read`]);
+/// dropped unsubmitted, it gives the place back.
+pub struct ReadPlace<'a> {
+    ring: &'a IoRing,
+    device: Arc<dyn Disk>,
+    fd: RawFd,
+    len: usize,
+    offset: u64,
+    submitted: bool,
+}
+
+impl ReadPlace<'_> {
+    /// Starts the read into a buffer of its own and returns at once;
+    /// `on_done` gets the buffer with every byte read, or the error.
+    pub fn submit(mut self, on_done: ReadDone) {
+        self.submitted = true;
+        let buf = Held::Owned(AlignedBuf::zeroed(self.len));
+        let op = (OpKind::Read, buf, 0, None, Done::Read(on_done));
+        self.ring.submit_op(&self.device, self.fd, self.offset, op);
+    }
+}
+
+impl Drop for ReadPlace<'_> {
+    fn drop(&mut self) {
+        if !self.submitted {
+            self.ring.give_place_back();
         }
     }
 }
@@ -406,18 +529,23 @@ impl Ring {
                 }
             }
         }
-        for (mut op, result) in ended {
+        for (op, result) in ended {
             let len = op.buf.len();
-            let outcome = match result {
-                r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
-                r if r as usize == len => Ok(()),
-                r => Err(std::io::Error::new(
-                    std::io::ErrorKind::WriteZero,
-                    format!("short write: {r} of {len} bytes"),
-                )),
+            let short = |what: &str, kind| {
+                std::io::Error::new(kind, format!("short {what}: {result} of {len} bytes"))
             };
-            if let Some(on_done) = op.on_done.take() {
-                on_done(outcome);
+            match op.on_done {
+                Some(Done::Write(on_done)) => on_done(match result {
+                    r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
+                    r if r as usize == len => Ok(()),
+                    _ => Err(short("write", std::io::ErrorKind::WriteZero)),
+                }),
+                Some(Done::Read(on_done)) => on_done(match (result, op.buf) {
+                    (r, _) if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
+                    (r, Held::Owned(buf)) if r as usize == len => Ok(buf),
+                    _ => Err(short("read", std::io::ErrorKind::UnexpectedEof)),
+                }),
+                None => {}
             }
         }
     }
@@ -758,6 +886,70 @@ mod tests {
         drop(ring);
         assert_eq!(accepted, 16);
         assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 16);
+    }
+
+    async fn read(
+        ring: &IoRing,
+        disk: &Arc<dyn Disk>,
+        len: usize,
+        offset: u64,
+    ) -> Option<std::io::Result<AlignedBuf>> {
+        let place = ring.reserve_read(disk, len, offset)?;
+        let (tx, rx) = oneshot::channel();
+        place.submit(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        Some(rx.await.expect("on_done ran"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_through_the_page_cache_see_every_write_and_report_a_short_one() {
+        let Some((ring, dir)) = ring_and_dir() else {
+            return;
+        };
+        // Capacity devices are read through the page cache.
+        let disk = open_with(&dir, false);
+        disk.write_at(&[0x5A; 8192], 4096).expect("write");
+        let back = read(&ring, &disk, 8192, 4096)
+            .await
+            .expect("taken")
+            .expect("read");
+        assert!(back.as_slice().iter().all(|&b| b == 0x5A));
+        // Many at once, each into its own buffer.
+        for i in 0..64u64 {
+            disk.write_at(&[i as u8; 4096], i * 4096).expect("write");
+        }
+        let reads = (0..64u64).map(|i| read(&ring, &disk, 4096, i * 4096));
+        for (i, r) in futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let buf = r.expect("taken").expect("read");
+            assert!(buf.as_slice().iter().all(|&b| b == i as u8), "block {i}");
+        }
+        // Past the end of the device: an error, not a buffer with zeros.
+        let end = disk.size();
+        let Some(Err(err)) = read(&ring, &disk, 8192, end - 4096).await else {
+            panic!("a read past the end succeeded");
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        // A device opened O_DIRECT has no descriptor for page-cache reads.
+        let direct_dir = tempfile::tempdir().expect("tempdir");
+        let direct = open(&direct_dir);
+        if direct.uncached_write_fd(4096, 0).is_some() {
+            assert!(ring.reserve_read(&direct, 4096, 0).is_none());
+        }
+        // Places reserved and dropped unsubmitted come back.
+        let held: Vec<_> = (0..IoRing::IN_FLIGHT_MAX)
+            .map(|_| ring.reserve_read(&disk, 4096, 0).expect("a place"))
+            .collect();
+        assert!(
+            ring.reserve_read(&disk, 4096, 0).is_none(),
+            "every place taken"
+        );
+        drop(held);
+        assert!(read(&ring, &disk, 4096, 0).await.expect("taken").is_ok());
     }
 
     /// A device whose descriptor is not open.

@@ -13,9 +13,10 @@
 //! Reads: a read is planned under the state lock (overlay, index, and the
 //! content cache for capacity blocks, looked up in that same step); a read
 //! whose missing blocks other reads are fetching waits for them; then only
-//! the blocks still missing are read from the devices, inline or on the
-//! reader threads, and each one that passes its CRC32C goes into the cache
-//! and to the reads waiting for it. A scrub plans without the cache: it
+//! the blocks still missing are read from the devices: inline, through the
+//! group's io_uring (a guest's one-block read while others are in flight),
+//! or on the reader threads, and each one that passes its CRC32C goes into
+//! the cache and to the reads waiting for it. A scrub plans without the cache: it
 //! checks the devices.
 
 use crate::at_rest::{AtRestKeys, EncryptionStatus, GroupCipher, KekId};
@@ -1065,19 +1066,22 @@ impl DiskGroup {
             let (_in_flight, before) = InFlight::count(&self.shared.reads_in_flight);
             let first = before == 0;
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let reader_shared = shared.clone();
-            let read = move || assemble(&reader_shared, lba, plan, fill, read_use);
+            let read = DeviceRead {
+                shared: shared.clone(),
+                lba,
+                plan,
+                fill,
+                read_use,
+                tx,
+            };
             if first && disk_blocks == 1 && tessera_env::plug::is_open() {
                 // Decided at the end of the task's plugged poll, once the
                 // reads it starts next count: no trip through the scheduler.
-                let decided = shared.clone();
                 let decide = move || {
-                    if decided.reads_in_flight.load(Ordering::Acquire) == 1 {
-                        let _ = tx.send(read());
+                    if read.shared.reads_in_flight.load(Ordering::Acquire) == 1 {
+                        read.here();
                     } else {
-                        decided.readers.submit(Box::new(move || {
-                            let _ = tx.send(read());
-                        }));
+                        read.hand_off();
                     }
                 };
                 if let Err(decide) = tessera_env::plug::defer(decide) {
@@ -1089,11 +1093,9 @@ impl DiskGroup {
                     self.shared.reads_in_flight.load(Ordering::Acquire) == 1
                 };
                 if alone {
-                    let _ = tx.send(read());
+                    read.here();
                 } else {
-                    self.shared.readers.submit(Box::new(move || {
-                        let _ = tx.send(read());
-                    }));
+                    read.hand_off();
                 }
             }
             rx.await.map_err(|_| StoreError::DiskGroupFailed {
@@ -1948,6 +1950,76 @@ fn all_devices(devices: &GroupDevices) -> Vec<Arc<dyn Disk>> {
     all
 }
 
+/// What [`assemble`] answers: the blocks, or the first that failed its
+/// check, or a device error.
+type Assembled = Result<Result<Bytes, Lba>, (u8, String)>;
+
+/// A read that has to reach a device, with where its answer goes.
+struct DeviceRead {
+    shared: Arc<Shared>,
+    lba: Lba,
+    plan: Vec<Source>,
+    fill: Option<Fill>,
+    read_use: ReadUse,
+    tx: tokio::sync::oneshot::Sender<Assembled>,
+}
+
+impl DeviceRead {
+    /// Reads on the calling thread.
+    fn here(self) {
+        let answer = assemble(&self.shared, self.lba, self.plan, self.fill, self.read_use);
+        let _ = self.tx.send(answer);
+    }
+
+    /// Reads without the calling thread waiting: a guest's read of one
+    /// block through the group's ring (the kernel completes it when the
+    /// page is in, and the answer is checked on the ring's reaper, with no
+    /// thread woken for it), anything else on a reader thread.
+    fn hand_off(self) {
+        let DeviceRead {
+            shared,
+            lba,
+            plan,
+            fill,
+            read_use,
+            tx,
+        } = self;
+        if let (Some(ring), ReadUse::Guest, [Source::Disk(loc, crc)]) =
+            (&shared.ring, read_use, &plan[..])
+        {
+            let (loc, crc) = (*loc, *crc);
+            let place = shared
+                .disk(loc.device)
+                .and_then(|disk| ring.reserve_read(disk, BLOCK, loc.block * BLOCK_BYTES));
+            if let Some(place) = place {
+                let named = shared
+                    .disk(loc.device)
+                    .map(|d| d.name())
+                    .unwrap_or_default();
+                place.submit(Box::new(move |read| {
+                    let answer = match read {
+                        Ok(buf) => Ok(checked_block(buf.as_slice(), loc, crc, lba, fill)),
+                        // Said as the blocking read says it.
+                        Err(e) => Err((
+                            loc.device,
+                            format!(
+                                "read on {named} at byte {} (+{BLOCK}) failed: {e}",
+                                loc.block * BLOCK_BYTES
+                            ),
+                        )),
+                    };
+                    let _ = tx.send(answer);
+                }));
+                return;
+            }
+        }
+        let readers = Arc::clone(&shared);
+        readers.readers.submit(Box::new(move || {
+            let _ = tx.send(assemble(&shared, lba, plan, fill, read_use));
+        }));
+    }
+}
+
 /// Reads the planned blocks and checks them. `Err((device, message))` is a
 /// device error; `Ok(Err(lba))` a checksum mismatch. With a `fill`, every
 /// block read from a device that passes its check goes into the content
@@ -1960,7 +2032,7 @@ fn assemble(
     plan: Vec<Source>,
     fill: Option<Fill>,
     read_use: ReadUse,
-) -> Result<Result<Bytes, Lba>, (u8, String)> {
+) -> Assembled {
     let n = plan.len();
     // Fast path: one block.
     if n == 1 {
