@@ -34,7 +34,9 @@
 //!   too, so their `on_done` run and what they hold is released.
 //! - Every accepted operation's `on_done` runs exactly once: on the reaper
 //!   task with the kernel's answer, or at once with the error when the
-//!   ring could not submit it. A short write is reported as an error.
+//!   ring could not submit it. A short write or read is reported as an
+//!   error; a read's buffer, which only the kernel touches while it is in
+//!   flight, goes to its `on_done` whole or not at all.
 //! - At most [`IoRing::IN_FLIGHT_MAX`] operations are in flight, fewer than
 //!   the completion queue holds, so completions never overflow it.
 //! - Where io_uring is missing (an old kernel, a sandbox that forbids it)
@@ -411,12 +413,12 @@ impl IoRing {
         }
         .user_data(slot as u64);
         // SAFETY: the entry points into the buffer now kept in
-        // `ops[slot]` (a read's, which the ring owns and nothing else
-        // touches, for the kernel to fill), with its length; the buffer and the device whose
-        // descriptor it names stay there until the completion carrying
-        // `slot` is reaped (or, if it never comes, until the ring is
-        // dropped, which waits for it or leaks them): see the module's
-        // invariants.
+        // `ops[slot]` (for a read, one the ring owns and nothing else
+        // touches, for the kernel to fill), with its length; the buffer and
+        // the device whose descriptor it names stay there until the
+        // completion carrying `slot` is reaped (or, if it never comes,
+        // until the ring is dropped, which waits for it or leaks them): see
+        // the module's invariants.
         let pushed = unsafe { slots.ring.submission().push(&entry) };
         let failed = match pushed {
             // After a failed submission the kernel may still hold the
