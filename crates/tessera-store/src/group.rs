@@ -1988,22 +1988,21 @@ impl DeviceRead {
             (&shared.ring, read_use, &plan[..])
         {
             let (loc, crc) = (*loc, *crc);
-            let place = shared
-                .disk(loc.device)
-                .and_then(|disk| ring.reserve_read(disk, BLOCK, loc.block * BLOCK_BYTES));
-            if let Some(place) = place {
-                let named = shared
-                    .disk(loc.device)
-                    .map(|d| d.name())
-                    .unwrap_or_default();
+            let place = shared.disk(loc.device).and_then(|disk| {
+                let place = ring.reserve_read(disk, BLOCK, loc.block * BLOCK_BYTES)?;
+                Some((place, Arc::clone(disk)))
+            });
+            if let Some((place, disk)) = place {
                 place.submit(Box::new(move |read| {
                     let answer = match read {
                         Ok(buf) => Ok(checked_block(buf.as_slice(), loc, crc, lba, fill)),
-                        // Said as the blocking read says it.
+                        // Said as the blocking read says it (the device's
+                        // name taken only then).
                         Err(e) => Err((
                             loc.device,
                             format!(
-                                "read on {named} at byte {} (+{BLOCK}) failed: {e}",
+                                "read on {} at byte {} (+{BLOCK}) failed: {e}",
+                                disk.name(),
                                 loc.block * BLOCK_BYTES
                             ),
                         )),

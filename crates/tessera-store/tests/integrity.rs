@@ -35,10 +35,9 @@ fn find_magic(disk: &FaultDisk, size: u64, magic: &[u8; 8]) -> Vec<u64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flipped_data_bits_are_found_by_reads_and_by_the_scrubber() {
-    let rig = Rig::new(2);
-    let dg = rig.create().await;
+/// Creates component C and writes version 1 of each of its blocks, eight
+/// at a time, then lets the destager put them all on the capacity tier.
+async fn write_every_block(dg: &DiskGroup) {
     dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
     for lba in (0..BLOCKS).step_by(8) {
         let data: Vec<Vec<u8>> = (lba..lba + 8).map(|l| payload(C.0, l, 1)).collect();
@@ -47,6 +46,13 @@ async fn flipped_data_bits_are_found_by_reads_and_by_the_scrubber() {
             .unwrap();
     }
     dg.settle().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_data_bits_are_found_by_reads_and_by_the_scrubber() {
+    let rig = Rig::new(2);
+    let dg = rig.create().await;
+    write_every_block(&dg).await;
     let mut places = BTreeMap::new();
     for (i, d) in rig.capacity.iter().enumerate() {
         for (lba, off) in find_payloads(d, common::CAPACITY_BYTES) {
@@ -394,14 +400,7 @@ async fn flipped_data_bits_are_found_by_reads_in_flight_together_on_file_devices
         encryption: None,
     };
     let dg = DiskGroup::open_or_create(config).await.unwrap();
-    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
-    for lba in (0..BLOCKS).step_by(8) {
-        let data: Vec<Vec<u8>> = (lba..lba + 8).map(|l| payload(C.0, l, 1)).collect();
-        dg.write(C, Lba(lba), bytes_of(&data), Epoch(1))
-            .await
-            .unwrap();
-    }
-    dg.settle().await.unwrap();
+    write_every_block(&dg).await;
     // Where each block lies on the capacity file, and a flipped bit in
     // every seventh.
     let file = std::fs::OpenOptions::new()
