@@ -196,8 +196,8 @@ pub trait Disk: Send + Sync + 'static {
     /// The descriptor through which a read of `len` bytes at `offset` can
     /// be submitted without blocking ([`crate::IoRing::reserve_read`]) with
     /// the effect of [`Disk::read_at`]. `None` where that cannot be (a
-    /// device in memory, one that transforms what it stores, one opened
-    /// `O_DIRECT`): the caller then uses [`Disk::read_at`]. The descriptor
+    /// device in memory, one that transforms what it stores, a range
+    /// `O_DIRECT` refuses): the caller then uses [`Disk::read_at`]. The descriptor
     /// stays open as long as the device.
     fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
         let _ = (len, offset);
@@ -579,10 +579,13 @@ impl Disk for FileDisk {
         }
     }
 
-    fn read_fd(&self, _len: usize, _offset: u64) -> Option<std::os::fd::RawFd> {
+    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
-        // Through the page cache only, as `read_at` reads.
-        (!self.direct).then(|| self.file.as_raw_fd())
+        // The descriptor `read_at` reads through: the page cache, or the
+        // device itself where the file was opened `O_DIRECT`, for a range
+        // that meets its alignment (the ring reads into an aligned buffer).
+        let fits = len.is_multiple_of(DISK_ALIGN) && offset.is_multiple_of(DISK_ALIGN as u64);
+        (!self.direct || fits).then(|| self.file.as_raw_fd())
     }
 
     fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {

@@ -308,13 +308,15 @@ impl IoRing {
     }
 
     /// Reserves a place for a read of `len` bytes at `offset` of `device`
-    /// through the host's page cache (as [`Disk::read_at`]), started with
+    /// as [`Disk::read_at`] reads it (through the host's page cache, or
+    /// past it on a device opened `O_DIRECT`), started with
     /// [`ReadPlace::submit`]: a read that must wait for the device then
     /// waits in the kernel, which completes it when the page is in,
     /// instead of on a thread the caller hands it to and that wakes the
     /// caller back (two cross-core wake-ups per read). `None` when the
     /// device has no descriptor for such reads ([`Disk::read_fd`]: an
-    /// encrypted device, one in memory, a tripped one) or every place is
+    /// encrypted device, one in memory, a tripped one, a range `O_DIRECT`
+    /// refuses) or every place is
     /// taken: the caller then reads with the blocking call.
     pub fn reserve_read(
         &self,
@@ -936,11 +938,21 @@ mod tests {
             panic!("a read past the end succeeded");
         };
         assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
-        // A device opened O_DIRECT has no descriptor for page-cache reads.
+        // A device opened O_DIRECT is read past the page cache, in ranges
+        // that meet its alignment only.
         let direct_dir = tempfile::tempdir().expect("tempdir");
         let direct = open(&direct_dir);
         if direct.uncached_write_fd(4096, 0).is_some() {
-            assert!(ring.reserve_read(&direct, 4096, 0).is_none());
+            direct
+                .write_durable_at(AlignedBuf::copy_of(&[0xC3; 8192]).as_slice(), 4096)
+                .expect("write");
+            let back = read(&ring, &direct, 8192, 4096)
+                .await
+                .expect("taken")
+                .expect("read");
+            assert!(back.as_slice().iter().all(|&b| b == 0xC3));
+            assert!(ring.reserve_read(&direct, 4096, 512).is_none());
+            assert!(ring.reserve_read(&direct, 1000, 0).is_none());
         }
         // Places reserved and dropped unsubmitted come back.
         let held: Vec<_> = (0..IoRing::IN_FLIGHT_MAX)

@@ -377,10 +377,20 @@ async fn a_damaged_newest_checkpoint_never_opens_stale_data() {
 
 /// Reads of file-backed devices go through the group's io_uring when
 /// several are in flight (each completed by the kernel when its page is
-/// in): a flipped bit there is found the same way, and every other block
-/// reads back as written.
+/// in, or, on devices opened `O_DIRECT`, when the device has read it): a
+/// flipped bit there is found the same way, and every other block reads
+/// back as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_data_bits_are_found_by_reads_in_flight_together_on_file_devices() {
+    flipped_bits_found_by_reads_in_flight(tessera_store::DirectIo::Off).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_data_bits_are_found_by_reads_in_flight_together_on_direct_devices() {
+    flipped_bits_found_by_reads_in_flight(tessera_store::DirectIo::All).await;
+}
+
+async fn flipped_bits_found_by_reads_in_flight(direct_io: tessera_store::DirectIo) {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let capacity_path = dir.path().join("capacity0.img");
@@ -396,7 +406,7 @@ async fn flipped_data_bits_are_found_by_reads_in_flight_together_on_file_devices
         }],
         index_cache_bytes: 1 << 20,
         content_cache_bytes: tessera_store::CONTENT_CACHE_BYTES_DEFAULT,
-        direct_io: tessera_store::DirectIo::Off,
+        direct_io,
         encryption: None,
     };
     let dg = DiskGroup::open_or_create(config).await.unwrap();
