@@ -39,6 +39,11 @@
 //!   flight, goes to its `on_done` whole or not at all.
 //! - At most [`IoRing::IN_FLIGHT_MAX`] operations are in flight, fewer than
 //!   the completion queue holds, so completions never overflow it.
+//! - An operation started under a plug ([`crate::plug`]) is queued and
+//!   reaches the kernel when that plug closes, with the others its poll
+//!   queued (one system call, one doorbell of the device), or sooner with
+//!   an operation started at once; no entry stays queued past the end of
+//!   the poll that queued it.
 //! - Where io_uring is missing (an old kernel, a sandbox that forbids it)
 //!   or there is no runtime, [`IoRing::new`] fails and callers keep their
 //!   blocking path; a device that cannot take a write this way
@@ -138,6 +143,10 @@ struct Slots {
     ops: Vec<Option<InFlight>>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Slots whose entries are queued and not yet submitted: pushed under
+    /// a plug, they go to the kernel together when it closes
+    /// ([`Ring::submit_queued`]), or with the next entry submitted at once.
+    queued: Vec<usize>,
 }
 
 struct Ring {
@@ -185,6 +194,7 @@ impl IoRing {
                 ops: Vec::new(),
                 free: Vec::new(),
                 in_flight: 0,
+                queued: Vec::new(),
             }),
             wakeup,
         });
@@ -423,29 +433,67 @@ impl IoRing {
         // the module's invariants.
         let pushed = unsafe { slots.ring.submission().push(&entry) };
         let failed = match pushed {
-            // After a failed submission the kernel may still hold the
-            // entry: its buffer stays in the slot (freed when a completion
-            // comes, leaked with the ring otherwise).
-            Ok(()) => submit_all(&mut slots.ring).err().map(|e| {
-                let on_done = slots.ops[slot].as_mut().and_then(|op| op.on_done.take());
-                (e, on_done)
-            }),
-            // The submission queue holds at least IN_FLIGHT_MAX entries and
-            // every entry is submitted before the lock is released, so it is
-            // never full here; the write fails all the same if it is.
+            Ok(()) => {
+                slots.queued.push(slot);
+                // Under a plug (a connection's task starting the requests
+                // it has read), the entries its poll queues go to the
+                // kernel in one call when the plug closes: one system call,
+                // and one doorbell of the device, for all of them.
+                let first = slots.queued.len() == 1;
+                if !crate::plug::is_open() {
+                    submit_queued(&mut slots)
+                } else {
+                    if first {
+                        let ring = Arc::downgrade(&self.ring);
+                        let flush = move || {
+                            if let Some(ring) = ring.upgrade() {
+                                ring.submit_queued();
+                            }
+                        };
+                        if let Err(flush) = crate::plug::defer(flush) {
+                            flush();
+                        }
+                    }
+                    Vec::new()
+                }
+            }
+            // The submission queue holds at least IN_FLIGHT_MAX entries,
+            // as many as may be in flight, queued or not, so it is never
+            // full here; the operation fails all the same if it is.
             Err(_) => {
                 slots.in_flight -= 1;
                 slots.free.push(slot);
                 let on_done = slots.ops[slot].take().and_then(|mut op| op.on_done.take());
                 let e = std::io::Error::other("the io_uring submission queue is full");
-                Some((e, on_done))
+                on_done.map(|d| (d, e)).into_iter().collect()
             }
         };
         drop(slots);
-        // The operation ends now, with the error.
-        if let Some((e, Some(on_done))) = failed {
+        // The operations end now, with the error.
+        for (on_done, e) in failed {
             on_done.fail(e);
         }
+    }
+}
+
+/// Submits every queued entry. Where the kernel refuses, each queued
+/// operation's `on_done` is given back with the error, to run once the
+/// lock is released; after a failed submission the kernel may still hold
+/// an entry, so its buffer stays in its slot (freed when a completion
+/// comes, leaked with the ring otherwise).
+fn submit_queued(slots: &mut Slots) -> Vec<(Done, std::io::Error)> {
+    let queued = std::mem::take(&mut slots.queued);
+    if queued.is_empty() || slots.ring.submission().is_empty() {
+        // Already submitted along with another entry (or by a wait).
+        return Vec::new();
+    }
+    match submit_all(&mut slots.ring) {
+        Ok(()) => Vec::new(),
+        Err(e) => queued
+            .into_iter()
+            .filter_map(|slot| slots.ops[slot].as_mut().and_then(|op| op.on_done.take()))
+            .map(|on_done| (on_done, std::io::Error::new(e.kind(), e.to_string())))
+            .collect(),
     }
 }
 
@@ -517,6 +565,14 @@ fn submit_all(ring: &mut io_uring::IoUring) -> std::io::Result<()> {
 }
 
 impl Ring {
+    /// Submits the entries queued under a plug that has closed.
+    fn submit_queued(&self) {
+        let failed = submit_queued(&mut self.slots.lock());
+        for (on_done, e) in failed {
+            on_done.fail(e);
+        }
+    }
+
     /// Takes every completion the kernel posted and runs their `on_done`
     /// (outside the lock: they take the store's).
     fn reap(&self) {
@@ -562,7 +618,9 @@ impl Ring {
     fn wait_in_flight(&self) {
         for _ in 0..10_000 {
             {
-                let slots = self.slots.lock();
+                let mut slots = self.slots.lock();
+                // Submitted here with the wait, queued or not.
+                slots.queued.clear();
                 if slots.in_flight == 0 || slots.ring.submit_and_wait(1).is_err() {
                     break;
                 }
@@ -964,6 +1022,47 @@ mod tests {
         );
         drop(held);
         assert!(read(&ring, &disk, 4096, 0).await.expect("taken").is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_started_under_a_plug_reach_the_kernel_together_when_it_closes() {
+        let Some((ring, dir)) = ring_and_dir() else {
+            return;
+        };
+        let disk = open_with(&dir, false);
+        for i in 0..4u64 {
+            disk.write_at(&[i as u8 + 1; 4096], i * 4096).expect("write");
+        }
+        let queued = |ring: &IoRing| {
+            let mut slots = ring.ring.slots.lock();
+            let entries = slots.ring.submission().len();
+            (slots.queued.len(), entries)
+        };
+        let mut answers = Vec::new();
+        let plug = crate::Plug::open();
+        for i in 0..4u64 {
+            let (tx, rx) = oneshot::channel();
+            let place = ring.reserve_read(&disk, 4096, i * 4096).expect("a place");
+            place.submit(Box::new(move |r| {
+                let _ = tx.send(r);
+            }));
+            answers.push(rx);
+        }
+        assert_eq!(queued(&ring), (4, 4), "queued, not yet submitted");
+        drop(plug);
+        assert_eq!(queued(&ring), (0, 0), "submitted when the plug closed");
+        for (i, rx) in answers.into_iter().enumerate() {
+            let buf = rx.await.expect("on_done ran").expect("read");
+            assert!(buf.as_slice().iter().all(|&b| b == i as u8 + 1), "block {i}");
+        }
+        // Without a plug, at once.
+        let (tx, rx) = oneshot::channel();
+        let place = ring.reserve_read(&disk, 4096, 0).expect("a place");
+        place.submit(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        assert_eq!(queued(&ring), (0, 0));
+        assert!(rx.await.expect("on_done ran").is_ok());
     }
 
     /// A device whose descriptor is not open.
