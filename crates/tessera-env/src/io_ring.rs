@@ -1031,7 +1031,8 @@ mod tests {
         };
         let disk = open_with(&dir, false);
         for i in 0..4u64 {
-            disk.write_at(&[i as u8 + 1; 4096], i * 4096).expect("write");
+            disk.write_at(&[i as u8 + 1; 4096], i * 4096)
+                .expect("write");
         }
         let queued = |ring: &IoRing| {
             let mut slots = ring.ring.slots.lock();
@@ -1053,7 +1054,10 @@ mod tests {
         assert_eq!(queued(&ring), (0, 0), "submitted when the plug closed");
         for (i, rx) in answers.into_iter().enumerate() {
             let buf = rx.await.expect("on_done ran").expect("read");
-            assert!(buf.as_slice().iter().all(|&b| b == i as u8 + 1), "block {i}");
+            assert!(
+                buf.as_slice().iter().all(|&b| b == i as u8 + 1),
+                "block {i}"
+            );
         }
         // Without a plug, at once.
         let (tx, rx) = oneshot::channel();

@@ -1117,14 +1117,16 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
     }
     let live = items.iter().filter(|it| it.data.is_some()).count();
     let locs = if live > 0 {
-        match st.alloc.allocate(live) {
+        // Blocks freed not long ago first: their pages are likely still in
+        // the page cache, which the destager writes through.
+        match st.alloc.allocate_lowest(live) {
             Some(l) => l,
             None => {
                 drop(st);
                 // Replaced blocks come back only with a checkpoint.
                 checkpoint(shared)?;
                 st = shared.state.lock();
-                match st.alloc.allocate(live) {
+                match st.alloc.allocate_lowest(live) {
                     Some(l) => l,
                     None => return Err("capacity devices are full: cannot destage".into()),
                 }
