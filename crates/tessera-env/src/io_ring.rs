@@ -44,6 +44,15 @@
 //!   queued (one system call, one doorbell of the device), or sooner with
 //!   an operation started at once; no entry stays queued past the end of
 //!   the poll that queued it.
+//! - The submission and completion queues are touched only under the
+//!   slots' lock (pushing entries, draining completions: no system call);
+//!   the system call that hands the entries to the kernel runs outside it,
+//!   by one thread at a time (the submitter): a thread that finds another
+//!   submitting leaves its entries to it instead of waiting for the
+//!   kernel's lock, and the submitter, before it stops, submits what was
+//!   published meanwhile. `pending` lists, in order, the entries published
+//!   and not yet consumed by the kernel (it consumes them in order and
+//!   says how many), so a refused submission fails exactly those.
 //! - Where io_uring is missing (an old kernel, a sandbox that forbids it)
 //!   or there is no runtime, [`IoRing::new`] fails and callers keep their
 //!   blocking path; a device that cannot take a write this way
@@ -52,7 +61,9 @@
 //!   encrypted device's claim on the pieces it wrote) is kept in the slot
 //!   with the buffer, and released with it.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -136,21 +147,32 @@ struct InFlight {
     _hold: Option<Box<dyn Send>>,
     /// Taken when it ran (at submission, if submitting failed).
     on_done: Option<Done>,
+    /// Which operation of the slot this is: a failed submission fails
+    /// only the operations whose entries it left, not later ones in the
+    /// same slots.
+    number: u64,
 }
 
 struct Slots {
-    ring: io_uring::IoUring,
     ops: Vec<Option<InFlight>>,
     free: Vec<usize>,
     in_flight: usize,
-    /// Slots whose entries are queued and not yet submitted: pushed under
-    /// a plug, they go to the kernel together when it closes
+    /// Slots whose entries are published and not yet consumed by the
+    /// kernel, in order, each with its operation's number: pushed under a
+    /// plug, they go to the kernel together when it closes
     /// ([`Ring::submit_queued`]), or with the next entry submitted at once.
-    queued: Vec<usize>,
+    pending: VecDeque<(usize, u64)>,
+    /// The number of the next operation.
+    next_number: u64,
 }
 
 struct Ring {
+    /// Its queues are touched only under `slots`' lock; its system calls
+    /// (which take `&self`) are made without it.
+    uring: io_uring::IoUring,
     slots: Mutex<Slots>,
+    /// Set while a thread (the submitter) hands entries to the kernel.
+    submitting: AtomicBool,
     /// The eventfd the kernel signals on each completion; the reaper holds
     /// the other reference, so neither closes it under the other.
     wakeup: Arc<OwnedFd>,
@@ -189,12 +211,14 @@ impl IoRing {
         ring.submitter().register_eventfd(wakeup.as_raw_fd())?;
         let watched = register(Wakeup(Arc::clone(&wakeup)))?;
         let shared = Arc::new(Ring {
+            uring: ring,
+            submitting: AtomicBool::new(false),
             slots: Mutex::new(Slots {
-                ring,
                 ops: Vec::new(),
                 free: Vec::new(),
                 in_flight: 0,
-                queued: Vec::new(),
+                pending: VecDeque::new(),
+                next_number: 0,
             }),
             wakeup,
         });
@@ -395,6 +419,8 @@ impl IoRing {
         (kind, buf, rw_flags, hold, on_done): (OpKind, Held, i32, Option<Box<dyn Send>>, Done),
     ) {
         let mut slots = self.ring.slots.lock();
+        let number = slots.next_number;
+        slots.next_number += 1;
         let slot = match slots.free.pop() {
             Some(slot) => slot,
             None => {
@@ -409,6 +435,7 @@ impl IoRing {
                 _device: Arc::clone(device),
                 _hold: hold,
                 on_done: Some(on_done),
+                number,
             })
             .buf;
         // The callers checked that the length fits.
@@ -430,70 +457,47 @@ impl IoRing {
         // the device whose descriptor it names stay there until the
         // completion carrying `slot` is reaped (or, if it never comes,
         // until the ring is dropped, which waits for it or leaks them): see
-        // the module's invariants.
-        let pushed = unsafe { slots.ring.submission().push(&entry) };
-        let failed = match pushed {
-            Ok(()) => {
-                slots.queued.push(slot);
-                // Under a plug (a connection's task starting the requests
-                // it has read), the entries its poll queues go to the
-                // kernel in one call when the plug closes: one system call,
-                // and one doorbell of the device, for all of them.
-                let first = slots.queued.len() == 1;
-                if !crate::plug::is_open() {
-                    submit_queued(&mut slots)
-                } else {
-                    if first {
-                        let ring = Arc::downgrade(&self.ring);
-                        let flush = move || {
-                            if let Some(ring) = ring.upgrade() {
-                                ring.submit_queued();
-                            }
-                        };
-                        if let Err(flush) = crate::plug::defer(flush) {
-                            flush();
-                        }
-                    }
-                    Vec::new()
-                }
-            }
+        // the module's invariants. The submission queue is used under the
+        // slots' lock, held here, and nowhere else.
+        let pushed = unsafe { self.ring.uring.submission_shared().push(&entry) };
+        if pushed.is_err() {
             // The submission queue holds at least IN_FLIGHT_MAX entries,
             // as many as may be in flight, queued or not, so it is never
             // full here; the operation fails all the same if it is.
-            Err(_) => {
-                slots.in_flight -= 1;
-                slots.free.push(slot);
-                let on_done = slots.ops[slot].take().and_then(|mut op| op.on_done.take());
-                let e = std::io::Error::other("the io_uring submission queue is full");
-                on_done.map(|d| (d, e)).into_iter().collect()
+            slots.in_flight -= 1;
+            slots.free.push(slot);
+            let on_done = slots.ops[slot].take().and_then(|mut op| op.on_done.take());
+            drop(slots);
+            if let Some(on_done) = on_done {
+                on_done.fail(std::io::Error::other(
+                    "the io_uring submission queue is full",
+                ));
             }
-        };
-        drop(slots);
-        // The operations end now, with the error.
-        for (on_done, e) in failed {
-            on_done.fail(e);
+            return;
         }
-    }
-}
-
-/// Submits every queued entry. Where the kernel refuses, each queued
-/// operation's `on_done` is given back with the error, to run once the
-/// lock is released; after a failed submission the kernel may still hold
-/// an entry, so its buffer stays in its slot (freed when a completion
-/// comes, leaked with the ring otherwise).
-fn submit_queued(slots: &mut Slots) -> Vec<(Done, std::io::Error)> {
-    let queued = std::mem::take(&mut slots.queued);
-    if queued.is_empty() || slots.ring.submission().is_empty() {
-        // Already submitted along with another entry (or by a wait).
-        return Vec::new();
-    }
-    match submit_all(&mut slots.ring) {
-        Ok(()) => Vec::new(),
-        Err(e) => queued
-            .into_iter()
-            .filter_map(|slot| slots.ops[slot].as_mut().and_then(|op| op.on_done.take()))
-            .map(|on_done| (on_done, std::io::Error::new(e.kind(), e.to_string())))
-            .collect(),
+        slots.pending.push_back((slot, number));
+        if !crate::plug::is_open() {
+            drop(slots);
+            self.ring.enter();
+            return;
+        }
+        // Under a plug (a connection's task starting the requests it has
+        // read), the entries its poll queues go to the kernel in one call
+        // when the plug closes: one system call, and one doorbell of the
+        // device, for all of them.
+        let first = slots.pending.len() == 1;
+        drop(slots);
+        if first {
+            let ring = Arc::downgrade(&self.ring);
+            let flush = move || {
+                if let Some(ring) = ring.upgrade() {
+                    ring.submit_queued();
+                }
+            };
+            if let Err(flush) = crate::plug::defer(flush) {
+                flush();
+            }
+        }
     }
 }
 
@@ -544,43 +548,97 @@ fn register(wakeup: Wakeup) -> std::io::Result<AsyncFd<Wakeup>> {
     }
 }
 
-/// Submits every queued entry; retries an interrupted or busy call (the
-/// kernel consumed nothing then).
-fn submit_all(ring: &mut io_uring::IoUring) -> std::io::Result<()> {
-    loop {
-        match ring.submit() {
-            Ok(_) if ring.submission().is_empty() => return Ok(()),
-            Ok(_) => continue,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                ) =>
-            {
-                std::thread::yield_now();
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 impl Ring {
     /// Submits the entries queued under a plug that has closed.
     fn submit_queued(&self) {
-        let failed = submit_queued(&mut self.slots.lock());
-        for (on_done, e) in failed {
-            on_done.fail(e);
+        if !self.slots.lock().pending.is_empty() {
+            self.enter();
+        }
+    }
+
+    /// Hands the published entries to the kernel, outside the slots' lock,
+    /// unless another thread is doing so (it then submits these too: it
+    /// looks for entries published meanwhile before it stops). Retries an
+    /// interrupted or busy call (the kernel consumed nothing then). Where
+    /// the kernel refuses, every operation whose entry it left ends with
+    /// the error; the kernel may still take such an entry later, so its
+    /// buffer stays in its slot (freed when a completion comes, leaked with
+    /// the ring otherwise).
+    fn enter(&self) {
+        loop {
+            if self
+                .submitting
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                return;
+            }
+            let submitted = loop {
+                match self.uring.submit() {
+                    Ok(n) => break Ok(n),
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                        ) =>
+                    {
+                        std::thread::yield_now();
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            let failed = self.consumed(submitted);
+            self.submitting.store(false, Ordering::SeqCst);
+            for (on_done, e) in failed {
+                on_done.fail(e);
+            }
+            // Entries published while this thread submitted (their threads
+            // left them to it), or after an entry the kernel refused (it
+            // stops there, and ends that one with a completion of its own).
+            if self.slots.lock().pending.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Takes the entries a submission consumed off `pending` (the kernel
+    /// consumes them in order), or, where it was refused, ends every
+    /// pending operation with the error (to run once the lock is released).
+    fn consumed(&self, submitted: std::io::Result<usize>) -> Vec<(Done, std::io::Error)> {
+        let mut slots = self.slots.lock();
+        match submitted {
+            Ok(n) => {
+                let n = n.min(slots.pending.len());
+                slots.pending.drain(..n);
+                Vec::new()
+            }
+            Err(e) => {
+                let pending = std::mem::take(&mut slots.pending);
+                pending
+                    .into_iter()
+                    .filter_map(|(slot, number)| {
+                        slots.ops[slot]
+                            .as_mut()
+                            .filter(|op| op.number == number)
+                            .and_then(|op| op.on_done.take())
+                    })
+                    .map(|on_done| (on_done, std::io::Error::new(e.kind(), e.to_string())))
+                    .collect()
+            }
         }
     }
 
     /// Takes every completion the kernel posted and runs their `on_done`
     /// (outside the lock: they take the store's).
+    #[allow(unsafe_code)]
     fn reap(&self) {
         let mut ended: Vec<(InFlight, i32)> = Vec::new();
         {
             let mut guard = self.slots.lock();
             let slots = &mut *guard;
-            for cqe in slots.ring.completion() {
+            // SAFETY: the completion queue is used under the slots' lock,
+            // held here, and nowhere else.
+            for cqe in unsafe { self.uring.completion_shared() } {
                 let slot = cqe.user_data() as usize;
                 if let Some(op) = slots.ops.get_mut(slot).and_then(Option::take) {
                     slots.free.push(slot);
@@ -619,10 +677,16 @@ impl Ring {
         for _ in 0..10_000 {
             {
                 let mut slots = self.slots.lock();
-                // Submitted here with the wait, queued or not.
-                slots.queued.clear();
-                if slots.in_flight == 0 || slots.ring.submit_and_wait(1).is_err() {
+                if slots.in_flight == 0 {
                     break;
+                }
+                // Submitted here with the wait, queued or not.
+                match self.uring.submit_and_wait(1) {
+                    Ok(n) => {
+                        let n = n.min(slots.pending.len());
+                        slots.pending.drain(..n);
+                    }
+                    Err(_) => break,
                 }
             }
             self.reap();
@@ -1034,10 +1098,12 @@ mod tests {
             disk.write_at(&[i as u8 + 1; 4096], i * 4096)
                 .expect("write");
         }
+        #[allow(unsafe_code)]
         let queued = |ring: &IoRing| {
-            let mut slots = ring.ring.slots.lock();
-            let entries = slots.ring.submission().len();
-            (slots.queued.len(), entries)
+            let slots = ring.ring.slots.lock();
+            // SAFETY: under the slots' lock, as everywhere.
+            let entries = unsafe { ring.ring.uring.submission_shared() }.len();
+            (slots.pending.len(), entries)
         };
         let mut answers = Vec::new();
         let plug = crate::Plug::open();
@@ -1067,6 +1133,83 @@ mod tests {
         }));
         assert_eq!(queued(&ring), (0, 0));
         assert!(rx.await.expect("on_done ran").is_ok());
+    }
+
+    /// Threads that submit at once (each its own blocks, 16 in flight,
+    /// while the others push and the reaper drains) get every write and
+    /// read answered once, with their own bytes: no entry is lost or
+    /// submitted twice when submissions run outside the slots' lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn operations_started_from_several_threads_at_once_all_end_with_their_own_bytes() {
+        let Some((ring, dir)) = ring_and_dir() else {
+            return;
+        };
+        let ring = Arc::new(ring);
+        let disk = open_with(&dir, true);
+        const BLOCKS: u64 = 16;
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (ring, disk) = (Arc::clone(&ring), Arc::clone(&disk));
+                std::thread::spawn(move || {
+                    for round in 0..25u64 {
+                        let fill = |block: u64| (t * 50 + round + block) as u8;
+                        let at = |block: u64| (t * BLOCKS + block) * 4096;
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        for block in 0..BLOCKS {
+                            let mut buf = AlignedBuf::with_capacity(4096);
+                            buf.extend_from_slice(&[fill(block); 4096]);
+                            let answer = tx.clone();
+                            let on_done: WriteDone = Box::new(move |r| {
+                                let _ = answer.send(r.map(|()| None));
+                            });
+                            if let Err((buf, _)) =
+                                ring.write_durable(&disk, buf, at(block), on_done)
+                            {
+                                let r = disk.write_durable_at(buf.as_slice(), at(block));
+                                tx.send(r.map(|()| None).map_err(std::io::Error::other))
+                                    .expect("send");
+                            }
+                        }
+                        for _ in 0..BLOCKS {
+                            rx.recv().expect("every write answered").expect("write");
+                        }
+                        for block in 0..BLOCKS {
+                            let place = loop {
+                                match ring.reserve_read(&disk, 4096, at(block)) {
+                                    Some(place) => break place,
+                                    None => std::thread::yield_now(),
+                                }
+                            };
+                            let tx = tx.clone();
+                            place.submit(Box::new(move |r| {
+                                let _ = tx.send(r.map(|buf| Some((block, buf))));
+                            }));
+                        }
+                        let mut seen = [false; BLOCKS as usize];
+                        for _ in 0..BLOCKS {
+                            let (block, buf) = rx
+                                .recv()
+                                .expect("every read answered")
+                                .expect("read")
+                                .expect("a read's answer");
+                            assert!(!seen[block as usize], "block {block} answered twice");
+                            seen[block as usize] = true;
+                            assert!(
+                                buf.as_slice().iter().all(|&b| b == fill(block)),
+                                "thread {t} round {round} block {block}"
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .expect("join")
+                .expect("the thread's checks held");
+        }
+        assert_eq!(ring.ring.slots.lock().in_flight, 0);
     }
 
     /// A device whose descriptor is not open.
