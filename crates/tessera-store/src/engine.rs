@@ -139,6 +139,8 @@ pub(crate) struct Shared {
     /// Reads of the capacity devices in flight, inline or on reader threads
     /// (see `DiskGroup::fetch`).
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
+    /// Whether guests' one-block reads ask the page cache first.
+    pub(crate) page_probe: crate::page_probe::PageProbe,
     /// Placed writes between their block allocation and their
     /// acknowledgement (see `DiskGroup::write_placed`): while any is, no
     /// commit is made on a caller's thread ([`can_commit_inline`]).
@@ -1584,11 +1586,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
     // devices busy instead of paying one device round trip per page.
     let mut runs: Vec<(BlockLoc, AlignedBuf)> = page_writes
         .iter()
-        .map(|(loc, bytes, _)| {
-            let mut buf = AlignedBuf::zeroed(BLOCK);
-            buf.as_mut_slice().copy_from_slice(bytes);
-            (*loc, buf)
-        })
+        .map(|(loc, bytes, _)| (*loc, AlignedBuf::copy_of(bytes)))
         .collect();
     runs.sort_by_key(|r| r.0);
     let mut failed_devices = write_parallel(shared, runs, CHECKPOINT_WRITERS);
@@ -1608,8 +1606,7 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
             slot_bytes
         ));
     }
-    let mut buf = AlignedBuf::zeroed(encoded.len());
-    buf.as_mut_slice().copy_from_slice(&encoded);
+    let buf = AlignedBuf::copy_of(&encoded);
     let offset =
         (shared.geo.meta_start + (generation % 2) * shared.geo.meta_slot_blocks) * BLOCK as u64;
     let cache = shared.cache_disk();

@@ -2164,7 +2164,9 @@ fn checked_block(
 
 /// A guest's read of one block on a device, served on the calling thread
 /// if the host's page cache holds the block (`Disk::read_at_if_cached`):
-/// `None`, with nothing done, when the device would have to be read.
+/// `None`, with nothing done, when the device would have to be read, or
+/// when the page cache is not asked (`page_probe`: its probes missed many
+/// times in a row).
 fn read_block_if_cached(
     shared: &Shared,
     lba: Lba,
@@ -2175,12 +2177,18 @@ fn read_block_if_cached(
     let ([Source::Disk(loc, crc)], ReadUse::Guest) = (plan, read_use) else {
         return None;
     };
+    if !shared.page_probe.should_probe() {
+        return None;
+    }
     BLOCK_SCRATCH.with_borrow_mut(|scratch| {
         let buf = scratch.as_mut_slice();
         let cached = device_of(shared, *loc).and_then(|disk| {
             disk.read_at_if_cached(buf, loc.block * BLOCK_BYTES)
                 .map_err(|e| (loc.device, e.to_string()))
         });
+        if let Ok(hit) = cached {
+            shared.page_probe.probed(hit);
+        }
         match cached {
             Ok(false) => None,
             Ok(true) => Some(Ok(checked_block(buf, *loc, *crc, lba, fill.take()))),
@@ -2259,6 +2267,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         stop: AtomicBool::new(false),
         ack_before_durable: AtomicBool::new(false),
         reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
+        page_probe: Default::default(),
         placed_in_flight: std::sync::atomic::AtomicUsize::new(0),
         readers: DeviceThreads::start("store-read", READER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,

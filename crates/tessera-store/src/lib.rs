@@ -45,6 +45,7 @@ mod engine;
 mod error;
 mod group;
 mod index;
+mod page_probe;
 mod recovery;
 mod scrub;
 mod shared_sync;
