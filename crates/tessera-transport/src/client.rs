@@ -1,13 +1,24 @@
 //! The calling side of one connection to a peer.
 //!
 //! Owns: the connection's write half (callers write their own frames under a
-//! lock: no writer task, no handoff), the table of requests waiting for an
-//! answer, and the reader task that hands each response to its caller.
+//! lock: no writer task, no handoff), the frames of calls started under a
+//! plug, the table of requests waiting for an answer, and the reader task
+//! that hands each response to its caller.
+//!
+//! A connection's task starts the requests it has read one after another in
+//! one plugged poll (`tessera_env::plug`); the copies they send to one peer
+//! are queued and written together when that poll ends, in one vectored
+//! write, so the peer also reads them with one wake-up. A socket that does
+//! not take them all at once, or a write already under way, hands the rest
+//! to a task that finishes it.
 //!
 //! Invariants: a request id is in the waiting table only while its caller
 //! waits (a guard removes it on answer, timeout or cancellation); once the
 //! connection closes, no caller is left waiting: the reader drains the table
-//! and later callers see the connection closed before they send.
+//! and later callers see the connection closed before they send. Frames are
+//! written whole, one after the other, under the write half's lock; a
+//! queued frame is written by the end of the poll that queued it or by the
+//! task it was handed to, or its caller fails with the connection.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,16 +28,20 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tessera_types::HostId;
+use tessera_wire::EncodedFrame;
 use tessera_wire::{
     encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedMutexGuard, Semaphore};
 use tokio::task::AbortHandle;
 
 use crate::faults::{FaultHooks, FrameFate};
-use crate::io::{split_link, split_tcp, write_frame, FrameReader, LinkReader, LinkWriter};
+use crate::io::{
+    split_link, split_tcp, write_frame, write_frames_after, write_frames_now, FrameReader,
+    LinkReader, LinkWriter, WrittenNow,
+};
 use crate::stats::{bump, Counters};
 use crate::{TransportConfig, TransportError, MAX_IN_FLIGHT_PER_CONNECTION};
 
@@ -57,7 +72,7 @@ pub(crate) struct ClientConnection {
     pub(crate) addr: SocketAddr,
     class: QueueClass,
     version: WireVersion,
-    writer: tokio::sync::Mutex<LinkWriter>,
+    sending: Arc<Sending>,
     waiting: Arc<Mutex<Waiting>>,
     /// Frames received so far: a call that times out while this did not
     /// move has seen the connection silent for its whole timeout.
@@ -80,6 +95,84 @@ fn close(waiting: &Mutex<Waiting>, reason: String) {
     }
     // Dropping the senders wakes every caller with "connection lost".
     w.callers.clear();
+}
+
+/// The write side of a connection, shared by its callers.
+struct Sending {
+    stream: Arc<tokio::sync::Mutex<LinkWriter>>,
+    /// Frames of calls started under a plug, not yet handed to the stream.
+    queued: Mutex<Vec<EncodedFrame>>,
+    waiting: Arc<Mutex<Waiting>>,
+    counters: Arc<Counters>,
+}
+
+impl Sending {
+    /// Queues `frame` to be written when the plug open on this thread
+    /// closes, with the frames other calls queue before then.
+    fn queue_under_plug(self: &Arc<Self>, frame: EncodedFrame) {
+        let first = {
+            let mut queued = self.queued.lock();
+            queued.push(frame);
+            queued.len() == 1
+        };
+        // The first frame of a batch arranges its write; later ones ride
+        // along (a batch taken before they came is followed by their own).
+        if first {
+            let sending = Arc::clone(self);
+            if let Err(write) = tessera_env::plug::defer(move || sending.write_queued()) {
+                write();
+            }
+        }
+    }
+
+    /// Writes the queued frames, as far as the socket takes them now; the
+    /// rest, or all of them when another write holds the stream, goes to a
+    /// task that finishes the write.
+    fn write_queued(self: Arc<Self>) {
+        let frames = std::mem::take(&mut *self.queued.lock());
+        if frames.is_empty() {
+            return;
+        }
+        let Ok(mut stream) = Arc::clone(&self.stream).try_lock_owned() else {
+            tokio::spawn(async move {
+                let stream = Arc::clone(&self.stream).lock_owned().await;
+                self.finish(stream, frames, 0).await;
+            });
+            return;
+        };
+        if self.waiting.lock().closed.is_some() {
+            // Their callers have already failed with the connection.
+            return;
+        }
+        bump(&self.counters.request_writes);
+        match write_frames_now(&mut *stream, &frames) {
+            Ok(WrittenNow::All) => {}
+            Ok(WrittenNow::Part(written)) => {
+                tokio::spawn(async move { self.finish(stream, frames, written).await });
+            }
+            Err(e) => close(&self.waiting, format!("write failed: {e}")),
+        }
+    }
+
+    /// Writes what is left of `frames` after `written` bytes.
+    async fn finish(
+        &self,
+        mut stream: OwnedMutexGuard<LinkWriter>,
+        frames: Vec<EncodedFrame>,
+        written: usize,
+    ) {
+        // A frame cut short by a cancelled call has broken the framing:
+        // nothing may follow it (and a frame begun here is finished).
+        if written == 0 && self.waiting.lock().closed.is_some() {
+            return;
+        }
+        if written == 0 {
+            bump(&self.counters.request_writes);
+        }
+        if let Err(e) = write_frames_after(&mut *stream, &frames, written).await {
+            close(&self.waiting, format!("write failed: {e}"));
+        }
+    }
 }
 
 /// Removes a caller from the waiting table however its call ends.
@@ -255,7 +348,12 @@ impl ClientConnection {
             addr,
             class,
             version,
-            writer: tokio::sync::Mutex::new(write_half),
+            sending: Arc::new(Sending {
+                stream: Arc::new(tokio::sync::Mutex::new(write_half)),
+                queued: Mutex::new(Vec::new()),
+                waiting: Arc::clone(&waiting),
+                counters: Arc::clone(counters),
+            }),
             waiting,
             received,
             slots: Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION),
@@ -278,7 +376,7 @@ impl ClientConnection {
     pub(crate) async fn shut_down(&self, reason: &str) {
         close(&self.waiting, reason.to_string());
         self.reader.abort();
-        let _ = self.writer.lock().await.shutdown().await;
+        let _ = self.sending.stream.lock().await.shutdown().await;
     }
 
     /// Sends `request` and waits for its answer (no timeout here: the
@@ -312,11 +410,14 @@ impl ClientConnection {
         };
         match faults.fate(local, &self.peer) {
             FrameFate::Drop => bump(&counters.frames_lost_to_faults),
+            FrameFate::Deliver(delay) if delay.is_zero() && tessera_env::plug::is_open() => {
+                self.sending.queue_under_plug(frame);
+            }
             FrameFate::Deliver(delay) => {
                 if delay > Duration::ZERO {
                     tokio::time::sleep(delay).await;
                 }
-                let mut writer = self.writer.lock().await;
+                let mut writer = self.sending.stream.lock().await;
                 // A frame cut short by an earlier cancelled call has broken
                 // the stream's framing: nothing may follow it.
                 if let Some(reason) = self.waiting.lock().closed.clone() {
@@ -326,6 +427,7 @@ impl ClientConnection {
                     waiting: &self.waiting,
                     armed: true,
                 };
+                bump(&counters.request_writes);
                 let written = write_frame(&mut *writer, &frame).await;
                 cut_short.disarm();
                 if let Err(e) = written {

@@ -65,37 +65,132 @@ pub(crate) async fn write_frames<W: AsyncWrite + Unpin>(
     writer: &mut W,
     frames: &[EncodedFrame],
 ) -> std::io::Result<()> {
-    let chunks: Vec<&[u8]> = frames
-        .iter()
-        .flat_map(|f| f.chunks().iter().map(|c| &c[..]))
-        .filter(|c| !c.is_empty())
-        .collect();
-    let mut index = 0;
-    let mut offset = 0;
-    while index < chunks.len() {
-        let slices: Vec<IoSlice<'_>> = chunks[index..]
+    write_frames_after(writer, frames, 0).await
+}
+
+/// Writes what is left of `frames` after their first `written` bytes.
+pub(crate) async fn write_frames_after<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frames: &[EncodedFrame],
+    written: usize,
+) -> std::io::Result<()> {
+    let mut cursor = FramesCursor::new(frames, written);
+    while !cursor.is_done() {
+        let n = writer.write_vectored(&cursor.slices()).await?;
+        cursor.advance(n)?;
+    }
+    writer.flush().await
+}
+
+/// How far [`write_frames_now`] got.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum WrittenNow {
+    /// Every byte was written and flushed.
+    All,
+    /// The stream took only these bytes without waiting (or took them all
+    /// but could not flush them yet): the rest is for
+    /// [`write_frames_after`].
+    Part(usize),
+}
+
+/// Writes as much of `frames` as `writer` takes without waiting, from a
+/// synchronous stretch of code (the end of a plugged poll): a socket with
+/// room in its buffer takes them all at once.
+pub(crate) fn write_frames_now<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frames: &[EncodedFrame],
+) -> std::io::Result<WrittenNow> {
+    use std::task::{Context, Poll, Waker};
+    // Nothing waits on this context: a stream that is not ready now is
+    // finished by an asynchronous write, which registers its own waker.
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut writer = std::pin::Pin::new(writer);
+    let mut cursor = FramesCursor::new(frames, 0);
+    while !cursor.is_done() {
+        match writer
+            .as_mut()
+            .poll_write_vectored(&mut cx, &cursor.slices())
+        {
+            Poll::Ready(Ok(n)) => cursor.advance(n)?,
+            Poll::Ready(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Ok(WrittenNow::Part(cursor.written));
+            }
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(WrittenNow::Part(cursor.written)),
+        }
+    }
+    match writer.as_mut().poll_flush(&mut cx) {
+        Poll::Ready(Ok(())) => Ok(WrittenNow::All),
+        Poll::Ready(Err(e)) => Err(e),
+        Poll::Pending => Ok(WrittenNow::Part(cursor.written)),
+    }
+}
+
+/// Where a write of several frames stands: their chunks, and the next
+/// byte to write.
+struct FramesCursor<'a> {
+    chunks: Vec<&'a [u8]>,
+    index: usize,
+    offset: usize,
+    /// Bytes written so far.
+    written: usize,
+}
+
+impl<'a> FramesCursor<'a> {
+    /// A cursor past the first `written` bytes of `frames`.
+    fn new(frames: &'a [EncodedFrame], written: usize) -> Self {
+        let chunks: Vec<&[u8]> = frames
+            .iter()
+            .flat_map(|f| f.chunks().iter().map(|c| &c[..]))
+            .filter(|c| !c.is_empty())
+            .collect();
+        let mut cursor = FramesCursor {
+            chunks,
+            index: 0,
+            offset: 0,
+            written: 0,
+        };
+        cursor.skip(written);
+        cursor
+    }
+
+    fn is_done(&self) -> bool {
+        self.index == self.chunks.len()
+    }
+
+    /// The next chunks to hand to one vectored write.
+    fn slices(&self) -> Vec<IoSlice<'a>> {
+        self.chunks[self.index..]
             .iter()
             .take(IO_SLICES_MAX)
             .enumerate()
-            .map(|(i, c)| IoSlice::new(if i == 0 { &c[offset..] } else { c }))
-            .collect();
-        let mut written = writer.write_vectored(&slices).await?;
-        if written == 0 {
+            .map(|(i, c)| IoSlice::new(if i == 0 { &c[self.offset..] } else { c }))
+            .collect()
+    }
+
+    /// Counts `n` more bytes written.
+    fn advance(&mut self, n: usize) -> std::io::Result<()> {
+        if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        while written > 0 && index < chunks.len() {
-            let left = chunks[index].len() - offset;
-            if written >= left {
-                written -= left;
-                index += 1;
-                offset = 0;
+        self.skip(n);
+        Ok(())
+    }
+
+    fn skip(&mut self, mut n: usize) {
+        self.written += n;
+        while n > 0 && self.index < self.chunks.len() {
+            let left = self.chunks[self.index].len() - self.offset;
+            if n >= left {
+                n -= left;
+                self.index += 1;
+                self.offset = 0;
             } else {
-                offset += written;
-                written = 0;
+                self.offset += n;
+                n = 0;
             }
         }
     }
-    writer.flush().await
 }
 
 /// Why a stream stopped yielding frames.

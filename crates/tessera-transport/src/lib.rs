@@ -26,8 +26,9 @@
 //!   [`TransportError`] naming the peer and its address.
 //! - A malformed frame closes its connection; it never panics the host.
 //! - The data path avoids handing a request from task to task: the caller
-//!   writes its own frame with one vectored write, and data buffers travel
-//!   as shared `Bytes` from the socket buffer to the handler.
+//!   writes its own frame with one vectored write (the calls one task starts
+//!   in one plugged poll share one, written when that poll ends), and data
+//!   buffers travel as shared `Bytes` from the socket buffer to the handler.
 
 mod client;
 mod error;

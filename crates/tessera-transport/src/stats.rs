@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub(crate) connections_accepted: AtomicU64,
     pub(crate) requests_served: AtomicU64,
     pub(crate) answer_writes: AtomicU64,
+    pub(crate) request_writes: AtomicU64,
     pub(crate) frames_lost_to_faults: AtomicU64,
     pub(crate) connections_closed_malformed: AtomicU64,
     /// Calls by the peer called (a host's peers are few: one entry each);
@@ -112,6 +113,7 @@ impl Counters {
             connections_accepted: get(&self.connections_accepted),
             requests_served: get(&self.requests_served),
             answer_writes: get(&self.answer_writes),
+            request_writes: get(&self.request_writes),
             frames_lost_to_faults: get(&self.frames_lost_to_faults),
             connections_closed_malformed: get(&self.connections_closed_malformed),
         }
@@ -136,6 +138,9 @@ pub struct TransportStats {
     /// Writes to peers' sockets that carried those answers: answers ready
     /// together (a group commit acknowledges many writes at once) share one.
     pub answer_writes: u64,
+    /// Writes to peers' sockets that carried this host's calls: the calls
+    /// a connection's task starts in one poll share one.
+    pub request_writes: u64,
     /// Frames this host did not send or did not accept because of a fault
     /// hook (drop probability, partition, isolation).
     pub frames_lost_to_faults: u64,

@@ -1028,6 +1028,70 @@ async fn answers_ready_together_go_out_together() {
     );
 }
 
+/// The calls a connection's task starts in one poll (as an NBD connection
+/// starts the requests it has read, and each sends its second copy) reach
+/// the peer in one write of the socket, not one each; each is answered
+/// with its own answer and arrives intact, also when together they are
+/// more than the socket takes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_started_in_one_poll_go_out_together() {
+    use futures::StreamExt;
+    let (a, b, _faults) = pair(TransportConfig::default()).await;
+    // Open the connection first, so the handshake is not counted.
+    assert_eq!(call(&a, &b, Request::Ping).await.unwrap(), Response::Pong);
+    let (to, addr) = (b.host(), b.addr());
+    for (round, (count, len)) in [(32u64, 4096usize), (24, 1 << 20), (64, 8192)]
+        .into_iter()
+        .enumerate()
+    {
+        let first_lba = round as u64 * 1000;
+        let writes: Vec<Request> = (0..count)
+            .map(|i| Request::Write {
+                component: component(1),
+                lba: Lba(first_lba + i),
+                epoch: Epoch(1),
+                data: pattern(first_lba + i, len),
+            })
+            .collect();
+        let before = a.transport.stats();
+        let seen_before = b.replica.seen().len();
+        let mut in_flight = tessera_env::InFlight::new();
+        for (i, write) in writes.iter().cloned().enumerate() {
+            let (a, to) = (a.transport.clone(), to.clone());
+            in_flight.push(async move { (i, a.call(&to, addr, QueueClass::Guest, write).await) });
+        }
+        let mut answered = vec![false; count as usize];
+        while let Some((i, answer)) = in_flight.next().await {
+            assert_eq!(
+                answer.unwrap(),
+                Response::Ok,
+                "call {i} of {count} x {len} bytes"
+            );
+            assert!(!answered[i], "call {i} answered twice");
+            answered[i] = true;
+        }
+        assert!(answered.iter().all(|&a| a));
+        let seen: Vec<Request> = b.replica.seen()[seen_before..]
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect();
+        assert_eq!(seen.len(), writes.len());
+        for write in &writes {
+            assert!(
+                seen.contains(write),
+                "a write of {len} bytes arrived altered"
+            );
+        }
+        let sent = a.transport.stats().request_writes - before.request_writes;
+        if len <= 8192 {
+            assert!(
+                sent <= 2,
+                "{count} calls started in one poll took {sent} writes"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transport_can_call_before_it_serves() {
     let faults = FaultHooks::new(Arc::new(SeededRng::new(5)));
