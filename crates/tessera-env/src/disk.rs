@@ -172,6 +172,14 @@ pub trait Disk: Send + Sync + 'static {
         let _ = (buf, offset);
         Ok(false)
     }
+    /// Starts reading the `len` bytes at `offset` into the host's page
+    /// cache, without waiting for them (`POSIX_FADV_WILLNEED`): a hint, so
+    /// that the blocks around a read that missed the page cache are there
+    /// when they are read next. Nothing where there is no page cache (a
+    /// device opened `O_DIRECT`, one in memory). By default nothing.
+    fn read_around(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
     /// The descriptor through which a write of `len` bytes at `offset`
     /// can be submitted without blocking ([`crate::IoRing`]) with the effect
     /// of [`Disk::write_durable_at`]: durable when it completes. `None`
@@ -651,6 +659,19 @@ impl Disk for FileDisk {
     /// and answers `EAGAIN` (or a short read) where a page is missing,
     /// instead of reading the device. A descriptor opened with `O_DIRECT`
     /// would read the device, so it is never asked.
+    fn read_around(&self, offset: u64, len: u64) {
+        if self.direct {
+            return;
+        }
+        // Only a hint: a kernel that refuses it reads each block when asked.
+        let _ = rustix::fs::fadvise(
+            &self.file,
+            offset,
+            std::num::NonZeroU64::new(len),
+            rustix::fs::Advice::WillNeed,
+        );
+    }
+
     fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
         if self.direct || buf.is_empty() || self.no_wait_refused.load(Ordering::Relaxed) {
             return Ok(false);
@@ -860,6 +881,57 @@ mod tests {
         direct
             .write_at(AlignedBuf::copy_of(&data).as_slice(), 0)
             .unwrap();
+        let mut aligned = AlignedBuf::zeroed(4096);
+        assert!(!direct.read_at_if_cached(aligned.as_mut_slice(), 0).unwrap());
+    }
+
+    /// The blocks around a read that missed are read into the page cache
+    /// when asked, without the caller waiting, and then served from it;
+    /// a device opened `O_DIRECT` has no page cache to fill.
+    #[test]
+    fn blocks_read_around_are_then_served_from_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = one_mib_disk(dir.path());
+        let data: Vec<u8> = (0..65536).map(|i| (i % 239) as u8).collect();
+        disk.write_at(&data, 65536).unwrap();
+        disk.sync().unwrap();
+        let mut buf = vec![0u8; 4096];
+        // Random access: a probe that misses has the kernel read that one
+        // page alone, never its neighbours.
+        rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::Random).unwrap();
+        // Dropped from the page cache (best effort: given again until the
+        // kernel has acted). Only the window's first block is probed here.
+        let dropped = (0..100).any(|_| {
+            rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            let held = disk.read_at_if_cached(&mut buf, 65536).unwrap();
+            if held {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            !held
+        });
+        assert!(dropped, "the page cache kept the blocks");
+        disk.read_around(65536, 65536);
+        // The kernel reads the window in the background, at once: when its
+        // last block is in, so is every other, with the bytes written.
+        let last = (0..500).any(|_| {
+            let hit = disk.read_at_if_cached(&mut buf, 65536 + 15 * 4096).unwrap();
+            if !hit {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            hit
+        });
+        assert!(last, "the window's last block was not read in");
+        for b in 0..16u64 {
+            assert!(
+                disk.read_at_if_cached(&mut buf, 65536 + b * 4096).unwrap(),
+                "block {b} of the window was not read in"
+            );
+            let at = (b * 4096) as usize;
+            assert_eq!(buf, data[at..at + 4096], "block {b}");
+        }
+        // A direct device: nothing to read into, nothing happens.
+        let direct = one_mib_disk_named(dir.path(), "direct", true);
+        direct.read_around(0, 65536);
         let mut aligned = AlignedBuf::zeroed(4096);
         assert!(!direct.read_at_if_cached(aligned.as_mut_slice(), 0).unwrap());
     }

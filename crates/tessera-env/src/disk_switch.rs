@@ -96,6 +96,12 @@ impl Disk for SwitchedDisk {
         self.inner.read_at_if_cached(buf, offset)
     }
 
+    fn read_around(&self, offset: u64, len: u64) {
+        if self.check("read", offset, len).is_ok() {
+            self.inner.read_around(offset, len);
+        }
+    }
+
     fn durable_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
         // A tripped device takes no write, by this way either.
         if self.switch.is_tripped() {

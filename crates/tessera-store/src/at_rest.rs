@@ -773,6 +773,12 @@ impl Disk for EncryptedDisk {
         })
     }
 
+    fn read_around(&self, offset: u64, len: u64) {
+        // The page cache holds what the device stores: the ciphertext,
+        // at the same offsets.
+        self.inner.read_around(offset, len);
+    }
+
     fn read_at_if_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, DiskError> {
         let mut cached = false;
         self.decrypted_read(offset, buf.len(), || {

@@ -141,6 +141,9 @@ pub(crate) struct Shared {
     pub(crate) reads_in_flight: std::sync::atomic::AtomicUsize,
     /// Whether guests' one-block reads ask the page cache first.
     pub(crate) page_probe: crate::page_probe::PageProbe,
+    /// Whether a guest's read that goes to a device reads the blocks
+    /// around it into the page cache too.
+    pub(crate) read_around: crate::read_around::ReadAround,
     /// Placed writes between their block allocation and their
     /// acknowledgement (see `DiskGroup::write_placed`): while any is, no
     /// commit is made on a caller's thread ([`can_commit_inline`]).

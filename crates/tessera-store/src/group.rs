@@ -24,6 +24,7 @@ use crate::content::{ContentCache, ContentCacheStats, Fill, Resolved};
 use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
+use crate::read_around::Around;
 use crate::recovery;
 use crate::shared_sync::SharedSync;
 use crate::state::{Component, Request, Source, State};
@@ -2162,11 +2163,20 @@ fn checked_block(
     }
 }
 
+/// Asks the page cache to read in the window around `loc` that starts at
+/// byte `start`.
+fn read_around(shared: &Shared, loc: BlockLoc, start: u64) {
+    if let Ok(disk) = device_of(shared, loc) {
+        disk.read_around(start, crate::read_around::ReadAround::WINDOW_BYTES);
+    }
+}
+
 /// A guest's read of one block on a device, served on the calling thread
 /// if the host's page cache holds the block (`Disk::read_at_if_cached`):
-/// `None`, with nothing done, when the device would have to be read, or
-/// when the page cache is not asked (`page_probe`: its probes missed many
-/// times in a row).
+/// `None`, with nothing done but asking the page cache to read the blocks
+/// around it in, when the device would have to be read, or when the page
+/// cache is not asked (`page_probe`: its probes missed many times in a
+/// row).
 fn read_block_if_cached(
     shared: &Shared,
     lba: Lba,
@@ -2177,7 +2187,13 @@ fn read_block_if_cached(
     let ([Source::Disk(loc, crc)], ReadUse::Guest) = (plan, read_use) else {
         return None;
     };
+    let window = shared
+        .read_around
+        .on_read(loc.device, loc.block * BLOCK_BYTES);
     if !shared.page_probe.should_probe() {
+        if let Around::Read(start) = window {
+            read_around(shared, *loc, start);
+        }
         return None;
     }
     BLOCK_SCRATCH.with_borrow_mut(|scratch| {
@@ -2190,7 +2206,15 @@ fn read_block_if_cached(
             shared.page_probe.probed(hit);
         }
         match cached {
-            Ok(false) => None,
+            Ok(false) => {
+                // A window read around lately whose block is not in: the
+                // page cache dropped it, or is still reading it in (then
+                // asking again costs no device read).
+                if let Around::Read(start) | Around::Again(start) = window {
+                    read_around(shared, *loc, start);
+                }
+                None
+            }
             Ok(true) => Some(Ok(checked_block(buf, *loc, *crc, lba, fill.take()))),
             Err(e) => Some(Err(e)),
         }
@@ -2268,6 +2292,7 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         ack_before_durable: AtomicBool::new(false),
         reads_in_flight: std::sync::atomic::AtomicUsize::new(0),
         page_probe: Default::default(),
+        read_around: Default::default(),
         placed_in_flight: std::sync::atomic::AtomicUsize::new(0),
         readers: DeviceThreads::start("store-read", READER_THREADS)
             .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,

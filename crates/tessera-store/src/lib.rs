@@ -46,6 +46,7 @@ mod error;
 mod group;
 mod index;
 mod page_probe;
+mod read_around;
 mod recovery;
 mod scrub;
 mod shared_sync;
