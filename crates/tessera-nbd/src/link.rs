@@ -136,11 +136,34 @@ impl Link {
     }
 
     /// Reads what is there without waiting: `Ok(0)` at the end of the
-    /// stream, `WouldBlock` when nothing is.
-    pub(crate) fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+    /// stream, `WouldBlock` when nothing is. With the bytes read, whether
+    /// they were all there was: a plain socket that filled less than the
+    /// room it was given is empty now, and is then waited on again
+    /// without another system call to find it so.
+    pub(crate) fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<(usize, bool)> {
         match self {
-            Link::Plain(tcp) => tcp.try_read_buf(buf),
-            Link::Tls(link) => link.try_read_buf(buf),
+            Link::Plain(tcp) => {
+                let room = buf.chunk_mut().len();
+                let mut read = None;
+                // A read that came back short reports `WouldBlock` to the
+                // reactor, which forgets the socket's readiness unless an
+                // event came meanwhile, as tokio's own reads do.
+                let tried = tcp.try_io(tokio::io::Interest::READABLE, || {
+                    let n = tcp.try_read_buf(buf)?;
+                    read = Some(n);
+                    if n > 0 && n < room {
+                        Err(io::ErrorKind::WouldBlock.into())
+                    } else {
+                        Ok(n)
+                    }
+                });
+                match (tried, read) {
+                    (Ok(n), _) => Ok((n, false)),
+                    (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok((n, true)),
+                    (Err(e), _) => Err(e),
+                }
+            }
+            Link::Tls(link) => Ok((link.try_read_buf(buf)?, false)),
         }
     }
 

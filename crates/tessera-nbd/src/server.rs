@@ -569,8 +569,8 @@ impl Connection {
                         ),
                     };
                     match read {
-                        Ok(0) => closing = true,
-                        Ok(_) => drained = false,
+                        Ok((0, _)) => closing = true,
+                        Ok((_, empty)) => drained = empty,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => drained = true,
                         Err(e) => return Err(e.into()),
                     }
