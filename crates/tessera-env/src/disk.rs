@@ -845,6 +845,21 @@ mod tests {
         }
     }
 
+    /// Drops `disk`'s pages from the page cache until the block at
+    /// `offset` is no longer served from it (the advice is best effort: a
+    /// page another CPU's LRU batch still holds stays, so it is given
+    /// again until the kernel has acted); false if it never was.
+    fn dropped_from_page_cache(disk: &FileDisk, buf: &mut [u8], offset: u64) -> bool {
+        (0..100).any(|_| {
+            rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            let held = disk.read_at_if_cached(buf, offset).unwrap();
+            if held {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            !held
+        })
+    }
+
     #[test]
     fn a_read_that_would_wait_for_the_device_is_left_to_the_caller() {
         let dir = tempfile::tempdir().unwrap();
@@ -858,18 +873,11 @@ mod tests {
         assert_eq!(buf, data);
         // Dropped from the page cache (clean once synced): the device would
         // have to be read, so the caller is told to read it its own way.
-        // The advice is best effort (a page another CPU's LRU batch still
-        // holds stays), so it is given again until the kernel has acted.
         let mut missed = vec![0u8; 4096];
-        let dropped = (0..100).any(|_| {
-            rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-            let held = disk.read_at_if_cached(&mut missed, 8192).unwrap();
-            if held {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            !held
-        });
-        assert!(dropped, "a block the kernel dropped is still served");
+        assert!(
+            dropped_from_page_cache(&disk, &mut missed, 8192),
+            "a block the kernel dropped is still served"
+        );
         // Which brings it back.
         disk.read_at(&mut missed, 8192).unwrap();
         assert!(disk.read_at_if_cached(&mut buf, 8192).unwrap());
@@ -899,17 +907,12 @@ mod tests {
         // Random access: a probe that misses has the kernel read that one
         // page alone, never its neighbours.
         rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::Random).unwrap();
-        // Dropped from the page cache (best effort: given again until the
-        // kernel has acted). Only the window's first block is probed here.
-        let dropped = (0..100).any(|_| {
-            rustix::fs::fadvise(&disk.file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-            let held = disk.read_at_if_cached(&mut buf, 65536).unwrap();
-            if held {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            !held
-        });
-        assert!(dropped, "the page cache kept the blocks");
+        // Dropped from the page cache; only the window's first block is
+        // probed here.
+        assert!(
+            dropped_from_page_cache(&disk, &mut buf, 65536),
+            "the page cache kept the blocks"
+        );
         disk.read_around(65536, 65536);
         // The kernel reads the window in the background, at once: when its
         // last block is in, so is every other, with the bytes written.
