@@ -28,9 +28,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tessera_types::HostId;
-use tessera_wire::EncodedFrame;
 use tessera_wire::{
-    encode_frame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
+    encode_frame, EncodedFrame, Message, QueueClass, Request, Response, WireErrorKind, WireVersion,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
