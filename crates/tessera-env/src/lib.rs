@@ -8,6 +8,7 @@
 //! themselves, so that a seeded simulator can later run a whole cluster on one
 //! thread and replay a failure from its seed.
 
+pub mod background;
 pub mod disk;
 pub mod disk_fault;
 pub mod disk_switch;

@@ -33,6 +33,16 @@ struct Queue {
 /// besides the worker thread that asks (see `engine::write_parallel`).
 pub(crate) const WRITER_THREADS: usize = 7;
 
+/// Whom a set of device threads works for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// Clients waiting for the answer.
+    Serving,
+    /// The destager and the checkpoint: at a lower CPU priority
+    /// ([`tessera_env::background`]).
+    Background,
+}
+
 /// A fixed set of device threads.
 pub(crate) struct DeviceThreads {
     queue: Arc<(Mutex<Queue>, Condvar)>,
@@ -40,8 +50,8 @@ pub(crate) struct DeviceThreads {
 }
 
 impl DeviceThreads {
-    /// Starts `threads` threads called `name`.
-    pub(crate) fn start(name: &str, threads: usize) -> std::io::Result<DeviceThreads> {
+    /// Starts `threads` threads called `name`, doing `work`.
+    pub(crate) fn start(name: &str, threads: usize, work: Work) -> std::io::Result<DeviceThreads> {
         let pool = DeviceThreads {
             queue: Arc::new((
                 Mutex::new(Queue {
@@ -56,7 +66,12 @@ impl DeviceThreads {
             let q = pool.queue.clone();
             let started = std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || run_jobs(&q));
+                .spawn(move || {
+                    if work == Work::Background {
+                        tessera_env::background::run_this_thread_as_background();
+                    }
+                    run_jobs(&q)
+                });
             match started {
                 Ok(handle) => pool.threads.lock().push(handle),
                 Err(e) => {

@@ -21,7 +21,7 @@
 
 use crate::at_rest::{AtRestKeys, EncryptionStatus, GroupCipher, KekId};
 use crate::content::{ContentCache, ContentCacheStats, Fill, Resolved};
-use crate::device_threads::{DeviceThreads, READER_THREADS, WRITER_THREADS};
+use crate::device_threads::{DeviceThreads, Work, READER_THREADS, WRITER_THREADS};
 use crate::engine::{self, op_entry, Geometry, ScrubCounters, Shared};
 use crate::index::LBAS_PER_PAGE;
 use crate::read_around::Around;
@@ -377,7 +377,10 @@ impl DiskGroup {
         threads.push(
             std::thread::Builder::new()
                 .name("store-destage".into())
-                .spawn(move || engine::run_destager(s))
+                .spawn(move || {
+                    tessera_env::background::run_this_thread_as_background();
+                    engine::run_destager(s)
+                })
                 .map_err(|e| StoreError::Config(format!("cannot start the destager: {e}")))?,
         );
         let dg = Arc::new(DiskGroup {
@@ -447,7 +450,10 @@ impl DiskGroup {
         let shared = self.shared.clone();
         let handle = std::thread::Builder::new()
             .name("store-rekey".into())
-            .spawn(move || cipher.run_deep_rekey(&shared.stop))
+            .spawn(move || {
+                tessera_env::background::run_this_thread_as_background();
+                cipher.run_deep_rekey(&shared.stop)
+            })
             .map_err(|e| StoreError::Config(format!("cannot start the rekey worker: {e}")))?;
         self.threads.lock().push(handle);
         Ok(())
@@ -2294,9 +2300,9 @@ fn mount(devices: Vec<Arc<dyn Disk>>, index_cache_bytes: u64) -> Result<Arc<Shar
         page_probe: Default::default(),
         read_around: Default::default(),
         placed_in_flight: std::sync::atomic::AtomicUsize::new(0),
-        readers: DeviceThreads::start("store-read", READER_THREADS)
+        readers: DeviceThreads::start("store-read", READER_THREADS, Work::Serving)
             .map_err(|e| StoreError::Config(format!("cannot start the reader threads: {e}")))?,
-        writers: DeviceThreads::start("store-write", WRITER_THREADS)
+        writers: DeviceThreads::start("store-write", WRITER_THREADS, Work::Background)
             .map_err(|e| StoreError::Config(format!("cannot start the writer threads: {e}")))?,
         placed_syncs,
         scrub: ScrubCounters::default(),

@@ -542,3 +542,58 @@ async fn a_write_dropped_after_its_first_poll_still_lands_and_blocks_nothing() {
     }
     dg.settle().await.unwrap();
 }
+
+/// The nice value of each thread of this process, by thread name.
+fn thread_nice_values() -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        // Fields after the name: state is field 3, nice field 19.
+        let nice = stat[close + 2..]
+            .split(' ')
+            .nth(16)
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        out.push((name, nice));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destaging_runs_at_a_lower_cpu_priority_than_serving() {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, 8 * MIB, 0).await.unwrap();
+    dg.write(C, Lba(0), bytes_of(&[payload(7, 0, 1)]), Epoch(1))
+        .await
+        .unwrap();
+    let process: i64 = std::fs::read_to_string("/proc/self/stat")
+        .unwrap()
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split(' ').nth(17).and_then(|v| v.parse().ok()))
+        .unwrap();
+    let background = (process + tessera_env::background::BACKGROUND_NICE_OFFSET as i64).min(19);
+    let threads = thread_nice_values();
+    let mut seen = (0, 0);
+    for (name, nice) in &threads {
+        match name.as_str() {
+            "store-destage" | "store-write" => {
+                assert_eq!(*nice, background, "{name} yields to serving threads");
+                seen.0 += 1;
+            }
+            "store-log" | "store-sync" | "store-read" => {
+                assert_eq!(*nice, process, "{name} serves clients at full priority");
+                seen.1 += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(seen.0 > 0 && seen.1 > 0, "threads found: {threads:?}");
+}
