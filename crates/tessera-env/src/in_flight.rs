@@ -103,42 +103,103 @@ impl<F> InFlight<F> {
     }
 }
 
-impl<F: Future> Stream for InFlight<F> {
-    type Item = F::Output;
+/// How a poll of the set ended.
+enum Polled {
+    /// The caller took a result and asked for no more.
+    Stopped,
+    /// The set holds no future.
+    Empty,
+    /// Nothing (more) is ready; the task is woken when something is.
+    Pending,
+}
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
-        let this = self.get_mut();
+impl<F: Future> InFlight<F> {
+    /// Hands every result already finished to `each`, in the order they
+    /// finished, without waiting for the others; returns how many. The
+    /// futures left wake the task when they progress, as after a poll that
+    /// found nothing ready. So the requests that finish together (a group
+    /// commit's writes, a peer's answers read at once) are answered
+    /// together.
+    pub fn drain_finished(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut each: impl FnMut(F::Output),
+    ) -> usize {
+        let mut taken = 0;
+        self.poll_set(cx, |item| {
+            each(item);
+            taken += 1;
+            true
+        });
+        taken
+    }
+
+    /// Polls the set, handing each result to `take` until it says stop
+    /// (false) or nothing is ready. At most as many results as the set
+    /// held: none is added meanwhile.
+    fn poll_set(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut take: impl FnMut(F::Output) -> bool,
+    ) -> Polled {
         // Work the requests defer (a lone write's commit) runs when this
         // poll ends, once every request it polls has been staged.
         let _plug = crate::Plug::open();
-        let relay = &this.relay;
+        let relay = &self.relay;
         relay.task.register(cx.waker());
-        let mut inner = Context::from_waker(&this.waker);
+        let mut inner = Context::from_waker(&self.waker);
         let mut repolls = 0;
         loop {
             relay.polling.store(true, SeqCst);
             // Wakes from before this point are in the set's queue already:
             // the poll below sees them.
             relay.woken.store(false, SeqCst);
-            let polled = Pin::new(&mut this.set).poll_next(&mut inner);
+            let polled = Pin::new(&mut self.set).poll_next(&mut inner);
             relay.polling.store(false, SeqCst);
             let woken = relay.woken.swap(false, SeqCst);
-            match polled {
-                Poll::Ready(item) => {
-                    if woken {
-                        // The caller polls again for the next result, but
-                        // need not: the wake must not be lost.
-                        relay.task.wake();
+            let ended = match polled {
+                Poll::Ready(Some(item)) => {
+                    if take(item) {
+                        // Polled again at once: a wake noted meanwhile is
+                        // seen then.
+                        continue;
                     }
-                    return Poll::Ready(item);
+                    Polled::Stopped
                 }
-                Poll::Pending if !woken => return Poll::Pending,
+                Poll::Ready(None) => Polled::Empty,
+                Poll::Pending if !woken => return Polled::Pending,
                 Poll::Pending if repolls == REPOLLS_BEFORE_YIELD => {
                     relay.task.wake();
-                    return Poll::Pending;
+                    return Polled::Pending;
                 }
-                Poll::Pending => repolls += 1,
+                Poll::Pending => {
+                    repolls += 1;
+                    continue;
+                }
+            };
+            if woken {
+                // The caller may poll again for the next result, but need
+                // not: the wake must not be lost.
+                relay.task.wake();
             }
+            return ended;
+        }
+    }
+}
+
+impl<F: Future> Stream for InFlight<F> {
+    type Item = F::Output;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
+        let this = self.get_mut();
+        let mut taken = None;
+        match this.poll_set(cx, |item| {
+            taken = Some(item);
+            false
+        }) {
+            Polled::Stopped => Poll::Ready(taken),
+            Polled::Empty => Poll::Ready(None),
+            Polled::Pending => Poll::Pending,
         }
     }
 }
@@ -176,6 +237,47 @@ mod tests {
             Poll::Ready(Some(Ok(7))) => {}
             other => panic!("expected the answer, got {other:?}"),
         }
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn results_finished_together_are_taken_together_without_a_wake() {
+        let counter = Arc::new(CountingWaker::default());
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = Context::from_waker(&waker);
+        let mut set = InFlight::new();
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            let (tx, rx) = futures::channel::oneshot::channel::<u32>();
+            answers.push(Some(tx));
+            set.push(rx);
+        }
+        assert!(Pin::new(&mut set).poll_next(&mut cx).is_pending());
+        // Three of four finish before the task looks again.
+        for (i, tx) in answers.iter_mut().enumerate().take(3) {
+            tx.take().unwrap().send(i as u32).unwrap();
+        }
+        let woken = counter.0.load(SeqCst);
+        let mut taken = Vec::new();
+        assert_eq!(set.drain_finished(&mut cx, |r| taken.push(r.unwrap())), 3);
+        taken.sort();
+        assert_eq!(taken, vec![0, 1, 2], "every finished result, in one call");
+        assert_eq!(counter.0.load(SeqCst), woken, "no wake of its own task");
+        assert_eq!(set.len(), 1);
+        // Nothing ready: nothing taken, and the last answer still wakes it.
+        assert_eq!(
+            set.drain_finished(&mut cx, |_| panic!("nothing is ready")),
+            0
+        );
+        answers[3].take().unwrap().send(3).unwrap();
+        assert_eq!(
+            counter.0.load(SeqCst),
+            woken + 1,
+            "the answer wakes the task"
+        );
+        let mut last = Vec::new();
+        assert_eq!(set.drain_finished(&mut cx, |r| last.push(r.unwrap())), 1);
+        assert_eq!(last, vec![3]);
         assert!(set.is_empty());
     }
 
