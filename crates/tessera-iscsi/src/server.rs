@@ -579,6 +579,7 @@ impl<'a> Connection<'a> {
                 biased;
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.finished(done);
+                    self.finish_ready().await;
                 }
                 ready = self.stream.writable(), if has_output => {
                     ready?;
@@ -725,6 +726,21 @@ impl<'a> Connection<'a> {
                 }
                 Action::Close => self.closing = true,
             }
+        }
+    }
+
+    /// Takes every command already finished, so the commands that finish
+    /// together (a group commit's writes) are answered with one write to
+    /// the socket, not one each. Never waits.
+    async fn finish_ready(&mut self) {
+        let mut finished = Vec::new();
+        std::future::poll_fn(|cx| {
+            self.running.drain_finished(cx, |done| finished.push(done));
+            std::task::Poll::Ready(())
+        })
+        .await;
+        for done in finished {
+            self.finished(done);
         }
     }
 

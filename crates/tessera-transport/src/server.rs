@@ -212,9 +212,11 @@ async fn serve_connection(
     let mut out: Vec<EncodedFrame> = Vec::new();
     loop {
         if !out.is_empty() {
-            while let Poll::Ready(Some(answer)) = futures::poll!(serving.next()) {
-                out.extend(answer);
-            }
+            std::future::poll_fn(|cx| {
+                serving.drain_finished(cx, |answer| out.extend(answer));
+                Poll::Ready(())
+            })
+            .await;
             send_responses(&writer, &context, &peer, &mut out).await;
         }
         let full = serving.len() >= MAX_IN_FLIGHT_PER_CONNECTION;
