@@ -120,11 +120,7 @@ impl<F: Future> InFlight<F> {
     /// found nothing ready. So the requests that finish together (a group
     /// commit's writes, a peer's answers read at once) are answered
     /// together.
-    pub fn drain_finished(
-        &mut self,
-        cx: &mut Context<'_>,
-        mut each: impl FnMut(F::Output),
-    ) -> usize {
+    fn drain_finished(&mut self, cx: &mut Context<'_>, mut each: impl FnMut(F::Output)) -> usize {
         let mut taken = 0;
         self.poll_set(cx, |item| {
             each(item);
@@ -132,6 +128,19 @@ impl<F: Future> InFlight<F> {
             true
         });
         taken
+    }
+
+    /// The results already finished, in the order they finished, taken
+    /// without waiting for the others (see [`InFlight::drain_finished`]):
+    /// a connection answers them with one write to its socket.
+    pub async fn take_finished(&mut self) -> Vec<F::Output> {
+        let mut finished = Vec::new();
+        std::future::poll_fn(|cx| {
+            self.drain_finished(cx, |done| finished.push(done));
+            Poll::Ready(())
+        })
+        .await;
+        finished
     }
 
     /// Polls the set, handing each result to `take` until it says stop

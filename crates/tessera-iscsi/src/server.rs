@@ -579,7 +579,11 @@ impl<'a> Connection<'a> {
                 biased;
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.finished(done);
-                    self.finish_ready().await;
+                    // Commands that finished together are answered with
+                    // one write to the socket, not one each.
+                    for done in self.running.take_finished().await {
+                        self.finished(done);
+                    }
                 }
                 ready = self.stream.writable(), if has_output => {
                     ready?;
@@ -726,21 +730,6 @@ impl<'a> Connection<'a> {
                 }
                 Action::Close => self.closing = true,
             }
-        }
-    }
-
-    /// Takes every command already finished, so the commands that finish
-    /// together (a group commit's writes) are answered with one write to
-    /// the socket, not one each. Never waits.
-    async fn finish_ready(&mut self) {
-        let mut finished = Vec::new();
-        std::future::poll_fn(|cx| {
-            self.running.drain_finished(cx, |done| finished.push(done));
-            std::task::Poll::Ready(())
-        })
-        .await;
-        for done in finished {
-            self.finished(done);
         }
     }
 

@@ -549,7 +549,14 @@ impl Connection {
                 biased;
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
                     self.complete(done);
-                    self.complete_ready().await;
+                    // Requests that finished together (a group commit's
+                    // writes, a peer's answers read at once) are answered
+                    // with one write to the socket, not one each: a write
+                    // to a loopback socket runs the receiver's network
+                    // stack and wakes it.
+                    for done in self.inflight.take_finished().await {
+                        self.complete(done);
+                    }
                 }
                 ready = self.link.writable(), if has_output => {
                     ready?;
@@ -688,24 +695,6 @@ impl Connection {
             );
         } else {
             encode_simple_reply(out, header.cookie, rejection.errno);
-        }
-    }
-
-    /// Completes every request already finished, so requests that finish
-    /// together (a group commit's writes, a peer's answers read at once)
-    /// are answered with one write to the socket, not one each: a write
-    /// to a loopback socket runs the receiver's network stack and wakes
-    /// it, the largest single cost of a mirrored write on the owner.
-    /// Never waits: a request still in flight stays for the next turn.
-    async fn complete_ready(&mut self) {
-        let mut finished = Vec::new();
-        std::future::poll_fn(|cx| {
-            self.inflight.drain_finished(cx, |done| finished.push(done));
-            Poll::Ready(())
-        })
-        .await;
-        for done in finished {
-            self.complete(done);
         }
     }
 

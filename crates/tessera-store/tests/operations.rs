@@ -573,12 +573,8 @@ async fn destaging_runs_at_a_lower_cpu_priority_than_serving() {
     dg.write(C, Lba(0), bytes_of(&[payload(7, 0, 1)]), Epoch(1))
         .await
         .unwrap();
-    let process: i64 = std::fs::read_to_string("/proc/self/stat")
-        .unwrap()
-        .rsplit(')')
-        .next()
-        .and_then(|rest| rest.split(' ').nth(17).and_then(|v| v.parse().ok()))
-        .unwrap();
+    // This test's own thread runs at the process's priority.
+    let process = i64::from(tessera_env::background::this_thread_nice().unwrap());
     let background = (process + tessera_env::background::BACKGROUND_NICE_OFFSET as i64).min(19);
     let threads = thread_nice_values();
     let mut seen = (0, 0);

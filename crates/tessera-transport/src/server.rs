@@ -13,7 +13,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::task::Poll;
 
 use futures::stream::StreamExt;
 use tessera_env::InFlight;
@@ -212,11 +211,9 @@ async fn serve_connection(
     let mut out: Vec<EncodedFrame> = Vec::new();
     loop {
         if !out.is_empty() {
-            std::future::poll_fn(|cx| {
-                serving.drain_finished(cx, |answer| out.extend(answer));
-                Poll::Ready(())
-            })
-            .await;
+            for answer in serving.take_finished().await {
+                out.extend(answer);
+            }
             send_responses(&writer, &context, &peer, &mut out).await;
         }
         let full = serving.len() >= MAX_IN_FLIGHT_PER_CONNECTION;
