@@ -15,15 +15,18 @@
 //!   as readable: rustls takes at most 4 KiB per read, so the link reads
 //!   the socket in large chunks into an inbox rustls reads from (one
 //!   system call per 64 KiB instead of per 4 KiB);
+//! - a socket read that filled less than the inbox emptied the socket: the
+//!   socket's readiness is dropped then, and once rustls has nothing left
+//!   either the read says so, as a plain socket's short read does, so the
+//!   loop neither asks the socket again to learn it is empty nor holds its
+//!   replies for that;
 //! - the cryptography is rustls's; this module only moves its records.
 
 use bytes::BufMut;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, BufRead, IoSlice, Read, Write};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// Plaintext bytes moved out of rustls per read.
-const TLS_READ_BYTES: usize = 32 * 1024;
 /// Ciphertext bytes read from the socket at once.
 const TLS_INBOX_BYTES: usize = 64 * 1024;
 /// Longest wait for the socket while sending TLS's close_notify.
@@ -45,12 +48,13 @@ pub(crate) struct TlsLink {
     plaintext: usize,
     /// The peer closed (or sent close_notify) and every byte was read.
     eof: bool,
-    scratch: Vec<u8>,
     /// Ciphertext read from the socket that rustls has not taken yet:
     /// `inbox[inbox_start..inbox_end]`.
     inbox: Vec<u8>,
     inbox_start: usize,
     inbox_end: usize,
+    /// The last read of the socket found it empty or emptied it.
+    socket_dry: bool,
 }
 
 /// `io::Read` for rustls: serves the inbox, refilled from the socket
@@ -60,12 +64,36 @@ struct InboxRead<'a> {
     inbox: &'a mut [u8],
     start: &'a mut usize,
     end: &'a mut usize,
+    dry: &'a mut bool,
 }
 
 impl Read for InboxRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if *self.start == *self.end {
-            let n = self.tcp.try_read(self.inbox)?;
+            let (tcp, inbox) = (self.tcp, &mut *self.inbox);
+            let room = inbox.len();
+            let mut read = None;
+            // A read that came back short emptied the socket: it reports
+            // `WouldBlock` to the reactor, which then forgets the socket's
+            // readiness unless an event came meanwhile.
+            let tried = tcp.try_io(tokio::io::Interest::READABLE, || {
+                let n = tcp.try_read(inbox)?;
+                read = Some(n);
+                if n > 0 && n < room {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    Ok(n)
+                }
+            });
+            let n = match (tried, read) {
+                (Ok(n), _) => n,
+                (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => n,
+                (Err(e), _) => {
+                    *self.dry = e.kind() == io::ErrorKind::WouldBlock;
+                    return Err(e);
+                }
+            };
+            *self.dry = n < room;
             *self.start = 0;
             *self.end = n;
         }
@@ -101,10 +129,10 @@ impl Link {
             tls,
             plaintext: 0,
             eof: false,
-            scratch: vec![0; TLS_READ_BYTES],
             inbox: vec![0; TLS_INBOX_BYTES],
             inbox_start: 0,
             inbox_end: 0,
+            socket_dry: false,
         };
         // Requests the client sent right behind the handshake may already
         // be decrypted.
@@ -163,7 +191,7 @@ impl Link {
                     (Err(e), _) => Err(e),
                 }
             }
-            Link::Tls(link) => Ok((link.try_read_buf(buf)?, false)),
+            Link::Tls(link) => link.try_read_buf(buf),
         }
     }
 
@@ -216,23 +244,42 @@ impl Link {
 }
 
 impl TlsLink {
-    fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<usize> {
+    /// Plaintext into `buf`, straight from rustls's buffers; with it,
+    /// whether that was all there was (rustls, the inbox and the socket
+    /// are empty).
+    fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<(usize, bool)> {
         loop {
             if self.plaintext > 0 {
-                let want = buf.remaining_mut().min(self.plaintext).min(TLS_READ_BYTES);
-                let n = self.tls.reader().read(&mut self.scratch[..want])?;
+                let mut n = 0;
+                let mut reader = self.tls.reader();
+                // `plaintext` bytes are there: rustls answers `WouldBlock`
+                // only past them.
+                while n < self.plaintext && buf.has_remaining_mut() {
+                    let chunk = match reader.fill_buf() {
+                        Ok(chunk) if !chunk.is_empty() => chunk,
+                        Ok(_) => break,
+                        Err(_) if n > 0 => break,
+                        Err(e) => return Err(e),
+                    };
+                    let take = chunk.len().min(buf.remaining_mut()).min(self.plaintext - n);
+                    buf.put_slice(&chunk[..take]);
+                    reader.consume(take);
+                    n += take;
+                }
                 self.plaintext -= n.min(self.plaintext);
-                buf.put_slice(&self.scratch[..n]);
-                return Ok(n);
+                let empty =
+                    self.plaintext == 0 && self.inbox_start == self.inbox_end && self.socket_dry;
+                return Ok((n, empty));
             }
             if self.eof {
-                return Ok(0);
+                return Ok((0, true));
             }
             let mut inbox = InboxRead {
                 tcp: &self.tcp,
                 inbox: &mut self.inbox,
                 start: &mut self.inbox_start,
                 end: &mut self.inbox_end,
+                dry: &mut self.socket_dry,
             };
             if self.tls.read_tls(&mut inbox)? == 0 {
                 self.eof = true;
