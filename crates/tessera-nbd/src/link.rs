@@ -71,29 +71,14 @@ impl Read for InboxRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if *self.start == *self.end {
             let (tcp, inbox) = (self.tcp, &mut *self.inbox);
-            let room = inbox.len();
-            let mut read = None;
-            // A read that came back short emptied the socket: it reports
-            // `WouldBlock` to the reactor, which then forgets the socket's
-            // readiness unless an event came meanwhile.
-            let tried = tcp.try_io(tokio::io::Interest::READABLE, || {
-                let n = tcp.try_read(inbox)?;
-                read = Some(n);
-                if n > 0 && n < room {
-                    Err(io::ErrorKind::WouldBlock.into())
-                } else {
-                    Ok(n)
-                }
-            });
-            let n = match (tried, read) {
-                (Ok(n), _) => n,
-                (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => n,
-                (Err(e), _) => {
+            let (n, dry) = match read_socket(tcp, inbox.len(), || tcp.try_read(inbox)) {
+                Ok(read) => read,
+                Err(e) => {
                     *self.dry = e.kind() == io::ErrorKind::WouldBlock;
                     return Err(e);
                 }
             };
-            *self.dry = n < room;
+            *self.dry = dry;
             *self.start = 0;
             *self.end = n;
         }
@@ -101,6 +86,34 @@ impl Read for InboxRead<'_> {
         buf[..n].copy_from_slice(&self.inbox[*self.start..*self.start + n]);
         *self.start += n;
         Ok(n)
+    }
+}
+
+/// Reads the socket without waiting through `read`, which fills at most
+/// `room` bytes; with the bytes read, whether the read emptied the socket.
+/// A read that came back short did: it reports `WouldBlock` to the
+/// reactor, which forgets the socket's readiness unless an event came
+/// meanwhile, as tokio's own reads do, so the socket is waited on again
+/// without another system call to find it empty.
+fn read_socket(
+    tcp: &TcpStream,
+    room: usize,
+    read: impl FnOnce() -> io::Result<usize>,
+) -> io::Result<(usize, bool)> {
+    let mut got = None;
+    let tried = tcp.try_io(tokio::io::Interest::READABLE, || {
+        let n = read()?;
+        got = Some(n);
+        if n > 0 && n < room {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(n)
+        }
+    });
+    match (tried, got) {
+        (Ok(n), _) => Ok((n, false)),
+        (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok((n, true)),
+        (Err(e), _) => Err(e),
     }
 }
 
@@ -165,31 +178,15 @@ impl Link {
 
     /// Reads what is there without waiting: `Ok(0)` at the end of the
     /// stream, `WouldBlock` when nothing is. With the bytes read, whether
-    /// they were all there was: a plain socket that filled less than the
-    /// room it was given is empty now, and is then waited on again
-    /// without another system call to find it so.
+    /// they were all there was: a socket read that filled less than the
+    /// room it was given emptied the socket (over TLS, once rustls and the
+    /// inbox are empty too), which is then waited on again without another
+    /// system call to find it so ([`read_socket`]).
     pub(crate) fn try_read_buf<B: BufMut>(&mut self, buf: &mut B) -> io::Result<(usize, bool)> {
         match self {
             Link::Plain(tcp) => {
                 let room = buf.chunk_mut().len();
-                let mut read = None;
-                // A read that came back short reports `WouldBlock` to the
-                // reactor, which forgets the socket's readiness unless an
-                // event came meanwhile, as tokio's own reads do.
-                let tried = tcp.try_io(tokio::io::Interest::READABLE, || {
-                    let n = tcp.try_read_buf(buf)?;
-                    read = Some(n);
-                    if n > 0 && n < room {
-                        Err(io::ErrorKind::WouldBlock.into())
-                    } else {
-                        Ok(n)
-                    }
-                });
-                match (tried, read) {
-                    (Ok(n), _) => Ok((n, false)),
-                    (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok((n, true)),
-                    (Err(e), _) => Err(e),
-                }
+                read_socket(tcp, room, || tcp.try_read_buf(buf))
             }
             Link::Tls(link) => link.try_read_buf(buf),
         }
