@@ -203,11 +203,12 @@ pub trait Disk: Send + Sync + 'static {
     }
     /// The descriptor through which a read of `len` bytes at `offset` can
     /// be submitted without blocking ([`crate::IoRing::reserve_read`]) with
-    /// the effect of [`Disk::read_at`]. `None` where that cannot be (a
-    /// device in memory, one that transforms what it stores, a range
-    /// `O_DIRECT` refuses): the caller then uses [`Disk::read_at`]. The descriptor
-    /// stays open as long as the device.
-    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+    /// the effect of [`Disk::read_at`], and whether it reads only into
+    /// aligned buffers. `None` where that cannot be (a device in memory,
+    /// one that transforms what it stores, a range `O_DIRECT` refuses): the
+    /// caller then uses [`Disk::read_at`]. The descriptor stays open as
+    /// long as the device.
+    fn read_fd(&self, len: usize, offset: u64) -> Option<ReadFd> {
         let _ = (len, offset);
         None
     }
@@ -283,10 +284,23 @@ pub enum ReadVia {
     Uncached,
 }
 
+/// A descriptor to submit a device's reads through ([`Disk::read_fd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadFd {
+    /// The descriptor, open as long as the device.
+    pub fd: std::os::fd::RawFd,
+    /// Reads through it need a buffer aligned to [`DISK_ALIGN`]
+    /// (`O_DIRECT`).
+    pub aligned: bool,
+}
+
 /// A heap buffer whose start is aligned to [`DISK_ALIGN`], as `O_DIRECT`
-/// needs, built by over-allocating and slicing. Its one unsafe method,
-/// [`AlignedBuf::extend_by_reading`], lets the kernel fill spare room that
-/// was never initialized; every byte below `raw.len()` is initialized.
+/// needs, built by over-allocating and slicing. Two unsafe methods let the
+/// kernel fill spare room that was never initialized:
+/// [`AlignedBuf::extend_by_reading`] (`pread`) and
+/// [`AlignedBuf::assume_appended`] (a read the ring submitted into
+/// [`AlignedBuf::spare_mut_ptr`]); every byte below `raw.len()` is
+/// initialized.
 pub struct AlignedBuf {
     raw: Vec<u8>,
     start: usize,
@@ -385,6 +399,28 @@ impl AlignedBuf {
         unsafe { self.raw.set_len(at + n) };
         self.len += n;
         Ok(())
+    }
+
+    /// Where the kernel may put the next `n` bytes (room reserved here,
+    /// never initialized), aligned where the buffer is empty; they count
+    /// as the buffer's only once [`AlignedBuf::assume_appended`] says so.
+    pub(crate) fn spare_mut_ptr(&mut self, n: usize) -> *mut u8 {
+        self.reserve(n);
+        self.raw.spare_capacity_mut().as_mut_ptr().cast()
+    }
+
+    /// Takes the `n` bytes of spare room after the contents as written.
+    ///
+    /// # Safety
+    /// All `n` bytes at [`AlignedBuf::spare_mut_ptr`] (called with at
+    /// least `n`) were written since, and the buffer was not touched
+    /// between the two calls.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn assume_appended(&mut self, n: usize) {
+        debug_assert!(self.raw.len() + n <= self.raw.capacity());
+        // SAFETY: as the caller promises, within the reserved room.
+        unsafe { self.raw.set_len(self.raw.len() + n) };
+        self.len += n;
     }
 
     /// Makes room for `n` more bytes. The start stays aligned: a `Vec` that
@@ -587,13 +623,17 @@ impl Disk for FileDisk {
         }
     }
 
-    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+    fn read_fd(&self, len: usize, offset: u64) -> Option<ReadFd> {
         use std::os::fd::AsRawFd;
         // The descriptor `read_at` reads through: the page cache, or the
         // device itself where the file was opened `O_DIRECT`, for a range
-        // that meets its alignment (the ring reads into an aligned buffer).
+        // that meets its alignment (the ring then reads into an aligned
+        // buffer).
         let fits = len.is_multiple_of(DISK_ALIGN) && offset.is_multiple_of(DISK_ALIGN as u64);
-        (!self.direct || fits).then(|| self.file.as_raw_fd())
+        (!self.direct || fits).then(|| ReadFd {
+            fd: self.file.as_raw_fd(),
+            aligned: self.direct,
+        })
     }
 
     fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {

@@ -110,7 +110,7 @@ impl Disk for SwitchedDisk {
         self.inner.durable_write_fd(len, offset)
     }
 
-    fn read_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
+    fn read_fd(&self, len: usize, offset: u64) -> Option<crate::ReadFd> {
         if self.switch.is_tripped() {
             return None;
         }

@@ -36,7 +36,9 @@
 //!   task with the kernel's answer, or at once with the error when the
 //!   ring could not submit it. A short write or read is reported as an
 //!   error; a read's buffer, which only the kernel touches while it is in
-//!   flight, goes to its `on_done` whole or not at all.
+//!   flight, goes to its `on_done` whole or not at all. A read's room is
+//!   never initialized before the kernel fills it; its bytes count as the
+//!   buffer's only once the kernel has reported writing every one of them.
 //! - At most [`IoRing::IN_FLIGHT_MAX`] operations are in flight, fewer than
 //!   the completion queue holds, so completions never overflow it.
 //! - An operation started under a plug ([`crate::plug`]) is queued and
@@ -70,15 +72,15 @@ use parking_lot::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::{AlignedBuf, Disk};
+use crate::{AlignedBuf, Disk, ReadFd};
 
 /// What runs when a write ends: `Ok` once every byte is written and
 /// durable, or why not.
 pub type WriteDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
 
-/// What runs when a read ends: the buffer, holding every byte asked for,
-/// or why not.
-pub type ReadDone = Box<dyn FnOnce(std::io::Result<AlignedBuf>) + Send>;
+/// What runs when a read ends: every byte asked for, in the buffer the
+/// read was given ([`ReadPlace::submit`]), or why not.
+pub type ReadDone = Box<dyn FnOnce(std::io::Result<bytes::Bytes>) + Send>;
 
 /// What runs when an operation ends.
 enum Done {
@@ -100,16 +102,71 @@ impl Done {
 enum OpKind {
     /// Writes it.
     Write,
-    /// Fills it (a buffer the ring owns).
+    /// Fills it (a read's buffer).
     Read,
 }
 
-/// The bytes of a write the kernel holds: a buffer the ring owns, or a
-/// share of one (a reference-counted slice, which keeps its allocation
-/// alive, unmoved, as long as the ring keeps it).
+/// The bytes the kernel holds: a write's buffer the ring owns, or a share
+/// of one (a reference-counted slice, which keeps its allocation alive,
+/// unmoved, as long as the ring keeps it); or where a read puts its bytes.
 enum Held {
     Owned(AlignedBuf),
     Shared(bytes::Bytes),
+    Filling(ReadInto),
+}
+
+/// Where a read's `len` bytes go: the spare room of the buffer the caller
+/// gave, never initialized (no page is cleared only to be overwritten),
+/// which becomes the answer without a copy; or, for a device that needs
+/// aligned buffers (`O_DIRECT`), the spare room of an aligned buffer
+/// first, copied into the caller's at completion. Either way the answer
+/// lies in the caller's buffer, never in a larger one the ring made: a
+/// cache that keeps it holds only what its owner allocated.
+struct ReadInto {
+    into: Vec<u8>,
+    bounce: Option<AlignedBuf>,
+    len: usize,
+}
+
+impl ReadInto {
+    fn new(mut into: Vec<u8>, len: usize, aligned: bool) -> ReadInto {
+        into.clear();
+        let bounce = if aligned {
+            Some(AlignedBuf::with_capacity(len))
+        } else {
+            into.reserve_exact(len);
+            None
+        };
+        ReadInto { into, bounce, len }
+    }
+
+    /// The start of the `len` bytes of spare room the kernel fills.
+    fn spare_mut_ptr(&mut self) -> *mut u8 {
+        match &mut self.bounce {
+            Some(bounce) => bounce.spare_mut_ptr(self.len),
+            None => self.into.spare_capacity_mut().as_mut_ptr().cast(),
+        }
+    }
+
+    /// The caller's buffer holding the bytes read.
+    ///
+    /// # Safety
+    /// The kernel has reported writing all `len` bytes at
+    /// [`ReadInto::spare_mut_ptr`], and neither buffer was touched since.
+    #[allow(unsafe_code)]
+    unsafe fn filled(mut self) -> Vec<u8> {
+        match self.bounce {
+            Some(mut bounce) => {
+                // SAFETY: as the caller promises.
+                unsafe { bounce.assume_appended(self.len) };
+                self.into.extend_from_slice(bounce.as_slice());
+            }
+            // SAFETY: the room was reserved (`new`) and, as the caller
+            // promises, every byte of it written.
+            None => unsafe { self.into.set_len(self.len) },
+        }
+        self.into
+    }
 }
 
 impl Held {
@@ -117,14 +174,15 @@ impl Held {
         match self {
             Held::Owned(buf) => buf.as_slice().as_ptr(),
             Held::Shared(bytes) => bytes.as_ptr(),
+            Held::Filling(_) => std::ptr::null(),
         }
     }
 
-    /// Where the kernel puts what it reads: only a buffer the ring owns.
+    /// Where the kernel puts what it reads: only a read's buffer.
     fn as_mut_ptr(&mut self) -> *mut u8 {
         match self {
-            Held::Owned(buf) => buf.as_mut_slice().as_mut_ptr(),
-            Held::Shared(_) => std::ptr::null_mut(),
+            Held::Filling(read) => read.spare_mut_ptr(),
+            Held::Owned(_) | Held::Shared(_) => std::ptr::null_mut(),
         }
     }
 
@@ -132,6 +190,7 @@ impl Held {
         match self {
             Held::Owned(buf) => buf.len(),
             Held::Shared(bytes) => bytes.len(),
+            Held::Filling(read) => read.len,
         }
     }
 }
@@ -359,7 +418,7 @@ impl IoRing {
         offset: u64,
     ) -> Option<ReadPlace<'_>> {
         u32::try_from(len).ok()?;
-        let fd = device.read_fd(len, offset)?;
+        let ReadFd { fd, aligned } = device.read_fd(len, offset)?;
         if !self.take_place() {
             return None;
         }
@@ -367,6 +426,7 @@ impl IoRing {
             ring: self,
             device: Arc::clone(device),
             fd,
+            aligned,
             len,
             offset,
             submitted: false,
@@ -507,17 +567,20 @@ pub struct ReadPlace<'a> {
     ring: &'a IoRing,
     device: Arc<dyn Disk>,
     fd: RawFd,
+    aligned: bool,
     len: usize,
     offset: u64,
     submitted: bool,
 }
 
 impl ReadPlace<'_> {
-    /// Starts the read into a buffer of its own and returns at once;
-    /// `on_done` gets the buffer with every byte read, or the error.
-    pub fn submit(mut self, on_done: ReadDone) {
+    /// Starts the read and returns at once; `on_done` gets every byte
+    /// read, in `into` (emptied first, its allocation reused when it has
+    /// room for them: a caller that recycles buffers allocates none), or
+    /// the error.
+    pub fn submit(mut self, into: Vec<u8>, on_done: ReadDone) {
         self.submitted = true;
-        let buf = Held::Owned(AlignedBuf::zeroed(self.len));
+        let buf = Held::Filling(ReadInto::new(into, self.len, self.aligned));
         let op = (OpKind::Read, buf, 0, None, Done::Read(on_done));
         self.ring.submit_op(&self.device, self.fd, self.offset, op);
     }
@@ -660,7 +723,12 @@ impl Ring {
                 }),
                 Some(Done::Read(on_done)) => on_done(match (result, op.buf) {
                     (r, _) if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
-                    (r, Held::Owned(buf)) if r as usize == len => Ok(buf),
+                    // SAFETY: the kernel reports every byte of the read
+                    // written, into the room its entry named, and the
+                    // buffer stayed in the slot, untouched, until now.
+                    (r, Held::Filling(read)) if r as usize == len => {
+                        Ok(bytes::Bytes::from(unsafe { read.filled() }))
+                    }
                     _ => Err(short("read", std::io::ErrorKind::UnexpectedEof)),
                 }),
                 None => {}
@@ -1019,12 +1087,15 @@ mod tests {
         disk: &Arc<dyn Disk>,
         len: usize,
         offset: u64,
-    ) -> Option<std::io::Result<AlignedBuf>> {
+    ) -> Option<std::io::Result<bytes::Bytes>> {
         let place = ring.reserve_read(disk, len, offset)?;
         let (tx, rx) = oneshot::channel();
-        place.submit(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
+        place.submit(
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
         Some(rx.await.expect("on_done ran"))
     }
 
@@ -1040,7 +1111,24 @@ mod tests {
             .await
             .expect("taken")
             .expect("read");
-        assert!(back.as_slice().iter().all(|&b| b == 0x5A));
+        assert!(back.iter().all(|&b| b == 0x5A));
+        assert_eq!(back.len(), 8192);
+        // Read into the buffer given, where it has room: a caller that
+        // recycles its buffers allocates none.
+        let mut recycled = Vec::with_capacity(4096);
+        recycled.extend_from_slice(&[0xEE; 100]);
+        let at = recycled.as_ptr();
+        let place = ring.reserve_read(&disk, 4096, 4096).expect("a place");
+        let (tx, rx) = oneshot::channel();
+        place.submit(
+            recycled,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        let back = rx.await.expect("on_done ran").expect("read");
+        assert_eq!((back.as_ptr(), back.len()), (at, 4096));
+        assert!(back.iter().all(|&b| b == 0x5A));
         // Many at once, each into its own buffer.
         for i in 0..64u64 {
             disk.write_at(&[i as u8; 4096], i * 4096).expect("write");
@@ -1052,7 +1140,7 @@ mod tests {
             .enumerate()
         {
             let buf = r.expect("taken").expect("read");
-            assert!(buf.as_slice().iter().all(|&b| b == i as u8), "block {i}");
+            assert!(buf.iter().all(|&b| b == i as u8), "block {i}");
         }
         // Past the end of the device: an error, not a buffer with zeros.
         let end = disk.size();
@@ -1072,7 +1160,7 @@ mod tests {
                 .await
                 .expect("taken")
                 .expect("read");
-            assert!(back.as_slice().iter().all(|&b| b == 0xC3));
+            assert!(back.iter().all(|&b| b == 0xC3));
             assert!(ring.reserve_read(&direct, 4096, 512).is_none());
             assert!(ring.reserve_read(&direct, 1000, 0).is_none());
         }
@@ -1110,9 +1198,12 @@ mod tests {
         for i in 0..4u64 {
             let (tx, rx) = oneshot::channel();
             let place = ring.reserve_read(&disk, 4096, i * 4096).expect("a place");
-            place.submit(Box::new(move |r| {
-                let _ = tx.send(r);
-            }));
+            place.submit(
+                Vec::new(),
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
             answers.push(rx);
         }
         assert_eq!(queued(&ring), (4, 4), "queued, not yet submitted");
@@ -1120,17 +1211,17 @@ mod tests {
         assert_eq!(queued(&ring), (0, 0), "submitted when the plug closed");
         for (i, rx) in answers.into_iter().enumerate() {
             let buf = rx.await.expect("on_done ran").expect("read");
-            assert!(
-                buf.as_slice().iter().all(|&b| b == i as u8 + 1),
-                "block {i}"
-            );
+            assert!(buf.iter().all(|&b| b == i as u8 + 1), "block {i}");
         }
         // Without a plug, at once.
         let (tx, rx) = oneshot::channel();
         let place = ring.reserve_read(&disk, 4096, 0).expect("a place");
-        place.submit(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
+        place.submit(
+            Vec::new(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
         assert_eq!(queued(&ring), (0, 0));
         assert!(rx.await.expect("on_done ran").is_ok());
     }
@@ -1181,9 +1272,12 @@ mod tests {
                                 }
                             };
                             let tx = tx.clone();
-                            place.submit(Box::new(move |r| {
-                                let _ = tx.send(r.map(|buf| Some((block, buf))));
-                            }));
+                            place.submit(
+                                Vec::new(),
+                                Box::new(move |r| {
+                                    let _ = tx.send(r.map(|buf| Some((block, buf))));
+                                }),
+                            );
                         }
                         let mut seen = [false; BLOCKS as usize];
                         for _ in 0..BLOCKS {
@@ -1195,7 +1289,7 @@ mod tests {
                             assert!(!seen[block as usize], "block {block} answered twice");
                             seen[block as usize] = true;
                             assert!(
-                                buf.as_slice().iter().all(|&b| b == fill(block)),
+                                buf.iter().all(|&b| b == fill(block)),
                                 "thread {t} round {round} block {block}"
                             );
                         }

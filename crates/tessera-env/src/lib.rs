@@ -18,7 +18,8 @@ pub mod plug;
 pub mod space;
 
 pub use disk::{
-    AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, PreparedWrite, ReadVia, DISK_ALIGN,
+    AlignedBuf, Disk, DiskError, FileDisk, FileDiskOptions, PreparedWrite, ReadFd, ReadVia,
+    DISK_ALIGN,
 };
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};

@@ -190,6 +190,12 @@ impl Fill {
     pub(crate) fn own_block(&self, src: &[u8]) -> Bytes {
         self.cache.own_block(src)
     }
+
+    /// A buffer for one block a read fills, if the cache keeps one (see
+    /// [`ContentCache::spare_block`]).
+    pub(crate) fn spare_block(&self) -> Option<Vec<u8>> {
+        self.cache.spare_block()
+    }
 }
 
 impl Drop for Fill {
@@ -298,14 +304,19 @@ impl ContentCache {
     /// from the spare buffers of dropped entries when there is one.
     pub(crate) fn own_block(&self, src: &[u8]) -> Bytes {
         let mut v = self
-            .spare
-            .lock()
-            .pop()
+            .spare_block()
             .unwrap_or_else(|| Vec::with_capacity(BLOCK));
         v.clear();
         v.extend_from_slice(src);
         debug_assert_eq!(v.capacity(), BLOCK);
         Bytes::from(v)
+    }
+
+    /// The buffer of a dropped entry, if one is kept: exactly one 4 KiB
+    /// block long (its old bytes), for a read that fills it and gives it
+    /// to [`ContentCache::fill`] as it is.
+    pub(crate) fn spare_block(&self) -> Option<Vec<u8>> {
+        self.spare.lock().pop()
     }
 
     /// Keeps the buffers of the entries just removed that nothing else

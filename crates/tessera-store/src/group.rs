@@ -2000,22 +2000,31 @@ impl DeviceRead {
                 Some((place, Arc::clone(disk)))
             });
             if let Some((place, disk)) = place {
-                place.submit(Box::new(move |read| {
-                    let answer = match read {
-                        Ok(buf) => Ok(checked_block(buf.as_slice(), loc, crc, lba, fill)),
-                        // Said as the blocking read says it (the device's
-                        // name taken only then).
-                        Err(e) => Err((
-                            loc.device,
-                            format!(
-                                "read on {} at byte {} (+{BLOCK}) failed: {e}",
-                                disk.name(),
-                                loc.block * BLOCK_BYTES
-                            ),
-                        )),
-                    };
-                    let _ = tx.send(answer);
-                }));
+                // Read into a buffer the block keeps: the caller and the
+                // content cache get it as the kernel filled it.
+                let into = fill
+                    .as_ref()
+                    .and_then(Fill::spare_block)
+                    .unwrap_or_else(|| Vec::with_capacity(BLOCK));
+                place.submit(
+                    into,
+                    Box::new(move |read| {
+                        let answer = match read {
+                            Ok(block) => Ok(checked_block(block, loc, crc, lba, fill)),
+                            // Said as the blocking read says it (the device's
+                            // name taken only then).
+                            Err(e) => Err((
+                                loc.device,
+                                format!(
+                                    "read on {} at byte {} (+{BLOCK}) failed: {e}",
+                                    disk.name(),
+                                    loc.block * BLOCK_BYTES
+                                ),
+                            )),
+                        };
+                        let _ = tx.send(answer);
+                    }),
+                );
                 return;
             }
         }
@@ -2059,7 +2068,7 @@ fn assemble(
                 // zeroed per read.
                 let buf = scratch.as_mut_slice();
                 read_loc(shared, loc, buf, read_use)?;
-                Ok(checked_block(buf, loc, crc, lba, fill))
+                Ok(checked_block(own_copy(buf, &fill), loc, crc, lba, fill))
             })?,
         });
     }
@@ -2128,6 +2137,11 @@ thread_local! {
     /// One aligned block per reading thread, for single-block reads.
     static BLOCK_SCRATCH: std::cell::RefCell<AlignedBuf> =
         std::cell::RefCell::new(AlignedBuf::zeroed(BLOCK));
+    /// One block per thread that asks the page cache for a block
+    /// ([`read_block_if_cached`]); a buffer of its own, exactly one block
+    /// long, which becomes the block read when the page cache has it.
+    static PROBE_BLOCK: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(vec![0; BLOCK]);
 }
 
 fn read_loc(
@@ -2148,24 +2162,31 @@ fn device_of(shared: &Shared, loc: BlockLoc) -> Result<&Arc<dyn Disk>, (u8, Stri
         .ok_or_else(|| (loc.device, format!("no device {}", loc.device)))
 }
 
-/// A block read from a device, checked against its CRC and given a buffer
-/// of its own, which the content cache shares through `fill`.
+/// A block read from a device, in a buffer of its own of exactly 4 KiB,
+/// checked against its CRC; one that passes the content cache shares
+/// through `fill`, with the caller.
 fn checked_block(
-    buf: &[u8],
+    block: Bytes,
     loc: BlockLoc,
     crc: u32,
     lba: Lba,
     fill: Option<Fill>,
 ) -> Result<Bytes, Lba> {
-    if block_crc(buf) != crc {
-        Err(lba)
-    } else if let Some(mut fill) = fill {
-        // The caller and the cache share one exact 4 KiB buffer.
-        let b = fill.own_block(buf);
-        fill.fill(vec![(loc, crc, b.clone())]);
-        Ok(b)
-    } else {
-        Ok(Bytes::copy_from_slice(buf))
+    if block_crc(&block) != crc {
+        return Err(lba);
+    }
+    if let Some(mut fill) = fill {
+        fill.fill(vec![(loc, crc, block.clone())]);
+    }
+    Ok(block)
+}
+
+/// A copy of a block read into a thread's scratch buffer, in a buffer of
+/// its own (a spare of the content cache's where there is a cache).
+fn own_copy(buf: &[u8], fill: &Option<Fill>) -> Bytes {
+    match fill {
+        Some(fill) => fill.own_block(buf),
+        None => Bytes::copy_from_slice(buf),
     }
 }
 
@@ -2202,10 +2223,9 @@ fn read_block_if_cached(
         }
         return None;
     }
-    BLOCK_SCRATCH.with_borrow_mut(|scratch| {
-        let buf = scratch.as_mut_slice();
+    PROBE_BLOCK.with_borrow_mut(|probe| {
         let cached = device_of(shared, *loc).and_then(|disk| {
-            disk.read_at_if_cached(buf, loc.block * BLOCK_BYTES)
+            disk.read_at_if_cached(probe, loc.block * BLOCK_BYTES)
                 .map_err(|e| (loc.device, e.to_string()))
         });
         if let Ok(hit) = cached {
@@ -2221,7 +2241,19 @@ fn read_block_if_cached(
                 }
                 None
             }
-            Ok(true) => Some(Ok(checked_block(buf, *loc, *crc, lba, fill.take()))),
+            Ok(true) => {
+                // The probe's buffer becomes the block as it is, and the
+                // thread's next probe gets another: a spare of the content
+                // cache's where it keeps one (its old bytes are overwritten
+                // by the probe, so it is never cleared).
+                let next = fill
+                    .as_ref()
+                    .and_then(Fill::spare_block)
+                    .unwrap_or_else(|| vec![0; BLOCK]);
+                debug_assert_eq!(next.len(), BLOCK);
+                let block = Bytes::from(std::mem::replace(probe, next));
+                Some(Ok(checked_block(block, *loc, *crc, lba, fill.take())))
+            }
             Err(e) => Some(Err(e)),
         }
     })

@@ -32,9 +32,20 @@ fn data(c: u64, from: u64, n: u64, version: u64) -> Bytes {
 /// blocks, 3072 of them usable by components, so the free-space map hands
 /// freed blocks out again after a few thousand block writes.
 async fn small_group() -> Arc<DiskGroup> {
+    small_group_with(false).await
+}
+
+/// As [`small_group`]; with `page_cache`, the host's page cache holds the
+/// whole capacity device, so one-block reads are served on the caller's
+/// thread by asking it (`Disk::read_at_if_cached`).
+async fn small_group_with(page_cache: bool) -> Arc<DiskGroup> {
+    let capacity = FaultDisk::new("capacity0", (4096 + 2) * 4096);
+    if page_cache {
+        capacity.hold_in_cache(0..capacity.size());
+    }
     let devices = GroupDevices {
         cache: Arc::new(FaultDisk::new("cache", common::CACHE_BYTES)) as Arc<dyn Disk>,
-        capacity: vec![Arc::new(FaultDisk::new("capacity0", (4096 + 2) * 4096)) as Arc<dyn Disk>],
+        capacity: vec![Arc::new(capacity) as Arc<dyn Disk>],
         keys: None,
     };
     DiskGroup::create_on(
@@ -437,8 +448,12 @@ async fn check_read(
     Ok(())
 }
 
-async fn run(budget_blocks: u64, ops: Vec<Op>) -> Result<ContentCacheStats, TestCaseError> {
-    let dg = small_group().await;
+async fn run(
+    budget_blocks: u64,
+    page_cache: bool,
+    ops: Vec<Op>,
+) -> Result<ContentCacheStats, TestCaseError> {
+    let dg = small_group_with(page_cache).await;
     // Budget for a few entries (each 4 KiB plus its overhead).
     dg.set_content_cache_bytes(budget_blocks * (4096 + 192));
     for c in 0..COMPONENTS {
@@ -529,14 +544,17 @@ proptest! {
 
     /// Every read equals the model while a cache of 1 to 12 blocks evicts
     /// (or one that holds everything keeps entries long), and locations it
-    /// held are freed and handed out again.
+    /// held are freed and handed out again; with the page cache holding
+    /// the device too, where a block read from it takes the buffer of an
+    /// evicted entry for the next.
     #[test]
     fn reads_through_a_tiny_cache_agree_with_the_model(
         budget_blocks in prop_oneof![3 => 1u64..12, 1 => Just(4096u64)],
+        page_cache in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..100),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let s = rt.block_on(run(budget_blocks, ops))?;
+        let s = rt.block_on(run(budget_blocks, page_cache, ops))?;
         prop_assert!(s.entries <= budget_blocks);
     }
 }
