@@ -368,6 +368,28 @@ impl VolumeCache {
         found
     }
 
+    /// Block `b` if it is cached, as [`VolumeCache::lookup`] of one block
+    /// (and counted the same way), without a list: most guest reads are of
+    /// one block.
+    pub fn lookup_one(&self, b: u64) -> Option<Bytes> {
+        if !self.enabled() || !self.cache.owner_certain() {
+            return None;
+        }
+        let found = self
+            .cache
+            .inner
+            .lock()
+            .entries
+            .get(&(self.instance, b))
+            .cloned();
+        let counter = match found {
+            Some(_) => &self.cache.hits,
+            None => &self.cache.misses,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
     /// Inserts blocks read from a copy: `data` holds whole blocks from
     /// `first` on, read after `ticket` was taken. A block whose region
     /// changed since the ticket is not inserted (the read may have seen the
@@ -378,16 +400,35 @@ impl VolumeCache {
             return 0;
         }
         debug_assert!((data.len() as u64).is_multiple_of(BLOCK_BYTES));
+        let count = data.len() as u64 / BLOCK_BYTES;
         // Copies made outside the cache lock, for the blocks that look
-        // current; checked again under it.
-        let blocks: Vec<(u64, Bytes)> = data
+        // current; checked again under it. One block (most reads) needs no
+        // list of them.
+        let mut copies = data
             .chunks_exact(BLOCK_BYTES as usize)
             .enumerate()
             .map(|(i, chunk)| (first + i as u64, chunk))
             .filter(|(b, _)| self.current(ticket, *b))
-            .map(|(b, chunk)| (b, Bytes::copy_from_slice(chunk)))
-            .collect();
-        let stale = data.len() as u64 / BLOCK_BYTES - blocks.len() as u64;
+            .map(|(b, chunk)| (b, Bytes::copy_from_slice(chunk)));
+        if count == 1 {
+            let one: Option<(u64, Bytes)> = copies.next();
+            let stale = u64::from(one.is_none());
+            return self.insert_copies(ticket, one, stale);
+        }
+        let blocks: Vec<(u64, Bytes)> = copies.collect();
+        let stale = count - blocks.len() as u64;
+        self.insert_copies(ticket, blocks, stale)
+    }
+
+    /// Inserts `blocks` (copies of their own, made for a read that took
+    /// `ticket`) whose regions did not change since, counting `stale`
+    /// blocks already left out as refused. Returns how many went in.
+    fn insert_copies(
+        &self,
+        ticket: ReadTicket,
+        blocks: impl IntoIterator<Item = (u64, Bytes)>,
+        stale: u64,
+    ) -> u64 {
         let (mut inserted, mut refused, mut evicted) = (0, stale, 0);
         {
             let mut inner = self.cache.inner.lock();

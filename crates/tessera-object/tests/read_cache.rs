@@ -516,6 +516,27 @@ async fn a_second_read_is_served_from_the_cache_and_counted() {
 }
 
 #[tokio::test]
+async fn one_block_reads_are_counted_and_a_hit_reads_no_copy() {
+    let (comps, cache, coord) = setup().await;
+    write(&coord, 8192, pattern(4, 4096)).await;
+    assert_eq!(coord.read(8192, 4096).await.unwrap(), pattern(4, 4096));
+    let after_miss = comps.total_reads();
+    for _ in 0..3 {
+        assert_eq!(coord.read(8192, 4096).await.unwrap(), pattern(4, 4096));
+    }
+    assert_eq!(comps.total_reads(), after_miss, "hits read no copy");
+    let s = cache.stats();
+    assert_eq!((s.hits, s.misses, s.entries), (3, 1, 1));
+    let counters = coord.counters();
+    assert_eq!(counters.read_cache_hits.load(Ordering::Relaxed), 3);
+    assert_eq!(counters.read_cache_misses.load(Ordering::Relaxed), 1);
+    // A write of the block replaces what a one-block read returns.
+    write(&coord, 8192, pattern(5, 4096)).await;
+    assert_eq!(coord.read(8192, 4096).await.unwrap(), pattern(5, 4096));
+    assert_eq!(cache.stats().misses, 2);
+}
+
+#[tokio::test]
 async fn a_disabled_cache_holds_nothing_and_a_budget_turns_it_on_live() {
     let comps = Arc::new(Components::default());
     let cache = ReadCache::disabled();
