@@ -1695,23 +1695,22 @@ impl Coordinator {
         // Before any copy is read: a change that completes from now on
         // keeps this read from inserting what it replaced.
         let ticket = self.cache.ticket();
-        if count == 1 {
+        let found = if count == 1 {
             // Most guest reads: a hit is the cached block itself (shared,
-            // not copied), a miss the copy's answer as it came.
-            if let Some(block) = self.cache.lookup_one(first) {
-                self.counters
-                    .read_cache_hits
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(block);
+            // not copied); a miss goes the way of any read that found
+            // nothing, with no list built (an empty one allocates nothing).
+            match self.cache.lookup_one(first) {
+                Some(block) => {
+                    self.counters
+                        .read_cache_hits
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(block);
+                }
+                None => Vec::new(),
             }
-            self.counters
-                .read_cache_misses
-                .fetch_add(1, Ordering::Relaxed);
-            let data = self.read_copies(start, end).await?;
-            self.cache.fill(ticket, first, &data);
-            return Ok(data);
-        }
-        let found = self.cache.lookup(first, count);
+        } else {
+            self.cache.lookup(first, count)
+        };
         let hits = found.iter().filter(|b| b.is_some()).count() as u64;
         self.counters
             .read_cache_hits
