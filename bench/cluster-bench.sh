@@ -42,8 +42,10 @@
 # from /proc/PID/stat) during each profile, and on the line below it where
 # that time went by kind of thread (from /proc/PID/task/*/stat: the
 # owner's host, the other hosts, store threads, the kernel's io_uring
-# workers). Every volume and file is filled
-# first, so reads find data; Tessera's volume is written over until
+# workers). Every volume and file is filled first, so reads find data,
+# and read once whole before the first read profile, so every server's
+# reads start from the host's page cache holding its data (the QD 1 read
+# before that pass is printed too); Tessera's volume is written over until
 # HOST_CAPACITY has gone through it (at least once whole), so its hosts'
 # sparse capacity files are written once (see the fill below) and no profile
 # pays ext4's allocation. Then the resident memory of `tessera up`, idle
@@ -367,7 +369,28 @@ parts = [f"{k} {v:.0f}" for k, v in sorted(us.items(), key=lambda kv: -kv[1]) if
 print("  cpu/io by thread (us): " + ", ".join(parts))
 PY
 }
+# Reads are compared on data that every server holds in the same state of
+# the host's page cache. nbdkit's writes go through the page cache, so its
+# file is all there after the fill; Tessera's large writes are placed past
+# it and destaged blocks too, so its first reads of them go to the device.
+# Before the first read profile each target is therefore read once end to
+# end (sequential 1 MiB reads), after printing what a QD 1 read costs each
+# of Tessera and nbdkit before that pass.
+reads_warmed=0
+warm_reads() {
+  read -r _ cold_t _ <<<"$(run_fio "$tessera_uri" qd1read)"
+  read -r _ cold_n _ <<<"$(run_fio "$nbdkit_uri" qd1read)"
+  echo "qd1read   before the read pass: tessera $cold_t us, nbdkit $cold_n us, ratio $(ratio "$cold_t" "$cold_n")"
+  for uri in "$tessera_uri" "$nbdkit_uri" "$nbdkit_fua_uri" "$nbdkit_dev_uri"; do
+    fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1m --iodepth=8 --size="$SIZE" \
+        --output-format=terse >/dev/null
+  done
+  reads_warmed=1
+}
 for profile in $PROFILES; do
+  if [ "$reads_warmed" = 0 ] && { [ "$profile" = qd1read ] || [ "$profile" = randread ]; }; then
+    warm_reads
+  fi
   cpu_before=$(cpu_us "$up_pid")
   thread_ticks "$up_pid" > "$work/ticks"
   read -r t_iops t_lat t_bw <<<"$(run_fio "$tessera_uri" "$profile")"
