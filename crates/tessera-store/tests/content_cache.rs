@@ -558,3 +558,63 @@ proptest! {
         prop_assert!(s.entries <= budget_blocks);
     }
 }
+
+/// A read for a caller that caches blocks itself (the owner's host read
+/// cache) leaves a block of one reference out of the content cache, so the
+/// host does not hold it twice, and keeps the blocks several components
+/// share, which the caller's cache (one entry per volume block) cannot
+/// hold once for all of them. Both reads return what the index says, and
+/// a block the cache holds already is served from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_caches_leaves_only_shared_blocks_in_the_content_cache() {
+    const N: u64 = 64;
+    for page_cache in [false, true] {
+        let dg = small_group_with(page_cache).await;
+        let (own, image, clone) = (ComponentId(1), ComponentId(2), ComponentId(3));
+        for c in [own, image, clone] {
+            dg.create_component(c, N * 4096, 0).await.unwrap();
+        }
+        dg.write(own, Lba(0), data(1, 0, N, 1), E).await.unwrap();
+        dg.write(image, Lba(0), data(2, 0, N, 1), E).await.unwrap();
+        dg.clone_blocks(image, Lba(0), clone, Lba(0), N, E)
+            .await
+            .unwrap();
+        dg.settle().await.unwrap();
+        let before = dg.content_cache_stats();
+        // One block at a time (most guest reads), then runs.
+        for lba in 0..N / 2 {
+            let got = dg.read_cached_by_caller(own, Lba(lba), 1).await.unwrap();
+            assert_eq!(got, data(1, lba, 1, 1), "page cache {page_cache}");
+            let got = dg.read_cached_by_caller(image, Lba(lba), 1).await.unwrap();
+            assert_eq!(got, data(2, lba, 1, 1), "page cache {page_cache}");
+        }
+        for lba in (N / 2..N).step_by(8) {
+            let got = dg.read_cached_by_caller(own, Lba(lba), 8).await.unwrap();
+            assert_eq!(got, data(1, lba, 8, 1), "page cache {page_cache}");
+            let got = dg.read_cached_by_caller(image, Lba(lba), 8).await.unwrap();
+            assert_eq!(got, data(2, lba, 8, 1), "page cache {page_cache}");
+        }
+        let after = dg.content_cache_stats();
+        assert_eq!(
+            after.entries - before.entries,
+            N,
+            "only the shared blocks are kept (page cache {page_cache}): {after:?}"
+        );
+        // The clone's reads find the image's blocks in memory.
+        let got = dg
+            .read_cached_by_caller(clone, Lba(0), N as u32)
+            .await
+            .unwrap();
+        assert_eq!(got, data(2, 0, N, 1));
+        assert_eq!(delta(dg.content_cache_stats(), after), (N, 0));
+        // A plain read keeps the unshared blocks, and a caller that caches
+        // then finds them.
+        dg.read(own, Lba(0), N as u32).await.unwrap();
+        let kept = dg.content_cache_stats();
+        assert_eq!(kept.entries - after.entries, N, "{kept:?}");
+        dg.read_cached_by_caller(own, Lba(0), N as u32)
+            .await
+            .unwrap();
+        assert_eq!(delta(dg.content_cache_stats(), kept), (N, 0));
+    }
+}
