@@ -293,26 +293,16 @@ impl ComponentIo for ClusterComponents {
                 other => return Err(unexpected(c, other)),
             }
         };
-        whole_read(c, lba, blocks, data)
-    }
-
-    async fn read_cached_by_caller(
-        &self,
-        c: &ComponentPlacement,
-        lba: Lba,
-        blocks: u32,
-    ) -> Result<Bytes, ComponentError> {
-        if !self.is_local(c) {
-            // The copy's host keeps what it reads in its own memory, not
-            // in this host's.
-            return self.read(c, lba, blocks, IoClass::Guest).await;
+        if data.len() as u64 != blocks as u64 * tessera_types::BLOCK_BYTES {
+            return Err(ComponentError::Io {
+                component: c.id,
+                detail: format!(
+                    "read of {blocks} blocks at {lba} returned {} bytes",
+                    data.len()
+                ),
+            });
         }
-        let data = self
-            .replica
-            .read_cached_by_caller(&self.reference(c), lba, blocks)
-            .await
-            .map_err(|e| local_error(c, e))?;
-        whole_read(c, lba, blocks, data)
+        Ok(data)
     }
 
     async fn unmap(
@@ -618,25 +608,6 @@ impl ComponentIo for ClusterComponents {
 }
 
 /// The transport queue (and the replica's read path) of an I/O class.
-/// `data`, read from `c`, if it is the `blocks` blocks asked for.
-fn whole_read(
-    c: &ComponentPlacement,
-    lba: Lba,
-    blocks: u32,
-    data: Bytes,
-) -> Result<Bytes, ComponentError> {
-    if data.len() as u64 != blocks as u64 * tessera_types::BLOCK_BYTES {
-        return Err(ComponentError::Io {
-            component: c.id,
-            detail: format!(
-                "read of {blocks} blocks at {lba} returned {} bytes",
-                data.len()
-            ),
-        });
-    }
-    Ok(data)
-}
-
 fn queue_class(class: IoClass) -> QueueClass {
     match class {
         IoClass::Guest => QueueClass::Guest,

@@ -149,20 +149,6 @@ pub trait ComponentIo: Send + Sync + 'static {
         class: IoClass,
     ) -> Result<Bytes, ComponentError>;
 
-    /// Reads a guest's blocks as [`ComponentIo::read`] does, for a caller
-    /// that keeps them in its host read cache: a copy on the caller's own
-    /// host need not keep them in its store's memory too (it keeps only
-    /// blocks several references share, which its content cache holds once
-    /// for all of them). By default, a read of class `Guest`.
-    async fn read_cached_by_caller(
-        &self,
-        component: &ComponentPlacement,
-        lba: Lba,
-        blocks: u32,
-    ) -> Result<Bytes, ComponentError> {
-        self.read(component, lba, blocks, IoClass::Guest).await
-    }
-
     /// Deallocates blocks; they read as zeros afterwards.
     async fn unmap(
         &self,

@@ -1803,20 +1803,12 @@ impl Coordinator {
         }
         let mut checksum_failed: Vec<ComponentPlacement> = Vec::new();
         let mut last_error = None;
-        // With the host read cache on, what this read returns is kept there
-        // (read_aligned fills it), not in a local copy's store too.
-        let cached_here = self.cache.enabled();
         for c in copies.iter() {
-            let read = if cached_here {
-                self.io
-                    .read_cached_by_caller(c, Lba(block), count as u32)
-                    .await
-            } else {
-                self.io
-                    .read(c, Lba(block), count as u32, IoClass::Guest)
-                    .await
-            };
-            match read {
+            match self
+                .io
+                .read(c, Lba(block), count as u32, IoClass::Guest)
+                .await
+            {
                 Ok(data) => {
                     if !checksum_failed.is_empty() {
                         self.repair(column, block, count, &checksum_failed).await;

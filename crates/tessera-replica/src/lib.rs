@@ -231,22 +231,6 @@ impl ReplicaService {
         .await
     }
 
-    /// Reads a guest's blocks for a caller on this host that caches them
-    /// itself (the owner's host read cache): the store's content cache keeps
-    /// only the blocks several references share
-    /// ([`tessera_store::DiskGroup::read_cached_by_caller`]).
-    pub async fn read_cached_by_caller(
-        &self,
-        component: &ComponentRef,
-        lba: Lba,
-        blocks: u32,
-    ) -> Result<Bytes, ReplicaError> {
-        self.on_group(component, |g| async move {
-            g.read_cached_by_caller(component.id, lba, blocks).await
-        })
-        .await
-    }
-
     /// Deallocates blocks.
     pub async fn unmap(
         &self,

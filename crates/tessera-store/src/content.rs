@@ -3,10 +3,7 @@
 //! component or LBA that asked. A block shared by several LBAs or components
 //! (copies by reference: [`crate::DiskGroup::clone_blocks`]) is cached once
 //! and serves all of them: eight clones of one image read each block from
-//! the device once. A read for a caller that caches what it reads itself
-//! (the owner's host read cache, on the same host) keeps only such shared
-//! blocks (`resolve_keeping`): a block of one reference would otherwise be
-//! held twice in one host's memory, and inserting it costs that read time.
+//! the device once.
 //!
 //! Owns: the cached blocks (each a `Bytes` of exactly 4 KiB that owns its
 //! buffer alone, never a slice of a larger read), their eviction, the
@@ -178,9 +175,6 @@ pub(crate) struct Fill {
     led: Vec<u64>,
     /// Ids of those fetches (allocated in one run at the plan).
     ids: std::ops::Range<u64>,
-    /// Whether only the blocks in `led` may be inserted: some block the
-    /// read fetches was not to be kept (see [`ContentCache::resolve_keeping`]).
-    only_led: bool,
 }
 
 impl Fill {
@@ -354,18 +348,6 @@ impl ContentCache {
     /// may wait for the ones nobody was fetching (`Fill`). So a read that
     /// fetches never waits, and no two reads wait for each other.
     pub(crate) fn resolve(self: &Arc<Self>, plan: &mut [Source]) -> Resolved {
-        self.resolve_keeping(plan, |_| true)
-    }
-
-    /// [`ContentCache::resolve`] for a read whose blocks from a location
-    /// `keep` refuses are not kept: the read fetches them, and waits for
-    /// another read's fetch of them as any read does, but leads no fetch of
-    /// them and inserts none of them.
-    pub(crate) fn resolve_keeping(
-        self: &Arc<Self>,
-        plan: &mut [Source],
-        keep: impl Fn(BlockLoc) -> bool,
-    ) -> Resolved {
         let disk = plan
             .iter()
             .filter(|s| matches!(s, Source::Disk(..)))
@@ -382,7 +364,6 @@ impl ContentCache {
             ticket: self.released.load(Ordering::Acquire),
             led: Vec::new(),
             ids: 0..0,
-            only_led: false,
         };
         let mut waits = Vec::new();
         if disk == 0 {
@@ -402,16 +383,16 @@ impl ContentCache {
                             *s = Source::Cached(data);
                             hits += 1;
                         }
-                        None => missed.push((i, loc.pack(0), crc, keep(loc))),
+                        None => missed.push((i, loc.pack(0), crc)),
                     }
                 }
             }
             let all_in_flight = !missed.is_empty()
                 && missed
                     .iter()
-                    .all(|(_, key, crc, _)| inner.flights.get(key).is_some_and(|f| f.crc == *crc));
+                    .all(|(_, key, crc)| inner.flights.get(key).is_some_and(|f| f.crc == *crc));
             if all_in_flight {
-                for (i, key, _, _) in missed {
+                for (i, key, _) in missed {
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     if let Some(f) = inner.flights.get_mut(&key) {
                         f.waiters.push(tx);
@@ -421,11 +402,7 @@ impl ContentCache {
             } else {
                 fetched = missed.len() as u64;
                 let first = inner.next_flight;
-                for (_, key, crc, kept) in missed {
-                    if !kept {
-                        fill.only_led = true;
-                        continue;
-                    }
+                for (_, key, crc) in missed {
                     if inner.flights.contains_key(&key) {
                         // Fetched by another read too (or twice in this one).
                         continue;
@@ -486,10 +463,6 @@ impl ContentCache {
                             let _ = w.send(Some(data.clone()));
                         }
                     }
-                }
-                if fill.only_led && !fill.led.contains(&key) {
-                    // Not to be kept; the reader holds its own reference.
-                    continue;
                 }
                 if !current || inner.entries.capacity() == 0 || inner.entries.contains(&key) {
                     inner.dropped.push(data);
@@ -637,7 +610,6 @@ mod tests {
             ticket: c.released.load(Ordering::Acquire),
             led: Vec::new(),
             ids: 0..0,
-            only_led: false,
         }
     }
 

@@ -913,21 +913,20 @@ impl DiskGroup {
         lba: Lba,
         n: u64,
     ) -> Result<Vec<Source>, StoreError> {
-        Ok(self.plan(id, lba, n, None).await?.0)
+        Ok(self.plan(id, lba, n, false).await?.0)
     }
 
     /// Plans a read, loading index pages as needed. With `cached`, blocks
     /// the content cache holds are taken from it (in the same step that
     /// reads the index, under the state lock), and the plan comes with what
     /// the read does next in the cache: wait for blocks another read is
-    /// fetching, insert the blocks it reads that `cached` keeps (see
-    /// `crate::content`).
+    /// fetching, insert the blocks it reads (see `crate::content`).
     async fn plan(
         &self,
         id: ComponentId,
         lba: Lba,
         n: u64,
-        cached: Option<Keep>,
+        cached: bool,
     ) -> Result<(Vec<Source>, Option<Resolved>), StoreError> {
         for _ in 0..LOAD_ATTEMPTS_MAX {
             let need = {
@@ -936,14 +935,10 @@ impl DiskGroup {
                 let need = st.missing_pages(id.0, lba.0, lba.0 + n);
                 if need.0.is_empty() {
                     let mut plan = st.plan_read(id, lba, n)?;
-                    let resolved = match cached {
-                        None => return Ok((plan, None)),
-                        Some(Keep::All) => self.shared.content.resolve(&mut plan),
-                        Some(Keep::Shared) => self
-                            .shared
-                            .content
-                            .resolve_keeping(&mut plan, |loc| st.shares.is_shared(loc)),
-                    };
+                    if !cached {
+                        return Ok((plan, None));
+                    }
+                    let resolved = self.shared.content.resolve(&mut plan);
                     return Ok((plan, Some(resolved)));
                 }
                 need
@@ -960,27 +955,7 @@ impl DiskGroup {
     /// [`StoreError::Checksum`] naming it; no data is returned. At most
     /// 4 x [`WRITE_BYTES_MAX`] bytes per call.
     pub async fn read(&self, id: ComponentId, lba: Lba, blocks: u32) -> Result<Bytes, StoreError> {
-        self.read_blocks(id, lba, blocks, ReadUse::Guest, Keep::All)
-            .await
-    }
-
-    /// Reads blocks as [`DiskGroup::read`] does, for a caller that keeps
-    /// what it reads in a cache of its own on this host (the host read
-    /// cache of the volume's owner, keyed by volume block). Of the blocks
-    /// read from devices, the content cache keeps only those several
-    /// references share (copies by reference, snapshots): those it keeps
-    /// once for every volume and LBA that reads them, where the caller's
-    /// cache would keep one copy per volume block; a block of one reference
-    /// would be held twice in the same host's memory. Blocks the content
-    /// cache holds already are served from it as for any read.
-    pub async fn read_cached_by_caller(
-        &self,
-        id: ComponentId,
-        lba: Lba,
-        blocks: u32,
-    ) -> Result<Bytes, StoreError> {
-        self.read_blocks(id, lba, blocks, ReadUse::Guest, Keep::Shared)
-            .await
+        self.read_blocks(id, lba, blocks, ReadUse::Guest).await
     }
 
     /// Reads blocks to copy them to another component (resync, rebuild,
@@ -994,8 +969,7 @@ impl DiskGroup {
         lba: Lba,
         blocks: u32,
     ) -> Result<Bytes, StoreError> {
-        self.read_blocks(id, lba, blocks, ReadUse::Copy, Keep::All)
-            .await
+        self.read_blocks(id, lba, blocks, ReadUse::Copy).await
     }
 
     async fn read_blocks(
@@ -1004,7 +978,6 @@ impl DiskGroup {
         lba: Lba,
         blocks: u32,
         read_use: ReadUse,
-        keep: Keep,
     ) -> Result<Bytes, StoreError> {
         let n = blocks as u64;
         if n == 0 {
@@ -1024,8 +997,7 @@ impl DiskGroup {
         // fresh plan before it counts.
         let mut last_bad = None;
         for _ in 0..2 {
-            let cached = (read_use == ReadUse::Guest).then_some(keep);
-            let (mut plan, resolved) = self.plan(id, lba, n, cached).await?;
+            let (mut plan, resolved) = self.plan(id, lba, n, read_use == ReadUse::Guest).await?;
             let fill = match resolved {
                 Some(r) => {
                     // Blocks another read is fetching: it hands them over
@@ -2298,17 +2270,6 @@ fn read_loc_appending(
     device_of(shared, loc)?
         .read_appending(out, blocks * BLOCK, loc.block * BLOCK_BYTES, read_use.via())
         .map_err(|e| (loc.device, e.to_string()))
-}
-
-/// Which of the blocks a guest's read fetches from devices the content
-/// cache keeps.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Keep {
-    /// Every one.
-    All,
-    /// Only blocks several references share: the caller caches the rest
-    /// ([`DiskGroup::read_cached_by_caller`]).
-    Shared,
 }
 
 /// Who a read is for.
