@@ -101,6 +101,17 @@ pub trait Disk: Send + Sync + 'static {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError>;
     /// Makes every completed write durable (`fdatasync`).
     fn sync(&self) -> Result<(), DiskError>;
+    /// Writes `pieces` one after another from `offset`, with the effect of
+    /// [`Disk::write_at`] of them joined. By default they are joined into
+    /// one buffer first; a device that can write them where they lie
+    /// (`pwritev`) saves that copy: the destager writes runs of blocks
+    /// that each lie in a buffer of their own.
+    fn write_pieces_at(&self, pieces: &[Bytes], offset: u64) -> Result<(), DiskError> {
+        match pieces {
+            [one] => self.write_at(one, offset),
+            _ => self.write_at(AlignedBuf::joined(pieces).as_slice(), offset),
+        }
+    }
     /// Writes `buf` at `offset` and returns once this write is durable
     /// (`O_DSYNC`). It says nothing of other writes: those not yet synced
     /// stay so. For a write that is all there is to make durable (a lone
@@ -319,6 +330,15 @@ impl AlignedBuf {
     pub fn copy_of(bytes: &[u8]) -> AlignedBuf {
         let mut buf = AlignedBuf::with_capacity(bytes.len());
         buf.extend_from_slice(bytes);
+        buf
+    }
+
+    /// An aligned copy of `pieces`, one after another.
+    pub fn joined(pieces: &[Bytes]) -> AlignedBuf {
+        let mut buf = AlignedBuf::with_capacity(pieces.iter().map(|p| p.len()).sum());
+        for p in pieces {
+            buf.extend_from_slice(p);
+        }
         buf
     }
 
@@ -581,6 +601,29 @@ impl FileDisk {
     }
 }
 
+/// At most this many buffers go to one `pwritev` (Linux's `IOV_MAX`).
+const PIECES_PER_CALL: usize = 1024;
+
+/// Writes every byte of `pieces` from `offset` through `file`, as many
+/// `pwritev` calls as it takes (a call may write less than it was given).
+fn write_all_pieces_at(file: &File, pieces: &[Bytes], offset: u64) -> std::io::Result<()> {
+    let mut offset = offset;
+    for group in pieces.chunks(PIECES_PER_CALL) {
+        let mut slices: Vec<std::io::IoSlice<'_>> =
+            group.iter().map(|p| std::io::IoSlice::new(p)).collect();
+        let mut left: &mut [std::io::IoSlice<'_>] = &mut slices;
+        while !left.is_empty() {
+            let n = rustix::io::pwritev(file, left, offset)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            offset += n as u64;
+            std::io::IoSlice::advance_slices(&mut left, n);
+        }
+    }
+    Ok(())
+}
+
 impl Disk for FileDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DiskError> {
         self.file
@@ -598,6 +641,22 @@ impl Disk for FileDisk {
         self.file
             .sync_data()
             .map_err(|e| DiskError::from_io(&self.name(), "sync", 0, 0, &e))
+    }
+
+    fn write_pieces_at(&self, pieces: &[Bytes], offset: u64) -> Result<(), DiskError> {
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        // Past the page cache every buffer must be aligned, which pieces
+        // cut from other buffers need not be: those are joined first.
+        let aligned = pieces.iter().all(|p| {
+            (p.as_ptr() as usize).is_multiple_of(DISK_ALIGN) && p.len().is_multiple_of(DISK_ALIGN)
+        });
+        let written = if self.direct && !aligned {
+            self.file
+                .write_all_at(AlignedBuf::joined(pieces).as_slice(), offset)
+        } else {
+            write_all_pieces_at(&self.file, pieces, offset)
+        };
+        written.map_err(|e| DiskError::from_io(&self.name(), "write", offset, len as u64, &e))
     }
 
     fn write_durable_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
@@ -882,6 +941,42 @@ mod tests {
             // A device opened O_DIRECT takes aligned buffers only; a cached
             // one writes an unaligned buffer, then syncs.
             write_replaces_what_reads_see(&disk, !direct_io, |d, b, o| d.write_durable_at(b, o));
+        }
+    }
+
+    #[test]
+    fn pieces_land_one_after_another_whatever_their_buffers() {
+        let dir = tempfile::tempdir().unwrap();
+        for direct_io in [false, true] {
+            let disk = one_mib_disk_named(dir.path(), &format!("pieces-{direct_io}"), direct_io);
+            // 200 blocks cut from one buffer 512 bytes in (unaligned for
+            // O_DIRECT, which then takes them joined), each block numbered;
+            // through the page cache, 1,100 small pieces after them (more
+            // than one `pwritev` takes: 1,024 is the kernel's limit); then
+            // one aligned block alone.
+            let blocks = 200usize;
+            let mut whole = vec![0u8; 512 + blocks * 4096];
+            for (i, b) in whole[512..].chunks_mut(4096).enumerate() {
+                b.fill(i as u8 ^ 0x5a);
+            }
+            let whole = Bytes::from(whole);
+            let mut pieces: Vec<Bytes> = (0..blocks)
+                .map(|i| whole.slice(512 + i * 4096..512 + (i + 1) * 4096))
+                .collect();
+            if !direct_io {
+                pieces.extend((0..1100).map(|i| Bytes::from(vec![i as u8; 4])));
+            }
+            disk.write_pieces_at(&pieces, 8192).unwrap();
+            let joined: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            let mut back = AlignedBuf::zeroed(joined.len());
+            disk.read_at(back.as_mut_slice(), 8192).unwrap();
+            assert!(back.as_slice() == joined, "every piece where it belongs");
+            let mut one = AlignedBuf::zeroed(4096);
+            one.as_mut_slice().fill(0x77);
+            disk.write_pieces_at(&[one.into_bytes()], 0).unwrap();
+            let mut first = AlignedBuf::zeroed(4096);
+            disk.read_at(first.as_mut_slice(), 0).unwrap();
+            assert!(first.as_slice().iter().all(|&b| b == 0x77));
         }
     }
 

@@ -605,25 +605,50 @@ impl EncryptedDisk {
         op: &'static str,
         write: impl FnOnce(&[u8], u64) -> Result<(), DiskError>,
     ) -> Result<(), DiskError> {
-        if !offset.is_multiple_of(BLOCK as u64) || !buf.len().is_multiple_of(BLOCK) {
+        if !buf.len().is_multiple_of(BLOCK) {
             return Err(self.misaligned(op, offset, buf.len()));
         }
+        let blocks = buf.len() / BLOCK;
+        self.encrypted_blocks_write(
+            blocks,
+            |i| &buf[i * BLOCK..(i + 1) * BLOCK],
+            offset,
+            op,
+            write,
+        )
+    }
+
+    /// As [`EncryptedDisk::encrypted_write`], of `blocks` blocks wherever
+    /// each lies (`block(i)`, [`BLOCK`] bytes): sealed straight into the
+    /// buffer that is written, with no copy joining them first.
+    fn encrypted_blocks_write<'a>(
+        &self,
+        blocks: usize,
+        block: impl Fn(usize) -> &'a [u8],
+        offset: u64,
+        op: &'static str,
+        write: impl FnOnce(&[u8], u64) -> Result<(), DiskError>,
+    ) -> Result<(), DiskError> {
+        let len = blocks * BLOCK;
+        if !offset.is_multiple_of(BLOCK as u64) {
+            return Err(self.misaligned(op, offset, len));
+        }
         let first = offset / BLOCK as u64;
-        let _pieces = self.lock_pieces(first, (buf.len() / BLOCK) as u64);
+        let _pieces = self.lock_pieces(first, blocks as u64);
         SEALED.with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut held) if buf.len() <= SEALED_SCRATCH_MAX => {
-                if held.len() < buf.len() {
-                    *held = AlignedBuf::zeroed(buf.len());
+            Ok(mut held) if len <= SEALED_SCRATCH_MAX => {
+                if held.len() < len {
+                    *held = AlignedBuf::zeroed(len);
                 }
-                let out = &mut held.as_mut_slice()[..buf.len()];
-                self.seal(first, buf, out);
+                let out = &mut held.as_mut_slice()[..len];
+                self.seal_blocks(first, blocks, &block, out);
                 write(out, offset)
             }
             // Larger than what a thread keeps, or (a device wrapped in an
             // encrypted one writing through it) the scratch is in use.
             _ => {
-                let mut own = AlignedBuf::zeroed(buf.len());
-                self.seal(first, buf, own.as_mut_slice());
+                let mut own = AlignedBuf::zeroed(len);
+                self.seal_blocks(first, blocks, &block, own.as_mut_slice());
                 write(own.as_slice(), offset)
             }
         })
@@ -631,11 +656,21 @@ impl EncryptedDisk {
 
     /// Encrypts `buf`, stored from device block `first` on, into `out`.
     fn seal(&self, first: u64, buf: &[u8], out: &mut [u8]) {
-        self.each_block(first, buf.len() / BLOCK, |i, cipher| {
-            let (src, dst) = (
-                &buf[i * BLOCK..(i + 1) * BLOCK],
-                &mut out[i * BLOCK..(i + 1) * BLOCK],
-            );
+        let block = |i: usize| &buf[i * BLOCK..(i + 1) * BLOCK];
+        self.seal_blocks(first, buf.len() / BLOCK, &block, out);
+    }
+
+    /// Encrypts `blocks` blocks (`block(i)` each), stored from device block
+    /// `first` on, into `out`.
+    fn seal_blocks<'a>(
+        &self,
+        first: u64,
+        blocks: usize,
+        block: &impl Fn(usize) -> &'a [u8],
+        out: &mut [u8],
+    ) {
+        self.each_block(first, blocks, |i, cipher| {
+            let (src, dst) = (block(i), &mut out[i * BLOCK..(i + 1) * BLOCK]);
             match cipher {
                 Some((xts, unit)) => xts.encrypt_into(unit, src, dst),
                 None => dst.copy_from_slice(src),
@@ -791,6 +826,18 @@ impl Disk for EncryptedDisk {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
         self.encrypted_write(buf, offset, "write", |b, o| self.inner.write_at(b, o))
+    }
+
+    fn write_pieces_at(&self, pieces: &[bytes::Bytes], offset: u64) -> Result<(), DiskError> {
+        // Whole blocks (as the destager writes) are sealed from where they
+        // lie; anything else is joined first.
+        if pieces.iter().all(|p| p.len() == BLOCK) {
+            let block = |i: usize| &pieces[i][..];
+            return self.encrypted_blocks_write(pieces.len(), block, offset, "write", |b, o| {
+                self.inner.write_at(b, o)
+            });
+        }
+        self.write_at(AlignedBuf::joined(pieces).as_slice(), offset)
     }
 
     fn write_uncached_at(&self, buf: &[u8], offset: u64) -> Result<(), DiskError> {
@@ -1556,6 +1603,46 @@ mod tests {
         assert!(back == plain);
         let misaligned = dev.prepare_durable_write(AlignedBuf::copy_of(&plain), 100);
         assert!(misaligned.is_err_and(|buf| buf.as_slice() == &plain[..]));
+    }
+
+    /// Blocks written as pieces, each where it lies (as the destager
+    /// writes a run), store the ciphertext one joined write stores, on
+    /// both sides of a deep rekey's cursor; pieces that are not whole
+    /// blocks are joined first, and a misaligned offset is refused.
+    #[test]
+    fn pieces_are_sealed_as_one_joined_write_is() {
+        let keys = AtRestKeys::new(KeyEncryptionKey::generate().unwrap());
+        let blocks = 4 * REKEY_PIECE_BLOCKS;
+        let (disk, cipher, dev) = patterned_device(&keys, blocks);
+        cipher.begin_deep_rekey(&keys).unwrap();
+        dev.rekey_piece(CLEAR_BLOCKS, REKEY_PIECE_BLOCKS).unwrap();
+        // A run across the cursor, from one buffer a few bytes in.
+        let first = CLEAR_BLOCKS + REKEY_PIECE_BLOCKS - 2;
+        let n = 4usize;
+        let mut whole = vec![0u8; 3];
+        for b in 0..n as u64 {
+            whole.extend_from_slice(&pattern(1000 + b));
+        }
+        let whole = bytes::Bytes::from(whole);
+        let pieces: Vec<bytes::Bytes> = (0..n)
+            .map(|i| whole.slice(3 + i * BLOCK..3 + (i + 1) * BLOCK))
+            .collect();
+        let at = first * BLOCK as u64;
+        dev.write_pieces_at(&pieces, at).unwrap();
+        let stored = disk.peek(at, n * BLOCK);
+        dev.write_at(&whole[3..], at).unwrap();
+        assert!(disk.peek(at, n * BLOCK) == stored, "same ciphertext");
+        let mut back = vec![0u8; n * BLOCK];
+        dev.read_at(&mut back, at).unwrap();
+        assert!(back == whole[3..]);
+        assert!(stored != whole[3..]);
+        // Half blocks: joined, then sealed.
+        let halves: Vec<bytes::Bytes> = (0..2 * n)
+            .map(|i| whole.slice(3 + i * BLOCK / 2..3 + (i + 1) * BLOCK / 2))
+            .collect();
+        dev.write_pieces_at(&halves, at).unwrap();
+        assert!(disk.peek(at, n * BLOCK) == stored);
+        assert!(dev.write_pieces_at(&pieces, at + 512).is_err());
     }
 
     /// A deep rekey step waits for the writes submitted into its piece

@@ -29,6 +29,7 @@
 use crate::index::{CachedRoots, RootEntry, LBAS_PER_PAGE};
 use crate::state::{Fetch, LoggedRecord, Request, State, WrittenBatch};
 use crate::StoreError;
+use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -1154,7 +1155,7 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
         .filter(|&i| items[i].loc.is_some() && items[i].data.is_some())
         .collect();
     order.sort_by_key(|&i| items[i].loc);
-    let mut runs: Vec<(BlockLoc, AlignedBuf)> = Vec::new();
+    let mut runs: Vec<(BlockLoc, Vec<Bytes>)> = Vec::new();
     let mut k = 0;
     while k < order.len() {
         let first = items[order[k]].loc.unwrap_or_default();
@@ -1167,14 +1168,13 @@ pub(crate) fn destage_pass(shared: &Shared) -> Result<(), String> {
                 break;
             }
         }
-        // Every block of the run has its data (`order` keeps only those).
-        let mut buf = AlignedBuf::with_capacity(n * BLOCK);
-        for &idx in &order[k..k + n] {
-            if let Some(d) = &items[idx].data {
-                buf.extend_from_slice(&d[..BLOCK]);
-            }
-        }
-        runs.push((first, buf));
+        // Every block of the run has its data (`order` keeps only those),
+        // each written from where it lies: no copy into one buffer.
+        let pieces = order[k..k + n]
+            .iter()
+            .filter_map(|&idx| items[idx].data.as_ref().map(|d| d.slice(..BLOCK)))
+            .collect();
+        runs.push((first, pieces));
         k += n;
     }
     let failed_devices = write_parallel(shared, runs, DESTAGE_WRITERS);
@@ -1382,7 +1382,7 @@ fn apply_destage(st: &mut State, items: &[DestageItem]) -> bool {
 /// each. Returns the devices that failed, with the error.
 fn write_parallel(
     shared: &Shared,
-    runs: Vec<(BlockLoc, AlignedBuf)>,
+    runs: Vec<(BlockLoc, Vec<Bytes>)>,
     threads: usize,
 ) -> Vec<(u8, String)> {
     let threads = threads.min(runs.len());
@@ -1413,7 +1413,8 @@ fn write_parallel(
 /// One set of capacity writes shared by the threads that carry it out.
 struct CapacityWrites {
     devices: Vec<Arc<dyn Disk>>,
-    runs: Vec<(BlockLoc, AlignedBuf)>,
+    /// Each run's blocks, in order, as pieces written together.
+    runs: Vec<(BlockLoc, Vec<Bytes>)>,
     next: AtomicUsize,
 }
 
@@ -1424,11 +1425,11 @@ impl CapacityWrites {
         let mut failed = Vec::new();
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some((loc, buf)) = self.runs.get(i) else {
+            let Some((loc, pieces)) = self.runs.get(i) else {
                 return failed;
             };
             let result = match capacity_disk(&self.devices, loc.device) {
-                Some(disk) => disk.write_at(buf.as_slice(), loc.block * BLOCK as u64),
+                Some(disk) => disk.write_pieces_at(pieces, loc.block * BLOCK as u64),
                 None => continue,
             };
             if let Err(e) = result {
@@ -1587,9 +1588,9 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
 
     // Index pages are scattered 4 KiB writes: several threads keep the
     // devices busy instead of paying one device round trip per page.
-    let mut runs: Vec<(BlockLoc, AlignedBuf)> = page_writes
+    let mut runs: Vec<(BlockLoc, Vec<Bytes>)> = page_writes
         .iter()
-        .map(|(loc, bytes, _)| (*loc, AlignedBuf::copy_of(bytes)))
+        .map(|(loc, bytes, _)| (*loc, vec![Bytes::copy_from_slice(bytes)]))
         .collect();
     runs.sort_by_key(|r| r.0);
     let mut failed_devices = write_parallel(shared, runs, CHECKPOINT_WRITERS);
