@@ -1587,10 +1587,12 @@ pub(crate) fn checkpoint(shared: &Shared) -> Result<(), String> {
     drop(st);
 
     // Index pages are scattered 4 KiB writes: several threads keep the
-    // devices busy instead of paying one device round trip per page.
+    // devices busy instead of paying one device round trip per page. Each
+    // page is copied aligned, so a device opened `O_DIRECT` writes it as it
+    // is instead of copying it again.
     let mut runs: Vec<(BlockLoc, Vec<Bytes>)> = page_writes
         .iter()
-        .map(|(loc, bytes, _)| (*loc, vec![Bytes::copy_from_slice(bytes)]))
+        .map(|(loc, bytes, _)| (*loc, vec![AlignedBuf::copy_of(bytes).into_bytes()]))
         .collect();
     runs.sort_by_key(|r| r.0);
     let mut failed_devices = write_parallel(shared, runs, CHECKPOINT_WRITERS);
