@@ -647,10 +647,10 @@ impl Disk for FileDisk {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
         // Past the page cache every buffer must be aligned, which pieces
         // cut from other buffers need not be: those are joined first.
-        let aligned = pieces.iter().all(|p| {
-            (p.as_ptr() as usize).is_multiple_of(DISK_ALIGN) && p.len().is_multiple_of(DISK_ALIGN)
-        });
-        let written = if self.direct && !aligned {
+        let unaligned = |p: &Bytes| {
+            !(p.as_ptr() as usize).is_multiple_of(DISK_ALIGN) || !p.len().is_multiple_of(DISK_ALIGN)
+        };
+        let written = if self.direct && pieces.iter().any(unaligned) {
             self.file
                 .write_all_at(AlignedBuf::joined(pieces).as_slice(), offset)
         } else {
