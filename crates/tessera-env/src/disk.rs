@@ -203,7 +203,7 @@ pub trait Disk: Send + Sync + 'static {
     }
     /// The descriptor through which a write of `len` bytes at `offset`
     /// can be submitted past the page cache (`O_DIRECT`) without blocking
-    /// ([`crate::IoRing::write_uncached_durable`], which asks for it to be
+    /// ([`crate::IoRing::write_uncached`], which may ask for it to be
     /// durable), with the effect of [`Disk::write_uncached_at`]. `None`
     /// where that cannot be (a device in memory, one that transforms what
     /// it stores, a range `O_DIRECT` refuses): the caller then uses the
@@ -246,7 +246,7 @@ pub trait Disk: Send + Sync + 'static {
     }
     /// Readies a copy of `data` to be written at `offset` past the page
     /// cache by a caller that submits the write itself
-    /// ([`crate::IoRing::write_uncached_durable_copy`]): the descriptor of
+    /// ([`crate::IoRing::write_uncached_copy`]): the descriptor of
     /// [`Disk::uncached_write_fd`], the bytes as the device stores them in a
     /// buffer of their own, and what must stay held until the write has
     /// completed. `None` where the write cannot go that way (see

@@ -246,6 +246,26 @@ impl AsRawFd for Wakeup {
     }
 }
 
+/// Whether a write past the page cache flushes the device's cache when it
+/// completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Durable when it completes (`RWF_DSYNC`).
+    Yes,
+    /// Left in the device's cache: the caller syncs the device before it
+    /// counts the write as durable.
+    No,
+}
+
+impl Flush {
+    fn rw_flags(self) -> libc::c_int {
+        match self {
+            Flush::Yes => libc::RWF_DSYNC,
+            Flush::No => 0,
+        }
+    }
+}
+
 /// One disk group's ring. Cheap to share by reference; dropping it waits
 /// for the writes in flight.
 pub struct IoRing {
@@ -327,9 +347,11 @@ impl IoRing {
     }
 
     /// Starts writing `data` at `offset` of `device` past the page cache
-    /// (`O_DIRECT`), durable when it completes (`RWF_DSYNC`: the device's
-    /// cache is flushed after it, or the write goes with FUA), and returns
-    /// at once; `on_done` runs when the write ends. The ring keeps `data`
+    /// (`O_DIRECT`) and returns at once; `on_done` runs when the write
+    /// ends. With [`Flush::Yes`] the write is durable when it completes
+    /// (`RWF_DSYNC`: the device's cache is flushed after it, or the write
+    /// goes with FUA); with [`Flush::No`] it may still sit in the device's
+    /// volatile cache until the caller syncs the device. The ring keeps `data`
     /// (a share of its buffer) until then, so the bytes are written where
     /// they lie, without a copy. Gives `data` and `on_done` back, having
     /// started nothing, when `data` does not start on a
@@ -337,11 +359,12 @@ impl IoRing {
     /// such writes ([`Disk::uncached_write_fd`]: an encrypted device, one
     /// in memory, a tripped one) or too many writes are in flight: the
     /// caller then writes with the blocking calls.
-    pub fn write_uncached_durable(
+    pub fn write_uncached(
         &self,
         device: &Arc<dyn Disk>,
         data: bytes::Bytes,
         offset: u64,
+        flush: Flush,
         on_done: WriteDone,
     ) -> Result<(), (bytes::Bytes, WriteDone)> {
         if u32::try_from(data.len()).is_err()
@@ -360,25 +383,26 @@ impl IoRing {
             fd,
             Held::Shared(data),
             offset,
-            libc::RWF_DSYNC,
+            flush.rw_flags(),
             None,
             on_done,
         );
         Ok(())
     }
 
-    /// As [`IoRing::write_uncached_durable`], for bytes that cannot be
+    /// As [`IoRing::write_uncached`], for bytes that cannot be
     /// written where they lie: the device writes a copy of `data` as it
     /// stores them ([`Disk::prepare_uncached_write`]: an encrypted device
     /// encrypts into the copy, in the same pass), and the ring keeps the
     /// copy until the write completes. Gives `on_done` back, having started
     /// nothing, when the device cannot take the write this way or too many
     /// writes are in flight.
-    pub fn write_uncached_durable_copy(
+    pub fn write_uncached_copy(
         &self,
         device: &Arc<dyn Disk>,
         data: &[u8],
         offset: u64,
+        flush: Flush,
         on_done: WriteDone,
     ) -> Result<(), WriteDone> {
         if u32::try_from(data.len()).is_err() || !self.take_place() {
@@ -393,7 +417,7 @@ impl IoRing {
             prepared.fd,
             Held::Owned(prepared.buf),
             offset,
-            libc::RWF_DSYNC,
+            flush.rw_flags(),
             prepared.hold,
             on_done,
         );
@@ -954,10 +978,11 @@ mod tests {
         }
         let slice = whole.into_bytes().slice(4096..3 * 4096);
         let (tx, rx) = oneshot::channel();
-        let accepted = ring.write_uncached_durable(
+        let accepted = ring.write_uncached(
             &disk,
             slice,
             16384,
+            Flush::Yes,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -971,7 +996,7 @@ mod tests {
         let mut whole = AlignedBuf::with_capacity(2 * 4096);
         whole.extend_from_slice(&[5; 2 * 4096]);
         let odd = whole.into_bytes().slice(512..512 + 4096);
-        match ring.write_uncached_durable(&disk, odd, 0, Box::new(|_| {})) {
+        match ring.write_uncached(&disk, odd, 0, Flush::Yes, Box::new(|_| {})) {
             Err((back, _)) => assert_eq!(back.len(), 4096),
             Ok(()) => panic!("a misaligned slice was taken"),
         }
@@ -980,7 +1005,7 @@ mod tests {
         let mut whole = AlignedBuf::with_capacity(4096);
         whole.extend_from_slice(&[5; 4096]);
         assert!(ring
-            .write_uncached_durable(&closed, whole.into_bytes(), 0, Box::new(|_| {}))
+            .write_uncached(&closed, whole.into_bytes(), 0, Flush::Yes, Box::new(|_| {}))
             .is_err());
     }
 
@@ -1000,10 +1025,11 @@ mod tests {
         whole[512..512 + 4096].fill(21);
         whole[512 + 4096..].fill(22);
         let (tx, rx) = oneshot::channel();
-        let accepted = ring.write_uncached_durable_copy(
+        let accepted = ring.write_uncached_copy(
             &disk,
             &whole[512..],
             8192,
+            Flush::No,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -1019,10 +1045,11 @@ mod tests {
         let closed: Arc<dyn Disk> = Arc::new(ClosedDisk);
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = Arc::clone(&ran);
-        let refused = ring.write_uncached_durable_copy(
+        let refused = ring.write_uncached_copy(
             &closed,
             &[5; 4096],
             0,
+            Flush::Yes,
             Box::new(move |_| flag.store(true, std::sync::atomic::Ordering::SeqCst)),
         );
         assert!(refused.is_err());

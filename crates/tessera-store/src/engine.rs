@@ -20,11 +20,21 @@
 //! checkpoint record, then the log tail moves and replaced blocks become
 //! free.
 //!
+//! A placed write's data is written without a flush: the commit that holds
+//! its record syncs the capacity devices it went to (one sync per device
+//! shared by the commits waiting on it) beside the record's own write or
+//! sync, so the two flushes overlap where they used to follow each other.
+//! A power cut can then leave the record durable without its data; no later
+//! record vouches for it (a batch counts as durable, for the "first
+//! sequence not yet durable" later records carry, only once both are), and
+//! recovery ends the log there (`recovery::placed_data_sound`).
+//!
 //! Invariants: a request is acknowledged only after an `fdatasync` that began
 //! after its record was written returned, or after the durable write of its
-//! record returned (unless the test-only `ack_before_durable` switch is on,
-//! which exists to prove the crash tests can fail); a checkpoint's log tail
-//! never passes the durable head.
+//! record returned, and, for placed data, after a sync of its devices that
+//! began after the data was written returned (unless the test-only
+//! `ack_before_durable` switch is on, which exists to prove the crash tests
+//! can fail); a checkpoint's log tail never passes the durable head.
 
 use crate::index::{CachedRoots, RootEntry, LBAS_PER_PAGE};
 use crate::state::{Fetch, LoggedRecord, Request, State, WrittenBatch};
@@ -155,7 +165,8 @@ pub(crate) struct Shared {
     /// Threads that write capacity blocks with the destager and the
     /// checkpoint.
     pub(crate) writers: crate::device_threads::DeviceThreads,
-    /// The syncs placed writes share, one per device (by device index).
+    /// The syncs of placed data the commits share, one per device (by
+    /// device index).
     pub(crate) placed_syncs: Vec<crate::shared_sync::SharedSync>,
     pub(crate) scrub: ScrubCounters,
     /// Verified capacity blocks kept in memory (see `crate::content`).
@@ -431,7 +442,7 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
         acknowledge_inline(shared, st, written);
         return;
     };
-    let Some(batch) = lay_out_batch(shared, st, reqs) else {
+    let Some(mut batch) = lay_out_batch(shared, st, reqs) else {
         return;
     };
     let [(offset, buf)]: [(u64, AlignedBuf); 1] =
@@ -441,7 +452,9 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
                 // A batch that wraps around the log's end: two writes, which
                 // must both be durable before it is; written here, as
                 // without a ring.
-                let result = write_records(shared, &writes, LogWrite::Durable);
+                let result = write_records(shared, &writes, LogWrite::Durable)
+                    .map_err(|e| format!("cache device: {e}"))
+                    .and_then(|()| sync_placed(shared, &batch.flush));
                 let (st, written) = finish_batch(
                     shared,
                     shared.state.lock(),
@@ -454,11 +467,80 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
             }
         };
     let len = buf.len() as u64;
-    let for_completion = Arc::clone(shared);
+    let flush = std::mem::take(&mut batch.flush);
+    let commit = Arc::new(RingCommit {
+        shared: Arc::clone(shared),
+        left: Mutex::new(RingCommitLeft {
+            parts: if flush.is_empty() { 1 } else { 2 },
+            result: Ok(()),
+            batch: Some(batch),
+        }),
+    });
+    if !flush.is_empty() {
+        // The placed data's syncs run beside the record's durable write: a
+        // record found durable without its data is cut off by recovery
+        // (see `recovery::placed_data_sound`), and neither is acknowledged
+        // before both end.
+        let (for_sync, synced) = (Arc::clone(shared), Arc::clone(&commit));
+        shared.readers.submit(Box::new(move || {
+            synced.ended(sync_placed(&for_sync, &flush));
+        }));
+    }
     let on_done: WriteDone = Box::new(move |result| {
-        let shared = &for_completion;
-        let result = result
-            .map_err(|e| DiskError::from_io(&shared.cache_disk().name(), "write", offset, len, &e));
+        let name = commit.shared.cache_disk().name();
+        commit.ended(result.map_err(|e| {
+            format!(
+                "cache device: {}",
+                DiskError::from_io(&name, "write", offset, len, &e)
+            )
+        }));
+    });
+    // The thread goes back to serving at once; the write's completion
+    // acknowledges the batch from the ring's reaper, on the runtime.
+    if let Err((buf, on_done)) = ring.write_durable(shared.cache_disk(), buf, offset, on_done) {
+        let result = shared.cache_disk().write_durable_at(buf.as_slice(), offset);
+        on_done(result.map_err(|e| std::io::Error::new(e.kind, e.message)));
+    }
+}
+
+/// A lone batch committed through the ring: its record's durable write and
+/// the syncs of the devices holding its placed data run at once, and the
+/// last of them to end finishes the batch.
+struct RingCommit {
+    shared: Arc<Shared>,
+    left: Mutex<RingCommitLeft>,
+}
+
+struct RingCommitLeft {
+    /// Parts still running: the record's write, and the placed data's syncs.
+    parts: usize,
+    /// The first failure among the parts that ended.
+    result: Result<(), String>,
+    batch: Option<LaidOutBatch>,
+}
+
+impl RingCommit {
+    /// One part ended; the last one finishes and acknowledges the batch,
+    /// then commits what queued behind it.
+    fn ended(&self, result: Result<(), String>) {
+        let (batch, result) = {
+            let mut left = self.left.lock();
+            if let (Ok(()), Err(e)) = (&left.result, result) {
+                left.result = Err(e);
+            }
+            left.parts = left.parts.saturating_sub(1);
+            if left.parts > 0 {
+                return;
+            }
+            (
+                left.batch.take(),
+                std::mem::replace(&mut left.result, Ok(())),
+            )
+        };
+        let Some(batch) = batch else {
+            return;
+        };
+        let shared = &self.shared;
         let (st, written) = finish_batch(
             shared,
             shared.state.lock(),
@@ -471,12 +553,6 @@ pub(crate) fn commit_inline(shared: &Arc<Shared>, req: Request) {
         if kept {
             commit_queued_inline(shared);
         }
-    });
-    // The thread goes back to serving at once; the write's completion
-    // acknowledges the batch from the ring's reaper, on the runtime.
-    if let Err((buf, on_done)) = ring.write_durable(shared.cache_disk(), buf, offset, on_done) {
-        let result = shared.cache_disk().write_durable_at(buf.as_slice(), offset);
-        on_done(result.map_err(|e| std::io::Error::new(e.kind, e.message)));
     }
 }
 
@@ -545,6 +621,9 @@ struct LaidOutBatch {
     blocks: u64,
     /// Another batch was being synced when this one was laid out.
     overlapped: bool,
+    /// Capacity devices holding the batch's placed data, which must be
+    /// synced before the batch is durable ([`placed_devices`]).
+    flush: Vec<u8>,
 }
 
 /// Lays out `reqs` as the next group commit and writes it; the batch then
@@ -567,7 +646,14 @@ fn write_batch<'a>(
             }
         }
     }
-    let result = write_records(shared, &record_writes(shared, &batch.records), how);
+    let result = write_records(shared, &record_writes(shared, &batch.records), how)
+        .map_err(|e| format!("cache device: {e}"));
+    // A batch written durable on its own is acknowledged without a syncer:
+    // its placed data is synced here (a syncer syncs the others').
+    let result = match how {
+        LogWrite::Durable => result.and_then(|()| sync_placed(shared, &batch.flush)),
+        LogWrite::Plain => result,
+    };
     finish_batch(
         shared,
         shared.state.lock(),
@@ -631,6 +717,8 @@ fn lay_out_batch(
     st.written_vhead = vend;
     st.written_seq = end_seq;
     let overlapped = !st.unsynced.is_empty() || st.syncs_running > 0;
+    drop(st);
+    let flush = placed_devices(&reqs);
     Some(LaidOutBatch {
         records,
         reqs,
@@ -639,6 +727,7 @@ fn lay_out_batch(
         end_seq,
         blocks,
         overlapped,
+        flush,
     })
 }
 
@@ -651,7 +740,7 @@ fn finish_batch<'a>(
     shared: &'a Shared,
     mut st: parking_lot::MutexGuard<'a, State>,
     batch: LaidOutBatch,
-    result: Result<(), DiskError>,
+    result: Result<(), String>,
     after: AfterBatch,
 ) -> (parking_lot::MutexGuard<'a, State>, Option<u64>) {
     let LaidOutBatch {
@@ -662,6 +751,7 @@ fn finish_batch<'a>(
         end_seq,
         blocks: batch_blocks,
         overlapped,
+        flush,
     } = batch;
     // Read once: the log is kept exactly when the batch is taken as
     // written below (a `stop` seen set by one read and not by another would
@@ -698,6 +788,7 @@ fn finish_batch<'a>(
                 blocks: batch_blocks,
                 end: (vend, end_seq),
                 reqs,
+                flush,
             });
             st.log_stats.group_commits += 1;
             if overlapped {
@@ -715,8 +806,7 @@ fn finish_batch<'a>(
             fail_requests(reqs, &reason);
             (shared.state.lock(), None)
         }
-        Err(e) => {
-            let reason = format!("cache device: {e}");
+        Err(reason) => {
             st.fail_group(reason.clone());
             drop(st);
             fail_requests(reqs, &reason);
@@ -756,26 +846,88 @@ pub(crate) fn run_log_syncer(shared: Arc<Shared>) {
 }
 
 /// Runs one `fdatasync` covering every batch up to the one that starts at
-/// `target` (all written before it begins), then hands their records to
-/// the destager and acknowledges their requests in log order.
+/// `target` (all written before it begins), with, beside it on a device
+/// thread, the syncs of the capacity devices that hold those batches'
+/// placed data; then hands their records to the destager and acknowledges
+/// their requests in log order.
 fn sync_and_acknowledge<'a>(
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     mut st: parking_lot::MutexGuard<'a, State>,
     target: u64,
 ) -> parking_lot::MutexGuard<'a, State> {
     st.sync_uncovered_seq = target + 1;
     st.syncs_running += 1;
+    let mut flush: Vec<u8> = Vec::new();
+    for b in st.unsynced.iter().take_while(|b| b.first_seq <= target) {
+        for d in &b.flush {
+            if !flush.contains(d) {
+                flush.push(*d);
+            }
+        }
+    }
     drop(st);
-    let result = shared.cache_disk().sync();
+    let placed = (!flush.is_empty()).then(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let for_sync = Arc::clone(shared);
+        shared.readers.submit(Box::new(move || {
+            let _ = tx.send(sync_placed(&for_sync, &flush));
+        }));
+        rx
+    });
+    let result = shared
+        .cache_disk()
+        .sync()
+        .map_err(|e| format!("cache device: {e}"));
+    let placed = placed.map_or(Ok(()), |rx| {
+        rx.recv()
+            .unwrap_or_else(|_| Err("a device thread stopped".into()))
+    });
     let mut st = shared.state.lock();
     st.syncs_running -= 1;
     st.log_stats.syncs += 1;
-    if let Err(e) = result {
-        st.fail_group(format!("cache device: {e}"));
+    if let Err(reason) = result.and(placed) {
+        st.fail_group(reason);
         shared.log_space.notify_all();
         return st;
     }
     acknowledge_durable(shared, st, target)
+}
+
+/// The capacity devices that hold placed data of `reqs`, each once. A
+/// placed write's blocks are written without a flush of their device
+/// (`DiskGroup::write_placed`): its record is durable only once these
+/// devices are synced too, by a sync begun after the data was written,
+/// which any sync begun once the record is laid out is.
+fn placed_devices(reqs: &[Request]) -> Vec<u8> {
+    let mut devices: Vec<u8> = Vec::new();
+    for e in reqs.iter().flat_map(|r| r.entries.iter()) {
+        if matches!(e.op, LogOp::Place { .. }) {
+            let device = BlockLoc::unpack(e.arg).0.device;
+            if !devices.contains(&device) {
+                devices.push(device);
+            }
+        }
+    }
+    devices
+}
+
+/// Syncs capacity devices holding a batch's placed data, each with a sync
+/// shared by every commit that waits on the same device meanwhile
+/// (`shared_sync`). Returns the reason the disk group fails when one
+/// cannot be synced: the kernel may have dropped what it could not write,
+/// so the batch must not be acknowledged.
+fn sync_placed(shared: &Shared, devices: &[u8]) -> Result<(), String> {
+    for &d in devices {
+        let Some(disk) = shared.disk(d) else {
+            return Err(format!("no capacity device {d} for placed data"));
+        };
+        let synced = match shared.placed_syncs.get(d as usize) {
+            Some(syncs) => syncs.sync(disk.as_ref()),
+            None => disk.sync(),
+        };
+        synced.map_err(|e| format!("capacity device: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Hands the records of every batch up to the one that starts at `target`,

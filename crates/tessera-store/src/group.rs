@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tessera_env::{
-    AlignedBuf, Disk, FileDisk, FileDiskOptions, ReadVia, Rng, SeededRng, DISK_ALIGN,
+    AlignedBuf, Disk, FileDisk, FileDiskOptions, Flush, ReadVia, Rng, SeededRng, DISK_ALIGN,
 };
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
@@ -1811,13 +1811,14 @@ fn can_place_through_ring(shared: &Shared, data: &Bytes, locs: &[BlockLoc]) -> b
 /// Writes a placed write's blocks to `locs` through the group's ring: each
 /// run submitted at once from the caller's thread (where its bytes lie, or
 /// as a copy: encrypted on an encrypted device), past the page cache and
-/// durable when it completes, so no device thread is woken and none wakes
+/// not flushed (the commit of the write's record syncs the device, beside
+/// the record's own write), so no device thread is woken and none wakes
 /// the caller back (two thread hand-offs per write, each costing about as
 /// much CPU as the write's own system calls on a virtual machine). `tx`
 /// gets the blocks' CRC32Cs (taken here, before the writes start) once
 /// every run has ended, or the first device that failed. A run the ring
 /// refuses (too many writes in flight, a device tripped meanwhile) is
-/// written and synced on a device thread instead.
+/// written on a device thread instead.
 fn place_through_ring(
     shared: &Arc<Shared>,
     ring: &tessera_env::IoRing,
@@ -1849,24 +1850,20 @@ fn place_through_ring(
                 r.map_err(|e| format!("{}: write of {len} bytes at {offset}: {e}", named.name()));
             ended.ended(device, r);
         });
-        // Where they lie if the device takes them so, else a copy.
+        // Where they lie if the device takes them so, else a copy; not
+        // flushed (the record's commit syncs the device).
         let submitted = ring
-            .write_uncached_durable(disk, run, offset, on_done)
+            .write_uncached(disk, run, offset, Flush::No, on_done)
             .or_else(|(run, on_done)| {
-                ring.write_uncached_durable_copy(disk, &run, offset, on_done)
+                ring.write_uncached_copy(disk, &run, offset, Flush::No, on_done)
                     .map_err(|on_done| (run, on_done))
             });
         if let Err((run, refused)) = submitted {
             drop(refused);
             let ended = Arc::clone(&gather);
-            let (shared, disk) = (Arc::clone(shared), Arc::clone(disk));
-            shared.clone().readers.submit(Box::new(move || {
-                let written = disk.write_uncached_at(&run, offset).and_then(|()| {
-                    match shared.placed_syncs.get(device as usize) {
-                        Some(syncs) => syncs.sync(disk.as_ref()),
-                        None => disk.sync(),
-                    }
-                });
+            let disk = Arc::clone(disk);
+            shared.readers.submit(Box::new(move || {
+                let written = disk.write_uncached_at(&run, offset);
                 // The device's own error names it and the range.
                 ended.ended(device, written.map_err(|e| e.to_string()));
             }));
@@ -1905,12 +1902,12 @@ impl PlacedRuns {
 }
 
 /// Writes a placed write's blocks to `locs` (block i to `locs[i]`, each
-/// run of adjacent locations with one positional write) and syncs the
-/// devices written, on a device thread. Returns the blocks' CRC32Cs, or the
+/// run of adjacent locations with one positional write), on a device
+/// thread, without a sync: the commit of the write's record syncs the
+/// devices (`engine::sync_placed`). Returns the blocks' CRC32Cs, or the
 /// device that failed.
 fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> PlacedAnswer {
     let crcs = data.chunks(BLOCK).map(block_crc).collect();
-    let mut devices: Vec<u8> = Vec::new();
     for (i, n) in placed_runs(locs) {
         let first = locs[i];
         let disk = shared
@@ -1928,16 +1925,6 @@ fn store_placed(shared: &Shared, data: &[u8], locs: &[BlockLoc]) -> PlacedAnswer
             disk.write_uncached_at(buf.as_slice(), first.block * BLOCK_BYTES)
         };
         result.map_err(|e| (first.device, e.to_string()))?;
-        if !devices.contains(&first.device) {
-            devices.push(first.device);
-        }
-    }
-    // One sync begun after the writes, shared with the placed writes
-    // waiting on the same device meanwhile.
-    for d in devices {
-        if let (Some(disk), Some(syncs)) = (shared.disk(d), shared.placed_syncs.get(d as usize)) {
-            syncs.sync(disk.as_ref()).map_err(|e| (d, e.to_string()))?;
-        }
     }
     Ok(crcs)
 }

@@ -729,22 +729,44 @@ pub(crate) fn damage_was_synced(
     v: u64,
     rec: &ReadRecord,
 ) -> bool {
+    synced_before(disk, geo, v, rec).is_some()
+}
+
+/// Follows the chain of records after `rec` (at `v`) to the first one
+/// written once `rec` was durable, and returns the sequence below which
+/// that record says every record was durable (above `rec`'s own); `None`
+/// when the chain ends first: `rec` may be of a commit never acknowledged.
+fn synced_before(disk: &Arc<dyn Disk>, geo: &Geometry, v: u64, rec: &ReadRecord) -> Option<u64> {
     let mut v = v + rec.header.record_blocks() as u64;
-    let mut seq = rec.header.seq + 1;
-    let damaged = rec.header.seq;
-    for _ in 0..IN_FLIGHT_REACH_BLOCKS {
-        match find_record(disk, geo, v, seq) {
-            Some((at, r)) => {
-                if r.header.batch_first_seq > damaged {
-                    return true;
-                }
-                v = at + r.header.record_blocks() as u64;
-                seq += 1;
-            }
-            None => return false,
+    let this = rec.header.seq;
+    for seq in (this + 1..).take(IN_FLIGHT_REACH_BLOCKS as usize) {
+        let (at, r) = find_record(disk, geo, v, seq)?;
+        if r.header.batch_first_seq > this {
+            return Some(r.header.batch_first_seq);
         }
+        v = at + r.header.record_blocks() as u64;
     }
-    false
+    None
+}
+
+/// True when every block `rec`'s placed-write entries name holds the data
+/// the entry's CRC32C describes. A placed write's data is synced beside its
+/// record's write, not before it (`engine::sync_placed`), so a power cut
+/// can leave the record durable and the data not; such a commit was never
+/// acknowledged.
+fn placed_data_sound(shared: &Shared, rec: &ReadRecord) -> bool {
+    let mut block = AlignedBuf::zeroed(BLOCK);
+    rec.header.entries.iter().all(|e| {
+        let LogOp::Place { crc } = e.op else {
+            return true;
+        };
+        let (loc, _) = BlockLoc::unpack(e.arg);
+        shared.disk(loc.device).is_some_and(|disk| {
+            disk.read_at(block.as_mut_slice(), loc.block * BLOCK_BYTES)
+                .is_ok()
+                && block_crc(block.as_slice()) == crc
+        })
+    })
 }
 
 /// Holds every block that placed-write entries from `(v, seq)` on name
@@ -811,6 +833,7 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
     };
     hold_placed_blocks(shared, v, seq);
     let mut replayed = 0u64;
+    let mut synced_below = 0u64;
     let l = shared.geo.log_blocks;
     let (disk, geo) = (shared.cache_disk(), &shared.geo);
     loop {
@@ -825,11 +848,26 @@ pub(crate) fn replay(shared: &Shared) -> Result<u64, StoreError> {
             }
             break;
         };
+        // A damaged record ends the log unless a later commit vouches
+        // for it (then its damage was done after it was synced), and so
+        // does one whose placed data did not all reach its devices: its
+        // data was synced beside it, not before it, and it was never
+        // acknowledged. Records below `synced_below` were all durable.
         let all_sound = rec.sound.iter().all(|s| *s);
-        if !all_sound && !damage_was_synced(disk, geo, at, &rec) {
-            break;
+        let places = rec
+            .header
+            .entries
+            .iter()
+            .any(|e| matches!(e.op, LogOp::Place { .. }));
+        if !all_sound || (places && rec.header.seq >= synced_below) {
+            match synced_before(disk, geo, at, &rec) {
+                Some(below) => synced_below = synced_below.max(below),
+                None if !all_sound || !placed_data_sound(shared, &rec) => break,
+                None => {}
+            }
         }
         apply_record(shared, &rec)?;
+        synced_below = synced_below.max(rec.header.batch_first_seq);
         {
             let mut st = shared.state.lock();
             let writes = std::mem::take(&mut st.replay_writes);

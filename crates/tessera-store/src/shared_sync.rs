@@ -1,17 +1,19 @@
-//! Syncs of one capacity device shared by the writes that wait for them.
+//! Syncs of one capacity device shared by the commits that wait for them.
 //!
-//! Owns: the count of writes that asked for a sync and of those a finished
-//! sync covers. Must not touch: the state or the log (a placed write's log
-//! record is committed after its data is durable, by its caller).
+//! Owns: the count of callers that asked for a sync and of those a finished
+//! sync covers. Must not touch: the state or the log (the commit of a
+//! placed write's record calls it, beside the record's own write:
+//! `engine::sync_placed`).
 //!
-//! Large writes placed straight on a capacity device each need their data
-//! durable before their log record is written. Each used to run its own
-//! `fdatasync`: with eight such writes in flight, eight cache flushes of
-//! the same device, one after another, where one flush begun after all
-//! eight writes finished makes every one of them durable. On a disk with a
-//! volatile cache a flush costs about as much as a 256 KiB write (fio on a
-//! virtio disk: 753 MiB/s of 256 KiB writes with a flush after each, 1,367
-//! with one after every fourth).
+//! Large writes placed straight on a capacity device are written without a
+//! flush, and each commit that holds such writes needs their data durable
+//! before it is acknowledged. Each used to run its own `fdatasync`: with
+//! eight such writes in flight, eight cache flushes of the same device, one
+//! after another, where one flush begun after all eight writes finished
+//! makes every one of them durable. On a disk with a volatile cache a flush
+//! costs about as much as a 256 KiB write (fio on a virtio disk: 753 MiB/s
+//! of 256 KiB writes with a flush after each, 1,367 with one after every
+//! fourth).
 //!
 //! Invariant: [`SharedSync::sync`] returns `Ok` only once a sync of the
 //! device that *began after the call* has succeeded, so every write that

@@ -249,6 +249,9 @@ pub(crate) struct WrittenBatch {
     /// Where the log's head is once the batch is durable.
     pub(crate) end: (u64, u64),
     pub(crate) reqs: Vec<Request>,
+    /// Capacity devices holding the batch's placed data: its sync syncs
+    /// them too before the batch is durable.
+    pub(crate) flush: Vec<u8>,
 }
 
 /// A record that is durable in the log.

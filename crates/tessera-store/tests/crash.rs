@@ -520,6 +520,73 @@ fn newest_log_record(
         .expect("the log holds a record")
 }
 
+/// A disk group with one component and version 1 of `lba` written, after
+/// a process crash: its superblock, newest log record and the log block
+/// after that record (the head), with `room` blocks free after it.
+async fn one_logged_write(
+    lba: u64,
+    room: u64,
+) -> (Rig, Superblock, tessera_format::LogRecordHeader, u64) {
+    let rig = Rig::new(1);
+    let dg = rig.create().await;
+    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
+    dg.write(C, Lba(lba), bytes_of(&[payload(C.0, lba, 1)]), Epoch(1))
+        .await
+        .unwrap();
+    drop(dg);
+    let rig = rig.process_crash();
+    let sb = Superblock::decode(&rig.cache.peek(0, 4096)).unwrap();
+    let (at, newest) = newest_log_record(&rig.cache, &sb);
+    let head = at + newest.record_blocks() as u64;
+    assert!(
+        head + room <= sb.log_blocks,
+        "the test needs room after the head"
+    );
+    (rig, sb, newest, head)
+}
+
+/// A log record header `seq` with one entry for LBA 9 of the test
+/// component, as the log writer lays it out when every record before
+/// `batch_first_seq` is durable.
+fn one_entry_record(
+    seq: u64,
+    batch_first_seq: u64,
+    op: LogOp,
+    arg: u64,
+) -> tessera_format::LogRecordHeader {
+    tessera_format::LogRecordHeader {
+        seq,
+        batch_first_seq,
+        entries: vec![tessera_format::LogEntry {
+            op,
+            component: C.0,
+            lba: 9,
+            count: 1,
+            epoch: 1,
+            arg,
+            arg2: 0,
+        }],
+    }
+}
+
+/// Writes version 3 of LBA 9 after a recovery cut a record for it off,
+/// crashes the process and checks that the acknowledged version comes back,
+/// not the record cut off; gives the reopened disk group.
+async fn write_9_and_crash(rig: Rig, dg: Arc<DiskGroup>) -> Arc<DiskGroup> {
+    dg.write(C, Lba(9), bytes_of(&[payload(C.0, 9, 3)]), Epoch(1))
+        .await
+        .unwrap();
+    drop(dg);
+    let rig = rig.process_crash();
+    let dg = rig.open().await;
+    assert_eq!(
+        decode(&dg.read(C, Lba(9), 1).await.unwrap()).unwrap(),
+        Some((C.0, 9, 3)),
+        "the acknowledged write to LBA 9 must survive; the unacknowledged one must not replay over it"
+    );
+    dg
+}
+
 /// Group commit N+1 is written while N's sync runs; the power goes, N is
 /// lost and N+1 survives. N+1 was never acknowledged and recovery ends at N.
 /// The next commit reuses N's sequence and place; if it has N's size it ends
@@ -529,39 +596,18 @@ fn newest_log_record(
 /// the log writer lays out a commit written during an earlier one's sync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_outlived_a_lost_earlier_one_never_comes_back() {
-    let rig = Rig::new(1);
-    let dg = rig.create().await;
-    dg.create_component(C, BLOCKS * 4096, 0).await.unwrap();
-    dg.write(C, Lba(7), bytes_of(&[payload(C.0, 7, 1)]), Epoch(1))
-        .await
-        .unwrap();
-    drop(dg);
-    let rig = rig.process_crash();
-    let sb = Superblock::decode(&rig.cache.peek(0, 4096)).unwrap();
-    let (at, newest) = newest_log_record(&rig.cache, &sb);
-    let head = at + newest.record_blocks() as u64;
-    assert!(
-        head + 4 <= sb.log_blocks,
-        "the test needs room after the head"
-    );
+    let (rig, sb, newest, head) = one_logged_write(7, 4).await;
     // Commit N: one 4 KiB write (header + block) at the head, lost.
     // Commit N+1: right after it, written during N's sync, survived.
     let stale = payload(C.0, 9, 2);
-    let header = tessera_format::LogRecordHeader {
-        seq: newest.seq + 2,
-        batch_first_seq: newest.seq + 1,
-        entries: vec![tessera_format::LogEntry {
-            op: LogOp::Write {
-                crc: tessera_format::block_crc(&stale),
-            },
-            component: C.0,
-            lba: 9,
-            count: 1,
-            epoch: 1,
-            arg: 0,
-            arg2: 0,
-        }],
-    };
+    let header = one_entry_record(
+        newest.seq + 2,
+        newest.seq + 1,
+        LogOp::Write {
+            crc: tessera_format::block_crc(&stale),
+        },
+        0,
+    );
     let mut record = vec![0u8; 2 * 4096];
     header.encode_into(&mut record[..4096]);
     record[4096..].copy_from_slice(&stale);
@@ -581,21 +627,64 @@ async fn a_commit_that_outlived_a_lost_earlier_one_never_comes_back() {
     assert!(decode(&dg.read(C, Lba(9), 1).await.unwrap())
         .unwrap()
         .is_none());
-    dg.write(C, Lba(9), bytes_of(&[payload(C.0, 9, 3)]), Epoch(1))
-        .await
-        .unwrap();
-    drop(dg);
-    let rig = rig.process_crash();
-    let dg = rig.open().await;
-    assert_eq!(
-        decode(&dg.read(C, Lba(9), 1).await.unwrap()).unwrap(),
-        Some((C.0, 9, 3)),
-        "the acknowledged write to LBA 9 must survive; the unacknowledged one must not replay over it"
-    );
+    let dg = write_9_and_crash(rig, dg).await;
     assert_eq!(
         decode(&dg.read(C, Lba(7), 1).await.unwrap()).unwrap(),
         Some((C.0, 7, 1))
     );
+}
+
+/// A placed write's data is synced beside its record, not before it, so a
+/// power cut can leave the record in the log without its data. Such a
+/// commit was never acknowledged (it is acknowledged once both are
+/// durable): recovery must end the log before it and keep the block's
+/// acknowledged version, not point the LBA at a block that fails its
+/// checksum. The same record with its data on the device is replayed. The
+/// record is laid down as the log writer lays out a lone placed write's
+/// commit: no later commit vouches for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placed_write_whose_data_did_not_reach_its_device_is_not_replayed() {
+    for data_arrived in [false, true] {
+        let (rig, sb, newest, head) = one_logged_write(9, 2).await;
+        // The capacity device's last block: free, as a placed write takes it.
+        let loc = tessera_format::BlockLoc {
+            device: 1,
+            block: common::CAPACITY_BYTES / 4096 - 1,
+        };
+        let placed = payload(C.0, 9, 2);
+        let header = one_entry_record(
+            newest.seq + 1,
+            newest.seq + 1,
+            LogOp::Place {
+                crc: tessera_format::block_crc(&placed),
+            },
+            loc.pack(0),
+        );
+        let mut record = vec![0u8; 4096];
+        header.encode_into(&mut record);
+        let cache: &dyn Disk = rig.cache.as_ref();
+        cache
+            .write_at(&record, (sb.log_start + head) * 4096)
+            .unwrap();
+        cache.sync().unwrap();
+        if data_arrived {
+            let capacity: &dyn Disk = rig.capacity[0].as_ref();
+            capacity.write_at(&placed, loc.block * 4096).unwrap();
+            capacity.sync().unwrap();
+        }
+        let rig = rig.process_crash();
+
+        let dg = rig.open().await;
+        let expected = if data_arrived { 2 } else { 1 };
+        assert_eq!(
+            decode(&dg.read(C, Lba(9), 1).await.unwrap()).unwrap(),
+            Some((C.0, 9, expected)),
+            "data arrived: {data_arrived}"
+        );
+        // A write after recovery takes the place of the record cut off, and
+        // that record does not come back over it at the next recovery.
+        write_9_and_crash(rig, dg).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
