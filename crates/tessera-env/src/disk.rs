@@ -203,11 +203,11 @@ pub trait Disk: Send + Sync + 'static {
     }
     /// The descriptor through which a write of `len` bytes at `offset`
     /// can be submitted past the page cache (`O_DIRECT`) without blocking
-    /// ([`crate::IoRing::write_uncached`], which may ask for it to be
-    /// durable), with the effect of [`Disk::write_uncached_at`]. `None`
-    /// where that cannot be (a device in memory, one that transforms what
-    /// it stores, a range `O_DIRECT` refuses): the caller then uses the
-    /// blocking calls. The descriptor stays open as long as the device.
+    /// ([`crate::IoRing::write_uncached`], which does not flush it), with
+    /// the effect of [`Disk::write_uncached_at`]. `None` where that cannot
+    /// be (a device in memory, one that transforms what it stores, a range
+    /// `O_DIRECT` refuses): the caller then uses the blocking calls. The
+    /// descriptor stays open as long as the device.
     fn uncached_write_fd(&self, len: usize, offset: u64) -> Option<std::os::fd::RawFd> {
         let _ = (len, offset);
         None

@@ -246,26 +246,6 @@ impl AsRawFd for Wakeup {
     }
 }
 
-/// Whether a write past the page cache flushes the device's cache when it
-/// completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flush {
-    /// Durable when it completes (`RWF_DSYNC`).
-    Yes,
-    /// Left in the device's cache: the caller syncs the device before it
-    /// counts the write as durable.
-    No,
-}
-
-impl Flush {
-    fn rw_flags(self) -> libc::c_int {
-        match self {
-            Flush::Yes => libc::RWF_DSYNC,
-            Flush::No => 0,
-        }
-    }
-}
-
 /// One disk group's ring. Cheap to share by reference; dropping it waits
 /// for the writes in flight.
 pub struct IoRing {
@@ -339,7 +319,6 @@ impl IoRing {
             prepared.fd,
             Held::Owned(prepared.buf),
             offset,
-            0,
             prepared.hold,
             on_done,
         );
@@ -348,9 +327,7 @@ impl IoRing {
 
     /// Starts writing `data` at `offset` of `device` past the page cache
     /// (`O_DIRECT`) and returns at once; `on_done` runs when the write
-    /// ends. With [`Flush::Yes`] the write is durable when it completes
-    /// (`RWF_DSYNC`: the device's cache is flushed after it, or the write
-    /// goes with FUA); with [`Flush::No`] it may still sit in the device's
+    /// ends. The write is not flushed: it may still sit in the device's
     /// volatile cache until the caller syncs the device. The ring keeps `data`
     /// (a share of its buffer) until then, so the bytes are written where
     /// they lie, without a copy. Gives `data` and `on_done` back, having
@@ -364,7 +341,6 @@ impl IoRing {
         device: &Arc<dyn Disk>,
         data: bytes::Bytes,
         offset: u64,
-        flush: Flush,
         on_done: WriteDone,
     ) -> Result<(), (bytes::Bytes, WriteDone)> {
         if u32::try_from(data.len()).is_err()
@@ -378,15 +354,7 @@ impl IoRing {
         if !self.take_place() {
             return Err((data, on_done));
         }
-        self.submit(
-            device,
-            fd,
-            Held::Shared(data),
-            offset,
-            flush.rw_flags(),
-            None,
-            on_done,
-        );
+        self.submit(device, fd, Held::Shared(data), offset, None, on_done);
         Ok(())
     }
 
@@ -402,7 +370,6 @@ impl IoRing {
         device: &Arc<dyn Disk>,
         data: &[u8],
         offset: u64,
-        flush: Flush,
         on_done: WriteDone,
     ) -> Result<(), WriteDone> {
         if u32::try_from(data.len()).is_err() || !self.take_place() {
@@ -417,7 +384,6 @@ impl IoRing {
             prepared.fd,
             Held::Owned(prepared.buf),
             offset,
-            flush.rw_flags(),
             prepared.hold,
             on_done,
         );
@@ -476,18 +442,16 @@ impl IoRing {
     /// Submits a write of `buf` through `fd` (a descriptor of `device`)
     /// whose place in flight the caller took; `on_done` runs with the
     /// answer, at once if the ring could not submit it.
-    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         device: &Arc<dyn Disk>,
         fd: RawFd,
         buf: Held,
         offset: u64,
-        rw_flags: i32,
         hold: Option<Box<dyn Send>>,
         on_done: WriteDone,
     ) {
-        let op = (OpKind::Write, buf, rw_flags, hold, Done::Write(on_done));
+        let op = (OpKind::Write, buf, hold, Done::Write(on_done));
         self.submit_op(device, fd, offset, op);
     }
 
@@ -500,7 +464,7 @@ impl IoRing {
         device: &Arc<dyn Disk>,
         fd: RawFd,
         offset: u64,
-        (kind, buf, rw_flags, hold, on_done): (OpKind, Held, i32, Option<Box<dyn Send>>, Done),
+        (kind, buf, hold, on_done): (OpKind, Held, Option<Box<dyn Send>>, Done),
     ) {
         let mut slots = self.ring.slots.lock();
         let number = slots.next_number;
@@ -528,7 +492,6 @@ impl IoRing {
         let entry = match kind {
             OpKind::Write => io_uring::opcode::Write::new(fd, held.as_ptr(), len32)
                 .offset(offset)
-                .rw_flags(rw_flags)
                 .build(),
             OpKind::Read => io_uring::opcode::Read::new(fd, held.as_mut_ptr(), len32)
                 .offset(offset)
@@ -605,7 +568,7 @@ impl ReadPlace<'_> {
     pub fn submit(mut self, into: Vec<u8>, on_done: ReadDone) {
         self.submitted = true;
         let buf = Held::Filling(ReadInto::new(into, self.len, self.aligned));
-        let op = (OpKind::Read, buf, 0, None, Done::Read(on_done));
+        let op = (OpKind::Read, buf, None, Done::Read(on_done));
         self.ring.submit_op(&self.device, self.fd, self.offset, op);
     }
 }
@@ -982,7 +945,6 @@ mod tests {
             &disk,
             slice,
             16384,
-            Flush::Yes,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -996,7 +958,7 @@ mod tests {
         let mut whole = AlignedBuf::with_capacity(2 * 4096);
         whole.extend_from_slice(&[5; 2 * 4096]);
         let odd = whole.into_bytes().slice(512..512 + 4096);
-        match ring.write_uncached(&disk, odd, 0, Flush::Yes, Box::new(|_| {})) {
+        match ring.write_uncached(&disk, odd, 0, Box::new(|_| {})) {
             Err((back, _)) => assert_eq!(back.len(), 4096),
             Ok(()) => panic!("a misaligned slice was taken"),
         }
@@ -1005,7 +967,7 @@ mod tests {
         let mut whole = AlignedBuf::with_capacity(4096);
         whole.extend_from_slice(&[5; 4096]);
         assert!(ring
-            .write_uncached(&closed, whole.into_bytes(), 0, Flush::Yes, Box::new(|_| {}))
+            .write_uncached(&closed, whole.into_bytes(), 0, Box::new(|_| {}))
             .is_err());
     }
 
@@ -1029,7 +991,6 @@ mod tests {
             &disk,
             &whole[512..],
             8192,
-            Flush::No,
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -1049,7 +1010,6 @@ mod tests {
             &closed,
             &[5; 4096],
             0,
-            Flush::Yes,
             Box::new(move |_| flag.store(true, std::sync::atomic::Ordering::SeqCst)),
         );
         assert!(refused.is_err());

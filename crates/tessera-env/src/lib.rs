@@ -24,7 +24,7 @@ pub use disk::{
 pub use disk_fault::{FaultDisk, FaultOps};
 pub use disk_switch::{FailSwitch, SwitchedDisk};
 pub use in_flight::InFlight;
-pub use io_ring::{Flush, IoRing, ReadDone, ReadPlace, WriteDone};
+pub use io_ring::{IoRing, ReadDone, ReadPlace, WriteDone};
 pub use plug::Plug;
 
 use parking_lot::Mutex;

@@ -857,14 +857,12 @@ fn sync_and_acknowledge<'a>(
 ) -> parking_lot::MutexGuard<'a, State> {
     st.sync_uncovered_seq = target + 1;
     st.syncs_running += 1;
-    let mut flush: Vec<u8> = Vec::new();
-    for b in st.unsynced.iter().take_while(|b| b.first_seq <= target) {
-        for d in &b.flush {
-            if !flush.contains(d) {
-                flush.push(*d);
-            }
-        }
-    }
+    let flush = each_once(
+        st.unsynced
+            .iter()
+            .take_while(|b| b.first_seq <= target)
+            .flat_map(|b| b.flush.iter().copied()),
+    );
     drop(st);
     let placed = (!flush.is_empty()).then(|| {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -899,16 +897,24 @@ fn sync_and_acknowledge<'a>(
 /// devices are synced too, by a sync begun after the data was written,
 /// which any sync begun once the record is laid out is.
 fn placed_devices(reqs: &[Request]) -> Vec<u8> {
-    let mut devices: Vec<u8> = Vec::new();
-    for e in reqs.iter().flat_map(|r| r.entries.iter()) {
-        if matches!(e.op, LogOp::Place { .. }) {
-            let device = BlockLoc::unpack(e.arg).0.device;
-            if !devices.contains(&device) {
-                devices.push(device);
-            }
+    each_once(
+        reqs.iter()
+            .flat_map(|r| r.entries.iter())
+            .filter(|e| matches!(e.op, LogOp::Place { .. }))
+            .map(|e| BlockLoc::unpack(e.arg).0.device),
+    )
+}
+
+/// The devices of `devices`, each once, in the order first named (a
+/// disk group has a handful, so a scan beats a set).
+fn each_once(devices: impl Iterator<Item = u8>) -> Vec<u8> {
+    let mut once: Vec<u8> = Vec::new();
+    for d in devices {
+        if !once.contains(&d) {
+            once.push(d);
         }
     }
-    devices
+    once
 }
 
 /// Syncs capacity devices holding a batch's placed data, each with a sync

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tessera_env::{
-    AlignedBuf, Disk, FileDisk, FileDiskOptions, Flush, ReadVia, Rng, SeededRng, DISK_ALIGN,
+    AlignedBuf, Disk, FileDisk, FileDiskOptions, ReadVia, Rng, SeededRng, DISK_ALIGN,
 };
 use tessera_format::{block_crc, BlockLoc, LogOp, BLOCK};
 use tessera_types::{ComponentId, DiskGroupId, Epoch, Lba, BLOCK_BYTES};
@@ -1852,12 +1852,12 @@ fn place_through_ring(
         });
         // Where they lie if the device takes them so, else a copy; not
         // flushed (the record's commit syncs the device).
-        let submitted = ring
-            .write_uncached(disk, run, offset, Flush::No, on_done)
-            .or_else(|(run, on_done)| {
-                ring.write_uncached_copy(disk, &run, offset, Flush::No, on_done)
-                    .map_err(|on_done| (run, on_done))
-            });
+        let submitted =
+            ring.write_uncached(disk, run, offset, on_done)
+                .or_else(|(run, on_done)| {
+                    ring.write_uncached_copy(disk, &run, offset, on_done)
+                        .map_err(|on_done| (run, on_done))
+                });
         if let Err((run, refused)) = submitted {
             drop(refused);
             let ended = Arc::clone(&gather);
